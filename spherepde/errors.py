@@ -1,0 +1,16 @@
+"""The two ways a run can fail, each with its exit status (DESIGN §7)."""
+
+
+class CaseError(ValueError):
+    """Bad input: a case key, a value, a file. The message is one line naming the problem.
+
+    The command line turns it into exit status 2 and writes no output file.
+    """
+
+    exit_status = 2
+
+
+class NumericalFailure(RuntimeError):
+    """The numerics broke down (NaN, blow-up, Z <= 0). Exit status 3; the last good state is kept."""
+
+    exit_status = 3
