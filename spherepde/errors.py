@@ -14,3 +14,7 @@ class NumericalFailure(RuntimeError):
     """The numerics broke down (NaN, blow-up, Z <= 0). Exit status 3; the last good state is kept."""
 
     exit_status = 3
+
+    def __init__(self, message: str, dataset=None):
+        super().__init__(message)
+        self.dataset = dataset  # the run up to its last good save, written by the command line

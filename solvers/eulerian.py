@@ -1,0 +1,203 @@
+"""The forward Eulerian solver: rho_t from a case, in spectral space.
+
+    d_t c = eps Lap c - div(rho v[rho, t])^        (c = spectral coefficients of rho)
+
+The diffusion is diagonal in the basis (implicit or integrating factor), the transport
+is evaluated on the dealiased grid and returned to spectral space through the weak
+divergence, whose degree-0 coefficient is zero: mass is conserved to round-off by
+construction.  Save times are hit exactly: each interval between saves is split into
+equal steps no longer than dt (given, or from the CFL number and the current max |v|).
+"""
+
+import math
+import time as wallclock
+import warnings
+
+import numpy as np
+import torch
+
+from spherepde import diagnostics as diag
+from spherepde.bases import make_basis
+from spherepde.device import placement as make_placement
+from spherepde.errors import CaseError, NumericalFailure
+from spherepde.exp_kernel import DenseExpKernel
+from spherepde.initial import initial_density
+from spherepde.model import (Model, attention_mean, check_resolution, interaction_energy, principal_subspace,
+                             velocity)
+from spherepde.output import eulerian_dataset
+from spherepde.progress import Progress
+
+from .timesteppers import choose_scheme, make_stepper
+
+
+class ForwardProblem:
+    """The discretised forward equation of one run: basis, model, attention transform."""
+
+    def __init__(self, case):
+        solver = case["solver"]
+        self.placement = make_placement(solver["device"], solver["dtype"])
+        if case.dim not in (2, 3):
+            raise CaseError(f"sphere.dim: the Eulerian solver handles d = 2 or 3, got {case.dim}; "
+                            "use solver.method = 'particles'")
+        if solver["backend"] == "shtns" and (self.placement.device.type != "cpu" or self.placement.name != "float64"):
+            raise CaseError("solver.backend: 'shtns' runs on the CPU in float64 only")
+        if solver["field"] == "spectral":
+            raise CaseError("solver.field: 'spectral' is not available yet; use 'dense' or 'auto'")
+        self.basis = make_basis(case.dim, case["sphere"]["lmax"], self.placement, solver["backend"])
+        self.model = Model.from_case(case, self.placement)
+        check_resolution(self.model, self.basis, solver["kernel_tol"])
+        self.exp_kernel = DenseExpKernel(self.basis, self.model.B, self.model.beta, solver["chunk"])
+        self.lam = self.model.eps * self.basis.laplacian
+        self.filter = spectral_filter(self.basis, solver["filter_order"])
+
+    def velocity(self, t: float, rho: torch.Tensor) -> torch.Tensor:
+        """v[rho](x, t) on the grid, ambient components."""
+        mean_field = attention_mean(self.model, self.exp_kernel, self.basis.points, rho)
+        return velocity(self.model, self.basis.points, mean_field, t)
+
+    def transport(self, t: float, c: torch.Tensor) -> torch.Tensor:
+        """-div(rho v[rho, t]) in spectral space."""
+        rho = self.basis.synthesis(c)
+        return -self.basis.divergence(rho[..., None] * self.velocity(t, rho))
+
+    def max_speed(self, t: float, c: torch.Tensor) -> float:
+        return float(torch.linalg.vector_norm(self.velocity(t, self.basis.synthesis(c)), dim=-1).max())
+
+
+def spectral_filter(basis, order: int) -> torch.Tensor | None:
+    """Exponential filter exp(-36 (l / lmax)^order) (None when order = 0): damps only the top modes."""
+    if order == 0:
+        return None
+    return torch.exp(-36.0 * (basis.degree / basis.lmax).to(basis.placement.real) ** order)
+
+
+class Recorder:
+    """Density snapshots and diagnostics at save times, on the host."""
+
+    def __init__(self, problem: ForwardProblem, case, rho0: np.ndarray):
+        basis, model = problem.basis, problem.model
+        self.problem, self.case = problem, case
+        self.points = basis.points.reshape(-1, basis.dim).cpu().double().numpy()
+        self.weights = basis.weights.reshape(-1).cpu().double().numpy()
+        VBt = (model.V @ model.B.T).cpu().double().numpy()
+        self.subspace_E = principal_subspace(VBt)
+        self.subspace_F = principal_subspace(model.V.cpu().double().numpy())
+        self.masses_0 = rho0.reshape(-1) * self.weights
+        self.lyapunov_p = list(case["diagnostics"]["lyapunov_p"])
+        self.want_w2 = case["diagnostics"]["w2"]
+        self.tail_tol = case["diagnostics"]["tail_tol"]
+        self.times, self.densities, self.rows = [], [], []
+        self.resolved_until = None
+        self.notes = []
+        self.steps, self.wall_seconds = 0, 0.0
+
+    def record(self, t: float, c: torch.Tensor) -> dict:
+        basis, problem = self.problem.basis, self.problem
+        rho = basis.synthesis(c)
+        density = rho.cpu().double().numpy()
+        masses = density.reshape(-1) * self.weights
+        m = diag.mean(self.points, masses)
+        entropy = diag.entropy(density.reshape(-1), self.weights)
+        energy = interaction_energy(problem.model, problem.exp_kernel, basis, rho)
+        row = {
+            "mass": float(masses.sum()),
+            "mean": m,
+            "order_parameter": float(np.linalg.norm(m)),
+            "alignment_E": diag.alignment(self.points, masses, self.subspace_E),
+            "alignment_F": diag.alignment(self.points, masses, self.subspace_F),
+            "lyapunov": np.array([diag.lyapunov(self.points, masses, self.subspace_E, p) for p in self.lyapunov_p]),
+            "w2_projection": self._w2_projection(masses),
+            "entropy": entropy,
+            "interaction_energy": energy,
+            "free_energy": problem.model.eps * entropy + energy,
+            "min_density": float(density.min()),
+            "spectral_tail": float(basis.spectral_tail(c)),
+        }
+        if row["spectral_tail"] > self.tail_tol and self.resolved_until is None:
+            self.resolved_until = self.times[-1] if self.times else 0.0
+            message = (f"resolution lost at t = {t:.4g}: spectral tail {row['spectral_tail']:.2e} > "
+                       f"diagnostics.tail_tol = {self.tail_tol:.0e}; results after t = {self.resolved_until:.4g} "
+                       f"are under-resolved (increase sphere.lmax or add eps)")
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            self.notes.append(message)
+        self.times.append(t)
+        self.densities.append(density)
+        self.rows.append(row)
+        return row
+
+    def _w2_projection(self, masses: np.ndarray) -> float:
+        if not self.want_w2:
+            return float("nan")
+        try:
+            return diag.w2_projection(self.points, masses, self.points, self.masses_0, self.subspace_E)
+        except ValueError as error:
+            if not self.notes or "w2_projection" not in self.notes[-1]:
+                self.notes.append(f"w2_projection not computed: {error}")
+            return float("nan")
+
+    def dataset(self, status: str):
+        return eulerian_dataset(self, status)
+
+
+def save_times(t_end: float, save_every: float) -> np.ndarray:
+    """0, save_every, 2 save_every, ..., t_end (the last interval may be shorter)."""
+    count = int(math.floor(t_end / save_every + 1e-9))
+    times = [k * save_every for k in range(count + 1)]
+    if t_end - times[-1] > 1e-12 * max(1.0, t_end):
+        times.append(t_end)
+    return np.array(times)
+
+
+def run_eulerian(case, progress: bool | None = None):
+    """Integrate the forward equation of `case`; returns the output xarray.Dataset.
+
+    Raises NumericalFailure (with `.dataset`, the run up to its last good save) on NaN.
+    """
+    problem = ForwardProblem(case)
+    basis, timing = problem.basis, case["time"]
+    scheme = choose_scheme(timing["scheme"], problem.model.eps)
+    step = make_stepper(scheme)
+    c = initial_density(case["initial"], basis)
+    recorder = Recorder(problem, case, basis.synthesis(c).cpu().double().numpy())
+    recorder.scheme = scheme
+    recorder.record(0.0, c)
+    times = save_times(timing["t_end"], timing["save_every"])
+    bar = Progress(timing["t_end"], enabled=progress)
+    steps, started = 0, wallclock.perf_counter()
+    for t0, t1 in zip(times[:-1], times[1:]):
+        dt_max = timing["dt"] if timing.get("dt") else _cfl_step(problem, t0, c, timing["cfl"], t1 - t0)
+        substeps = max(1, math.ceil((t1 - t0) / dt_max - 1e-9))
+        dt = (t1 - t0) / substeps
+        for k in range(substeps):
+            t = t0 + k * dt
+            try:
+                candidate = step(problem.lam, problem.transport, t, c, dt)
+            except NumericalFailure as failure:
+                _fail(recorder, f"{failure} at t = {t:.6g}")
+            if problem.filter is not None:
+                candidate = candidate * problem.filter
+            if not bool(torch.isfinite(torch.view_as_real(candidate)).all()):
+                _fail(recorder, f"the density became non-finite at t = {t + dt:.6g} (step {steps + 1}, dt = {dt:.3g})")
+            c = candidate
+            steps += 1
+            recorder.steps = steps
+            if timing.get("max_steps") and steps >= timing["max_steps"] and t + dt < times[-1]:
+                _fail(recorder, f"time.max_steps = {timing['max_steps']} reached at t = {t + dt:.6g}")
+        row = recorder.record(float(t1), c)
+        bar.update(float(t1), dt=dt, mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
+    bar.close()
+    recorder.steps, recorder.wall_seconds = steps, wallclock.perf_counter() - started
+    return recorder.dataset("completed")
+
+
+def _fail(recorder: Recorder, reason: str):
+    """Stop the run: the failure carries the dataset up to the last good save."""
+    recorder.notes.append(reason)
+    raise NumericalFailure(f"numerical failure: {reason}; the last good state (t = {recorder.times[-1]:.6g}) "
+                           "is kept", recorder.dataset(f"failed: {reason}"))
+
+
+def _cfl_step(problem: ForwardProblem, t: float, c: torch.Tensor, cfl: float, interval: float) -> float:
+    """dt = cfl / (lmax max|v|): the spectral CFL condition for explicit transport."""
+    speed = problem.max_speed(t, c)
+    return interval if speed == 0 else min(interval, cfl / (problem.basis.lmax * speed))

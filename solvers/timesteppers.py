@@ -1,0 +1,132 @@
+"""Runge-Kutta time steppers for  dc/dt = lam * c + N(t, c)  with lam diagonal (spectral space).
+
+The linear part is the diffusion eps * Lap (lam = -eps l(l+1) or -eps k^2), the nonlinear
+part the transport -div(rho v).  Two families share one tableau format:
+
+* IMEX additive Runge-Kutta: lam implicit (a diagonal solve), N explicit.
+  ARS(4,4,3) (Ascher, Ruuth & Spiteri 1997): third order, L-stable, stiffly accurate.
+  With lam = 0 an IMEX scheme reduces to its explicit tableau, so classical RK4 is the
+  same code with an empty implicit tableau.
+* Lawson (integrating factor): the explicit tableau applied to exp(-lam t) c, exact for
+  the heat equation; with lam = 0 it is the explicit scheme itself.
+"""
+
+from dataclasses import dataclass
+from fractions import Fraction as F
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tableau:
+    """Butcher tableaux of an additive RK method (explicit part `a`, implicit part `a_implicit`)."""
+
+    name: str
+    order: int
+    a: tuple
+    b: tuple
+    c: tuple
+    a_implicit: tuple | None = None
+    b_implicit: tuple | None = None
+
+    @property
+    def stages(self) -> int:
+        return len(self.b)
+
+
+ARS443 = Tableau(
+    name="imex-ars443",
+    order=3,
+    a=((0, 0, 0, 0, 0),
+       (F(1, 2), 0, 0, 0, 0),
+       (F(11, 18), F(1, 18), 0, 0, 0),
+       (F(5, 6), F(-5, 6), F(1, 2), 0, 0),
+       (F(1, 4), F(7, 4), F(3, 4), F(-7, 4), 0)),
+    b=(F(1, 4), F(7, 4), F(3, 4), F(-7, 4), 0),
+    c=(0, F(1, 2), F(2, 3), F(1, 2), 1),
+    a_implicit=((0, 0, 0, 0, 0),
+                (0, F(1, 2), 0, 0, 0),
+                (0, F(1, 6), F(1, 2), 0, 0),
+                (0, F(-1, 2), F(1, 2), F(1, 2), 0),
+                (0, F(3, 2), F(-3, 2), F(1, 2), F(1, 2))),
+    b_implicit=(0, F(3, 2), F(-3, 2), F(1, 2), F(1, 2)),
+)
+
+RK4 = Tableau(
+    name="rk4",
+    order=4,
+    a=((0, 0, 0, 0), (F(1, 2), 0, 0, 0), (0, F(1, 2), 0, 0), (0, 0, 1, 0)),
+    b=(F(1, 6), F(1, 3), F(1, 3), F(1, 6)),
+    c=(0, F(1, 2), F(1, 2), 1),
+)
+
+SCHEMES = {"imex-ars443": ("imex", ARS443), "rk4": ("imex", RK4), "lawson-rk4": ("lawson", RK4)}
+
+
+def choose_scheme(name: str, eps: float) -> str:
+    """'auto': ARS(4,4,3) with diffusion, classical RK4 without."""
+    if name != "auto":
+        return name
+    return "imex-ars443" if eps > 0 else "rk4"
+
+
+def _needed(tableau: Tableau, weights: tuple, stage: int) -> bool:
+    """Whether stage `stage`'s explicit evaluation enters a later stage or the update."""
+    return weights[stage] != 0 or any(row[stage] != 0 for row in tableau.a[stage + 1:])
+
+
+def imex_step(tableau: Tableau, lam: torch.Tensor, nonlinear, t: float, c: torch.Tensor, dt: float) -> torch.Tensor:
+    """One IMEX step: U_i = c + dt sum_j (a_ij N_j + ai_ij lam U_j), ai_ii implicit."""
+    implicit = tableau.a_implicit or tuple((0,) * tableau.stages for _ in range(tableau.stages))
+    b_implicit = tableau.b_implicit or (0,) * tableau.stages
+    explicit_terms, implicit_terms = [], []
+    for i in range(tableau.stages):
+        rhs = c
+        for j in range(i):
+            if tableau.a[i][j]:
+                rhs = rhs + (dt * float(tableau.a[i][j])) * explicit_terms[j]
+            if implicit[i][j]:
+                rhs = rhs + (dt * float(implicit[i][j])) * implicit_terms[j]
+        stage = rhs / (1 - dt * float(implicit[i][i]) * lam) if implicit[i][i] else rhs
+        implicit_terms.append(lam * stage)
+        explicit_terms.append(nonlinear(t + float(tableau.c[i]) * dt, stage)
+                              if _needed(tableau, tableau.b, i) else None)
+    update = c
+    for i in range(tableau.stages):
+        if tableau.b[i]:
+            update = update + (dt * float(tableau.b[i])) * explicit_terms[i]
+        if b_implicit[i]:
+            update = update + (dt * float(b_implicit[i])) * implicit_terms[i]
+    return update
+
+
+def lawson_step(tableau: Tableau, lam: torch.Tensor, nonlinear, t: float, c: torch.Tensor, dt: float) -> torch.Tensor:
+    """One integrating-factor step: U_i = E(c_i) c + dt sum_j a_ij E(c_i - c_j) N_j, E(s) = exp(s dt lam)."""
+    def propagate(fraction, value):
+        return value if fraction == 0 else torch.exp((float(fraction) * dt) * lam) * value
+
+    terms = []
+    for i in range(tableau.stages):
+        stage = propagate(tableau.c[i], c)
+        for j in range(i):
+            if tableau.a[i][j]:
+                stage = stage + (dt * float(tableau.a[i][j])) * propagate(tableau.c[i] - tableau.c[j], terms[j])
+        terms.append(nonlinear(t + float(tableau.c[i]) * dt, stage))
+    update = propagate(1, c)
+    for i in range(tableau.stages):
+        if tableau.b[i]:
+            update = update + (dt * float(tableau.b[i])) * propagate(1 - tableau.c[i], terms[i])
+    return update
+
+
+def make_stepper(scheme: str):
+    """step(lam, nonlinear, t, c, dt) -> c at t + dt, for a scheme name of SCHEMES."""
+    family, tableau = SCHEMES[scheme]
+    step = imex_step if family == "imex" else lawson_step
+
+    def stepper(lam, nonlinear, t, c, dt):
+        return step(tableau, lam, nonlinear, t, c, dt)
+
+    stepper.order = tableau.order
+    stepper.scheme = scheme
+    return stepper

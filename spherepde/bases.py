@@ -1,0 +1,231 @@
+"""Spectral bases on S^1 and S^2: one interface for the grid, the transforms and the operators.
+
+A basis holds the state space of the solver: a density is stored as its spectral
+coefficients up to degree `lmax` and evaluated on a grid fine enough that quadratic
+products (rho * v) are dealiased by the 3/2 rule.  Vector fields live on the grid in
+ambient Cartesian components (..., d), tangent to the sphere; `gradient` and
+`divergence` convert to and from the intrinsic frame, so that the model and the
+diagnostics never see coordinates.
+
+Shared interface (`CircleBasis`, `SphereBasis`):
+    dim            ambient dimension d (2 or 3)
+    points         (*grid, d) unit vectors x
+    weights        (*grid,) quadrature weights, sum = |S^{d-1}| (2 pi or 4 pi)
+    degree         (*coeff,) degree l (S^2) or |k| (S^1) of each coefficient
+    laplacian      (*coeff,) eigenvalue of the Laplace-Beltrami operator: -l(l+1) or -k^2
+    analysis / synthesis, gradient (coeffs -> tangent field), divergence (tangent field -> coeffs)
+    norm_squared   L2(sigma) norm^2 computed from coefficients (Parseval)
+"""
+
+import math
+
+import torch
+
+from .device import Placement
+from .transforms.fourier import FourierTransform
+
+
+class _SpectralBasis:
+    """What S^1 and S^2 share once their transforms and frames are defined."""
+
+    dim: int
+    lmax: int
+    placement: Placement
+    points: torch.Tensor
+    weights: torch.Tensor
+    degree: torch.Tensor
+    multiplicity: torch.Tensor  # 1 for the zero order, 2 for the +-m pairs stored once
+
+    @property
+    def area(self) -> float:
+        return 2 * math.pi if self.dim == 2 else 4 * math.pi
+
+    @property
+    def laplacian(self) -> torch.Tensor:
+        l = self.degree.to(self.placement.real)
+        return -(l * l) if self.dim == 2 else -l * (l + 1)
+
+    @property
+    def grid_size(self) -> int:
+        return self.weights.numel()
+
+    def norm_squared(self, c: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Parseval: ||f||^2_{L2(sigma)} = sum multiplicity |c|^2, over the modes in `mask`."""
+        energy = self.multiplicity * c.abs() ** 2
+        if mask is not None:
+            energy = energy * mask
+        return energy.flatten(-self.multiplicity.dim()).sum(-1)
+
+    def spectral_tail(self, c: torch.Tensor) -> torch.Tensor:
+        """Fraction of the L2 norm carried by the top third of the degrees, l > 2 lmax / 3."""
+        tail = self.degree > (2 * self.lmax) // 3
+        return torch.sqrt(self.norm_squared(c, tail) / self.norm_squared(c))
+
+    def integrate(self, f: torch.Tensor) -> torch.Tensor:
+        """Quadrature of a grid function over the sphere (dsigma)."""
+        return (f * self.weights).flatten(-self.weights.dim()).sum(-1)
+
+    def resize(self, c: torch.Tensor, lmax: int) -> torch.Tensor:
+        """Coefficients truncated or zero-padded to degree `lmax` (spectral interpolation)."""
+        shape = self.coefficient_shape(lmax)
+        out = torch.zeros(c.shape[: c.dim() - len(shape)] + shape, dtype=c.dtype, device=c.device)
+        common = tuple(slice(0, min(a, b)) for a, b in zip(shape, c.shape[-len(shape):]))
+        out[(Ellipsis,) + common] = c[(Ellipsis,) + common]
+        return out
+
+
+def dealiased_circle_points(kmax: int) -> int:
+    """Smallest even n >= 3 kmax + 1: products of two degree-kmax fields alias outside |k| <= kmax."""
+    n = 3 * kmax + 1
+    return n + n % 2
+
+
+def dealiased_gauss_latitudes(lmax: int, minimum: int = 0) -> int:
+    """Smallest even nlat >= 3 (lmax + 1) / 2 (and >= `minimum`)."""
+    nlat = max(math.ceil(3 * (lmax + 1) / 2), minimum)
+    return nlat + nlat % 2
+
+
+class CircleBasis(_SpectralBasis):
+    """Fourier basis on S^1 (d = 2), points x = (cos theta, sin theta)."""
+
+    dim = 2
+
+    def __init__(self, lmax: int, placement: Placement, n: int | None = None):
+        self.lmax, self.placement = lmax, placement
+        n = n or dealiased_circle_points(lmax)
+        self.fourier = FourierTransform(lmax, n, placement.device, placement.real)
+        theta = self.fourier.theta
+        self.theta = theta
+        self.points = torch.stack([torch.cos(theta), torch.sin(theta)], dim=-1)
+        self.tangent = torch.stack([-torch.sin(theta), torch.cos(theta)], dim=-1)
+        self.weights = torch.full_like(theta, 2 * math.pi / n)
+        self.degree = torch.arange(lmax + 1, device=placement.device)
+        self.multiplicity = torch.where(self.degree == 0, 1.0, 2.0).to(placement.real)
+        self.grid_shape = (n,)
+
+    @staticmethod
+    def coefficient_shape(lmax: int) -> tuple[int, ...]:
+        return (lmax + 1,)
+
+    @staticmethod
+    def quadrature_degree(lmax: int) -> int:
+        """Largest trigonometric degree the dealiased grid for `lmax` integrates exactly."""
+        return dealiased_circle_points(lmax) - 1
+
+    def analysis(self, f: torch.Tensor) -> torch.Tensor:
+        return self.fourier.analysis(f)
+
+    def synthesis(self, c: torch.Tensor) -> torch.Tensor:
+        return self.fourier.synthesis(c)
+
+    def gradient(self, c: torch.Tensor) -> torch.Tensor:
+        """grad f = (df/dtheta) t(theta), t = (-sin theta, cos theta); (..., n, 2)."""
+        return self.synthesis(self.fourier.derivative(c))[..., None] * self.tangent
+
+    def divergence(self, field: torch.Tensor) -> torch.Tensor:
+        """Coefficients of div F = d/dtheta <F, t> for a tangent field F (..., n, 2)."""
+        return self.fourier.derivative(self.analysis((field * self.tangent).sum(-1)))
+
+    def coordinates(self) -> dict:
+        return {"theta": self.theta}
+
+    def evaluate(self, c: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+        """f(x) at arbitrary points x (n, 2) of the circle from coefficients (kmax+1,): the exact series."""
+        theta = torch.atan2(points[:, 1], points[:, 0])
+        waves = torch.exp(1j * theta[:, None] * self.fourier.wavenumber)
+        return (waves @ (c * self.multiplicity)).real / math.sqrt(2 * math.pi)
+
+
+class SphereBasis(_SpectralBasis):
+    """Spherical harmonics on S^2 (d = 3) on a Gauss-Legendre grid (colatitude theta, longitude phi).
+
+    x = (sin theta cos phi, sin theta sin phi, cos theta); frame e_theta, e_phi.
+    `backend` is "torch" (any device, float32/64) or "shtns" (CPU float64 reference).
+    """
+
+    dim = 3
+
+    def __init__(self, lmax: int, placement: Placement, backend: str = "torch", nlat: int | None = None):
+        self.lmax, self.placement, self.backend = lmax, placement, backend
+        nlat = nlat or dealiased_gauss_latitudes(lmax, minimum=32 if backend == "shtns" else 0)
+        nlon = 2 * nlat
+        if backend == "shtns":
+            from .transforms.sht_shtns import ShtnsSHT
+
+            self.sht = ShtnsSHT(lmax, nlat, nlon)
+        else:
+            from .transforms.sht_torch import TorchSHT
+
+            self.sht = TorchSHT(lmax, nlat, nlon, placement.device, placement.real)
+        theta = self.sht.theta.to(placement.device, placement.real)[:, None]
+        phi = self.sht.phi.to(placement.device, placement.real)[None, :]
+        st, ct, sp, cp = torch.sin(theta), torch.cos(theta), torch.sin(phi), torch.cos(phi)
+        zero = torch.zeros_like(st * sp)
+        self.points = torch.stack([st * cp, st * sp, ct.expand_as(st * sp)], dim=-1)
+        self.e_theta = torch.stack([ct * cp, ct * sp, (-st).expand_as(zero)], dim=-1)
+        self.e_phi = torch.stack([-sp.expand_as(zero), cp.expand_as(zero), zero], dim=-1)
+        weights = self.sht.weights.to(placement.device, placement.real)[:, None] * (2 * math.pi / nlon)
+        self.weights = weights.expand(nlat, nlon).contiguous()
+        m = torch.arange(lmax + 1, device=placement.device)[:, None]
+        l = torch.arange(lmax + 1, device=placement.device)[None, :]
+        self.degree = l.expand(lmax + 1, lmax + 1)
+        self.multiplicity = (torch.where(m == 0, 1.0, 2.0) * (l >= m)).to(placement.real)
+        self.grid_shape = (nlat, nlon)
+        self.latitude = 90.0 - torch.rad2deg(self.sht.theta.to(torch.float64))
+        self.longitude = torch.rad2deg(self.sht.phi.to(torch.float64))
+
+    @staticmethod
+    def coefficient_shape(lmax: int) -> tuple[int, ...]:
+        return (lmax + 1, lmax + 1)
+
+    @staticmethod
+    def quadrature_degree(lmax: int) -> int:
+        """Largest degree the dealiased Gauss grid for `lmax` integrates exactly (2 nlat - 1 < nlon)."""
+        return 2 * dealiased_gauss_latitudes(lmax) - 1
+
+    def analysis(self, f: torch.Tensor) -> torch.Tensor:
+        return self.sht.analysis(f).to(self.placement.device)
+
+    def synthesis(self, c: torch.Tensor) -> torch.Tensor:
+        return self.sht.synthesis(c).to(self.placement.device)
+
+    def gradient(self, c: torch.Tensor) -> torch.Tensor:
+        v_theta, v_phi = self.sht.gradient(c)
+        return v_theta.to(self.placement.device)[..., None] * self.e_theta + v_phi.to(self.placement.device)[..., None] * self.e_phi
+
+    def divergence(self, field: torch.Tensor) -> torch.Tensor:
+        v_theta = (field * self.e_theta).sum(-1)
+        v_phi = (field * self.e_phi).sum(-1)
+        return self.sht.divergence(v_theta, v_phi).to(self.placement.device)
+
+    def coordinates(self) -> dict:
+        return {"lat": self.latitude, "lon": self.longitude}
+
+    def evaluate(self, c: torch.Tensor, points: torch.Tensor, block: int = 2048) -> torch.Tensor:
+        """f(x) at arbitrary points x (n, 3) from coefficients (lmax+1, lmax+1): the exact series,
+        sum_lm multiplicity_m Re(c_lm Pbar_lm(cos theta) e^{i m phi}), in blocks of points."""
+        from .transforms.legendre import legendre_tables
+
+        order = torch.arange(self.lmax + 1, device=c.device, dtype=self.placement.real)
+        values = []
+        for start in range(0, points.shape[0], block):
+            x = points[start:start + block].to(torch.float64).cpu()
+            legendre = torch.as_tensor(legendre_tables(self.lmax, x[:, 2].clamp(-1, 1).numpy())[0])
+            legendre = legendre.to(c.device, self.placement.real)
+            series = torch.einsum("ml,mlp->mp", (c * self.multiplicity).to(self.placement.complex), legendre.to(c.dtype))
+            phi = torch.atan2(x[:, 1], x[:, 0]).to(c.device, self.placement.real)
+            values.append((series * torch.exp(1j * order[:, None] * phi[None, :])).real.sum(0))
+        return torch.cat(values)
+
+
+def make_basis(dim: int, lmax: int, placement: Placement, backend: str = "auto", points: int | None = None):
+    """The basis of S^{dim-1}; backend "auto" means torch (same code on CPU and CUDA).
+
+    `points` overrides the dealiased grid size (circle points, or Gauss latitudes).
+    """
+    if dim == 2:
+        return CircleBasis(lmax, placement, points)
+    if dim == 3:
+        return SphereBasis(lmax, placement, "torch" if backend == "auto" else backend, points)
+    raise ValueError(f"the Eulerian solver handles d = 2 or 3, not {dim}")

@@ -1,0 +1,675 @@
+"""Case files: TOML text -> a validated, fully resolved :class:`Case` (DESIGN §5).
+
+A case is resolved once, here: every section and key is present in ``Case.data``, every
+default filled in, every value normalised (ints to floats where a real is expected,
+``beta = "inf"`` to ``math.inf``, unit mean directions, weights summing to 1, absolute
+file paths). Everything downstream reads ``case["section"]["key"]`` and never re-checks.
+``Case.text`` serialises the resolved case back to TOML, and reloading it gives the same
+data exactly (floats are written with ``repr``, so they round-trip bit for bit).
+
+Every problem raises :class:`~spherepde.errors.CaseError` with one line naming the key,
+prefixed by the case file (or the ``origin`` given for text).
+
+Schema (d = ``sphere.dim``; "required" keys have no default; "absent" means the key is
+left out of the resolved data when not given):
+
+=========================  ==========================================  =========================
+key                        type and check                              default
+=========================  ==========================================  =========================
+case.name                  string                                      file stem, else "case"
+case.description           string                                      ""
+sphere.dim                 int >= 2 (the Eulerian solver takes 2, 3)   required
+sphere.lmax                int >= 2                                    32
+model.kernel               "softmax" | "unnormalized"                  "softmax"
+model.beta                 real >= 0, or "inf"/inf (softmax only)      1.0
+model.B, model.V           d x d real matrix                           identity
+model.W                    d x d real matrix                           zeros
+model.eps                  real >= 0                                   0.0
+initial.kind               "uniform" | "vmf" | "vmf_mixture" | "file"  "uniform"
+initial.mean               vmf: nonzero length-d vector, made unit     required
+initial.kappa              vmf: real >= 0                              required
+initial.means              vmf_mixture: list of nonzero length-d       required
+                           vectors, each made unit
+initial.kappas             vmf_mixture: list of reals >= 0             required
+initial.weights            vmf_mixture: reals >= 0, positive sum,      equal weights
+                           normalised to sum 1
+initial.path               file: readable file, made absolute          required
+                           (relative to the case file's directory)
+initial.time               file: int index into its time axis          -1
+time.t_end                 real > 0                                    required
+time.dt                    real > 0 (not together with time.cfl)       absent
+time.cfl                   real > 0 (not together with time.dt)        0.5 when dt is absent
+time.save_every            real > 0                                    t_end / 20
+time.scheme                "auto" | "imex-ars443" | "rk4" |            "auto"
+                           "lawson-rk4"
+time.max_steps             int >= 1 (safety limit on the step count)   absent (no limit)
+solver.method              "eulerian" | "particles" | "both"           "eulerian"
+solver.field               "auto" | "dense" | "spectral"               "auto"
+solver.backend             "auto" | "torch" | "shtns"                  "auto"
+solver.device              "auto" | "cpu" | "cuda"                     "auto"
+solver.dtype               "float64" | "float32"                       "float64"
+solver.chunk               int >= 1: rows per block of dense attention 4096
+solver.filter_order        int >= 0: exponential spectral filter       0 (no filter)
+                           order
+solver.kernel_tol          real in (0, 1): truncation tolerance of     1e-10
+                           the kernel resolution rule
+particles.n                int >= 1                                    1000
+particles.seed             int >= 0                                    0
+particles.integrator       "euler" | "rk4" | "heun"                    "heun"
+particles.save             int in [0, particles.n]: particles saved    min(n, 1000)
+particles.beta_inf_mode    "mean_field" | "hardmax"                    "mean_field"
+diagnostics.lyapunov_p     list of reals > 0                           [0.25]
+diagnostics.tail_tol       real > 0                                    1e-06
+diagnostics.w2             bool                                        true
+control                    free-form table (training; later issue)     {} (empty)
+=========================  ==========================================  =========================
+
+Types are strict: a bool is never a number, a real (even 64.0) is never an integer,
+a string is never a number (except ``beta = "inf"``), and every real is finite (except
+``beta``). Keys of ``[initial]`` that do not belong to ``initial.kind`` are errors.
+A unit vector or a weight list already normalised to within 1e-12 is kept as given,
+so the resolved case is a fixed point of resolution (the round trip is exact).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import difflib
+import math
+import numbers
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from .errors import CaseError
+
+__all__ = ["Case", "load_case", "load_case_text", "case_from_dict", "parse_override"]
+
+
+# ---------------------------------------------------------------------------------------
+# The Case object and the loaders
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What a case was resolved from, so that overrides can re-resolve it."""
+
+    table: dict  # the user's table with overrides applied, before resolution
+    base_dir: Path  # where relative file paths start from
+    default_name: str  # case.name when the table has none
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run, validated and fully resolved. Build it with the loaders of this module."""
+
+    data: dict
+    source: str  # the user's TOML text before overrides ("" when built from a dict)
+    origin: str  # the file (or label) the case came from; prefixes error messages
+    inputs: _Inputs = field(repr=False, compare=False)
+
+    @property
+    def text(self) -> str:
+        """The resolved case as TOML; ``load_case_text(case.text).data == case.data``."""
+        return _dumps(self.data)
+
+    @property
+    def dim(self) -> int:
+        return self.data["sphere"]["dim"]
+
+    @property
+    def name(self) -> str:
+        return self.data["case"]["name"]
+
+    def __getitem__(self, section: str) -> dict:
+        return self.data[section]
+
+    def with_overrides(self, overrides: Iterable[str]) -> Case:
+        """A new validated case with "section.key=value" overrides applied on top of this one."""
+        return _build(self.inputs.table, overrides, self.source, self.origin,
+                      self.inputs.base_dir, self.inputs.default_name)
+
+
+def load_case(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Case:
+    """Read a case file; relative ``initial.path`` values start from the file's directory."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as error:
+        raise CaseError(f"cannot read case file {str(path)!r}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise CaseError(f"cannot read case file {str(path)!r}: not UTF-8 text "
+                        f"({error.reason} at byte {error.start})") from None
+    return _load_text(text, overrides, str(path), path.parent, path.stem)
+
+
+def load_case_text(text: str, overrides: Iterable[str] = (), origin: str = "<string>",
+                   base_dir: str | os.PathLike | None = None) -> Case:
+    """Resolve TOML text; relative file paths start from ``base_dir`` (default: the cwd)."""
+    return _load_text(text, overrides, origin, Path(base_dir or Path.cwd()), "case")
+
+
+def case_from_dict(table: dict, overrides: Iterable[str] = (), origin: str = "<dict>",
+                   base_dir: str | os.PathLike | None = None) -> Case:
+    """Resolve a table shaped like a parsed case file (``Case.source`` is then "")."""
+    return _build(table, overrides, "", origin, Path(base_dir or Path.cwd()), "case")
+
+
+def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
+    """Split "section.key=value"; the value is parsed as TOML, else kept as the bare string."""
+    key, equals, value = item.partition("=")
+    path = tuple(part.strip() for part in key.split("."))
+    if not equals or len(path) < 2 or not all(path):
+        raise CaseError(f"override {item!r}: expected section.key=value")
+    value = value.strip()
+    try:
+        return path, tomllib.loads("v = " + value)["v"]
+    except tomllib.TOMLDecodeError:
+        return path, value
+
+
+def _load_text(text, overrides, origin, base_dir, default_name) -> Case:
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise CaseError(f"{origin}: {_describe_toml_error(error)}") from None
+    return _build(table, overrides, text, origin, base_dir, default_name)
+
+
+def _build(table, overrides, source, origin, base_dir, default_name) -> Case:
+    """Apply the overrides, resolve, and prefix any error with the origin."""
+    try:
+        inputs = _Inputs(_with_overrides(table, overrides), base_dir, default_name)
+        return Case(_resolve(inputs), source, origin, inputs)
+    except CaseError as error:
+        raise CaseError(f"{origin}: {error}") from None
+
+
+def _describe_toml_error(error: tomllib.TOMLDecodeError) -> str:
+    """tomllib's "What (at line 4, column 9)" as "malformed TOML at line 4, column 9: What"."""
+    match = re.fullmatch(r"(.*) \((at line \d+, column \d+|at end of document)\)", str(error))
+    if match is None:
+        return f"malformed TOML: {error}"
+    return f"malformed TOML {match[2]}: {match[1]}"
+
+
+def _with_overrides(table: dict, overrides: Iterable[str]) -> dict:
+    """A deep copy of the table with each override set; unknown keys are caught by resolution."""
+    if isinstance(overrides, str):
+        overrides = (overrides,)
+    table = copy.deepcopy(table)
+    for item in overrides:
+        path, value = parse_override(item)
+        parent = table
+        for depth, part in enumerate(path[:-1]):
+            parent = parent.setdefault(part, {})
+            if not isinstance(parent, dict):
+                raise CaseError(f"override {item!r}: {'.'.join(path[:depth + 1])!r} is not a table")
+        parent[path[-1]] = value
+    return table
+
+
+# ---------------------------------------------------------------------------------------
+# Values: parsers that check one value and return its normalised form
+# ---------------------------------------------------------------------------------------
+
+
+class _Invalid(Exception):
+    """A value is wrong; the resolver puts the key in front of the message."""
+
+
+@dataclass
+class _Context:
+    """What a parser or a default may look at: the sections resolved so far."""
+
+    data: dict
+    section: dict
+    inputs: _Inputs
+
+    @property
+    def dim(self) -> int:
+        return self.data["sphere"]["dim"]
+
+
+@dataclass(frozen=True)
+class _Interval:
+    """low <= x (or low < x when ``strict``) and x < high."""
+
+    low: float
+    strict: bool = False
+    high: float = math.inf
+
+    def check(self, x):
+        inside = (x > self.low if self.strict else x >= self.low) and x < self.high
+        if not inside:
+            raise _Invalid(f"must be {self}, got {x!r}")
+        return x
+
+    def __str__(self) -> str:
+        if self.high < math.inf:
+            return f"in {'(' if self.strict else '['}{self.low:g}, {self.high:g})"
+        return f"{'>' if self.strict else '>='} {self.low:g}"
+
+
+_NONNEGATIVE = _Interval(0)
+_POSITIVE = _Interval(0, strict=True)
+_UNIT_TOLERANCE = 1e-12  # a norm or a sum this close to 1 is already normalised
+
+
+def _describe(value) -> str:
+    """A value as a message shows it after "got"."""
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, (list, tuple)):
+        return f"a list of {len(value)} entries"
+    return repr(value)
+
+
+def _is_list(value) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _finite(value) -> float:
+    """A finite real; ints become floats."""
+    if not _is_number(value):
+        raise _Invalid(f"expected a number, got {_describe(value)}")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise _Invalid("number too large for a float") from None
+    if not math.isfinite(x):
+        raise _Invalid(f"must be finite, got {x!r}")
+    return x
+
+
+def _each(value, parse_entry) -> list:
+    """Parse every entry of a list; errors name the entry as "entry [i]" (or "[i][j]")."""
+    if not _is_list(value):
+        raise _Invalid(f"expected a list, got {_describe(value)}")
+    parsed = []
+    for i, entry in enumerate(value):
+        try:
+            parsed.append(parse_entry(entry))
+        except _Invalid as error:
+            inner = str(error).removeprefix("entry ")
+            separator = "" if inner != str(error) else ": "
+            raise _Invalid(f"entry [{i}]{separator}{inner}") from None
+    return parsed
+
+
+def _real(interval: _Interval):
+    return lambda value, ctx: interval.check(_finite(value))
+
+
+def _reals(interval: _Interval):
+    return lambda value, ctx: _each(value, lambda entry: interval.check(_finite(entry)))
+
+
+def _integer(interval: _Interval | None = None):
+    def parse(value, ctx) -> int:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise _Invalid(f"expected an integer, got {_describe(value)}")
+        return interval.check(int(value)) if interval else int(value)
+    return parse
+
+
+def _choice(*options: str):
+    def parse(value, ctx) -> str:
+        if not isinstance(value, str) or value not in options:
+            raise _Invalid(f"expected one of {', '.join(map(repr, options))}, got {_describe(value)}")
+        return value
+    return parse
+
+
+def _text(value, ctx) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"expected a string, got {_describe(value)}")
+    return value
+
+
+def _boolean(value, ctx) -> bool:
+    if not isinstance(value, bool):
+        raise _Invalid(f"expected true or false, got {_describe(value)}")
+    return value
+
+
+def _beta(value, ctx) -> float:
+    """Inverse temperature: a real >= 0, or "inf" / inf for the zero-temperature limit."""
+    if (isinstance(value, str) and value == "inf") or (_is_number(value) and value == math.inf):
+        return math.inf
+    try:
+        beta = _finite(value)
+    except _Invalid:
+        raise _Invalid(f'expected a number >= 0 or "inf", got {_describe(value)}') from None
+    return _NONNEGATIVE.check(beta)
+
+
+def _shape(value) -> str:
+    """How a would-be matrix looks: "2 x 3", "rows of lengths 2, 3", or its description."""
+    if _is_list(value) and value and all(_is_list(row) for row in value):
+        lengths = [len(row) for row in value]
+        if len(set(lengths)) == 1:
+            return f"{len(value)} x {lengths[0]}"
+        return f"rows of lengths {', '.join(map(str, lengths))}"
+    return _describe(value)
+
+
+def _matrix(value, ctx) -> list[list[float]]:
+    d = ctx.dim
+    if _shape(value) != f"{d} x {d}":
+        raise _Invalid(f"expected a {d} x {d} matrix (sphere.dim = {d}), got {_shape(value)}")
+    return _each(value, lambda row: _each(row, _finite))
+
+
+def _identity(ctx) -> list[list[float]]:
+    return [[float(i == j) for j in range(ctx.dim)] for i in range(ctx.dim)]
+
+
+def _zeros(ctx) -> list[list[float]]:
+    return [[0.0] * ctx.dim for _ in range(ctx.dim)]
+
+
+def _direction(value, ctx) -> list[float]:
+    """A nonzero length-d vector, scaled to unit length (kept as given if already unit)."""
+    d = ctx.dim
+    if not (_is_list(value) and len(value) == d):
+        raise _Invalid(f"expected a vector of length {d} (sphere.dim = {d}), got {_describe(value)}")
+    vector = _each(value, _finite)
+    norm = math.hypot(*vector)
+    if norm == 0:
+        raise _Invalid("must be nonzero (it is a direction)")
+    return vector if abs(norm - 1) <= _UNIT_TOLERANCE else [x / norm for x in vector]
+
+
+def _directions(value, ctx) -> list[list[float]]:
+    directions = _each(value, lambda entry: _direction(entry, ctx))
+    if not directions:
+        raise _Invalid("expected at least one direction")
+    return directions
+
+
+def _weights(value, ctx) -> list[float]:
+    """Reals >= 0 with a positive sum, normalised to sum 1 (kept as given if they do)."""
+    weights = _reals(_NONNEGATIVE)(value, ctx)
+    total = math.fsum(weights)
+    if not total > 0:
+        raise _Invalid(f"must have a positive sum, got {weights!r}")
+    return weights if abs(total - 1) <= _UNIT_TOLERANCE else [w / total for w in weights]
+
+
+def _equal_weights(ctx) -> list[float]:
+    return [1 / len(ctx.section["means"])] * len(ctx.section["means"])
+
+
+def _readable_file(value, ctx) -> str:
+    """A path, made absolute from the case's directory; the file must be readable."""
+    path = Path(os.path.abspath(ctx.inputs.base_dir / Path(_text(value, ctx)).expanduser()))
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as error:
+        raise _Invalid(f"cannot read {str(path)!r}: {error.strerror}") from None
+    return str(path)
+
+
+def _plain_table(value, ctx) -> dict:
+    """A free-form table, checked to be expressible in TOML and normalised by a round trip."""
+    if not isinstance(value, dict):
+        raise _Invalid(f"expected a table, got {_describe(value)}")
+    return tomllib.loads(_dumps({"t": value}))["t"]
+
+
+# ---------------------------------------------------------------------------------------
+# The schema: one declaration per key
+# ---------------------------------------------------------------------------------------
+
+_REQUIRED = object()  # no default: the key must be given
+_ABSENT = object()  # a default meaning "leave the key out of the resolved data"
+
+
+def _always_used(ctx) -> None:
+    return None
+
+
+def _only_for_kinds(*kinds: str):
+    """Keys of [initial] that belong to some kinds only: a reason when they do not apply."""
+    def unused(ctx) -> str | None:
+        kind = ctx.section["kind"]
+        if kind not in kinds:
+            return f"not used when initial.kind = {kind!r} (it belongs to kind {' / '.join(map(repr, kinds))})"
+        return None
+    return unused
+
+
+@dataclass(frozen=True)
+class _Key:
+    """One key: how to parse it, its default (an immutable value, a function of the context,
+    _REQUIRED or _ABSENT), and when it does not apply."""
+
+    name: str
+    parse: Callable[[Any, _Context], Any]
+    default: Any = _REQUIRED
+    unused: Callable[[_Context], str | None] = _always_used
+
+
+@dataclass(frozen=True)
+class _Section:
+    """One [section]: its keys in resolution order, cross-key rules, or free-form content."""
+
+    name: str
+    keys: tuple[_Key, ...] = ()
+    rules: Callable[[dict, _Context], None] | None = None
+    free_form: bool = False
+
+
+def _model_rules(model: dict, ctx) -> None:
+    if model["beta"] == math.inf and model["kernel"] != "softmax":
+        raise CaseError(f'model.beta: "inf" needs model.kernel = "softmax", got {model["kernel"]!r}')
+
+
+def _initial_rules(initial: dict, ctx) -> None:
+    if initial["kind"] != "vmf_mixture":
+        return
+    count = len(initial["means"])
+    for key in ("kappas", "weights"):
+        if len(initial[key]) != count:
+            raise CaseError(f"initial.{key}: expected one entry per entry of initial.means "
+                            f"({count}), got {len(initial[key])}")
+
+
+def _time_rules(time: dict, ctx) -> None:
+    if "dt" in time and "cfl" in time:
+        raise CaseError("time.dt: give either time.dt or time.cfl, not both")
+
+
+def _particles_rules(particles: dict, ctx) -> None:
+    if particles["save"] > particles["n"]:
+        raise CaseError(f"particles.save: must be <= particles.n = {particles['n']}, got {particles['save']}")
+
+
+_SCHEMA = (
+    _Section("case", (
+        _Key("name", _text, lambda ctx: ctx.inputs.default_name),
+        _Key("description", _text, ""),
+    )),
+    _Section("sphere", (
+        _Key("dim", _integer(_Interval(2))),
+        _Key("lmax", _integer(_Interval(2)), 32),
+    )),
+    _Section("model", (
+        _Key("kernel", _choice("softmax", "unnormalized"), "softmax"),
+        _Key("beta", _beta, 1.0),
+        _Key("B", _matrix, _identity),
+        _Key("V", _matrix, _identity),
+        _Key("W", _matrix, _zeros),
+        _Key("eps", _real(_NONNEGATIVE), 0.0),
+    ), _model_rules),
+    _Section("initial", (
+        _Key("kind", _choice("uniform", "vmf", "vmf_mixture", "file"), "uniform"),
+        _Key("mean", _direction, unused=_only_for_kinds("vmf")),
+        _Key("kappa", _real(_NONNEGATIVE), unused=_only_for_kinds("vmf")),
+        _Key("means", _directions, unused=_only_for_kinds("vmf_mixture")),
+        _Key("kappas", _reals(_NONNEGATIVE), unused=_only_for_kinds("vmf_mixture")),
+        _Key("weights", _weights, _equal_weights, unused=_only_for_kinds("vmf_mixture")),
+        _Key("path", _readable_file, unused=_only_for_kinds("file")),
+        _Key("time", _integer(), -1, unused=_only_for_kinds("file")),
+    ), _initial_rules),
+    _Section("time", (
+        _Key("t_end", _real(_POSITIVE)),
+        _Key("dt", _real(_POSITIVE), _ABSENT),
+        _Key("cfl", _real(_POSITIVE), lambda ctx: _ABSENT if "dt" in ctx.section else 0.5),
+        _Key("save_every", _real(_POSITIVE), lambda ctx: ctx.section["t_end"] / 20),
+        _Key("scheme", _choice("auto", "imex-ars443", "rk4", "lawson-rk4"), "auto"),
+        _Key("max_steps", _integer(_Interval(1)), _ABSENT),
+    ), _time_rules),
+    _Section("solver", (
+        _Key("method", _choice("eulerian", "particles", "both"), "eulerian"),
+        _Key("field", _choice("auto", "dense", "spectral"), "auto"),
+        _Key("backend", _choice("auto", "torch", "shtns"), "auto"),
+        _Key("device", _choice("auto", "cpu", "cuda"), "auto"),
+        _Key("dtype", _choice("float64", "float32"), "float64"),
+        _Key("chunk", _integer(_Interval(1)), 4096),
+        _Key("filter_order", _integer(_NONNEGATIVE), 0),
+        _Key("kernel_tol", _real(_Interval(0, strict=True, high=1)), 1e-10),
+    )),
+    _Section("particles", (
+        _Key("n", _integer(_Interval(1)), 1000),
+        _Key("seed", _integer(_NONNEGATIVE), 0),
+        _Key("integrator", _choice("euler", "rk4", "heun"), "heun"),
+        _Key("save", _integer(_NONNEGATIVE), lambda ctx: min(ctx.section["n"], 1000)),
+        _Key("beta_inf_mode", _choice("mean_field", "hardmax"), "mean_field"),
+    ), _particles_rules),
+    _Section("diagnostics", (
+        _Key("lyapunov_p", _reals(_POSITIVE), lambda ctx: [0.25]),
+        _Key("tail_tol", _real(_POSITIVE), 1e-6),
+        _Key("w2", _boolean, True),
+    )),
+    _Section("control", free_form=True),
+)
+
+
+# ---------------------------------------------------------------------------------------
+# Resolution
+# ---------------------------------------------------------------------------------------
+
+
+def _unknown(what: str, shown: str, name: str, known: list[str]) -> CaseError:
+    """"unknown key 'model.bta' (did you mean 'beta'?)", or the list of known names."""
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(known)}"
+    return CaseError(f"unknown {what} {shown!r} ({hint})")
+
+
+def _resolve(inputs: _Inputs) -> dict:
+    """Every section of the schema, in order, resolved from the user's table."""
+    table = inputs.table
+    names = [section.name for section in _SCHEMA]
+    for name in table:
+        if name not in names:
+            raise _unknown("section", name, name, names)
+    ctx = _Context(data={}, section={}, inputs=inputs)
+    for section in _SCHEMA:
+        given = table.get(section.name, {})
+        if not isinstance(given, dict):
+            raise CaseError(f"{section.name}: expected a table [{section.name}], got {_describe(given)}")
+        if section.free_form:
+            ctx.data[section.name] = _parsed(section.name, _plain_table, given, ctx)
+        else:
+            ctx.data[section.name] = _resolve_section(section, given, ctx)
+    return ctx.data
+
+
+def _resolve_section(section: _Section, given: dict, ctx: _Context) -> dict:
+    known = [key.name for key in section.keys]
+    for name in given:
+        if name not in known:
+            raise _unknown("key", f"{section.name}.{name}", name, known)
+    ctx.section = resolved = {}
+    for key in section.keys:
+        path = f"{section.name}.{key.name}"
+        reason = key.unused(ctx)
+        if reason is not None:
+            if key.name in given:
+                raise CaseError(f"{path}: {reason}")
+            continue
+        if key.name in given:
+            value = _parsed(path, key.parse, given[key.name], ctx)
+        elif key.default is _REQUIRED:
+            raise CaseError(f"{path}: required key is missing")
+        else:
+            value = key.default(ctx) if callable(key.default) else key.default
+        if value is not _ABSENT:
+            resolved[key.name] = value
+    if section.rules is not None:
+        section.rules(resolved, ctx)
+    return resolved
+
+
+def _parsed(path: str, parse, value, ctx: _Context):
+    try:
+        return parse(value, ctx)
+    except _Invalid as error:
+        raise CaseError(f"{path}: {error}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# Writing TOML (the value types of the schema and of free-form [control] tables)
+# ---------------------------------------------------------------------------------------
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _dumps(data: dict) -> str:
+    """Sections as [headers], their keys as `key = value` with inline values."""
+    blocks = []
+    for name, table in data.items():
+        lines = [f"[{_toml_key(name)}]"]
+        lines += [f"{_toml_key(key)} = {_toml_value(value)}" for key, value in table.items()]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def _toml_key(key) -> str:
+    if not isinstance(key, str):
+        raise _Invalid(f"table keys must be strings, got {key!r}")
+    return key if _BARE_KEY.fullmatch(key) else _toml_string(key)
+
+
+def _toml_string(text: str) -> str:
+    def escaped(char: str) -> str:
+        if char in _ESCAPES:
+            return _ESCAPES[char]
+        return f"\\u{ord(char):04x}" if char < " " or char == "\x7f" else char
+    return '"' + "".join(map(escaped, text)) + '"'
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return _toml_string(value)
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return float.__repr__(float(value))  # shortest round-trip form; inf, -inf, nan as TOML spells them
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if _is_list(value):
+        return "[" + ", ".join(map(_toml_value, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise _Invalid(f"cannot be written as TOML: {value!r}")

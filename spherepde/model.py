@@ -1,0 +1,139 @@
+"""The mean-field attention model (DESIGN §2): its parameters and its velocity field.
+
+    d_t rho = eps Lap rho - div(rho v[rho, t])
+    v(x, t) = P_x(W_t x + V m[rho](x)),      P_x(y) = y - <x, y> x
+    softmax:        m = N / Z
+    unnormalized:   m = N
+    beta = inf:     m = B^T x / |B^T x|  (softmax only)
+with N(x) = int exp(beta <x, B y>) y rho(y) dsigma(y) and Z(x) = int exp(beta <x, B y>) rho(y) dsigma(y).
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .device import Placement
+from .errors import CaseError, NumericalFailure
+from .exp_kernel import kernel_degree
+
+
+@dataclass(frozen=True)
+class Model:
+    """Parameters of the forward equation; matrices are (d, d) tensors on the run's device."""
+
+    kernel: str
+    beta: float
+    B: torch.Tensor
+    V: torch.Tensor
+    W: torch.Tensor
+    eps: float
+
+    @classmethod
+    def from_case(cls, case, placement: Placement) -> "Model":
+        section = case["model"]
+        return cls(
+            kernel=section["kernel"],
+            beta=float(section["beta"]),
+            B=placement.tensor(section["B"]),
+            V=placement.tensor(section["V"]),
+            W=placement.tensor(section["W"]),
+            eps=float(section["eps"]),
+        )
+
+    @property
+    def dim(self) -> int:
+        return self.B.shape[0]
+
+    @property
+    def zero_temperature(self) -> bool:
+        return math.isinf(self.beta)
+
+    def feed_forward(self, t: float) -> torch.Tensor:
+        """W_t: constant here; a depth-dependent control overrides this."""
+        return self.W
+
+
+def tangent_projection(points: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
+    """P_x(y) = y - <x, y> x, pointwise over the last axis."""
+    return field - (field * points).sum(-1, keepdim=True) * points
+
+
+def zero_temperature_mean(model: Model, points: torch.Tensor) -> torch.Tensor:
+    """m(x) = B^T x / |B^T x| (0 where B^T x = 0)."""
+    u = points @ model.B
+    norm = torch.linalg.vector_norm(u, dim=-1, keepdim=True)
+    return torch.where(norm > 0, u / torch.where(norm > 0, norm, 1.0), 0.0)
+
+
+def attention_mean(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """m[rho](x) on the grid: N / Z (softmax) or N (unnormalized); (*grid, d).
+
+    A spectral density may dip below zero; Z stays positive while the undershoot is
+    small, and a non-positive Z is a numerical failure rather than something to clip.
+    """
+    if model.zero_temperature:
+        return zero_temperature_mean(model, points)
+    channels = torch.cat([rho[..., None], rho[..., None] * points], dim=-1)
+    scaled, log_scale = exp_kernel(channels)
+    Z, N = scaled[..., :1], scaled[..., 1:]
+    if model.kernel == "unnormalized":
+        return N * torch.exp(log_scale)[..., None]
+    if not bool((Z > 0).all()):
+        raise NumericalFailure("the attention partition function Z(x) became non-positive (density too negative)")
+    return N / Z
+
+
+def velocity(model: Model, points: torch.Tensor, mean_field: torch.Tensor, t: float) -> torch.Tensor:
+    """v(x, t) = P_x(W_t x + V m(x)) as ambient vectors (*grid, d)."""
+    drift = points @ model.feed_forward(t).T + mean_field @ model.V.T
+    return tangent_projection(points, drift)
+
+
+def interaction_energy(model: Model, exp_kernel, basis, rho: torch.Tensor) -> float:
+    """-1/2 int int exp(beta <x, B y>) rho(x) rho(y) dsigma dsigma; -inf at beta = inf, and beyond float range."""
+    if model.zero_temperature:
+        return -math.inf
+    scaled, log_scale = exp_kernel(rho[..., None])
+    shift = float(log_scale.max())
+    integral = float(basis.integrate(scaled[..., 0] * torch.exp(log_scale - shift) * rho))
+    with np.errstate(over="ignore"):
+        return float(-0.5 * integral * np.exp(shift))
+
+
+def principal_subspace(matrix: np.ndarray, rtol: float = 1e-9) -> np.ndarray | None:
+    """Orthonormal basis (d, k) of the eigenspace of the eigenvalue with largest real part.
+
+    None when that eigenvalue is complex (no real invariant subspace to align with).
+    """
+    eigenvalues, eigenvectors = np.linalg.eig(np.asarray(matrix, dtype=float))
+    top = eigenvalues.real.max()
+    scale = max(1.0, np.abs(eigenvalues).max())
+    chosen = np.abs(eigenvalues.real - top) <= rtol * scale
+    if np.abs(eigenvalues[chosen].imag).max() > rtol * scale:
+        return None
+    q, r = np.linalg.qr(eigenvectors[:, chosen].real)
+    rank = int((np.abs(np.diag(r)) > rtol).sum())
+    return q[:, :rank]
+
+
+def check_resolution(model: Model, basis, tol: float) -> None:
+    """Refuse a grid whose quadrature cannot integrate the attention kernel times rho to `tol`.
+
+    The kernel exp(beta <C^T x, y>) has Funk-Hecke weights above tol up to degree
+    kernel_degree(beta sigma_max(B)); with rho of degree lmax the grid must integrate
+    polynomials of degree kernel_degree + lmax exactly.
+    """
+    if model.zero_temperature or model.beta == 0:
+        return
+    sigma_max = float(torch.linalg.matrix_norm(model.B.double(), ord=2))
+    needed = kernel_degree(model.beta * sigma_max, basis.dim, tol)
+    if needed + basis.lmax <= basis.quadrature_degree(basis.lmax):
+        return
+    lmax = basis.lmax
+    while needed + lmax > basis.quadrature_degree(lmax):
+        lmax += 1
+    raise CaseError(
+        f"sphere.lmax: {basis.lmax} is too coarse for model.beta = {model.beta:g} "
+        f"(kernel needs degree {needed} at solver.kernel_tol = {tol:g}); use lmax >= {lmax}")

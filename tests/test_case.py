@@ -1,0 +1,337 @@
+"""Case files: resolution, defaults, overrides, the TOML round trip and one-line errors."""
+
+import copy
+import math
+import random
+
+import pytest
+
+import spherepde.case as case_module
+from spherepde.case import Case, case_from_dict, load_case, load_case_text, parse_override
+from spherepde.errors import CaseError
+
+SPHERE = "[sphere]\ndim = 2\n"
+SPHERE3 = "[sphere]\ndim = 3\n"
+TIME = "[time]\nt_end = 2.0\n"
+MINIMAL = SPHERE + TIME
+
+
+def reloaded(case: Case) -> Case:
+    return load_case_text(case.text)
+
+
+def assert_round_trip(case: Case) -> None:
+    again = reloaded(case)
+    assert again.data == case.data
+    assert again.text == case.text  # stronger than ==: repr of every float (-0.0, 1e-300) agrees
+
+
+# --- defaults -----------------------------------------------------------------------------
+
+
+def test_minimal_case_fills_every_default():
+    data = load_case_text(MINIMAL).data
+    assert data["case"] == {"name": "case", "description": ""}
+    assert data["sphere"] == {"dim": 2, "lmax": 32}
+    assert data["model"] == {"kernel": "softmax", "beta": 1.0, "B": [[1.0, 0.0], [0.0, 1.0]],
+                             "V": [[1.0, 0.0], [0.0, 1.0]], "W": [[0.0, 0.0], [0.0, 0.0]], "eps": 0.0}
+    assert data["initial"] == {"kind": "uniform"}
+    assert data["time"] == {"t_end": 2.0, "cfl": 0.5, "save_every": 0.1, "scheme": "auto"}
+    assert data["solver"] == {"method": "eulerian", "field": "auto", "backend": "auto", "device": "auto",
+                              "dtype": "float64", "chunk": 4096, "filter_order": 0, "kernel_tol": 1e-10}
+    assert data["particles"] == {"n": 1000, "seed": 0, "integrator": "heun", "save": 1000,
+                                 "beta_inf_mode": "mean_field"}
+    assert data["diagnostics"] == {"lyapunov_p": [0.25], "tail_tol": 1e-6, "w2": True}
+    assert data["control"] == {}
+
+
+def test_defaults_depend_on_other_keys():
+    case = load_case_text(SPHERE3 + "[time]\nt_end = 10\ndt = 0.01\n[particles]\nn = 50\n")
+    assert case["model"]["B"] == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    assert case["time"] == {"t_end": 10.0, "dt": 0.01, "save_every": 0.5, "scheme": "auto"}  # no cfl
+    assert case["particles"]["save"] == 50
+
+
+def test_case_name_defaults_to_file_stem(tmp_path):
+    path = tmp_path / "kuramoto-s1.toml"
+    path.write_text(MINIMAL)
+    case = load_case(path)
+    assert case.name == "kuramoto-s1" and case.dim == 2
+    assert case.source == MINIMAL and case.origin == str(path)
+
+
+def test_ints_become_floats_where_reals_are_expected():
+    case = load_case_text(MINIMAL + "[model]\neps = 1\nB = [[2, 0], [0, 1]]\n")
+    assert type(case["model"]["eps"]) is float
+    assert all(type(x) is float for row in case["model"]["B"] for x in row)
+    assert type(case["time"]["t_end"]) is float
+
+
+@pytest.mark.parametrize("beta", ['"inf"', "inf", "+inf"])
+def test_beta_inf_as_string_or_toml_float(beta):
+    assert load_case_text(MINIMAL + f"[model]\nbeta = {beta}\n")["model"]["beta"] == math.inf
+
+
+# --- normalisation --------------------------------------------------------------------------
+
+
+def test_vmf_mean_normalised_to_unit_length():
+    case = load_case_text(MINIMAL + "[initial]\nkind = 'vmf'\nmean = [3, 4]\nkappa = 2\n")
+    assert case["initial"] == {"kind": "vmf", "mean": [0.6, 0.8], "kappa": 2.0}
+
+
+def test_mixture_weights_normalised_and_default_equal():
+    text = MINIMAL + "[initial]\nkind = 'vmf_mixture'\nmeans = [[1, 0], [0, 2]]\nkappas = [1, 5]\n"
+    assert load_case_text(text + "weights = [1, 3]\n")["initial"]["weights"] == [0.25, 0.75]
+    initial = load_case_text(text)["initial"]
+    assert initial["weights"] == [0.5, 0.5]
+    assert initial["means"] == [[1.0, 0.0], [0.0, 1.0]]
+
+
+def test_normalisation_is_a_fixed_point():
+    """Renormalising a resolved case must not move a single bit (else the round trip drifts)."""
+    rng = random.Random(7)
+    for _ in range(200):
+        k = rng.randint(1, 6)
+        table = {"sphere": {"dim": 3}, "time": {"t_end": 1.0},
+                 "initial": {"kind": "vmf_mixture",
+                             "means": [[rng.uniform(-5, 5) for _ in range(3)] for _ in range(k)],
+                             "kappas": [rng.uniform(0, 50) for _ in range(k)],
+                             "weights": [rng.uniform(0, 1e-3) for _ in range(k)]}}
+        assert_round_trip(case_from_dict(table))
+
+
+# --- round trip ------------------------------------------------------------------------------
+
+
+def test_round_trip_preserves_floats_bit_for_bit():
+    text = SPHERE + """
+[case]
+description = "quotes \\" backslash \\\\ newline \\n tab \\t unicode é ∞ bell \\u0007"
+[model]
+beta = inf
+eps = 1e-300
+B = [[0.1, -0.0], [5e-324, 1.7976931348623157e308]]
+V = [[0.30000000000000004, 2], [3, 1e22]]
+[time]
+t_end = 0.1
+dt = 1e-7
+max_steps = 12345678901
+[diagnostics]
+lyapunov_p = [0.1, 0.25, 0.4999999999999999]
+w2 = false
+[control]
+loss = "bow"
+layers = [[[1.5, 2], [3, 4]], [[5, 6], [7, 8]]]
+optimizer = { name = "adam", lr = 1e-3, betas = [0.9, 0.999] }
+"odd key" = 1
+"""
+    case = load_case_text(text)
+    assert case["model"]["beta"] == math.inf and case["model"]["eps"] == 1e-300
+    assert math.copysign(1, case["model"]["B"][0][1]) == -1
+    assert case["control"]["optimizer"] == {"name": "adam", "lr": 1e-3, "betas": [0.9, 0.999]}
+    assert_round_trip(case)
+
+
+@pytest.mark.parametrize("initial", [
+    "kind = 'uniform'",
+    "kind = 'vmf'\nmean = [1, 1, 1]\nkappa = 0.1",
+    "kind = 'vmf_mixture'\nmeans = [[1, 2, 3], [0, 0, -1]]\nkappas = [0, 1e3]\nweights = [1, 2]",
+])
+def test_round_trip_of_each_initial_kind(initial):
+    assert_round_trip(load_case_text(SPHERE3 + TIME + "[initial]\n" + initial + "\n"))
+
+
+def test_round_trip_of_file_initial(tmp_path):
+    (tmp_path / "run.nc").write_bytes(b"")
+    (tmp_path / "c.toml").write_text(SPHERE + TIME + "[initial]\nkind = 'file'\npath = 'run.nc'\n")
+    assert_round_trip(load_case(tmp_path / "c.toml"))
+
+
+# --- initial file paths ----------------------------------------------------------------------
+
+
+def test_initial_file_resolved_relative_to_case_file(tmp_path, monkeypatch):
+    (tmp_path / "cases" / "data").mkdir(parents=True)
+    (tmp_path / "cases" / "data" / "run.nc").write_bytes(b"")
+    (tmp_path / "cases" / "data" / "other.nc").write_bytes(b"")
+    (tmp_path / "cases" / "c.toml").write_text(
+        MINIMAL + "[initial]\nkind = 'file'\npath = 'data/run.nc'\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    case = load_case("../cases/c.toml")
+    assert case["initial"] == {"kind": "file", "path": str(tmp_path / "cases" / "data" / "run.nc"), "time": -1}
+    moved = case.with_overrides(["initial.path=data/other.nc", "initial.time=3"])
+    assert moved["initial"] == {"kind": "file", "path": str(tmp_path / "cases" / "data" / "other.nc"), "time": 3}
+
+
+def test_initial_file_relative_to_base_dir_for_text(tmp_path):
+    (tmp_path / "run.nc").write_bytes(b"")
+    case = load_case_text(MINIMAL + "[initial]\nkind = 'file'\npath = 'run.nc'\n", base_dir=tmp_path)
+    assert case["initial"]["path"] == str(tmp_path / "run.nc")
+
+
+# --- overrides -------------------------------------------------------------------------------
+
+
+def test_parse_override_parses_toml_or_keeps_bare_string():
+    assert parse_override("model.beta=inf") == (("model", "beta"), math.inf)
+    assert parse_override("model.B=[[1,0],[0,2]]") == (("model", "B"), [[1, 0], [0, 2]])
+    assert parse_override("model.kernel=softmax") == (("model", "kernel"), "softmax")
+    assert parse_override("model.kernel='softmax'") == (("model", "kernel"), "softmax")
+    assert parse_override("time.dt = 0.5") == (("time", "dt"), 0.5)
+    assert parse_override("sphere.lmax=64") == (("sphere", "lmax"), 64)
+    assert parse_override("control.optimizer.lr=1e-3") == (("control", "optimizer", "lr"), 1e-3)
+
+
+@pytest.mark.parametrize("override, path, value", [
+    ("model.beta=inf", ("model", "beta"), math.inf),
+    ("model.B=[[1,0],[0,2]]", ("model", "B"), [[1.0, 0.0], [0.0, 2.0]]),
+    ("model.kernel=unnormalized", ("model", "kernel"), "unnormalized"),
+    ("model.eps=0.25", ("model", "eps"), 0.25),
+    ("sphere.lmax=64", ("sphere", "lmax"), 64),
+    ("case.name=sweep-3", ("case", "name"), "sweep-3"),
+    ("control.optimizer.lr=0.01", ("control", "optimizer"), {"lr": 0.01}),
+])
+def test_override_changes_exactly_the_named_key(override, path, value):
+    base = load_case_text(MINIMAL + "[model]\nbeta = 2.0\n")
+    expected = copy.deepcopy(base.data)
+    expected[path[0]][path[1]] = value
+    changed = base.with_overrides([override])
+    assert changed.data == expected
+    assert changed.source == base.source  # the user's text, before overrides
+    assert base["model"]["beta"] == 2.0  # the original case is untouched
+
+
+def test_overrides_re_resolve_from_the_user_table():
+    """Defaults are recomputed, not frozen: dt replaces the default cfl, dim resizes defaults."""
+    base = load_case_text(MINIMAL)
+    assert base.with_overrides(["time.dt=0.01"])["time"] == {
+        "t_end": 2.0, "dt": 0.01, "save_every": 0.1, "scheme": "auto"}
+    assert base.with_overrides(["sphere.dim=3"])["model"]["W"] == [[0.0] * 3] * 3
+    assert base.with_overrides(["time.t_end=4"])["time"]["save_every"] == 0.2
+
+
+def test_overrides_accumulate_and_load_case_applies_them(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(MINIMAL)
+    case = load_case(path, ["model.beta=inf"]).with_overrides(["model.eps=0.5"])
+    assert (case["model"]["beta"], case["model"]["eps"]) == (math.inf, 0.5)
+    assert load_case_text(MINIMAL, ["particles.n=10"])["particles"]["save"] == 10
+
+
+def test_override_may_create_a_missing_section():
+    case = load_case_text(SPHERE, ["time.t_end=3"])
+    assert case["time"]["t_end"] == 3.0
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+BAD_CASES = [
+    ("unknown key", MINIMAL + "[model]\nbta = 1\n", "model.bta", "did you mean 'beta'"),
+    ("unknown section", MINIMAL + "[modle]\nbeta = 1\n", "modle", "did you mean 'model'"),
+    ("matrix of the wrong size", SPHERE3 + TIME + "[model]\nB = [[1, 0], [0, 1]]\n", "model.B", "3 x 3"),
+    ("non-square matrix", SPHERE3 + TIME + "[model]\nB = [[1, 0, 0], [0, 1, 0]]\n", "model.B", "got 2 x 3"),
+    ("ragged matrix", MINIMAL + "[model]\nV = [[1, 0], [0]]\n", "model.V", "rows of lengths 2, 1"),
+    ("NaN entry", MINIMAL + "[model]\nV = [[1, 0], [nan, 1]]\n", "model.V", "entry [1][0]"),
+    ("infinite entry", MINIMAL + "[model]\nW = [[1, inf], [0, 1]]\n", "model.W", "entry [0][1]"),
+    ("negative eps", MINIMAL + "[model]\neps = -0.1\n", "model.eps", ">= 0, got -0.1"),
+    ("negative beta", MINIMAL + "[model]\nbeta = -1\n", "model.beta", ">= 0"),
+    ("negative dt", SPHERE + "[time]\nt_end = 1\ndt = -0.01\n", "time.dt", "> 0"),
+    ("dt and cfl", SPHERE + "[time]\nt_end = 1\ndt = 0.01\ncfl = 0.5\n", "time.dt", "time.cfl"),
+    ("missing t_end", SPHERE + "[time]\ndt = 0.01\n", "time.t_end", "missing"),
+    ("infinite t_end", SPHERE + "[time]\nt_end = inf\n", "time.t_end", "finite"),
+    ("beta inf with unnormalized kernel", MINIMAL + "[model]\nkernel = 'unnormalized'\nbeta = 'inf'\n",
+     "model.beta", "softmax"),
+    ("unknown kernel", MINIMAL + "[model]\nkernel = 'sofmax'\n", "model.kernel", "'softmax'"),
+    ("unknown initial kind", MINIMAL + "[initial]\nkind = 'gaussian'\n", "initial.kind", "vmf_mixture"),
+    ("key of another initial kind", MINIMAL + "[initial]\nkind = 'uniform'\nkappa = 1\n",
+     "initial.kappa", "'vmf'"),
+    ("malformed TOML", MINIMAL + "[model]\nbeta = = 1\n", "line 6", "malformed TOML"),
+    ("vmf mean of the wrong length", SPHERE3 + TIME + "[initial]\nkind = 'vmf'\nmean = [1, 0]\nkappa = 1\n",
+     "initial.mean", "length 3"),
+    ("zero vmf mean", MINIMAL + "[initial]\nkind = 'vmf'\nmean = [0, 0]\nkappa = 1\n", "initial.mean", "nonzero"),
+    ("vmf without kappa", MINIMAL + "[initial]\nkind = 'vmf'\nmean = [1, 0]\n", "initial.kappa", "missing"),
+    ("mixture length mismatch",
+     MINIMAL + "[initial]\nkind = 'vmf_mixture'\nmeans = [[1, 0], [0, 1]]\nkappas = [1, 2, 3]\n",
+     "initial.kappas", "got 3"),
+    ("negative mixture weight",
+     MINIMAL + "[initial]\nkind = 'vmf_mixture'\nmeans = [[1, 0], [0, 1]]\nkappas = [1, 2]\nweights = [1, -1]\n",
+     "initial.weights", "entry [1]"),
+    ("zero mixture weights",
+     MINIMAL + "[initial]\nkind = 'vmf_mixture'\nmeans = [[1, 0]]\nkappas = [1]\nweights = [0]\n",
+     "initial.weights", "positive sum"),
+    ("string for an integer", SPHERE + TIME.replace("[time]", "lmax = \"64\"\n[time]"), "sphere.lmax", "string"),
+    ("real for an integer", SPHERE + TIME.replace("[time]", "lmax = 64.0\n[time]"), "sphere.lmax", "integer"),
+    ("bool for a number", MINIMAL + "[model]\neps = true\n", "model.eps", "boolean"),
+    ("dimension 1", "[sphere]\ndim = 1\n" + TIME, "sphere.dim", ">= 2"),
+    ("missing initial file", MINIMAL + "[initial]\nkind = 'file'\npath = 'no/such/run.nc'\n",
+     "initial.path", "No such file"),
+    ("kernel_tol out of (0, 1)", MINIMAL + "[solver]\nkernel_tol = 1\n", "solver.kernel_tol", "(0, 1)"),
+    ("unknown device", MINIMAL + "[solver]\ndevice = 'gpu'\n", "solver.device", "'cuda'"),
+    ("more particles saved than run", MINIMAL + "[particles]\nn = 10\nsave = 20\n", "particles.save", "10"),
+    ("non-positive Lyapunov exponent", MINIMAL + "[diagnostics]\nlyapunov_p = [0.25, 0]\n",
+     "diagnostics.lyapunov_p", "entry [1]"),
+    ("control not a table", "control = 3\n" + MINIMAL, "control", "table"),
+]
+
+
+@pytest.mark.parametrize("text, key, detail", [case[1:] for case in BAD_CASES], ids=[c[0] for c in BAD_CASES])
+def test_bad_input_is_one_line_naming_the_key(text, key, detail):
+    with pytest.raises(CaseError) as raised:
+        load_case_text(text)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert key in message and detail in message
+    assert raised.value.exit_status == 2
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["model.bta=1"], "model.bta"),
+    (["modle.beta=1"], "modle"),
+    (["model.B=[[1,0,0],[0,1,0],[0,0,1]]"], "model.B"),
+    (["model.kernel=unnormalized", "model.beta=inf"], "model.beta"),
+    (["time.dt=0.1", "time.cfl=0.2"], "time.dt"),
+    (["model.beta"], "model.beta"),
+    (["beta=1"], "beta=1"),
+    (["model.B.x=1"], "model.B"),
+])
+def test_bad_override_is_one_line_naming_the_key(overrides, key):
+    with pytest.raises(CaseError) as raised:
+        load_case_text(MINIMAL + "[model]\nB = [[1, 0], [0, 1]]\n", overrides)
+    assert "\n" not in str(raised.value) and key in str(raised.value)
+
+
+def test_errors_from_a_file_are_prefixed_by_its_path(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(MINIMAL + "[model]\neps = -0.1\n")
+    with pytest.raises(CaseError, match=r"^.*bad\.toml: model\.eps: must be >= 0, got -0\.1$"):
+        load_case(path)
+
+
+def test_malformed_toml_names_file_and_line(tmp_path):
+    path = tmp_path / "case.toml"
+    path.write_text("[sphere]\ndim = 2\n\nbeta = \n")
+    with pytest.raises(CaseError, match=r"case\.toml: malformed TOML at line 4"):
+        load_case(path)
+
+
+def test_missing_case_file(tmp_path):
+    with pytest.raises(CaseError, match=r"^cannot read case file '.*x\.toml': No such file or directory$"):
+        load_case(tmp_path / "x.toml")
+
+
+# --- documentation ---------------------------------------------------------------------------
+
+
+def test_every_resolved_key_is_documented(tmp_path):
+    (tmp_path / "run.nc").write_bytes(b"")
+    initials = ["kind = 'vmf'\nmean = [1, 0]\nkappa = 1", "kind = 'file'\npath = 'run.nc'",
+                "kind = 'vmf_mixture'\nmeans = [[1, 0]]\nkappas = [1]"]
+    texts = [MINIMAL, SPHERE + "[time]\nt_end = 1\ndt = 0.1\nmax_steps = 10\n"]
+    texts += [MINIMAL + "[initial]\n" + initial + "\n" for initial in initials]
+    keys = {f"{section}.{key}" for text in texts
+            for section, table in load_case_text(text, base_dir=tmp_path).data.items() for key in table}
+    assert len(keys) == 40  # every key of every section, each initial kind included
+    assert [key for key in keys if key not in case_module.__doc__] == []

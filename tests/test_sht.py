@@ -1,0 +1,262 @@
+"""Spherical-harmonic transforms: Gauss grid, Legendre tables, torch backend vs shtns, analytic identities."""
+
+import math
+
+import mpmath
+import numpy as np
+import pytest
+import torch
+
+from spherepde.transforms.legendre import gauss_legendre, legendre_tables
+from spherepde.transforms.sht_torch import TorchSHT
+
+LMAX, NLAT, NLON = 63, 96, 192
+
+
+def relative_difference(x: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |x - reference| / max |reference| (both moved to CPU complex128 / float64)."""
+    x, reference = x.cpu(), reference.cpu()
+    if reference.is_complex():
+        x = x.to(torch.complex128)
+    else:
+        x = x.to(torch.float64)
+    return ((x - reference).abs().max() / reference.abs().max()).item()
+
+
+def random_coefficients(*batch: int, lmax: int = LMAX, seed: int = 0) -> torch.Tensor:
+    """Random band-limited coefficients [.., m, l]: zero for l < m, real for m = 0."""
+    generator = torch.Generator().manual_seed(seed)
+    c = torch.view_as_complex(torch.randn(*batch, lmax + 1, lmax + 1, 2, generator=generator, dtype=torch.float64))
+    c[..., 0, :] = c[..., 0, :].real
+    degree = torch.arange(lmax + 1)
+    return c * (degree[None, :] >= degree[:, None])
+
+
+@pytest.fixture(scope="module")
+def shtns_sht():
+    pytest.importorskip("shtns")
+    from spherepde.transforms.sht_shtns import ShtnsSHT
+
+    return ShtnsSHT(LMAX, NLAT, NLON)
+
+
+@pytest.fixture(scope="module")
+def torch_sht():
+    return TorchSHT(LMAX, NLAT, NLON)
+
+
+# --- 1. Gauss grid and Legendre tables ---------------------------------------------------------
+
+
+def test_gauss_nodes_and_weights_match_leggauss_and_shtns():
+    x, w = gauss_legendre(NLAT)
+    x_ref, w_ref = np.polynomial.legendre.leggauss(NLAT)
+    assert np.all(np.diff(x) < 0)  # north to south
+    assert np.max(np.abs(x - x_ref[::-1])) <= 1e-15
+    # numpy's weights are themselves off by ~1.5e-12 at nlat 96 (ours agree with shtns to 1 ulp).
+    assert np.max(np.abs(w / w_ref[::-1] - 1)) <= 1e-11
+    assert abs(w.sum() - 2) <= 1e-14
+    x2, w2 = gauss_legendre(2)
+    assert np.max(np.abs(x2 - [1 / math.sqrt(3), -1 / math.sqrt(3)])) <= 2.3e-16
+    assert np.max(np.abs(w2 - 1)) <= 1e-15
+    x3, w3 = gauss_legendre(3)
+    assert x3[1] == 0.0 and x3[0] == -x3[2] and abs(w3[1] - 8 / 9) <= 2e-16
+
+
+def test_gauss_grid_is_shtns_grid(shtns_sht):
+    x, w = gauss_legendre(NLAT)
+    assert np.max(np.abs(shtns_sht.cos_theta.numpy() - x)) <= 1e-16
+    assert np.max(np.abs(shtns_sht.weights.numpy() / w - 1)) <= 1e-15
+    assert abs(shtns_sht.weights.sum().item() - 2) <= 1e-14
+
+
+def test_legendre_tables_orthonormal_and_derivatives():
+    x, w = gauss_legendre(NLAT)
+    P, dP, mP_sin = legendre_tables(LMAX, x)
+    gram = 2 * np.pi * np.einsum("mlj,mkj,j->mlk", P, P, w)
+    identity = np.zeros_like(gram)
+    for m in range(LMAX + 1):
+        identity[m, m:, m:] = np.eye(LMAX + 1 - m)
+    assert np.max(np.abs(gram - identity)) <= 1e-13
+    sin_theta = np.sqrt(1 - x**2)
+    assert np.max(np.abs(P[1, 1] + math.sqrt(3 / (8 * math.pi)) * sin_theta)) <= 1e-15  # Condon–Shortley phase
+    # sin(theta) dPbar_lm/dtheta = l x Pbar_lm - sqrt((2l+1)(l^2-m^2)/(2l-1)) Pbar_{l-1,m}, a different identity
+    # from the ladder formulas used in legendre_tables.
+    m = np.arange(LMAX + 1)[:, None, None]
+    ell = np.arange(LMAX + 1)[None, :, None]
+    P_lower = np.concatenate([np.zeros_like(P[:, :1]), P[:, :-1]], axis=1)
+    c = np.sqrt(np.maximum((2 * ell + 1) * (ell**2 - m**2), 0) / np.maximum(2 * ell - 1, 1))
+    expected = np.where(ell >= m, ell * x * P - c * P_lower, 0.0)
+    assert np.max(np.abs(sin_theta * dP - expected)) <= 1e-12 * np.max(np.abs(expected))
+    assert np.max(np.abs(mP_sin * sin_theta - m * P)) <= 1e-12 * np.max(np.abs(m * P))
+
+
+def _pbar_reference(ell: int, m: int, x: float) -> float:
+    """Pbar_lm(x) by the same recurrence in 30-digit arithmetic (no underflow)."""
+    mpmath.mp.dps = 30
+    x = mpmath.mpf(x)
+    s = mpmath.sqrt((1 - x) * (1 + x))
+    p = 1 / mpmath.sqrt(4 * mpmath.pi)
+    for k in range(1, m + 1):
+        p = -mpmath.sqrt(mpmath.mpf(2 * k + 1) / (2 * k)) * s * p
+    previous, a_previous = mpmath.mpf(0), mpmath.mpf(1)
+    for n in range(m + 1, ell + 1):
+        a = mpmath.sqrt(mpmath.mpf(4 * n * n - 1) / (n * n - m * m))
+        previous, p, a_previous = p, a * (x * p - previous / a_previous), a
+    return float(p)
+
+
+def test_legendre_tables_high_degree_underflow():
+    theta = np.array([1e-3, 0.3, 1.2])
+    P, dP, mP_sin = legendre_tables(1000, np.cos(theta))
+    assert np.isfinite(P).all() and np.isfinite(dP).all() and np.isfinite(mP_sin).all()
+    # sin(0.3)^700 underflows in double, Pbar_{1000,700}(0.3) ~ 4e-207 does not.
+    for ell, m in [(1000, 700), (1000, 3), (900, 899)]:
+        for j, x in enumerate(np.cos(theta)):
+            reference = _pbar_reference(ell, m, x)
+            assert abs(P[m, ell, j] - reference) <= 1e-12 * abs(reference) + 1e-300
+    assert 1e-210 < P[700, 1000, 1] < 1e-200
+
+
+# --- 2. torch vs shtns -------------------------------------------------------------------------
+
+
+def _compare_backends(sht, reference, tolerance):
+    c = random_coefficients(2)
+    S, T = random_coefficients(2, seed=1), random_coefficients(2, seed=2)
+    S[..., 0, 0] = 0
+    T[..., 0, 0] = 0
+    f = reference.synthesis(c)
+    v_theta, v_phi = reference.vector_synthesis(S, T)
+    differences = {
+        "synthesis": relative_difference(sht.synthesis(c.to(sht.device)), f),
+        "analysis": relative_difference(sht.analysis(f.to(sht.device)), reference.analysis(f)),
+    }
+    for name, x, y in zip(("v_theta", "v_phi"), sht.vector_synthesis(S.to(sht.device), T.to(sht.device)), (v_theta, v_phi)):
+        differences["vector_synthesis " + name] = relative_difference(x, y)
+    S_ref, T_ref = reference.vector_analysis(v_theta, v_phi)
+    for name, x, y in zip("ST", sht.vector_analysis(v_theta.to(sht.device), v_phi.to(sht.device)), (S_ref, T_ref)):
+        differences["vector_analysis " + name] = relative_difference(x, y)
+    for name, x, y in zip(("v_theta", "v_phi"), sht.gradient(c.to(sht.device)), reference.gradient(c)):
+        differences["gradient " + name] = relative_difference(x, y)
+    differences["divergence"] = relative_difference(
+        sht.divergence(v_theta.to(sht.device), v_phi.to(sht.device)), reference.divergence(v_theta, v_phi)
+    )
+    worst = max(differences, key=differences.get)
+    assert differences[worst] <= tolerance, differences
+    return differences
+
+
+def test_torch_float64_matches_shtns(torch_sht, shtns_sht):
+    assert torch.equal(torch_sht.cos_theta, shtns_sht.cos_theta)
+    _compare_backends(torch_sht, shtns_sht, 1e-12)
+
+
+def test_torch_float32_matches_shtns(shtns_sht):
+    _compare_backends(TorchSHT(LMAX, NLAT, NLON, dtype=torch.float32), shtns_sht, 1e-5)
+
+
+def test_torch_matches_shtns_on_odd_grid():
+    pytest.importorskip("shtns")
+    from spherepde.transforms.sht_shtns import ShtnsSHT
+
+    lmax, nlat, nlon = 20, 33, 41
+    reference, sht = ShtnsSHT(lmax, nlat, nlon), TorchSHT(lmax, nlat, nlon)
+    assert abs(reference.weights[nlat // 2].item() / sht.weights[nlat // 2].item() - 1) <= 1e-15
+    c = random_coefficients(lmax=lmax)
+    f = reference.synthesis(c)
+    assert relative_difference(sht.synthesis(c), f) <= 1e-13
+    assert relative_difference(sht.analysis(f), reference.analysis(f)) <= 1e-13
+    v = reference.vector_synthesis(c, 0)
+    assert relative_difference(sht.divergence(*v), reference.divergence(*v)) <= 1e-13
+
+
+def test_shtns_round_trip_and_analysis_of_arbitrary_field(torch_sht, shtns_sht):
+    c = random_coefficients(3)
+    assert relative_difference(shtns_sht.analysis(shtns_sht.synthesis(c)), c) <= 1e-13
+    f = torch.randn(NLAT, NLON, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    assert relative_difference(torch_sht.analysis(f), shtns_sht.analysis(f)) <= 1e-12  # same quadrature, not band-limited
+
+
+@pytest.mark.cuda
+def test_torch_cuda_float64_matches_shtns(shtns_sht):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    _compare_backends(TorchSHT(LMAX, NLAT, NLON, device=torch.device("cuda")), shtns_sht, 1e-12)
+
+
+# --- 3. analytic identities (torch backend alone) ----------------------------------------------
+
+
+def test_round_trip(torch_sht):
+    c = random_coefficients(2, 3)
+    assert relative_difference(torch_sht.analysis(torch_sht.synthesis(c)), c) <= 1e-13
+    f = torch_sht.synthesis(c)
+    quadrature = (torch_sht.weights[:, None] * f**2).sum((-2, -1)) * (2 * math.pi / NLON)
+    parseval = (c[..., 0, :].abs() ** 2).sum(-1) + 2 * (c[..., 1:, :].abs() ** 2).sum((-2, -1))
+    assert torch.max(torch.abs(quadrature / parseval - 1)).item() <= 1e-13
+
+
+def test_divergence_of_gradient_is_laplacian(torch_sht):
+    c = random_coefficients(2)
+    ell = torch.arange(LMAX + 1, dtype=torch.float64)
+    expected = -ell * (ell + 1) * c
+    assert relative_difference(torch_sht.divergence(*torch_sht.gradient(c)), expected) <= 1e-12
+    v_theta, v_phi = torch_sht.vector_synthesis(c, 0)
+    assert relative_difference(v_theta, torch_sht.gradient(c)[0]) <= 1e-14
+
+
+def test_gradient_of_cos_theta(torch_sht):
+    c = torch.zeros(LMAX + 1, LMAX + 1, dtype=torch.complex128)
+    c[0, 1] = math.sqrt(4 * math.pi / 3)  # cos(theta) = sqrt(4 pi / 3) Y_10
+    assert torch.max(torch.abs(torch_sht.synthesis(c) - torch_sht.cos_theta[:, None])).item() <= 1e-15
+    v_theta, v_phi = torch_sht.gradient(c)
+    assert torch.max(torch.abs(v_theta + torch.sin(torch_sht.theta)[:, None])).item() <= 1e-15
+    assert torch.max(torch.abs(v_phi)).item() <= 1e-15
+
+
+def test_toroidal_convention_is_minus_er_cross_grad(torch_sht):
+    c = torch.zeros(LMAX + 1, LMAX + 1, dtype=torch.complex128)
+    c[0, 1] = math.sqrt(4 * math.pi / 3)  # T = cos(theta): v = -e_r x grad T = sin(theta) e_phi
+    v_theta, v_phi = torch_sht.vector_synthesis(0, c)
+    assert torch.max(torch.abs(v_phi - torch.sin(torch_sht.theta)[:, None])).item() <= 1e-15
+    assert torch.max(torch.abs(v_theta)).item() <= 1e-15
+
+
+def test_divergence_has_no_mean(torch_sht):
+    generator = torch.Generator().manual_seed(4)
+    v_theta, v_phi = torch.randn(2, 3, NLAT, NLON, dtype=torch.float64, generator=generator)
+    div = torch_sht.divergence(v_theta, v_phi)
+    assert torch.max(torch.abs(div[..., 0, 0])).item() <= 1e-15
+    assert torch.max(torch.abs(div)).item() > 1.0
+
+
+# --- interface guards --------------------------------------------------------------------------
+
+
+def test_grid_size_and_dtype_guards():
+    with pytest.raises(ValueError, match="nlon"):
+        TorchSHT(63, 96, 126)
+    with pytest.raises(ValueError, match="nlat"):
+        TorchSHT(63, 63, 192)
+    with pytest.raises(ValueError, match="dtype"):
+        TorchSHT(15, 32, 32, dtype=torch.float16)
+    sht = TorchSHT(15, 32, 32)
+    assert sht.table_bytes == 3 * 16 * 16 * 32 * 8
+    with pytest.raises(ValueError, match="shape"):
+        sht.synthesis(torch.zeros(15, 16, dtype=torch.complex128))
+
+
+def test_shtns_guards():
+    pytest.importorskip("shtns")
+    from spherepde.transforms.sht_shtns import ShtnsSHT
+
+    with pytest.raises(ValueError, match="nlat >= 32"):
+        ShtnsSHT(15, 24, 32)
+    with pytest.raises(ValueError, match="nlon"):
+        ShtnsSHT(15, 32, 30)
+    sht = ShtnsSHT(15, 32, 32)
+    with pytest.raises(ValueError, match="float64"):
+        sht.analysis(torch.zeros(32, 32, dtype=torch.float32))
+    with pytest.raises(ValueError, match="float64"):
+        ShtnsSHT(15, 32, 32, dtype=torch.float32)
