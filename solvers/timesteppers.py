@@ -4,7 +4,8 @@ The linear part is the diffusion eps * Lap (lam = -eps l(l+1) or -eps k^2), the 
 part the transport -div(rho v).  Two families share one tableau format:
 
 * IMEX additive Runge-Kutta: lam implicit (a diagonal solve), N explicit.
-  ARS(4,4,3) (Ascher, Ruuth & Spiteri 1997): third order, L-stable, stiffly accurate.
+  ARK4(3)6L[2]SA (Kennedy & Carpenter 2003): fourth order, 6 stages, L-stable (the default);
+  ARS(4,4,3) (Ascher, Ruuth & Spiteri 1997): third order, 4 stages, L-stable, stiffly accurate.
   With lam = 0 an IMEX scheme reduces to its explicit tableau, so classical RK4 is the
   same code with an empty implicit tableau.
 * Lawson (integrating factor): the explicit tableau applied to exp(-lam t) c, exact for
@@ -52,6 +53,32 @@ ARS443 = Tableau(
     b_implicit=(0, F(3, 2), F(-3, 2), F(1, 2), F(1, 2)),
 )
 
+# Kennedy & Carpenter (2003), ARK4(3)6L[2]SA: fourth order, L-stable, stiffly accurate ESDIRK part.
+_ARK436_B = (F(82889, 524892), 0, F(15625, 83664), F(69875, 102672), F(-2260, 8211), F(1, 4))
+ARK436 = Tableau(
+    name="imex-ark436",
+    order=4,
+    a=((0, 0, 0, 0, 0, 0),
+       (F(1, 2), 0, 0, 0, 0, 0),
+       (F(13861, 62500), F(6889, 62500), 0, 0, 0, 0),
+       (F(-116923316275, 2393684061468), F(-2731218467317, 15368042101831), F(9408046702089, 11113171139209),
+        0, 0, 0),
+       (F(-451086348788, 2902428689909), F(-2682348792572, 7519795681897), F(12662868775082, 11960479115383),
+        F(3355817975965, 11060851509271), 0, 0),
+       (F(647845179188, 3216320057751), F(73281519250, 8382639484533), F(552539513391, 3454668386233),
+        F(3354512671639, 8306763924573), F(4040, 17871), 0)),
+    b=_ARK436_B,
+    c=(0, F(1, 2), F(83, 250), F(31, 50), F(17, 20), 1),
+    a_implicit=((0, 0, 0, 0, 0, 0),
+                (F(1, 4), F(1, 4), 0, 0, 0, 0),
+                (F(8611, 62500), F(-1743, 31250), F(1, 4), 0, 0, 0),
+                (F(5012029, 34652500), F(-654441, 2922500), F(174375, 388108), F(1, 4), 0, 0),
+                (F(15267082809, 155376265600), F(-71443401, 120774400), F(730878875, 902184768),
+                 F(2285395, 8070912), F(1, 4), 0),
+                _ARK436_B),
+    b_implicit=_ARK436_B,
+)
+
 RK4 = Tableau(
     name="rk4",
     order=4,
@@ -60,14 +87,15 @@ RK4 = Tableau(
     c=(0, F(1, 2), F(1, 2), 1),
 )
 
-SCHEMES = {"imex-ars443": ("imex", ARS443), "rk4": ("imex", RK4), "lawson-rk4": ("lawson", RK4)}
+SCHEMES = {"imex-ark436": ("imex", ARK436), "imex-ars443": ("imex", ARS443), "rk4": ("imex", RK4),
+           "lawson-rk4": ("lawson", RK4)}
 
 
 def choose_scheme(name: str, eps: float) -> str:
-    """'auto': ARS(4,4,3) with diffusion, classical RK4 without."""
+    """'auto': the fourth-order IMEX ARK4(3)6L with diffusion, classical RK4 without."""
     if name != "auto":
         return name
-    return "imex-ars443" if eps > 0 else "rk4"
+    return "imex-ark436" if eps > 0 else "rk4"
 
 
 def _needed(tableau: Tableau, weights: tuple, stage: int) -> bool:

@@ -40,8 +40,8 @@ time.t_end                 real > 0                                    required
 time.dt                    real > 0 (not together with time.cfl)       absent
 time.cfl                   real > 0 (not together with time.dt)        0.5 when dt is absent
 time.save_every            real > 0                                    t_end / 20
-time.scheme                "auto" | "imex-ars443" | "rk4" |            "auto"
-                           "lawson-rk4"
+time.scheme                "auto" | "imex-ark436" | "imex-ars443"  "auto": imex-ark436 when
+                           | "rk4" | "lawson-rk4"                      eps > 0, else rk4
 time.max_steps             int >= 1 (safety limit on the step count)   absent (no limit)
 solver.method              "eulerian" | "particles" | "both"           "eulerian"
 solver.field               "auto" | "dense" | "spectral"               "auto"
@@ -532,7 +532,7 @@ _SCHEMA = (
         _Key("dt", _real(_POSITIVE), _ABSENT),
         _Key("cfl", _real(_POSITIVE), lambda ctx: _ABSENT if "dt" in ctx.section else 0.5),
         _Key("save_every", _real(_POSITIVE), lambda ctx: ctx.section["t_end"] / 20),
-        _Key("scheme", _choice("auto", "imex-ars443", "rk4", "lawson-rk4"), "auto"),
+        _Key("scheme", _choice("auto", "imex-ark436", "imex-ars443", "rk4", "lawson-rk4"), "auto"),
         _Key("max_steps", _integer(_Interval(1)), _ABSENT),
     ), _time_rules),
     _Section("solver", (

@@ -57,10 +57,10 @@ def test_heat_equation_decay_imex_third_order(dim):
 
 
 def test_mass_after_1000_nonlinear_steps():
-    for dim, lmax, eps in [(2, 48, 0.05), (3, 8, 0.2)]:
+    for dim, lmax, eps in [(2, 32, 0.05), (3, 8, 0.2)]:
         mean = [0.0, 0.6, 0.8] if dim == 3 else [0.6, 0.8]
         case = make_case(dim, lmax, model={"beta": 4.0, "V": identity(dim), "eps": eps},
-                         initial={"kind": "vmf", "mean": mean, "kappa": 3.0},
+                         initial={"kind": "vmf", "mean": mean, "kappa": 1.0},
                          time={"t_end": 5.0, "dt": 0.005, "save_every": 5.0})
         dataset = spherepde.run(case, progress=False)
         assert dataset.attrs["steps"] == 1000
@@ -135,19 +135,20 @@ def test_zero_temperature_hemisphere_masses_and_resolution_report():
     assert "resolution lost" in dataset.attrs["notes"]
 
 
-def test_temporal_order_of_imex_on_nonlinear_case():
-    errors, dts = [], [0.2, 0.1, 0.05]
+@pytest.mark.parametrize("scheme, order", [("imex-ark436", 4), ("imex-ars443", 3)])
+def test_temporal_order_of_imex_on_nonlinear_case(scheme, order):
+    errors, dts = [], [0.1, 0.05, 0.025]
     reference = None
-    for dt in [0.0125] + dts:
+    for dt in [0.00625] + dts:
         case = spherepde.load_case("cases/convergence-s2.toml", ["sphere.lmax=12", f"time.dt={dt}",
-                                                                 "time.save_every=1.0", "time.scheme='imex-ars443'"])
+                                                                 "time.save_every=1.0", f"time.scheme={scheme}"])
         density = spherepde.run(case, progress=False)["density"].values[-1]
         if reference is None:
             reference = density
         else:
             errors.append(np.abs(density - reference).max())
     orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
-    assert orders.min() >= 2.9, (errors, orders)
+    assert orders.min() >= order - 0.15, (errors, orders)
 
 
 def test_spectral_convergence_in_lmax():
