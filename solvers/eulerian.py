@@ -85,6 +85,7 @@ class Recorder:
         self.masses_0 = rho0.reshape(-1) * self.weights
         self.lyapunov_p = list(case["diagnostics"]["lyapunov_p"])
         self.want_w2 = case["diagnostics"]["w2"]
+        self.w2_atoms, self.w2_error_bound = case["diagnostics"]["w2_atoms"], 0.0
         self.tail_tol = case["diagnostics"]["tail_tol"]
         self.times, self.densities, self.rows = [], [], []
         self.resolved_until = None
@@ -128,12 +129,10 @@ class Recorder:
     def _w2_projection(self, masses: np.ndarray) -> float:
         if not self.want_w2:
             return float("nan")
-        try:
-            return diag.w2_projection(self.points, masses, self.points, self.masses_0, self.subspace_E)
-        except ValueError as error:
-            if not self.notes or "w2_projection" not in self.notes[-1]:
-                self.notes.append(f"w2_projection not computed: {error}")
-            return float("nan")
+        value, bound = diag.w2_projection(self.points, masses, self.points, self.masses_0, self.subspace_E,
+                                          self.w2_atoms)
+        self.w2_error_bound = max(self.w2_error_bound, bound)
+        return value
 
     def dataset(self, status: str):
         return eulerian_dataset(self, status)

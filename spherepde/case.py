@@ -61,6 +61,9 @@ particles.beta_inf_mode    "mean_field" | "hardmax"                    "mean_fie
 diagnostics.lyapunov_p     list of reals > 0                           [0.25]
 diagnostics.tail_tol       real > 0                                    1e-06
 diagnostics.w2             bool                                        true
+diagnostics.w2_atoms       int >= 1: atoms above which a measure is    1000
+                           quantised before exact W2 (error bound
+                           stored as w2_quantisation_bound)
 control                    free-form table (training; later issue)     {} (empty)
 =========================  ==========================================  =========================
 
@@ -556,6 +559,7 @@ _SCHEMA = (
         _Key("lyapunov_p", _reals(_POSITIVE), lambda ctx: [0.25]),
         _Key("tail_tol", _real(_POSITIVE), 1e-6),
         _Key("w2", _boolean, True),
+        _Key("w2_atoms", _integer(_POSITIVE), 1000),
     )),
     _Section("control", free_form=True),
 )

@@ -61,7 +61,7 @@ def command_run(args) -> int:
             write_dataset(failure.dataset, output)
         raise
     write_dataset(dataset, output)
-    for note in filter(None, dataset.attrs.get("notes", "").split("; ")):
+    for note in filter(None, dataset.attrs.get("notes", "").splitlines()):
         print(f"spherepde: warning: {note}", file=sys.stderr)
     print(f"spherepde: wrote {output}", file=sys.stderr)
     if args.plot:

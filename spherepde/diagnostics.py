@@ -65,24 +65,55 @@ def merge_atoms(points: np.ndarray, masses: np.ndarray, decimals: int = 12):
     return unique, np.bincount(inverse.ravel(), weights=masses, minlength=len(unique))
 
 
-def wasserstein2(points_a, masses_a, points_b, masses_b, max_entries: float = 4e8) -> float:
-    """Exact W2 between two discrete measures on the sphere, chordal cost |x - y|^2 (POT emd).
+def quantise(points: np.ndarray, masses: np.ndarray, max_atoms: int):
+    """Aggregate a measure on S^1 / S^2 into at most ~max_atoms cells of an angle grid.
 
-    Negative masses are floored to 0 and both measures normalised to probability.  Exact
-    OT needs the full cost matrix: above `max_entries` entries this raises instead of
-    silently switching method.
+    Each cell's mass sits at the normalised mass-weighted mean of its points.  Returns
+    (points, masses, bound) where bound >= W2(mu, quantised mu): the largest chordal cell
+    diameter (0 when nothing was aggregated).  By the triangle inequality a W2 between two
+    quantised measures is within the sum of their bounds of the W2 between the originals.
     """
-    a_points, a = merge_atoms(points_a, np.maximum(masses_a, DENSITY_FLOOR))
-    b_points, b = merge_atoms(points_b, np.maximum(masses_b, DENSITY_FLOOR))
-    if len(a) * len(b) > max_entries:
-        raise ValueError(f"exact W2 between {len(a)} and {len(b)} atoms needs a {len(a)} x {len(b)} cost matrix")
+    points, masses = merge_atoms(points, masses)
+    if len(masses) <= max_atoms:
+        return points, masses, 0.0
+    dim = points.shape[1]
+    if dim == 2:
+        bins = max_atoms
+        cell = np.floor((np.arctan2(points[:, 1], points[:, 0]) + np.pi) / (2 * np.pi) * bins).astype(int) % bins
+        angle = 2 * np.pi / bins
+    elif dim == 3:
+        rows = max(1, int(np.sqrt(max_atoms / 2)))
+        colatitude = np.arccos(np.clip(points[:, 2], -1, 1))
+        row = np.minimum((colatitude / np.pi * rows).astype(int), rows - 1)
+        column = np.floor((np.arctan2(points[:, 1], points[:, 0]) + np.pi) / (2 * np.pi) * 2 * rows).astype(int)
+        cell = row * 2 * rows + column % (2 * rows)
+        angle = np.sqrt(2) * np.pi / rows
+    else:
+        raise ValueError(f"cannot quantise a measure on S^{dim - 1} for exact transport")
+    label, cell = np.unique(cell, return_inverse=True)
+    cell_mass = np.bincount(cell, weights=masses)
+    centre = np.stack([np.bincount(cell, weights=masses * points[:, k]) for k in range(dim)], axis=1)
+    centre /= np.linalg.norm(centre, axis=1, keepdims=True)
+    return centre, cell_mass, float(2 * np.sin(min(angle, np.pi) / 2))
+
+
+def wasserstein2(points_a, masses_a, points_b, masses_b, max_atoms: int = 1000) -> tuple[float, float]:
+    """W2 between two discrete measures on the sphere, chordal cost |x - y|^2, by exact OT (POT emd).
+
+    Negative masses are floored to 0 and both measures normalised to probability.  A
+    measure with more than `max_atoms` atoms is first quantised (see `quantise`).
+    Returns (W2, error bound from the quantisation; 0 when none was needed).
+    """
+    a_points, a, a_bound = quantise(points_a, np.maximum(masses_a, DENSITY_FLOOR), max_atoms)
+    b_points, b, b_bound = quantise(points_b, np.maximum(masses_b, DENSITY_FLOOR), max_atoms)
     cost = ot.dist(a_points, b_points, metric="sqeuclidean")
     value = ot.emd2(a / a.sum(), b / b.sum(), cost, numItermax=10_000_000)
-    return float(np.sqrt(max(value, 0.0)))
+    return float(np.sqrt(max(value, 0.0))), a_bound + b_bound
 
 
-def w2_projection(points, masses, points_0, masses_0, subspace: np.ndarray | None) -> float:
-    """W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x| (NaN when E is undefined)."""
+def w2_projection(points, masses, points_0, masses_0, subspace: np.ndarray | None,
+                  max_atoms: int = 1000) -> tuple[float, float]:
+    """W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x|, and its quantisation bound (NaN when E is undefined)."""
     if subspace is None:
-        return float("nan")
-    return wasserstein2(points, masses, projection(points_0, subspace), masses_0)
+        return float("nan"), 0.0
+    return wasserstein2(points, masses, projection(points_0, subspace), masses_0, max_atoms)

@@ -78,8 +78,9 @@ def eulerian_dataset(recorder, status: str) -> xr.Dataset:
         "scheme": recorder.scheme,
         "steps": int(recorder.steps),
         "wall_seconds": float(recorder.wall_seconds),
+        "w2_quantisation_bound": float(recorder.w2_error_bound),
         "resolved_until": "end" if recorder.resolved_until is None else float(recorder.resolved_until),
-        "notes": "; ".join(recorder.notes),
+        "notes": "\n".join(recorder.notes),
     }
     return finish(xr.Dataset(data, coords=coords), case, attrs)
 

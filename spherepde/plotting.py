@@ -19,7 +19,7 @@ def plot_result(path: str, folder: str | None = None) -> list[str]:
     os.makedirs(folder, exist_ok=True)
     stem = os.path.splitext(os.path.basename(path))[0]
     with open_result(path) as dataset:
-        figure = plt.figure(figsize=(13, 7.5), constrained_layout=True)
+        figure = plt.figure(figsize=(13, 6.2), constrained_layout=True)
         top, bottom = figure.subfigures(2, 1, height_ratios=[1.25, 1])
         if "theta" in dataset["density"].dims:
             _circle_heatmap(top, dataset)

@@ -41,7 +41,7 @@ def test_minimal_case_fills_every_default():
                               "dtype": "float64", "chunk": 4096, "filter_order": 0, "kernel_tol": 1e-10}
     assert data["particles"] == {"n": 1000, "seed": 0, "integrator": "heun", "save": 1000,
                                  "beta_inf_mode": "mean_field"}
-    assert data["diagnostics"] == {"lyapunov_p": [0.25], "tail_tol": 1e-6, "w2": True}
+    assert data["diagnostics"] == {"lyapunov_p": [0.25], "tail_tol": 1e-6, "w2": True, "w2_atoms": 1000}
     assert data["control"] == {}
 
 
@@ -333,5 +333,5 @@ def test_every_resolved_key_is_documented(tmp_path):
     texts += [MINIMAL + "[initial]\n" + initial + "\n" for initial in initials]
     keys = {f"{section}.{key}" for text in texts
             for section, table in load_case_text(text, base_dir=tmp_path).data.items() for key in table}
-    assert len(keys) == 40  # every key of every section, each initial kind included
+    assert len(keys) == 41  # every key of every section, each initial kind included
     assert [key for key in keys if key not in case_module.__doc__] == []
