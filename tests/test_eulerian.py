@@ -163,3 +163,23 @@ def test_spectral_convergence_in_lmax():
     error = {lmax: math.sqrt(float(reference_basis.norm_squared(reference_basis.resize(c, 40) - reference)))
              for lmax, (basis, c) in runs.items() if lmax != 40}
     assert error[32] <= 1e-4 * error[16], error
+
+
+def test_shtns_and_torch_backends_give_the_same_run():
+    overrides = ["sphere.lmax=24", "time.t_end=0.3", "time.save_every=0.3", "solver.device='cpu'"]
+    runs = [spherepde.run(spherepde.load_case("cases/convergence-s2.toml", overrides + [f"solver.backend={name}"]),
+                          progress=False) for name in ("torch", "shtns")]
+    torch_run, shtns_run = (run["density"].values[-1] for run in runs)
+    assert runs[1].attrs["backend"] == "shtns"
+    assert np.abs(torch_run - shtns_run).max() <= 1e-12 * np.abs(shtns_run).max()
+
+
+def test_float32_run_tracks_float64():
+    overrides = ["sphere.lmax=16", "time.t_end=0.5", "time.save_every=0.5", "solver.device='cpu'"]
+    runs = {dtype: spherepde.run(spherepde.load_case("cases/convergence-s2.toml", overrides + [f"solver.dtype={dtype}"]),
+                                 progress=False) for dtype in ("float32", "float64")}
+    assert runs["float32"].attrs["dtype"] == "float32"
+    for name in ("order_parameter", "entropy", "interaction_energy", "min_density"):
+        single, double = (float(runs[d][name][-1]) for d in ("float32", "float64"))
+        assert abs(single - double) <= 1e-5 * max(1.0, abs(double)), name
+    assert abs(float(runs["float32"]["mass"][-1]) - 1) <= 1e-6

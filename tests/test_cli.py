@@ -1,0 +1,202 @@
+"""The command line and the output contract (DESIGN §5-7): exit codes, messages, files."""
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import spherepde
+from spherepde.cli import main
+
+SMALL_S1 = """
+[case]
+name = "small"
+[sphere]
+dim = 2
+lmax = 16
+[model]
+kernel = "softmax"
+beta = 2.0
+eps = 0.1
+[initial]
+kind = "vmf"
+mean = [1.0, 0.0]
+kappa = 2.0
+[time]
+t_end = 0.5
+dt = 0.05
+save_every = 0.25
+[solver]
+device = "cpu"
+"""
+
+
+def write_case(folder, text=SMALL_S1, name="case.toml"):
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+def run_cli(args, capsys):
+    status = main([str(a) for a in args])
+    return status, capsys.readouterr().err
+
+
+BAD_CASES = {
+    "unknown key": ("[model]\nkernel", "[model]\nbta = 1.0\nkernel", "model.bta"),
+    "wrong matrix size": ("eps = 0.1", "eps = 0.1\nB = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]", "model.B"),
+    "negative eps": ("eps = 0.1", "eps = -0.1", "model.eps"),
+    "negative dt": ("dt = 0.05", "dt = -0.05", "time.dt"),
+    "beta inf unnormalized": ('kernel = "softmax"\nbeta = 2.0', 'kernel = "unnormalized"\nbeta = "inf"', "model.beta"),
+    "unknown initial kind": ('kind = "vmf"\nmean = [1.0, 0.0]\nkappa = 2.0', 'kind = "gauss"', "initial.kind"),
+    "malformed toml": ("[time]", "[time", "malformed TOML"),
+    "NaN entry": ("eps = 0.1", "eps = 0.1\nV = [[1.0, nan], [0.0, 1.0]]", "model.V"),
+    "missing initial file": ('kind = "vmf"\nmean = [1.0, 0.0]\nkappa = 2.0', 'kind = "file"\npath = "nowhere.nc"',
+                             "initial.path"),
+    "grid too coarse for beta": ("beta = 2.0", "beta = 500.0", "sphere.lmax"),
+    "eulerian in d = 4": ("dim = 2", "dim = 4", "sphere.dim"),
+}
+
+
+@pytest.mark.parametrize("problem", sorted(BAD_CASES))
+def test_bad_input_exits_2_with_one_line_and_no_file(tmp_path, capsys, problem):
+    old, new, named = BAD_CASES[problem]
+    assert old in SMALL_S1
+    case = write_case(tmp_path, SMALL_S1.replace(old, new, 1))
+    output = tmp_path / "out.nc"
+    status, err = run_cli(["run", case, "-o", output], capsys)
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1, err
+    assert named in err
+    assert "Traceback" not in err
+    assert not output.exists() and os.listdir(tmp_path) == ["case.toml"]
+
+
+def test_missing_case_file_and_bad_override(tmp_path, capsys):
+    status, err = run_cli(["run", tmp_path / "absent.toml"], capsys)
+    assert status == 2 and "absent.toml" in err and len(err.strip().splitlines()) == 1
+    case = write_case(tmp_path)
+    status, err = run_cli(["run", case, "--set", "model.nonsense=3", "-o", tmp_path / "o.nc"], capsys)
+    assert status == 2 and "model.nonsense" in err
+    status, err = run_cli(["run"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1
+
+
+def test_no_traceback_from_a_fresh_process(tmp_path):
+    case = write_case(tmp_path, SMALL_S1.replace("eps = 0.1", "eps = -1.0"))
+    result = subprocess.run([sys.executable, "-m", "spherepde", "run", str(case)], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "model.eps" in result.stderr
+
+
+def test_existing_output_is_refused_then_overwritten(tmp_path, capsys):
+    case = write_case(tmp_path)
+    output = tmp_path / "out.nc"
+    output.write_text("precious")
+    status, err = run_cli(["run", case, "-o", output], capsys)
+    assert status == 2 and "--overwrite" in err and output.read_text() == "precious"
+    status, _ = run_cli(["run", case, "-o", output, "--overwrite", "--quiet"], capsys)
+    assert status == 0
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["status"] == "completed"
+
+
+def test_output_contract_s1(tmp_path, capsys):
+    case = write_case(tmp_path)
+    output = tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", output, "--quiet"], capsys)[0] == 0
+    with xr.open_dataset(output) as dataset:
+        for name in ["density", "mass", "mean", "order_parameter", "alignment_E", "alignment_F", "lyapunov",
+                     "w2_projection", "entropy", "interaction_energy", "free_energy", "min_density",
+                     "spectral_tail", "cell_area"]:
+            assert name in dataset, name
+        assert dataset["density"].dims == ("time", "theta")
+        assert dataset["theta"].attrs["units"] == "radian" and "standard_name" not in dataset["theta"].attrs
+        assert dataset["time"].attrs["units"] == "1" and "axis" not in dataset["time"].attrs
+        assert dataset["density"].attrs["units"] == "radian-1"
+        assert np.allclose(dataset["time"], [0.0, 0.25, 0.5])
+        for key in ["Conventions", "title", "history", "source", "case", "solver", "backend", "grid", "lmax",
+                    "dtype", "device"]:
+            assert key in dataset.attrs, key
+        assert dataset.attrs["Conventions"] == "CF-1.10"
+        # the quadrature weights integrate the density to the stored mass
+        mass = (dataset["density"] * dataset["cell_area"]).sum("theta")
+        assert np.allclose(mass, dataset["mass"], rtol=0, atol=1e-14)
+        assert abs(float(dataset["cell_area"].sum()) - 2 * math.pi) < 1e-13
+
+
+def test_output_contract_s2_coordinates(tmp_path):
+    case = spherepde.load_case("cases/heat-s2.toml", ["time.t_end=0.1", "time.save_every=0.1", "solver.device='cpu'"])
+    dataset = spherepde.run(case, progress=False)
+    assert dataset["density"].dims == ("time", "lat", "lon")
+    assert dataset["lat"].attrs["units"] == "degrees_north" and dataset["lat"].attrs["standard_name"] == "latitude"
+    assert dataset["lon"].attrs["units"] == "degrees_east"
+    assert dataset["cell_area"].attrs["units"] == "sr" and dataset["density"].attrs["units"] == "sr-1"
+    assert abs(float(dataset["cell_area"].sum()) - 4 * math.pi) < 1e-12
+    # Gauss latitudes stored exactly: sin(lat) are the roots of P_nlat
+    nodes = np.polynomial.legendre.leggauss(dataset.sizes["lat"])[0][::-1]
+    assert np.abs(np.sin(np.deg2rad(dataset["lat"].values)) - nodes).max() < 1e-14
+
+
+def test_rerun_from_stored_case_is_identical(tmp_path, capsys):
+    case = write_case(tmp_path)
+    first = tmp_path / "first.nc"
+    assert run_cli(["run", case, "-o", first, "--quiet", "--set", "model.beta=3.0"], capsys)[0] == 0
+    with xr.open_dataset(first) as dataset:
+        stored = dataset.attrs["case"]
+        density = dataset["density"].values
+    replay = write_case(tmp_path, stored, "replay.toml")
+    second = tmp_path / "second.nc"
+    assert run_cli(["run", replay, "-o", second, "--quiet"], capsys)[0] == 0
+    with xr.open_dataset(second) as dataset:
+        assert np.array_equal(dataset["density"].values, density)
+        assert dataset.attrs["case"] == stored
+    assert spherepde.load_case_text(stored)["model"]["beta"] == 3.0
+
+
+def test_initial_density_from_file_interpolates_spectrally(tmp_path, capsys):
+    """A later run started from a saved slice continues the first run (and re-expands to a new lmax)."""
+    case = write_case(tmp_path)
+    first = tmp_path / "first.nc"
+    assert run_cli(["run", case, "-o", first, "--quiet", "--set", "time.t_end=0.5"], capsys)[0] == 0
+    restart = SMALL_S1.replace('kind = "vmf"\nmean = [1.0, 0.0]\nkappa = 2.0', 'kind = "file"\npath = "first.nc"\ntime = 0')
+    second = tmp_path / "second.nc"
+    case2 = write_case(tmp_path, restart.replace("lmax = 16", "lmax = 24"), "restart.toml")
+    assert run_cli(["run", case2, "-o", second, "--quiet"], capsys)[0] == 0
+    with xr.open_dataset(first) as a, xr.open_dataset(second) as b:
+        # same initial law on a finer grid; the band-limited continuation agrees with the first run
+        assert abs(float(a["mass"][0]) - float(b["mass"][0])) < 1e-14
+        assert abs(float(a["order_parameter"][-1]) - float(b["order_parameter"][-1])) < 1e-9
+
+
+def test_numerical_failure_exits_3_and_keeps_last_good_state(tmp_path, capsys):
+    # Explicit transport far beyond its stability limit blows up; the saves before it are kept.
+    unstable = SMALL_S1.replace("dt = 0.05", "dt = 0.5").replace("t_end = 0.5", "t_end = 200.0").replace(
+        "save_every = 0.25", "save_every = 10.0").replace("lmax = 16", "lmax = 64").replace("beta = 2.0", "beta = 8.0")
+    unstable = unstable.replace("eps = 0.1", "eps = 0.0")
+    case = write_case(tmp_path, unstable)
+    output = tmp_path / "out.nc"
+    status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
+    assert status == 3, err
+    assert "numerical failure" in err
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["status"].startswith("failed")
+        assert np.isfinite(dataset["density"].values).all()
+        assert dataset.sizes["time"] >= 1
+
+
+def test_info_and_plot(tmp_path, capsys):
+    case = write_case(tmp_path)
+    output = tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", output, "--quiet", "--plot"], capsys)[0] == 0
+    assert (tmp_path / "out.png").stat().st_size > 10_000
+    status = main(["info", str(output)])
+    text = capsys.readouterr().out
+    assert status == 0 and "order_parameter" in text and "small" in text
+    status, err = run_cli(["info", tmp_path / "missing.nc"], capsys)
+    assert status == 2 and "missing.nc" in err
