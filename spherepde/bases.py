@@ -23,6 +23,7 @@ import torch
 
 from .device import Placement
 from .transforms.fourier import FourierTransform
+from .transforms.legendre import gauss_legendre
 
 
 class _SpectralBasis:
@@ -172,8 +173,9 @@ class SphereBasis(_SpectralBasis):
         self.degree = l.expand(lmax + 1, lmax + 1)
         self.multiplicity = (torch.where(m == 0, 1.0, 2.0) * (l >= m)).to(placement.real)
         self.grid_shape = (nlat, nlon)
-        self.latitude = 90.0 - torch.rad2deg(self.sht.theta.to(torch.float64))
-        self.longitude = torch.rad2deg(self.sht.phi.to(torch.float64))
+        # Coordinates for output in float64 whatever the run's dtype: the Gauss latitudes exactly.
+        self.latitude = torch.rad2deg(torch.asin(torch.as_tensor(gauss_legendre(nlat)[0])))
+        self.longitude = 360.0 * torch.arange(nlon, dtype=torch.float64) / nlon
 
     @staticmethod
     def coefficient_shape(lmax: int) -> tuple[int, ...]:

@@ -39,7 +39,8 @@ def package_version() -> str:
 def grid_coordinates(basis) -> tuple[dict, tuple, str]:
     """Coordinates, grid dims and density units of a basis (CF attributes included)."""
     if basis.dim == 2:
-        theta = xr.Variable("theta", basis.theta.cpu().double().numpy(),
+        n = basis.grid_shape[0]
+        theta = xr.Variable("theta", 2 * np.pi * np.arange(n) / n,
                             {"units": "radian", "long_name": "angle on the circle S^1"})
         return {"theta": theta}, ("theta",), "radian-1"
     lat = xr.Variable("lat", basis.latitude.cpu().numpy(),

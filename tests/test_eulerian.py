@@ -183,3 +183,27 @@ def test_float32_run_tracks_float64():
         single, double = (float(runs[d][name][-1]) for d in ("float32", "float64"))
         assert abs(single - double) <= 1e-5 * max(1.0, abs(double)), name
     assert abs(float(runs["float32"]["mass"][-1]) - 1) <= 1e-6
+
+
+@pytest.mark.slow
+def test_spectral_convergence_over_the_whole_window():
+    """As above to t = 1 with a degree-48 reference (about 2 minutes on 2 cores)."""
+    common = ["time.t_end=1.0", "time.dt=0.05", "time.save_every=1.0"]
+    runs = {}
+    for lmax in (16, 32, 48):
+        case = spherepde.load_case("cases/convergence-s2.toml", [f"sphere.lmax={lmax}"] + common)
+        runs[lmax] = coefficients(spherepde.run(case, progress=False), case)
+    reference_basis, reference = runs[48]
+    error = {lmax: math.sqrt(float(reference_basis.norm_squared(reference_basis.resize(c, 48) - reference)))
+             for lmax, (_, c) in runs.items() if lmax != 48}
+    assert error[32] <= 1e-4 * error[16], error
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_run_matches_cpu_run():
+    overrides = ["sphere.lmax=24", "time.t_end=0.3", "time.save_every=0.3"]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    densities = [spherepde.run(spherepde.load_case("cases/convergence-s2.toml", overrides + [f"solver.device={d}"]),
+                               progress=False)["density"].values[-1] for d in ("cpu", "cuda")]
+    assert np.abs(densities[0] - densities[1]).max() <= 1e-12 * np.abs(densities[0]).max()
