@@ -1,6 +1,6 @@
 """Figures of the core verification (issue: Eulerian solver), printed as a markdown report.
 
-    python3 results/core_verification.py > results/core_verification.md
+    python3 results/core_verification.py | grep -v "^\[SHTns" > results/core_verification.md
 
 Each figure is measured here, on this machine, by the public API (a few minutes on 2 cores).
 """
