@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .device import Placement
-from .errors import CaseError, NumericalFailure
+from .errors import CaseError
 from .exp_kernel import kernel_degree
 
 
@@ -70,8 +70,12 @@ def zero_temperature_mean(model: Model, points: torch.Tensor) -> torch.Tensor:
 def attention_mean(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
     """m[rho](x) on the grid: N / Z (softmax) or N (unnormalized); (*grid, d).
 
-    A spectral density may dip below zero; Z stays positive while the undershoot is
-    small, and a non-positive Z is a numerical failure rather than something to clip.
+    For rho >= 0, Z > 0 and |N| <= Z.  A spectral density may dip below zero; both transforms
+    compute Z of the band-limited rho without dividing (the spectral one to about kernel_tol / 100
+    of its scale), so Z stays positive while the undershoot is small against the mass within a
+    kernel width.  Where it does not, m is undefined: it is NaN there (not clipped), and the run's
+    finiteness check turns that into a numerical failure at the next save, without a host round
+    trip per evaluation (which would stall a GPU at every Runge-Kutta stage).
     """
     if model.zero_temperature:
         return zero_temperature_mean(model, points)
@@ -80,9 +84,7 @@ def attention_mean(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Te
     Z, N = scaled[..., :1], scaled[..., 1:]
     if model.kernel == "unnormalized":
         return N * torch.exp(log_scale)[..., None]
-    if not bool((Z > 0).all()):
-        raise NumericalFailure("the attention partition function Z(x) became non-positive (density too negative)")
-    return N / Z
+    return torch.where(Z > 0, N / Z, torch.nan)
 
 
 def velocity(model: Model, points: torch.Tensor, mean_field: torch.Tensor, t: float) -> torch.Tensor:
@@ -119,11 +121,14 @@ def principal_subspace(matrix: np.ndarray, rtol: float = 1e-9) -> np.ndarray | N
 
 
 def check_resolution(model: Model, basis, tol: float) -> None:
-    """Refuse a grid whose quadrature cannot integrate the attention kernel times rho to `tol`.
+    """Refuse a grid too coarse for the kernel width (CaseError naming the lmax needed).
 
     The kernel exp(beta <C^T x, y>) has Funk-Hecke weights above tol up to degree
-    kernel_degree(beta sigma_max(B)); with rho of degree lmax the grid must integrate
-    polynomials of degree kernel_degree + lmax exactly.
+    kernel_degree(beta sigma_max(B)) (its width ~ 1/sqrt(beta sigma_max)); with rho of degree
+    lmax the grid must integrate polynomials of degree kernel_degree + lmax exactly.  The same
+    rule holds for both fields: the dense quadrature is accurate to tol only then, and the
+    spectral transform, exact at any lmax for band-limited rho, yields an attention field that
+    varies on the kernel width, which a coarser grid cannot carry through the product rho v.
     """
     if model.zero_temperature or model.beta == 0:
         return

@@ -242,7 +242,7 @@ def test_grid_size_and_dtype_guards():
     with pytest.raises(ValueError, match="dtype"):
         TorchSHT(15, 32, 32, dtype=torch.float16)
     sht = TorchSHT(15, 32, 32)
-    assert sht.table_bytes == 3 * 16 * 16 * 32 * 8
+    assert sht.table_bytes == 3 * 8 * 2 * 9 * 16 * 8  # packed [pair, parity, k, northern j]
     with pytest.raises(ValueError, match="shape"):
         sht.synthesis(torch.zeros(15, 16, dtype=torch.complex128))
 

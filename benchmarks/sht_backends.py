@@ -1,0 +1,75 @@
+"""PyTorch SHT vs shtns on the CPU, side by side in one process, one thread each (done-criterion 3).
+
+For lmax 64, 128, 256 on the solver's dealiased Gauss grid (nlat >= 3 (lmax + 1) / 2, nlon = 2 nlat),
+float64, times the best of --repeats of
+
+    scalar:  synthesis + analysis of one field
+    batch 4: synthesis + analysis of four fields in one call (the attention field's channels rho, y rho;
+             shtns loops over them, torch does one batched matmul)
+    vector:  gradient (vector synthesis) + divergence (vector analysis) of one field
+
+with both backends, alternating them so that load from other processes hits both alike, and
+prints the torch / shtns time ratios.  The torch tables are packed (equatorial folding plus
+triangular pairing of orders m and lmax - m; `sht_torch.PackedLegendre`).
+
+    OMP_NUM_THREADS=1 python benchmarks/sht_backends.py [--lmax 64 128 256] [--repeats 30]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+from spherepde.bases import dealiased_gauss_latitudes  # noqa: E402
+from spherepde.transforms.sht_shtns import ShtnsSHT  # noqa: E402
+from spherepde.transforms.sht_torch import TorchSHT  # noqa: E402
+
+
+def best_times(functions: dict, repeats: int) -> dict:
+    """Best wall time of each function over `repeats` rounds, the functions interleaved in every round."""
+    best = {name: float("inf") for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():
+            start = time.perf_counter()
+            function()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lmax", type=int, nargs="+", default=[64, 128, 256])
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread; float64; best of {args.repeats}")
+    kinds = ("scalar", "batch 4", "vector")
+    print(f"{'lmax':>5} {'grid':>10} {'tables':>9} | " + " | ".join(
+        f"{kind + ' torch':>13} {'shtns':>8} {'ratio':>6}" for kind in kinds))
+    for lmax in args.lmax:
+        nlat = dealiased_gauss_latitudes(lmax, minimum=32)
+        nlon = 2 * nlat
+        backends = {"torch": TorchSHT(lmax, nlat, nlon), "shtns": ShtnsSHT(lmax, nlat, nlon)}
+        field = torch.randn(nlat, nlon, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        coefficients = backends["shtns"].analysis(field)
+        batch = coefficients.expand(4, *coefficients.shape).clone()
+        functions = {}
+        for name, sht in backends.items():
+            functions[("scalar", name)] = lambda sht=sht: sht.analysis(sht.synthesis(coefficients))
+            functions[("batch 4", name)] = lambda sht=sht: sht.analysis(sht.synthesis(batch))
+            functions[("vector", name)] = lambda sht=sht: sht.divergence(*sht.gradient(coefficients))
+        best = best_times(functions, args.repeats)
+        row = [f"{lmax:>5} {nlat:>4}x{nlon:<5} {backends['torch'].table_bytes / 2**20:>6.1f}MiB |"]
+        for kind in kinds:
+            torch_time, shtns_time = best[(kind, "torch")], best[(kind, "shtns")]
+            row.append(f"{1e3 * torch_time:>11.2f}ms {1e3 * shtns_time:>6.2f}ms {torch_time / shtns_time:>6.2f} |")
+        print(" ".join(row))
+
+
+if __name__ == "__main__":
+    main()
