@@ -9,6 +9,7 @@ construction.  Save times are hit exactly: each interval between saves is split 
 equal steps no longer than dt (given, or from the CFL number and the current max |v|).
 """
 
+import copy
 import math
 import time as wallclock
 import warnings
@@ -20,14 +21,17 @@ from spherepde import diagnostics as diag
 from spherepde.bases import make_basis
 from spherepde.device import placement as make_placement
 from spherepde.errors import CaseError, NumericalFailure
-from spherepde.exp_kernel import DenseExpKernel
+from spherepde.exp_kernel import make_exp_kernel
 from spherepde.initial import initial_density
 from spherepde.model import (Model, attention_mean, check_resolution, interaction_energy, principal_subspace,
                              velocity)
-from spherepde.output import eulerian_dataset
+from spherepde.output import DIAGNOSTIC_ATTRS, eulerian_dataset
 from spherepde.progress import Progress
 
 from .timesteppers import choose_scheme, make_stepper
+
+
+MAX_STEPS_PER_SAVE = 1e12  # a CFL step asking for more means the velocity blew up
 
 
 class ForwardProblem:
@@ -41,12 +45,11 @@ class ForwardProblem:
                             "use solver.method = 'particles'")
         if solver["backend"] == "shtns" and (self.placement.device.type != "cpu" or self.placement.name != "float64"):
             raise CaseError("solver.backend: 'shtns' runs on the CPU in float64 only")
-        if solver["field"] == "spectral":
-            raise CaseError("solver.field: 'spectral' is not available yet; use 'dense' or 'auto'")
         self.basis = make_basis(case.dim, case["sphere"]["lmax"], self.placement, solver["backend"])
         self.model = Model.from_case(case, self.placement)
         check_resolution(self.model, self.basis, solver["kernel_tol"])
-        self.exp_kernel = DenseExpKernel(self.basis, self.model.B, self.model.beta, solver["chunk"])
+        self.exp_kernel = make_exp_kernel(self.basis, self.model.B, self.model.beta, solver["field"],
+                                          solver["kernel_tol"], solver["chunk"])
         self.lam = self.model.eps * self.basis.laplacian
         self.filter = spectral_filter(self.basis, solver["filter_order"])
 
@@ -137,6 +140,40 @@ class Recorder:
     def dataset(self, status: str):
         return eulerian_dataset(self, status)
 
+    def unsaved(self, stored: int):
+        """The saves after the first `stored` ones, as a Dataset (a checkpoint segment); None if none."""
+        if stored == len(self.times):
+            return None
+        view = copy.copy(self)
+        view.times, view.densities, view.rows = self.times[stored:], self.densities[stored:], self.rows[stored:]
+        return eulerian_dataset(view, "checkpoint segment")
+
+    def checkpoint_state(self, c: torch.Tensor, t: float, interval: int, substep: int, dt: float,
+                         substeps: int) -> dict:
+        """What a checkpoint stores: the coefficients c at time t, `substep` of `substeps` steps of
+        length dt into save interval `interval`, and the recorder's scalars."""
+        timing = self.case["time"]
+        resolved_until = None if self.resolved_until is None else float(self.resolved_until)
+        return {"case": self.case.text, "t": float(t), "t_end": timing["t_end"], "steps": self.steps + substep,
+                "c": c.cpu().clone(), "interval": interval, "substep": substep, "dt": float(dt), "substeps": substeps,
+                "recorder": {"steps": self.steps, "wall_seconds": float(self.wall_seconds),
+                             "w2_error_bound": float(self.w2_error_bound), "resolved_until": resolved_until,
+                             "notes": list(self.notes)}}
+
+    @classmethod
+    def restored(cls, problem: ForwardProblem, case, scheme: str, segments: list, scalars: dict) -> "Recorder":
+        """A recorder holding the saves of checkpoint `segments` and the `scalars` of checkpoint_state."""
+        times = [float(t) for segment in segments for t in segment["time"].values]
+        densities = [density for segment in segments for density in segment["density"].values]
+        rows = [{name: (values[i] if values.ndim > 1 else float(values[i]))
+                 for name, values in ((name, segment[name].values) for name in DIAGNOSTIC_ATTRS)}
+                for segment in segments for i in range(segment.sizes["time"])]
+        recorder = cls(problem, case, densities[0], scheme)
+        recorder.times, recorder.densities, recorder.rows = times, densities, rows
+        for key, value in scalars.items():
+            setattr(recorder, key, value)
+        return recorder
+
 
 def save_times(t_end: float, save_every: float) -> np.ndarray:
     """0, save_every, 2 save_every, ..., t_end (the last interval may be shorter)."""
@@ -147,47 +184,77 @@ def save_times(t_end: float, save_every: float) -> np.ndarray:
     return np.array(times)
 
 
-def run_eulerian(case, progress: bool | None = None):
+def run_eulerian(case, progress: bool | None = None, checkpoint=None):
     """Integrate the forward equation of `case`; returns the output xarray.Dataset.
 
     Raises NumericalFailure (with `.dataset`, the run up to its last good save) on NaN.
-    Finiteness is checked at save times only, so that a GPU run never waits on the host
-    inside a save interval.
+    Finiteness is checked at save times and checkpoints only, so that a GPU run never
+    waits on the host inside a save interval. With a `checkpoint`
+    (:class:`spherepde.checkpoint.Checkpoint`) the state is stored whenever one is due,
+    and a checkpoint marked `resume` continues from its state: the result is bit for bit
+    that of an uninterrupted run.
     """
     problem = ForwardProblem(case)
     basis, timing = problem.basis, case["time"]
     scheme = choose_scheme(timing["scheme"], problem.model.eps)
     step = make_stepper(scheme)
-    c = initial_density(case["initial"], basis)
-    recorder = Recorder(problem, case, basis.synthesis(c).cpu().double().numpy(), scheme)
-    recorder.record(0.0, c)
     times = save_times(timing["t_end"], timing["save_every"])
-    bar = Progress(timing["t_end"], enabled=progress)
+    if checkpoint is not None and checkpoint.resume:
+        state, segments = checkpoint.load(case)
+        recorder = Recorder.restored(problem, case, scheme, segments, state["recorder"])
+        c = state["c"].to(basis.placement.device)
+        first, done, dt, substeps, t_start = (state[key] for key in ("interval", "substep", "dt", "substeps", "t"))
+    else:
+        c = initial_density(case["initial"], basis)
+        recorder = Recorder(problem, case, basis.synthesis(c).cpu().double().numpy(), scheme)
+        recorder.record(0.0, c)
+        first, done, t_start = 0, 0, 0.0
+    bar = Progress(timing["t_end"], enabled=progress, start=t_start)
     started = wallclock.perf_counter()
-    for t0, t1 in zip(times[:-1], times[1:]):
-        dt_max = timing["dt"] if "dt" in timing else _cfl_step(problem, t0, c, timing["cfl"], t1 - t0)
-        substeps = max(1, math.ceil((t1 - t0) / dt_max - 1e-9))
-        dt = (t1 - t0) / substeps
-        if "max_steps" in timing and recorder.steps + substeps > timing["max_steps"]:
-            _fail(recorder, f"time.max_steps = {timing['max_steps']} would be exceeded before t = {t1:.6g}")
+    for interval in range(first, len(times) - 1):
+        t0, t1 = times[interval], times[interval + 1]
+        if interval != first or done == 0:
+            speed = problem.max_speed(t0, c)
+            dt_max = timing["dt"] if "dt" in timing else _cfl_step(problem, speed, timing["cfl"], t1 - t0)
+            if not (math.isfinite(speed) and (t1 - t0) / dt_max <= MAX_STEPS_PER_SAVE):
+                _fail(recorder, f"max |v| = {speed:.3g} at t = {t0:.6g} asks for steps of {dt_max:.3g}: too many "
+                                f"(more than {MAX_STEPS_PER_SAVE:.0e}) before the next save")
+            substeps = max(1, math.ceil((t1 - t0) / dt_max - 1e-9))
+            dt = (t1 - t0) / substeps
+            done = 0
+            bar.update(float(t0), max_speed=speed, dt=dt)
+            if "max_steps" in timing and recorder.steps + substeps > timing["max_steps"]:
+                _fail(recorder, f"time.max_steps = {timing['max_steps']} would be exceeded before t = {t1:.6g}")
         candidate = c
-        for k in range(substeps):
+        for k in range(done, substeps):
             try:
                 candidate = step(problem.lam, problem.transport, t0 + k * dt, candidate, dt)
             except NumericalFailure as failure:
                 _fail(recorder, f"{failure} at t = {t0 + k * dt:.6g}")
             if problem.filter is not None:
                 candidate = candidate * problem.filter
-            bar.update(t0 + (k + 1) * dt)
-        if not bool(torch.isfinite(torch.view_as_real(candidate)).all()):
-            _fail(recorder, f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})")
+            bar.update(t0 + (k + 1) * dt, dt=dt)
+            if checkpoint is not None and checkpoint.due(recorder.steps + k + 1):
+                _check_finite(recorder, candidate, t0, t0 + (k + 1) * dt, dt)
+                recorder.wall_seconds += wallclock.perf_counter() - started
+                started = wallclock.perf_counter()
+                checkpoint.write(recorder.checkpoint_state(candidate, t0 + (k + 1) * dt, interval, k + 1, dt,
+                                                           substeps),
+                                 recorder.unsaved(checkpoint.saves), recorder.steps + k + 1)
+        _check_finite(recorder, candidate, t0, t1, dt)
         c = candidate
         recorder.steps += substeps
         row = recorder.record(float(t1), c)
-        bar.update(float(t1), dt=dt, mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
+        bar.update(float(t1), mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
     bar.close()
-    recorder.wall_seconds = wallclock.perf_counter() - started
+    recorder.wall_seconds += wallclock.perf_counter() - started
     return recorder.dataset("completed")
+
+
+def _check_finite(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: float, dt: float) -> None:
+    """Stop the run (NumericalFailure) when the coefficients stepped from t0 to t1 are not all finite."""
+    if not bool(torch.isfinite(torch.view_as_real(candidate)).all()):
+        _fail(recorder, f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})")
 
 
 def _fail(recorder: Recorder, reason: str):
@@ -197,7 +264,6 @@ def _fail(recorder: Recorder, reason: str):
                            "is kept", recorder.dataset(f"failed: {reason}"))
 
 
-def _cfl_step(problem: ForwardProblem, t: float, c: torch.Tensor, cfl: float, interval: float) -> float:
+def _cfl_step(problem: ForwardProblem, speed: float, cfl: float, interval: float) -> float:
     """dt = cfl / (lmax max|v|): the spectral CFL condition for explicit transport."""
-    speed = problem.max_speed(t, c)
     return interval if speed == 0 else min(interval, cfl / (problem.basis.lmax * speed))

@@ -11,11 +11,32 @@ from .errors import CaseError, NumericalFailure
 __all__ = ["Case", "CaseError", "NumericalFailure", "load_case", "load_case_text", "run"]
 
 
-def run(case: Case, progress: bool | None = None):
-    """Run a case with the solver its [solver] method names; returns an xarray.Dataset."""
+def run(case: Case, progress: bool | None = None, checkpoint=None):
+    """Run a case with the solver its [solver] method names; returns an xarray.Dataset.
+
+    "both" runs the Eulerian solver and then the particles, and returns one Dataset: the
+    Eulerian run's variables and attributes as they are, the particle run's diagnostics and
+    attributes prefixed with "particles_", and the positions `particles` (see
+    `spherepde.output.both_dataset`; `spherepde.output.split_both` undoes it).
+
+    `checkpoint` (a :class:`spherepde.checkpoint.Checkpoint`) stores the state of a long run
+    now and then and, when marked `resume`, continues the run from it.
+    """
     method = case["solver"]["method"]
-    if method != "eulerian":
-        raise CaseError(f"solver.method: {method!r} is not available yet; use 'eulerian'")
+    if method == "particles":
+        if checkpoint is not None:
+            raise CaseError("checkpoints are available for the Eulerian solver only (a particle run is "
+                            "reproduced bit for bit by its seed)")
+        from solvers.particles import run_particles
+
+        return run_particles(case, progress=progress)
     from solvers.eulerian import run_eulerian
 
-    return run_eulerian(case, progress=progress)
+    eulerian = run_eulerian(case, progress=progress, checkpoint=checkpoint)
+    if method == "eulerian":
+        return eulerian
+    from solvers.particles import run_particles
+
+    from .output import both_dataset
+
+    return both_dataset(eulerian, run_particles(case, progress=progress))

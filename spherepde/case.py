@@ -19,7 +19,7 @@ key                        type and check                              default
 case.name                  string                                      file stem, else "case"
 case.description           string                                      ""
 sphere.dim                 int >= 2 (the Eulerian solver takes 2, 3)   required
-sphere.lmax                int >= 2                                    32
+sphere.lmax                int in [2, 32768)                           32
 model.kernel               "softmax" | "unnormalized"                  "softmax"
 model.beta                 real >= 0, or "inf"/inf (softmax only)      1.0
 model.B, model.V           d x d real matrix                           identity
@@ -37,9 +37,10 @@ initial.path               file: readable file, made absolute          required
                            (relative to the case file's directory)
 initial.time               file: int index into its time axis          -1
 time.t_end                 real > 0                                    required
-time.dt                    real > 0 (not together with time.cfl)       absent
+time.dt                    real > 0 (not together with time.cfl), at   absent
+                           most 1e12 steps per save interval
 time.cfl                   real > 0 (not together with time.dt)        0.5 when dt is absent
-time.save_every            real > 0                                    t_end / 20
+time.save_every            real > 0, at most 1e6 saves up to t_end     t_end / 20
 time.scheme                "auto" | "imex-ark436" | "imex-ars443"  "auto": imex-ark436 when
                            | "rk4" | "lawson-rk4"                      eps > 0, else rk4
 time.max_steps             int >= 1 (safety limit on the step count)   absent (no limit)
@@ -58,6 +59,11 @@ particles.seed             int >= 0                                    0
 particles.integrator       "euler" | "rk4" | "heun"                    "heun"
 particles.save             int in [0, particles.n]: particles saved    min(n, 1000)
 particles.beta_inf_mode    "mean_field" | "hardmax"                    "mean_field"
+particles.dt               real > 0: particle time step                absent: time.dt, else the
+                                                                       CFL rule of time.cfl
+particles.replicas         int >= 1 dividing particles.n, n / replicas 1
+                           >= 2: independent systems of n / replicas
+                           tokens (standard errors by batch means)
 diagnostics.lyapunov_p     list of reals > 0                           [0.25]
 diagnostics.tail_tol       real > 0                                    1e-06
 diagnostics.w2             bool                                        true
@@ -90,7 +96,7 @@ from typing import Any, Callable, Iterable
 
 from .errors import CaseError
 
-__all__ = ["Case", "load_case", "load_case_text", "case_from_dict", "parse_override"]
+__all__ = ["Case", "load_case", "load_case_text", "case_from_dict", "parse_override", "format_override"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -174,6 +180,11 @@ def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
         return path, tomllib.loads("v = " + value)["v"]
     except tomllib.TOMLDecodeError:
         return path, value
+
+
+def format_override(key: str, value) -> str:
+    """"section.key=value" with the value written as TOML: parse_override gives back (key, value)."""
+    return f"{key}={_toml_value(value)}"
 
 
 def _load_text(text, overrides, origin, base_dir, default_name) -> Case:
@@ -425,6 +436,8 @@ def _readable_file(value, ctx) -> str:
             pass
     except OSError as error:
         raise _Invalid(f"cannot read {str(path)!r}: {error.strerror}") from None
+    except ValueError as error:  # a NUL character in the path
+        raise _Invalid(f"cannot read {str(path)!r}: {error}") from None
     return str(path)
 
 
@@ -493,14 +506,27 @@ def _initial_rules(initial: dict, ctx) -> None:
                             f"({count}), got {len(initial[key])}")
 
 
+_MAX_SAVES = 10 ** 6  # the save times are a list in memory
+_MAX_STEPS_PER_SAVE = 10 ** 12  # beyond this a run would never end
+
+
 def _time_rules(time: dict, ctx) -> None:
     if "dt" in time and "cfl" in time:
         raise CaseError("time.dt: give either time.dt or time.cfl, not both")
+    if time["t_end"] / time["save_every"] > _MAX_SAVES:
+        raise CaseError(f"time.save_every: t_end / save_every = {time['t_end'] / time['save_every']:.3g} saves; "
+                        f"at most {_MAX_SAVES:.0e}")
+    if "dt" in time and min(time["save_every"], time["t_end"]) / time["dt"] > _MAX_STEPS_PER_SAVE:
+        raise CaseError(f"time.dt: {time['dt']!r} makes more than {_MAX_STEPS_PER_SAVE:.0e} steps per save")
 
 
 def _particles_rules(particles: dict, ctx) -> None:
     if particles["save"] > particles["n"]:
         raise CaseError(f"particles.save: must be <= particles.n = {particles['n']}, got {particles['save']}")
+    n, replicas = particles["n"], particles["replicas"]
+    if n % replicas or n // replicas < 2:
+        raise CaseError(f"particles.replicas: must divide particles.n = {n} into systems of at least 2 tokens, "
+                        f"got {replicas}")
 
 
 _SCHEMA = (
@@ -510,7 +536,7 @@ _SCHEMA = (
     )),
     _Section("sphere", (
         _Key("dim", _integer(_Interval(2))),
-        _Key("lmax", _integer(_Interval(2)), 32),
+        _Key("lmax", _integer(_Interval(2, high=2 ** 15)), 32),
     )),
     _Section("model", (
         _Key("kernel", _choice("softmax", "unnormalized"), "softmax"),
@@ -554,6 +580,8 @@ _SCHEMA = (
         _Key("integrator", _choice("euler", "rk4", "heun"), "heun"),
         _Key("save", _integer(_NONNEGATIVE), lambda ctx: min(ctx.section["n"], 1000)),
         _Key("beta_inf_mode", _choice("mean_field", "hardmax"), "mean_field"),
+        _Key("dt", _real(_POSITIVE), _ABSENT),
+        _Key("replicas", _integer(_Interval(1)), 1),
     ), _particles_rules),
     _Section("diagnostics", (
         _Key("lyapunov_p", _reals(_POSITIVE), lambda ctx: [0.25]),

@@ -7,6 +7,8 @@ import warnings
 
 from .errors import CaseError, NumericalFailure
 
+CHECKPOINT_MINUTES = 5.0  # default wall time between checkpoints of `run`
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line and exit status 2."""
@@ -26,9 +28,27 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", choices=["auto", "cpu", "cuda"], help="overrides solver.device")
     run.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="override a case key (value parsed as TOML); repeatable")
-    run.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    again = run.add_mutually_exclusive_group()
+    again.add_argument("--overwrite", action="store_true", help="replace an existing output file (and checkpoint)")
+    again.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
+    run.add_argument("--checkpoint-steps", type=_positive(int), metavar="N",
+                     help="checkpoint every N steps (default: by wall time only)")
+    run.add_argument("--checkpoint-minutes", type=_positive(float), default=CHECKPOINT_MINUTES, metavar="M",
+                     help=f"checkpoint every M minutes of wall time (default {CHECKPOINT_MINUTES:g})")
     run.add_argument("--plot", action="store_true", help="also write the figure <output>.png")
     run.add_argument("--quiet", action="store_true", help="no progress output")
+
+    compare = commands.add_parser("compare", help="two runs side by side: diagnostics, standard errors, W2(t)")
+    compare.add_argument("a", metavar="A.nc", help="a result file (or a --solver both file alone)")
+    compare.add_argument("b", metavar="B.nc", nargs="?", help="the other result file")
+    compare.add_argument("-o", "--output", metavar="REPORT",
+                         help="writes REPORT.nc and REPORT.png (default: <A>_vs_<B> or <A>_compare)")
+    compare.add_argument("--k", type=float, default=3.0, help="verdict: agree within k standard errors (3)")
+    compare.add_argument("--atol", type=float, default=1e-9, help="verdict: absolute tolerance added (1e-9)")
+    compare.add_argument("--atoms", type=int, default=4000,
+                         help="W2 above the exact size: atoms of the quantised measures (4000)")
+    compare.add_argument("--no-w2", action="store_true", help="skip W2(t) between the two measures")
+    compare.add_argument("--overwrite", action="store_true", help="replace existing report files")
 
     info = commands.add_parser("info", help="summarise a result file")
     info.add_argument("result")
@@ -36,7 +56,40 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="figures of a result file")
     plot.add_argument("result")
     plot.add_argument("-o", "--output", help="folder for the figures (default: beside the result)")
+    plot.add_argument("--projection", default="orthographic",
+                      help="S^2 maps: 'orthographic' (both hemispheres, the default) or 'mollweide'")
+    plot.add_argument("--snapshots", type=_positive(int), default=4, metavar="N", help="density snapshots drawn")
+    plot.add_argument("--animate", action="store_true", help="also write <result>.gif, one frame per save")
+
+    sweep = commands.add_parser("sweep", help="run a case for every combination of parameter values (Dask)")
+    sweep.add_argument("case", help="case file (TOML)")
+    sweep.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=V1,V2,...",
+                       help="a swept key and its values (parsed as TOML); repeatable: members are all combinations")
+    sweep.add_argument("--seeds", type=_positive(int), default=None, metavar="N",
+                       help="N replicates of each combination, particles.seed derived from the case seed")
+    sweep.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                       help="override a case key for every member; repeatable")
+    sweep.add_argument("-o", "--output", help="folder for the member files and sweep.nc (default: <case name>-sweep)")
+    sweep.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler (default: a local cluster)")
+    sweep.add_argument("--workers", type=_positive(int), metavar="N",
+                       help="local cluster size (default: one per GPU, else one per core, at most one per member)")
+    again = sweep.add_mutually_exclusive_group()
+    again.add_argument("--overwrite", action="store_true", help="replace existing member files")
+    again.add_argument("--resume", action="store_true", help="keep the completed members of an earlier sweep")
     return parser
+
+
+def _positive(kind):
+    """An argparse type: a number of `kind` > 0."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+    return parse
 
 
 def command_run(args) -> int:
@@ -50,17 +103,25 @@ def command_run(args) -> int:
         overrides.append(f"solver.device={args.device}")
     case = load_case(args.case, overrides)
     output = args.output or f"{case.name}.nc"
-    if os.path.exists(output) and not args.overwrite:
-        raise CaseError(f"output {output!r} exists; pass --overwrite to replace it or -o to choose another file")
+    checkpoint = _checkpoint(case, output, args)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            dataset = run(case, progress=False if args.quiet else None)
+            dataset = run(case, progress=False if args.quiet else None, checkpoint=checkpoint)
     except NumericalFailure as failure:
         if failure.dataset is not None:
             write_dataset(failure.dataset, output)
+        if checkpoint is not None:
+            checkpoint.remove()  # resuming would fail the same way; the output holds the last good state
+        raise
+    except KeyboardInterrupt:
+        if checkpoint is not None and checkpoint.exists():
+            print(f"spherepde: the run is checkpointed ({checkpoint.describe()}); continue it with --resume",
+                  file=sys.stderr)
         raise
     write_dataset(dataset, output)
+    if checkpoint is not None:
+        checkpoint.remove()
     for note in filter(None, dataset.attrs.get("notes", "").splitlines()):
         print(f"spherepde: warning: {note}", file=sys.stderr)
     print(f"spherepde: wrote {output}", file=sys.stderr)
@@ -70,6 +131,52 @@ def command_run(args) -> int:
         for path in plot_result(output):
             print(f"spherepde: wrote {path}", file=sys.stderr)
     return 0
+
+
+def command_compare(args) -> int:
+    from .compare import compare, default_stem, load_pair, write_report
+
+    if args.k <= 0 or args.atol < 0 or args.atoms < 1:
+        raise CaseError("compare: --k must be > 0, --atol >= 0 and --atoms >= 1")
+    stem = (args.output or default_stem(args.a, args.b)).removesuffix(".nc")
+    existing = [path for path in (f"{stem}.nc", f"{stem}.png") if os.path.exists(path)]
+    if existing and not args.overwrite:
+        raise CaseError(f"output {existing[0]!r} exists; pass --overwrite to replace it or -o to choose another name")
+    a, b, label_a, label_b = load_pair(args.a, args.b)
+    report = compare(a, b, k=args.k, atol=args.atol, atoms=args.atoms, labels=(label_a, label_b), w2=not args.no_w2)
+    print(report.attrs["report"])
+    for path in write_report(report, stem):
+        print(f"spherepde: wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _checkpoint(case, output: str, args):
+    """The run's Checkpoint (None for particle runs, reproduced by their seed), after checking that
+    an existing output or checkpoint is replaced or resumed only when asked to."""
+    from .checkpoint import Checkpoint
+
+    if case["solver"]["method"] == "particles":
+        if args.resume:
+            raise CaseError("--resume: particle runs are not checkpointed (a rerun reproduces them from their seed)")
+        checkpoint = None
+    else:
+        checkpoint = Checkpoint(output, args.checkpoint_steps, args.checkpoint_minutes, resume=args.resume)
+    stored = checkpoint is not None and checkpoint.exists()
+    if args.resume:
+        if not stored:
+            what = "; the output exists: pass --overwrite to run again" if os.path.exists(output) else ""
+            raise CaseError(f"--resume: no checkpoint {checkpoint.folder!r} to resume from{what}")
+        checkpoint.verify(case)
+        print(f"spherepde: resuming {output} ({checkpoint.describe()})", file=sys.stderr)
+        return checkpoint
+    if stored and not args.overwrite:
+        raise CaseError(f"output {output!r} has the checkpoint of an interrupted run ({checkpoint.describe()}); "
+                        "pass --resume to continue it or --overwrite to start again")
+    if os.path.exists(output) and not args.overwrite:
+        raise CaseError(f"output {output!r} exists; pass --overwrite to replace it or -o to choose another file")
+    if checkpoint is not None:
+        checkpoint.remove()  # a fresh run: no stale segments
+    return checkpoint
 
 
 def command_info(args) -> int:
@@ -82,15 +189,28 @@ def command_info(args) -> int:
 def command_plot(args) -> int:
     from .plotting import plot_result
 
-    for path in plot_result(args.result, args.output):
+    for path in plot_result(args.result, args.output, args.projection, args.animate, args.snapshots):
         print(f"spherepde: wrote {path}", file=sys.stderr)
+    return 0
+
+
+def command_sweep(args) -> int:
+    from . import load_case
+    from .sweep import run_sweep
+
+    case = load_case(args.case, args.set)
+    folder = args.output or f"{case.name}-sweep"
+    path = run_sweep(case, args.param, folder, seeds=args.seeds, scheduler=args.scheduler, workers=args.workers,
+                     overwrite=args.overwrite, resume=args.resume)
+    print(f"spherepde: wrote {path}", file=sys.stderr)
     return 0
 
 
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        return {"run": command_run, "info": command_info, "plot": command_plot}[args.command](args)
+        return {"run": command_run, "info": command_info, "plot": command_plot,
+                "compare": command_compare, "sweep": command_sweep}[args.command](args)
     except (CaseError, NumericalFailure) as error:
         print(f"spherepde: error: {error}", file=sys.stderr)
         return error.exit_status

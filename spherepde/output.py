@@ -66,6 +66,7 @@ def eulerian_dataset(recorder, status: str) -> xr.Dataset:
                       {"long_name": "quadrature weight of the grid point", "units": area_units}),
     }
     data.update(diagnostic_variables(recorder.rows))
+    data["min_density"][2]["units"] = density_units  # a value of the density
     attrs = {
         "solver": "eulerian",
         "status": status,
@@ -98,14 +99,82 @@ def common_coordinates(times, dim: int, lyapunov_p) -> dict:
 
 
 def diagnostic_variables(rows: list[dict]) -> dict:
-    """Time series of DESIGN §4 from per-save dictionaries."""
+    """Time series of DESIGN §4 from per-save dictionaries.
+
+    Names missing from the rows are left out (grid-only diagnostics of a particle run); a
+    row entry `<name>_stderr` (particle runs) becomes the variable `<name>_stderr`.
+    """
     variables = {}
     for name, (long_name, units) in DIAGNOSTIC_ATTRS.items():
-        values = np.array([row[name] for row in rows], dtype=float)
         dims = ("time", "component") if name == "mean" else ("time", "lyapunov_p") if name == "lyapunov" else ("time",)
-        attrs = {"long_name": long_name} | ({"units": units} if units else {})
-        variables[name] = (dims, values, attrs)
+        for key, description in ((name, long_name), (f"{name}_stderr", f"Monte Carlo standard error of {name}")):
+            if key in rows[0]:
+                values = np.array([row[key] for row in rows], dtype=float)
+                variables[key] = (dims, values, {"long_name": description} | ({"units": units} if units else {}))
     return variables
+
+
+def particle_dataset(recorder, status: str) -> xr.Dataset:
+    """The Dataset of a particle run: diagnostics with standard errors and the saved particles."""
+    case, section = recorder.case, recorder.case["particles"]
+    coords = common_coordinates(recorder.times, case.dim, recorder.lyapunov_p)
+    data = diagnostic_variables(recorder.rows)
+    if recorder.positions:
+        coords["particle"] = xr.Variable("particle", np.arange(recorder.positions[0].shape[0]),
+                                         {"long_name": "index of a saved particle (the first particles.save)"})
+        data["particles"] = (("time", "particle", "component"), np.stack(recorder.positions),
+                             {"long_name": "particle position on the unit sphere, ambient coordinates", "units": "1"})
+    attrs = {
+        "solver": "particles",
+        "status": status,
+        "n": section["n"],
+        "seed": section["seed"],
+        "integrator": section["integrator"],
+        "attention": recorder.field.attention,
+        "dt": float(recorder.dt),
+        "steps": int(recorder.steps),
+        "dtype": str(recorder.model.B.dtype).removeprefix("torch."),
+        "device": str(recorder.model.B.device),
+        "wall_seconds": float(recorder.wall_seconds),
+        "w2_quantisation_bound": float(recorder.w2_error_bound),
+        "replicas": section["replicas"],
+        "stderr": ("Monte Carlo standard errors: i.i.d. formulas (std / sqrt(n) of per-particle integrands; delta "
+                   "method for order_parameter and w2_projection; Hoeffding projection for the interaction_energy "
+                   "U-statistic), blind to the correlations the interaction builds" if section["replicas"] == 1 else
+                   f"Monte Carlo standard errors by batch means over {section['replicas']} independent systems"),
+        "notes": "\n".join(recorder.notes),
+    }
+    return finish(xr.Dataset(data, coords=coords), case, attrs)
+
+
+BOTH_PREFIX = "particles_"
+_SHARED_ATTRS = ("Conventions", "title", "history", "source", "case")
+
+
+def both_dataset(eulerian: xr.Dataset, particles: xr.Dataset) -> xr.Dataset:
+    """One Dataset for solver.method = "both": the Eulerian variables and attributes unchanged,
+    the particle diagnostics and attributes prefixed with BOTH_PREFIX, positions as `particles`."""
+    renamed = particles.rename({name: BOTH_PREFIX + name for name in particles.data_vars if name != "particles"})
+    combined = xr.merge([eulerian, renamed], combine_attrs="override")
+    combined.attrs.update({BOTH_PREFIX + key: value for key, value in particles.attrs.items()
+                           if key not in _SHARED_ATTRS})
+    combined.attrs["solver"] = "both"
+    combined.attrs["title"] = combined.attrs["title"].replace("eulerian run", "eulerian and particles runs")
+    return combined
+
+
+def split_both(dataset: xr.Dataset) -> tuple[xr.Dataset, xr.Dataset]:
+    """The (Eulerian, particles) Datasets of a "both" Dataset, each as its solver alone writes it."""
+    particle_names = [name for name in dataset.data_vars if name.startswith(BOTH_PREFIX) or name == "particles"]
+    particles = dataset[particle_names].rename({name: name.removeprefix(BOTH_PREFIX) for name in particle_names})
+    particles = particles.drop_dims([dim for dim in ("theta", "lat", "lon") if dim in particles.dims])
+    particles.attrs = {key: value for key, value in dataset.attrs.items() if key in _SHARED_ATTRS}
+    particles.attrs.update({key.removeprefix(BOTH_PREFIX): value for key, value in dataset.attrs.items()
+                            if key.startswith(BOTH_PREFIX)})
+    eulerian = dataset.drop_vars(particle_names + [name for name in ("particle",) if name in dataset.coords])
+    eulerian.attrs = {key: value for key, value in dataset.attrs.items() if not key.startswith(BOTH_PREFIX)}
+    eulerian.attrs["solver"] = "eulerian"
+    return eulerian, particles
 
 
 def finish(dataset: xr.Dataset, case, attrs: dict) -> xr.Dataset:
@@ -123,14 +192,20 @@ def finish(dataset: xr.Dataset, case, attrs: dict) -> xr.Dataset:
 
 
 def write_dataset(dataset: xr.Dataset, path: str | os.PathLike) -> None:
-    """Write NetCDF atomically: temporary file beside the target, then rename."""
+    """Write NetCDF atomically: temporary file beside the target, then rename.
+
+    Coordinates get no _FillValue (CF §2.5.1: coordinate variables have no missing values).
+    """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     os.close(handle)
     try:
-        dataset.to_netcdf(temporary, engine="netcdf4")
+        dataset.to_netcdf(temporary, engine="netcdf4", encoding={name: {"_FillValue": None} for name in dataset.coords})
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp made it private; give it a normal file's mode
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):

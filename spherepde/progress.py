@@ -5,30 +5,57 @@ import time
 
 from tqdm import tqdm
 
+LOG_NAMES = {"dt": "dt", "mass": "mass", "min_density": "min rho", "max_speed": "max |v|", "tail": "tail"}
+
 
 class Progress:
-    """Reports advancement in model time t in [0, total].
+    """Reports advancement in model time t in [start, total] with the latest run values.
 
     enabled: None chooses by the stream (a bar on a terminal, a log line every
-    `log_every_seconds` otherwise), False is silent, True forces the bar.
+    `log_every_seconds` otherwise), False is silent, True forces the bar. The values passed
+    to `update` (dt, mass, min_density, max_speed, tail: the resolution indicator) are kept
+    and shown with every later refresh, so a log line always carries the latest of each.
     """
 
-    def __init__(self, total: float, enabled: bool | None = None, stream=sys.stderr, log_every_seconds: float = 30.0):
+    def __init__(self, total: float, enabled: bool | None = None, stream=sys.stderr, log_every_seconds: float = 30.0,
+                 start: float = 0.0):
         self.total, self.stream, self.silent = total, stream, enabled is False
+        self.values: dict[str, float] = {}
         use_bar = stream.isatty() if enabled is None else enabled
-        self.bar = tqdm(total=total, file=stream, unit="t", bar_format="{l_bar}{bar}| {n:.3g}/{total:.3g} "
-                        "[{elapsed}<{remaining}{postfix}]") if use_bar else None
-        self.log_every, self.last_log = log_every_seconds, time.monotonic()
+        bar_format = "{l_bar}{bar}| {n:.3g}/{total:.3g} [{elapsed}<{remaining}{postfix}]"
+        self.bar = tqdm(total=total, initial=start, file=stream, unit="t", bar_format=bar_format) if use_bar else None
+        self.log_every, self.started, self.start = log_every_seconds, time.monotonic(), start
+        self.last_log = self.started
 
     def update(self, t: float, **values) -> None:
+        """Advance to model time t; `values` replace the previous values of the same names."""
+        self.values.update(values)
         if self.bar is not None:
             self.bar.update(t - self.bar.n)
-            self.bar.set_postfix({k: f"{v:.3g}" for k, v in values.items()}, refresh=False)
+            if values:
+                self.bar.set_postfix({LOG_NAMES.get(k, k): f"{v:.3g}" for k, v in self.values.items()},
+                                     refresh=False)
         elif not self.silent and time.monotonic() - self.last_log >= self.log_every:
             self.last_log = time.monotonic()
-            fields = " ".join(f"{k}={v:.4g}" for k, v in values.items())
-            print(f"spherepde: t={t:.4g}/{self.total:.4g} {fields}", file=self.stream, flush=True)
+            print(self.log_line(t), file=self.stream, flush=True)
+
+    def log_line(self, t: float) -> str:
+        """"spherepde: t=1.5/6 (25%) dt=0.01 mass=1 min rho=0.02 max |v|=0.9 tail=3e-9, 0:42 elapsed, ~2:06 left"."""
+        elapsed = time.monotonic() - self.started
+        fraction = t / self.total if self.total else 1.0
+        done = t - self.start
+        fields = " ".join(f"{LOG_NAMES.get(k, k)}={v:.4g}" for k, v in self.values.items())
+        remaining = f"~{_clock(elapsed * (self.total - t) / done)} left" if done > 0 else "time left unknown"
+        return (f"spherepde: t={t:.4g}/{self.total:.4g} ({100 * fraction:.0f}%) {fields}, "
+                f"{_clock(elapsed)} elapsed, {remaining}")
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _clock(seconds: float) -> str:
+    """Seconds as h:mm:ss or m:ss."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"

@@ -26,7 +26,9 @@ def describe(path: str) -> str:
                                       ("backend", "grid", "grid_shape", "lmax", "dtype", "device", "field", "scheme",
                                        "steps", "wall_seconds", "resolved_until") if name in attrs))
         lines.append("  dims: " + ", ".join(f"{k} = {v}" for k, v in dataset.sizes.items()))
-        if "time" in dataset.coords and dataset.sizes["time"]:
+        if "member" in dataset.dims:
+            lines += _member_lines(dataset)
+        elif "time" in dataset.coords and dataset.sizes["time"]:
             times = dataset["time"].values
             lines.append(f"  time: {times[0]:g} .. {times[-1]:g} ({len(times)} saves)")
             lines.append(f"  {'diagnostic':<20} {'first':>14} {'last':>14}")
@@ -37,3 +39,15 @@ def describe(path: str) -> str:
         if attrs.get("notes"):
             lines.append(f"  notes: {attrs['notes']}")
         return "\n".join(lines)
+
+
+def _member_lines(dataset) -> list[str]:
+    """A sweep file: one line per member with its swept values, status and final order parameter."""
+    swept = [name for name in dataset.coords if dataset[name].dims == ("member",) and name != "member"]
+    lines = ["  " + " ".join(f"{name:>14}" for name in ["member", *swept, "order_parameter"]) + " status"]
+    for i in range(dataset.sizes["member"]):
+        final = dataset["order_parameter"].isel(member=i).dropna("time").values if "order_parameter" in dataset else []
+        cells = [str(int(dataset["member"].values[i]))] + [f"{dataset[name].values[i]}" for name in swept]
+        cells.append(f"{final[-1]:.8g}" if len(final) else "-")
+        lines.append("  " + " ".join(f"{cell:>14}" for cell in cells) + f" {dataset['member_status'].values[i]}")
+    return lines

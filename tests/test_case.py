@@ -40,7 +40,7 @@ def test_minimal_case_fills_every_default():
     assert data["solver"] == {"method": "eulerian", "field": "auto", "backend": "auto", "device": "auto",
                               "dtype": "float64", "chunk": 4096, "filter_order": 0, "kernel_tol": 1e-10}
     assert data["particles"] == {"n": 1000, "seed": 0, "integrator": "heun", "save": 1000,
-                                 "beta_inf_mode": "mean_field"}
+                                 "beta_inf_mode": "mean_field", "replicas": 1}
     assert data["diagnostics"] == {"lyapunov_p": [0.25], "tail_tol": 1e-6, "w2": True, "w2_atoms": 1000}
     assert data["control"] == {}
 
@@ -329,9 +329,9 @@ def test_every_resolved_key_is_documented(tmp_path):
     (tmp_path / "run.nc").write_bytes(b"")
     initials = ["kind = 'vmf'\nmean = [1, 0]\nkappa = 1", "kind = 'file'\npath = 'run.nc'",
                 "kind = 'vmf_mixture'\nmeans = [[1, 0]]\nkappas = [1]"]
-    texts = [MINIMAL, SPHERE + "[time]\nt_end = 1\ndt = 0.1\nmax_steps = 10\n"]
+    texts = [MINIMAL, SPHERE + "[time]\nt_end = 1\ndt = 0.1\nmax_steps = 10\n[particles]\ndt = 0.05\n"]
     texts += [MINIMAL + "[initial]\n" + initial + "\n" for initial in initials]
     keys = {f"{section}.{key}" for text in texts
             for section, table in load_case_text(text, base_dir=tmp_path).data.items() for key in table}
-    assert len(keys) == 41  # every key of every section, each initial kind included
+    assert len(keys) == 43  # every key of every section, each initial kind included
     assert [key for key in keys if key not in case_module.__doc__] == []

@@ -1,0 +1,322 @@
+"""`spherepde compare`: two runs of the same case side by side (Eulerian vs particles, or any pair).
+
+For every diagnostic of DESIGN §4 that both runs have, at the save times they share:
+
+    difference(t) = B(t) - A(t),   stderr(t) = sqrt(se_A(t)^2 + se_B(t)^2),   z(t) = difference / stderr
+
+with se the Monte Carlo standard errors a particle run stores (`<name>_stderr`; an
+Eulerian run counts as exact, se = 0).  Verdict per diagnostic: "agrees" when
+|difference| <= k stderr + atol at every shared time and component (atol absorbs
+round-off where both are exact), "disagrees" otherwise, "n/a" when either run lacks the
+diagnostic or a standard error does not exist.
+
+W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
+density (Eulerian) or 1/n for the saved particles:
+  * S^1: exact, for any sizes, by the circular monotone rearrangement with the optimal
+    shift (`circle_w2`); exact whenever every displacement of the optimal plan is below
+    pi/2 (where the chordal cost is submodular), which is checked.  An Eulerian density is
+    first re-synthesised on REFINED_CIRCLE points (spectral interpolation, exact for the
+    band-limited density), so that W2 measures the density itself and not its grid
+    (a uniform M-point grid is within W2 ~ pi / (M sqrt 3) of the density it samples).
+  * S^2 and above: exact OT (POT emd) when the cost matrix has at most EXACT_PAIRS
+    entries; above that both measures are quantised onto the same cells of at most
+    `atoms` atoms and the exact OT of the quantised measures is reported with its error
+    bound (`w2_bound`).  No Sinkhorn: its entropic bias is of the order of the
+    regularisation and has no computable bound, while quantisation has one.
+Writes REPORT.nc (the side-by-side series, z-scores, W2(t), verdicts as attributes) and
+REPORT.png (each diagnostic of both runs with the band +- k stderr, and W2(t)).
+"""
+
+import math
+import os
+
+import numpy as np
+import ot
+import xarray as xr
+from scipy.optimize import minimize_scalar
+
+from . import diagnostics as diag
+from .errors import CaseError
+from .output import DIAGNOSTIC_ATTRS, package_version, split_both, write_dataset
+from .summary import open_result
+
+REFINED_CIRCLE = 2 ** 13
+EXACT_PAIRS = 10_000_000
+SHIFT_SCAN = 64
+KINK_WINDOW = 1e-7
+MAX_KINKS = 64
+
+
+# ---------------------------------------------------------------------------------------
+# Measures and W2
+# ---------------------------------------------------------------------------------------
+
+
+def measure(dataset: xr.Dataset, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """(points, masses) of save `index`: saved particles (1/n each) or the density times the cell areas."""
+    if "particles" in dataset and "density" not in dataset:
+        points = dataset["particles"].isel(time=index).values.astype(float)
+        return points, np.full(points.shape[0], 1 / points.shape[0])
+    if "density" not in dataset:
+        raise CaseError("compare: a result holds neither a density nor saved particles (particles.save = 0?)")
+    density = dataset["density"].isel(time=index).values.astype(float)
+    if "theta" in dataset["density"].dims:
+        return refined_circle_measure(density, int(dataset.attrs["lmax"]))
+    lat, lon = np.deg2rad(dataset["lat"].values), np.deg2rad(dataset["lon"].values)
+    lat, lon = np.meshgrid(lat, lon, indexing="ij")
+    points = np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=-1)
+    return points.reshape(-1, 3), (dataset["cell_area"].values * density).reshape(-1)
+
+
+def refined_circle_measure(density: np.ndarray, lmax: int, points: int = REFINED_CIRCLE):
+    """The band-limited density of a circle grid, re-synthesised on `points` equispaced points (masses 2 pi rho / M)."""
+    import torch
+
+    from .bases import CircleBasis
+    from .device import placement
+
+    cpu = placement("cpu", "float64")
+    coefficients = CircleBasis(lmax, cpu, density.shape[0]).analysis(torch.as_tensor(density))
+    fine = CircleBasis(lmax, cpu, points)
+    values = fine.synthesis(coefficients).numpy()
+    return fine.points.numpy(), values * (2 * math.pi / points)
+
+
+def _normalised(masses: np.ndarray) -> np.ndarray:
+    masses = np.maximum(masses, diag.DENSITY_FLOOR)
+    return masses / masses.sum()
+
+
+def circle_w2(points_a, masses_a, points_b, masses_b) -> tuple[float, float]:
+    """W2 on S^1 with the chordal cost 2 - 2 cos(theta - phi); returns (W2, largest displacement).
+
+    With quantile functions q_a, q_b of the angles on [0, 1) (periodic), the coupling
+    u -> (q_a(u), q_b(u + s)) costs C(s) = int_0^1 (2 - 2 cos(q_a(u) - q_b(u + s))) du.
+    C is piecewise linear in s and, where every displacement is below pi/2 (the chordal
+    cost submodular there), convex near its minimum, which is the optimal transport cost
+    (Delon, Salomon & Sobolevski 2010 for costs convex in the displacement).  The minimum
+    is bracketed by a scan of SHIFT_SCAN shifts and located by a bounded scalar search.
+    """
+    def quantiles(points, masses):
+        angles = np.mod(np.arctan2(points[:, 1], points[:, 0]), 2 * np.pi)
+        order = np.argsort(angles, kind="stable")
+        cumulative = np.cumsum(_normalised(masses)[order])
+        cumulative[-1] = 1.0
+        return cumulative, angles[order]
+
+    (cum_a, ang_a), (cum_b, ang_b) = quantiles(points_a, masses_a), quantiles(points_b, masses_b)
+
+    def pieces(s):
+        cuts = np.sort(np.concatenate([[0.0, 1.0], cum_a[:-1], np.mod(cum_b - s, 1.0)]))
+        middle, length = 0.5 * (cuts[1:] + cuts[:-1]), np.diff(cuts)
+        index_a = np.minimum(np.searchsorted(cum_a, middle, side="right"), len(cum_a) - 1)
+        index_b = np.minimum(np.searchsorted(cum_b, np.mod(middle + s, 1.0), side="right"), len(cum_b) - 1)
+        return length, ang_a[index_a] - ang_b[index_b]
+
+    def cost(s):
+        length, displacement = pieces(s)
+        return float(length @ (2 - 2 * np.cos(displacement)))
+
+    scan = np.arange(SHIFT_SCAN) / SHIFT_SCAN
+    best = scan[np.argmin([cost(s) for s in scan])]
+    found = minimize_scalar(cost, bounds=(best - 1 / SHIFT_SCAN, best + 1 / SHIFT_SCAN), method="bounded",
+                            options={"xatol": 1e-12}).x
+    # The minimum of a piecewise-linear C sits on a kink s = cum_b[j] - cum_a[i] (mod 1): try those
+    # within KINK_WINDOW of the search's answer (whose tolerance is ~1e-8 relative).
+    periodic = np.concatenate([cum_a - 1, cum_a, cum_a + 1])
+    target = np.mod(cum_b - found, 1.0)
+    low = np.searchsorted(periodic, target - KINK_WINDOW)
+    high = np.searchsorted(periodic, target + KINK_WINDOW)
+    kinks = [np.mod(cum_b[j] - periodic[i], 1.0) for j in range(len(cum_b)) for i in range(low[j], high[j])]
+    shift = min([found] + kinks[:MAX_KINKS], key=cost)
+    length, displacement = pieces(shift)
+    wrapped = np.abs(np.angle(np.exp(1j * displacement)))
+    return math.sqrt(max(cost(shift), 0.0)), float(wrapped[length > 0].max())
+
+
+def w2_between(points_a, masses_a, points_b, masses_b, atoms: int) -> tuple[float, float, str]:
+    """W2 between two discrete measures on the sphere (chordal cost): (value, error bound, method)."""
+    if points_a.shape[1] == 2:
+        value, largest = circle_w2(points_a, masses_a, points_b, masses_b)
+        if largest < math.pi / 2:
+            return value, 0.0, "exact (circular monotone rearrangement)"
+    if len(masses_a) * len(masses_b) <= EXACT_PAIRS:
+        cost = ot.dist(points_a, points_b, metric="sqeuclidean")
+        value = ot.emd2(_normalised(masses_a), _normalised(masses_b), cost, numItermax=10_000_000)
+        return math.sqrt(max(value, 0.0)), 0.0, "exact (POT emd)"
+    value, bound = diag.wasserstein2(points_a, masses_a, points_b, masses_b, atoms)
+    return value, bound, f"POT emd of both measures quantised to <= {atoms} atoms (error <= w2_bound)"
+
+
+# ---------------------------------------------------------------------------------------
+# The comparison
+# ---------------------------------------------------------------------------------------
+
+
+def load_pair(path_a: str, path_b: str | None = None):
+    """(A, B, label A, label B): two result files, or the two halves of one "both" file."""
+    first = open_result(path_a).load()
+    if path_b is None:
+        if first.attrs.get("solver") != "both":
+            raise CaseError(f"compare: {path_a!r} is a single {first.attrs.get('solver')!r} run; give two files "
+                            "or one written with --solver both")
+        eulerian, particles = split_both(first)
+        return eulerian, particles, f"{path_a} (eulerian)", f"{path_a} (particles)"
+    return first, open_result(path_b).load(), path_a, path_b
+
+
+def common_times(a: xr.Dataset, b: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Indices into A and B of the save times both runs have."""
+    ta, tb = a["time"].values, b["time"].values
+    matches = np.isclose(ta[:, None], tb[None, :], rtol=1e-9, atol=1e-12)
+    ia, ib = np.nonzero(matches)
+    if len(ia) == 0:
+        raise CaseError("compare: the two runs share no save time")
+    return ia, ib
+
+
+def _verdict(a, b, stderr, k: float, atol: float) -> str:
+    """"agrees" / "disagrees" / "n/a (...)" for arrays of the shared times (and components)."""
+    if np.isnan(a).all() or np.isnan(b).all():
+        return "n/a (not computed by both runs)"
+    both_infinite = np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b))
+    finite = ~both_infinite
+    if np.isnan(a[finite]).any() or np.isnan(b[finite]).any():
+        return "n/a (missing values)"
+    if np.isnan(stderr[finite]).any():
+        return "n/a (no standard error)"
+    inside = np.abs(b[finite] - a[finite]) <= k * stderr[finite] + atol
+    return "agrees" if inside.all() else "disagrees"
+
+
+def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, atoms: int = 4000,
+            labels: tuple[str, str] = ("A", "B"), w2: bool = True) -> xr.Dataset:
+    """The comparison Dataset: both series, difference, stderr, z, W2(t) (unless `w2` is false), verdicts."""
+    if a.sizes.get("component") != b.sizes.get("component"):
+        raise CaseError("compare: the two runs are on spheres of different dimensions")
+    ia, ib = common_times(a, b)
+    a, b = a.isel(time=ia), b.isel(time=ib)
+    coords = {"time": a["time"]}
+    for name in ("component", "lyapunov_p"):
+        if name in a.coords:
+            coords[name] = a[name]
+    if "lyapunov_p" in a.coords and not np.array_equal(a["lyapunov_p"].values, b["lyapunov_p"].values):
+        raise CaseError("compare: the two runs use different diagnostics.lyapunov_p")
+    data, verdicts, lines = {}, {}, []
+    for name in DIAGNOSTIC_ATTRS:
+        if name not in a or name not in b:
+            continue
+        va, vb = a[name].values.astype(float), b[name].values.astype(float)
+        se_a = a[f"{name}_stderr"].values if f"{name}_stderr" in a else np.zeros_like(va)
+        se_b = b[f"{name}_stderr"].values if f"{name}_stderr" in b else np.zeros_like(vb)
+        stderr = np.sqrt(se_a ** 2 + se_b ** 2)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            difference = np.where(np.isinf(va) & (va == vb), 0.0, vb - va)
+            z = np.where(np.abs(difference) <= atol, 0.0, difference / stderr)
+        dims = a[name].dims
+        long_name = DIAGNOSTIC_ATTRS[name][0]
+        data[f"{name}_a"] = (dims, va, {"long_name": f"{long_name} ({labels[0]})"})
+        data[f"{name}_b"] = (dims, vb, {"long_name": f"{long_name} ({labels[1]})"})
+        data[f"{name}_difference"] = (dims, difference, {"long_name": f"B - A of {name}"})
+        data[f"{name}_stderr"] = (dims, stderr, {"long_name": f"combined standard error of {name}"})
+        data[f"{name}_z"] = (dims, z, {"long_name": f"(B - A) / stderr of {name}"})
+        verdicts[name] = _verdict(va, vb, stderr, k, atol)
+        lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, verdicts[name]))
+    distances, bounds, methods = [], [], set()
+    for i in range(a.sizes["time"] if w2 else 0):
+        value, bound, method = w2_between(*measure(a, i), *measure(b, i), atoms)
+        distances.append(value)
+        bounds.append(bound)
+        methods.add(method)
+    if w2:
+        data["w2"] = (("time",), np.array(distances), {"long_name": "W2 between the two measures, chordal cost",
+                                                       "units": "1"})
+        data["w2_bound"] = (("time",), np.array(bounds), {"long_name": "bound on the W2 error from quantisation",
+                                                         "units": "1"})
+    attrs = {
+        "title": f"spherepde comparison of {labels[0]} and {labels[1]}",
+        "source": f"spherepde {package_version()}",
+        "a": labels[0], "b": labels[1], "k": k, "atol": atol,
+        "w2_method": "; ".join(sorted(methods)) if w2 else "not computed",
+    }
+    attrs.update({f"verdict_{name}": verdict for name, verdict in verdicts.items()})
+    header = (f"{'diagnostic':<20} {'A(t_end)':>13} {'B(t_end)':>13} {'B-A':>11} {'stderr':>10} "
+              f"{'max|z|':>8} {'at t':>7}  verdict (|B-A| <= {k:g} stderr + {atol:g})")
+    if w2:
+        times = a["time"].values
+        lines.append(f"W2(A, B): t = {times[0]:g}: {distances[0]:.4g}, t = {times[-1]:g}: {distances[-1]:.4g}, "
+                     f"max {max(distances):.4g}, bound {max(bounds):.2g} [{attrs['w2_method']}]")
+    attrs["report"] = "\n".join([f"A: {labels[0]}", f"B: {labels[1]}", header] + lines)
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def _table_row(name, times, va, vb, difference, stderr, z, verdict) -> str:
+    """One line of the text table: the last shared time, and the largest |z| over times and components."""
+    last = (slice(-1, None),) + (slice(None),) * (va.ndim - 1)
+    with np.errstate(invalid="ignore"):
+        magnitude = np.where(np.isnan(z), -1.0, np.abs(z))
+    worst = np.unravel_index(np.argmax(magnitude), z.shape)
+    worst_z = f"{magnitude[worst]:8.2f}" if magnitude[worst] >= 0 else f"{'-':>8}"
+
+    def first(values):
+        return float(np.ravel(values[last])[0])
+
+    return (f"{name:<20} {first(va):>13.6g} {first(vb):>13.6g} {first(difference):>11.3g} {first(stderr):>10.3g} "
+            f"{worst_z} {times[worst[0]]:>7.3g}  {verdict}")
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------
+
+
+def plot_report(report: xr.Dataset, target: str) -> str:
+    """One panel per diagnostic (A, B and the band B +- k stderr, per component) and one for W2(t)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name in DIAGNOSTIC_ATTRS if f"{name}_a" in report
+             and np.isfinite(report[f"{name}_a"].values).any() and np.isfinite(report[f"{name}_b"].values).any()]
+    columns = 4
+    rows = math.ceil((len(names) + 1) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), constrained_layout=True,
+                                squeeze=False)
+    time, k = report["time"].values, report.attrs["k"]
+    for axis, name in zip(axes.flat, names):
+        a, b, se = (report[f"{name}_{part}"].values for part in ("a", "b", "stderr"))
+        for j in range(int(np.prod(a.shape[1:]))):
+            column = (slice(None), j) if a.ndim > 1 else slice(None)
+            line, = axis.plot(time, a[column], lw=1.5)
+            axis.plot(time, b[column], "o", ms=3, color=line.get_color())
+            axis.fill_between(time, b[column] - k * se[column], b[column] + k * se[column], alpha=0.25,
+                              color=line.get_color(), lw=0)
+        axis.set_title(f"{name}: {report.attrs[f'verdict_{name}']}", fontsize=9)
+        axis.set_xlabel("time")
+    if "w2" in report:
+        axis = axes.flat[len(names)]
+        axis.semilogy(time, np.maximum(report["w2"].values, 1e-300), "k.-")
+        axis.set_title("W2(A, B)", fontsize=9)
+        axis.set_xlabel("time")
+    for axis in axes.flat[len(names) + ("w2" in report):]:
+        axis.set_visible(False)
+    figure.suptitle(f"lines: A = {report.attrs['a']};  dots and +-{k:g} stderr bands: B = {report.attrs['b']}",
+                    fontsize=9)
+    figure.savefig(target, dpi=100)
+    plt.close(figure)
+    return target
+
+
+def default_stem(path_a: str, path_b: str | None) -> str:
+    stem = os.path.splitext(os.path.basename(path_a))[0]
+    if path_b is None:
+        return f"{stem}_compare"
+    return f"{stem}_vs_{os.path.splitext(os.path.basename(path_b))[0]}"
+
+
+def write_report(report: xr.Dataset, stem: str) -> list[str]:
+    """REPORT.nc and REPORT.png; returns the paths."""
+    stem = stem.removesuffix(".nc")
+    write_dataset(report, f"{stem}.nc")
+    return [f"{stem}.nc", plot_report(report, f"{stem}.png")]

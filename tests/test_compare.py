@@ -1,0 +1,165 @@
+"""`spherepde compare`: exact W2 on the circle, verdicts within k standard errors, the command line."""
+
+import math
+
+import numpy as np
+import ot
+import pytest
+import xarray as xr
+
+import spherepde
+from conftest import make_case
+from spherepde.cli import main
+from spherepde.compare import circle_w2, compare, measure, refined_circle_measure, w2_between
+from spherepde.output import split_both, write_dataset
+
+
+def on_circle(angles):
+    return np.stack([np.cos(angles), np.sin(angles)], axis=1)
+
+
+def exact_w2(points_a, masses_a, points_b, masses_b):
+    cost = ot.dist(points_a, points_b, metric="sqeuclidean")
+    return math.sqrt(ot.emd2(masses_a / masses_a.sum(), masses_b / masses_b.sum(), cost))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_circle_w2_equals_exact_transport_for_nearby_measures(seed):
+    rng = np.random.default_rng(seed)
+    n, extra = rng.integers(5, 120), rng.integers(0, 30)
+    a = rng.vonmises(1.0, 1.0, n)
+    b = np.concatenate([a + 0.2 * rng.standard_normal(n), a[:extra] + 0.3 * rng.standard_normal(extra)])
+    wa, wb = 0.5 + rng.random(n), 0.5 + rng.random(n + extra)
+    value, largest = circle_w2(on_circle(a), wa, on_circle(b), wb)
+    assert largest < math.pi / 2
+    assert abs(value - exact_w2(on_circle(a), wa, on_circle(b), wb)) <= 1e-10
+
+
+def test_w2_between_falls_back_to_exact_transport_for_distant_measures():
+    """Uniform against a concentrated law moves mass by more than pi/2: the rearrangement is not
+    optimal there, and w2_between uses POT's exact solver instead."""
+    rng = np.random.default_rng(1)
+    a, b = rng.random(300) * 2 * np.pi, rng.vonmises(0.0, 5.0, 200)
+    pa, pb, wa, wb = on_circle(a), on_circle(b), np.ones(300), np.ones(200)
+    value, largest = circle_w2(pa, wa, pb, wb)
+    assert largest > math.pi / 2 and value > exact_w2(pa, wa, pb, wb) + 1e-3
+    w2, bound, method = w2_between(pa, wa, pb, wb, atoms=1000)
+    assert method == "exact (POT emd)" and bound == 0
+    assert abs(w2 - exact_w2(pa, wa, pb, wb)) <= 1e-12
+
+
+def test_refined_circle_measure_keeps_the_band_limited_density():
+    """Re-synthesis on 2^13 points preserves mass and every Fourier moment up to lmax exactly."""
+    lmax, n = 12, 38
+    theta = 2 * np.pi * np.arange(n) / n
+    density = (1 + 0.5 * np.cos(theta - 1) + 0.2 * np.sin(3 * theta) + 0.1 * np.cos(12 * theta)) / (2 * np.pi)
+    points, masses = refined_circle_measure(density, lmax)
+    angles = np.arctan2(points[:, 1], points[:, 0])
+    assert abs(masses.sum() - 1) <= 1e-13
+    for k, expected in ((1, 0.25 * np.exp(1j)), (3, 0.1j), (12, 0.05)):
+        assert abs(masses @ np.exp(1j * k * angles) - expected) <= 1e-13
+
+
+def synthetic_pair(shift, stderr):
+    """Two particle-like datasets whose order parameters differ by `shift`, B with standard error `stderr`."""
+    time = np.array([0.0, 1.0])
+    base = {"mass": (("time",), np.ones(2)), "order_parameter": (("time",), np.array([0.5, 0.6])),
+            "entropy": (("time",), np.array([-0.1, -0.2]))}
+    a = xr.Dataset(base, coords={"time": time, "component": [0, 1]})
+    b = a.copy(deep=True)
+    b["order_parameter"] = b["order_parameter"] + shift
+    b["order_parameter_stderr"] = (("time",), np.full(2, stderr))
+    b["entropy"] = (("time",), np.full(2, np.nan))
+    points = np.array([[[1.0, 0.0], [0.0, 1.0]]] * 2)
+    a["particles"] = (("time", "particle", "component"), points)
+    b["particles"] = (("time", "particle", "component"), points[:, ::-1])
+    return a, b
+
+
+@pytest.mark.parametrize("shift, verdict", [(0.029, "agrees"), (0.031, "disagrees")])
+def test_verdict_is_k_standard_errors(shift, verdict):
+    report = compare(*synthetic_pair(shift, 0.01), k=3.0)
+    assert report.attrs["verdict_order_parameter"] == verdict
+    assert np.allclose(report["order_parameter_z"].values, shift / 0.01)
+    assert report.attrs["verdict_mass"] == "agrees"
+    assert report.attrs["verdict_entropy"].startswith("n/a")
+    assert np.allclose(report["w2"].values, 0.0)  # the same two atoms, listed in another order
+
+
+def test_compare_an_eulerian_run_with_itself_and_a_coarser_one(tmp_path):
+    case = make_case(3, 12, model={"beta": 2.0, "eps": 0.1}, time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1})
+    fine = spherepde.run(case, progress=False)
+    report = compare(fine, fine)
+    assert all(report.attrs[f"verdict_{name}"] == "agrees" for name in ("mass", "mean", "entropy", "min_density"))
+    assert np.abs(report["w2"].values).max() <= 1e-6  # exact OT between identical grid measures
+    coarse = spherepde.run(case.with_overrides(["sphere.lmax=6"]), progress=False)
+    report = compare(fine, coarse)
+    # both exact: agreement means to atol; Gauss quadrature keeps the low moments, not min rho
+    assert report.attrs["verdict_order_parameter"] == "agrees"
+    assert report.attrs["verdict_min_density"] == "disagrees"
+    assert report.attrs["w2_method"] == "exact (POT emd)"
+    assert 0 < float(report["w2"].max()) < 0.2
+
+
+def test_measure_of_a_particle_and_a_sphere_dataset():
+    case = make_case(3, 8, time={"t_end": 0.1, "dt": 0.05, "save_every": 0.1}, solver={"method": "both"})
+    eulerian, particles = split_both(spherepde.run(case.with_overrides(["particles.n=50"]), progress=False))
+    points, masses = measure(eulerian, 0)
+    assert abs(masses.sum() - 1) <= 1e-12 and np.abs(np.linalg.norm(points, axis=1) - 1).max() <= 1e-14
+    assert np.allclose(masses @ points, eulerian["mean"].values[0], atol=1e-12)
+    points, masses = measure(particles, 1)
+    assert points.shape == (50, 3) and np.all(masses == 1 / 50)
+
+
+def test_cli_compare_of_a_both_file(tmp_path, capsys):
+    case = tmp_path / "case.toml"
+    case.write_text("""
+[sphere]
+dim = 2
+lmax = 16
+[model]
+kernel = "unnormalized"
+beta = 0.0
+V = [[1.0, 0.0], [0.0, 0.65]]
+eps = 0.25
+[initial]
+kind = "vmf"
+mean = [0.6, 0.8]
+kappa = 1.0
+[time]
+t_end = 0.5
+dt = 0.05
+save_every = 0.25
+[particles]
+n = 4000
+save = 4000
+[diagnostics]
+lyapunov_p = [0.1]
+""")
+    result = tmp_path / "both.nc"
+    assert main(["run", str(case), "-o", str(result), "--solver", "both", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(result), "-o", str(tmp_path / "report")]) == 0
+    table = capsys.readouterr().out
+    assert "order_parameter" in table and "agrees" in table and "W2(A, B)" in table
+    report = xr.open_dataset(tmp_path / "report.nc")
+    assert report.attrs["verdict_order_parameter"] == "agrees"
+    assert report.attrs["w2_method"] == "exact (circular monotone rearrangement)"
+    assert 0 < float(report["w2"][0]) < 0.05
+    assert (tmp_path / "report.png").stat().st_size > 10_000
+    # the report exists: refused without --overwrite (one line, exit 2)
+    assert main(["compare", str(result), "-o", str(tmp_path / "report")]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_cli_compare_bad_input(tmp_path, capsys):
+    case = make_case(2, 8, time={"t_end": 0.1, "dt": 0.05, "save_every": 0.1})
+    write_dataset(spherepde.run(case, progress=False), tmp_path / "alone.nc")
+    assert main(["compare", str(tmp_path / "alone.nc")]) == 2
+    assert "give two files" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "alone.nc"), str(tmp_path / "missing.nc")]) == 2
+    assert "cannot read result" in capsys.readouterr().err
+    other = make_case(2, 8, time={"t_end": 0.3, "dt": 0.05, "save_every": 0.3})
+    write_dataset(spherepde.run(other, progress=False).isel(time=[1]), tmp_path / "later.nc")
+    assert main(["compare", str(tmp_path / "alone.nc"), str(tmp_path / "later.nc")]) == 2
+    assert "share no save time" in capsys.readouterr().err

@@ -1,0 +1,124 @@
+"""Figures: what they draw is the stored run (values, orientation, views), and every kind of
+result file (S^1, S^2, particles, a solver = "both" file, a sweep) gives a figure."""
+
+import numpy as np
+import pytest
+import xarray as xr
+from PIL import Image
+
+import spherepde
+from spherepde.cli import main
+from spherepde.output import write_dataset
+from spherepde.plotting import (PIXELS, SphereDensity, SphereView, _circle_centre, _circle_window, _curves,
+                                _disk_points, _view_frame)
+from spherepde.sweep import combine, plan, run_member
+from test_cli import SMALL_S1
+
+S2 = SMALL_S1.replace("dim = 2", "dim = 3").replace("lmax = 16", "lmax = 12").replace(
+    "mean = [1.0, 0.0]", "mean = [0.0, 0.6, -0.8]").replace("kappa = 2.0", "kappa = 6.0")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """An S^2 run, an S^1 run with its cluster at angle pi, and the S^1 run with particles added."""
+    folder = tmp_path_factory.mktemp("plots")
+    paths = {"s2": folder / "s2.nc", "s1": folder / "s1.nc"}
+    write_dataset(spherepde.run(spherepde.load_case_text(S2), progress=False), paths["s2"])
+    s1 = spherepde.run(spherepde.load_case_text(SMALL_S1, ["initial.mean=[-1.0, 0.0]"]), progress=False)
+    write_dataset(s1, paths["s1"])
+    rng = np.random.default_rng(0)
+    angles = np.pi + 0.4 * rng.standard_normal((s1.sizes["time"], 50))
+    with_particles = s1.assign(
+        particles=(("time", "particle", "component"), np.stack([np.cos(angles), np.sin(angles)], -1)),
+        order_parameter_stderr=("time", np.full(s1.sizes["time"], 0.01)))
+    paths["s1_particles"] = folder / "s1_particles.nc"
+    write_dataset(with_particles, paths["s1_particles"])
+    paths["particles_only"] = folder / "particles_only.nc"
+    write_dataset(with_particles.drop_vars(["density", "cell_area"]), paths["particles_only"])
+    return paths
+
+
+def test_sphere_density_is_resampled_where_it_was_stored(results):
+    with xr.open_dataset(results["s2"]) as dataset:
+        density = SphereDensity(dataset, str(results["s2"]))
+        lat, lon = np.meshgrid(dataset["lat"].values, dataset["lon"].values, indexing="ij")
+        for index in (0, dataset.sizes["time"] - 1):
+            stored = dataset["density"].values[index]
+            resampled = density.sample(index, lat, lon)
+            assert np.abs(resampled - stored).max() < 1e-3 * stored.max()
+
+
+def test_orthographic_views_face_the_final_mean():
+    frame = _view_frame(np.array([1.0, 0.0, 0.0]))
+    assert np.allclose(frame, [[0, 1, 0], [0, 0, 1], [1, 0, 0]])  # east right, north up, centre towards us
+    lat, lon, inside = _disk_points(_view_frame(np.array([0.0, 0.6, -0.8])))
+    middle = PIXELS // 2
+    assert inside[middle, middle] and not inside[0, 0]
+    assert np.isclose(lat[middle, middle], np.degrees(np.arcsin(-0.8))) and np.isclose(lon[middle, middle], 90.0)
+    assert lat[middle + 10, middle] > lat[middle, middle] > lat[middle - 10, middle]  # up is north
+    assert np.mod(lon[middle, middle + 10] - 90, 360) < 180 and np.mod(lon[middle, middle - 10] - 90, 360) > 180
+
+
+def test_front_disk_centre_holds_the_cluster(results):
+    with xr.open_dataset(results["s2"]) as dataset:
+        view = SphereView(dataset, str(results["s2"]), "orthographic")
+        last = dataset.sizes["time"] - 1
+        middle = PIXELS // 2
+        (front_lat, front_lon, _), (back_lat, back_lon, _) = view.disks
+        front = view.density.sample(last, front_lat[middle, middle], front_lon[middle, middle])
+        back = view.density.sample(last, back_lat[middle, middle], back_lon[middle, middle])
+        assert front > 0.9 * dataset["density"].values[last].max() and back < 0.1 * front
+
+
+def test_circle_window_puts_the_cluster_in_the_middle(results):
+    with xr.open_dataset(results["s1"]) as dataset:
+        centre = _circle_centre(dataset)
+        theta, density = _circle_window(dataset, centre)
+        assert np.isclose(centre, np.pi) and np.isclose(theta[-1] - theta[0], 2 * np.pi)
+        assert np.allclose(np.diff(theta), theta[1] - theta[0])
+        assert np.isclose(theta[np.argmax(density[-1])], np.pi, atol=theta[1] - theta[0])
+        assert np.allclose(np.sort(density[:, :-1], axis=1), np.sort(dataset["density"].values, axis=1))
+
+
+def test_error_bands_come_from_standard_errors(results):
+    with xr.open_dataset(results["s1_particles"]) as dataset:
+        [(label, values, stderr)] = _curves(dataset, "order_parameter")
+        assert label == "Eulerian" and np.allclose(stderr, 0.01)
+        [(_, drift, none)] = _curves(dataset, "mass")
+        assert none is None and np.all(drift.values < 1e-14)
+
+
+@pytest.mark.parametrize("name, options, files", [
+    ("s2", ["--animate"], ["s2.png", "s2.gif"]),
+    ("s2", ["--projection", "mollweide", "--snapshots", "3"], ["s2.png"]),
+    ("s1", ["--animate"], ["s1.png", "s1.gif"]),
+    ("s1_particles", [], ["s1_particles.png"]),
+    ("particles_only", [], ["particles_only.png"]),
+])
+def test_plot_command_writes_every_figure(results, tmp_path, capsys, name, options, files):
+    assert main(["plot", str(results[name]), "-o", str(tmp_path)] + options) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(files)
+    for file in files:
+        with Image.open(tmp_path / file) as image:
+            assert image.size[0] > 600
+            if file.endswith(".gif"):
+                with xr.open_dataset(results[name]) as dataset:
+                    assert image.n_frames == dataset.sizes["time"]
+            else:  # a real picture: many distinct colours, not a blank canvas
+                assert len(image.convert("RGB").getcolors(maxcolors=1 << 20)) > 500
+
+
+def test_sweep_figure_and_one_line_refusals(tmp_path, capsys):
+    members = plan(spherepde.load_case_text(SMALL_S1), ["model.eps=0.1,0.3"], str(tmp_path / "sweep"))
+    summaries = {m.index: run_member(m.index, m.case.text, m.path) for m in members}
+    combine(members[0].case, members, summaries, str(tmp_path / "sweep.nc"), ["model.eps=0.1,0.3"], None)
+    assert main(["plot", str(tmp_path / "sweep.nc")]) == 0
+    assert (tmp_path / "sweep.png").stat().st_size > 50_000
+    assert main(["info", str(tmp_path / "sweep.nc")]) == 0
+    table = capsys.readouterr().out.splitlines()[-3:]
+    assert table[0].split() == ["member", "model_eps", "order_parameter", "status"]
+    assert [row.split()[:2] for row in table[1:]] == [["0", "0.1"], ["1", "0.3"]] and "completed" in table[2]
+    for args, named in ((["--animate"], "--animate"), (["--projection", "gnomonic"], "projection")):
+        assert main(["plot", str(tmp_path / "sweep.nc")] + args) == 2
+        err = capsys.readouterr().err
+        assert named in err and len(err.strip().splitlines()) == 1

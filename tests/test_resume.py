@@ -1,0 +1,156 @@
+"""Checkpoints and resume: a run killed with SIGKILL and resumed ends bit for bit like an
+uninterrupted one, and an existing output or checkpoint is never replaced silently."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+import spherepde
+from spherepde.checkpoint import Checkpoint, checkpoint_folder
+from spherepde.cli import main
+from test_cli import SMALL_S1
+
+# 200 steps of 0.01, saves every 0.25: long enough to be killed midway, short enough for the fast tests.
+CASE = SMALL_S1.replace("t_end = 0.5", "t_end = 2.0").replace("dt = 0.05", "dt = 0.01")
+STEPS = 200
+VOLATILE = {"history", "wall_seconds"}  # when and how long: the only attributes a resume may change
+
+
+def write_case(folder, text=CASE):
+    path = folder / "case.toml"
+    path.write_text(text)
+    return path
+
+
+def run_cli(args, capsys):
+    status = main([str(a) for a in args])
+    return status, capsys.readouterr().err
+
+
+def state_of(output) -> dict | None:
+    """The stored checkpoint state, or None while there is none (or it is being replaced)."""
+    try:
+        return torch.load(os.path.join(checkpoint_folder(output), "state.pt"), weights_only=True)
+    except (OSError, RuntimeError, EOFError):
+        return None
+
+
+def assert_same_result(path_a, path_b):
+    with xr.open_dataset(path_a) as a, xr.open_dataset(path_b) as b:
+        assert set(a.variables) == set(b.variables)
+        for name in a.variables:
+            assert np.array_equal(a[name].values, b[name].values, equal_nan=True), name
+        assert {k: v for k, v in a.attrs.items() if k not in VOLATILE} == \
+               {k: v for k, v in b.attrs.items() if k not in VOLATILE}
+
+
+def test_sigkill_midway_then_resume_is_bit_identical(tmp_path, capsys):
+    case = write_case(tmp_path)
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+
+    process = subprocess.Popen([sys.executable, "-m", "spherepde", "run", str(case), "-o", str(output), "--quiet",
+                                "--checkpoint-steps", "1"], stderr=subprocess.PIPE, text=True)
+    seen = 0
+    deadline = time.monotonic() + 120
+    while process.poll() is None and seen < STEPS // 5 and time.monotonic() < deadline:
+        state = state_of(output)
+        seen = state["steps"] if state else 0
+        time.sleep(0.001)
+    assert process.poll() is None, f"the run ended before it could be killed: {process.stderr.read()}"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert not output.exists()
+
+    # Nothing computed before the kill is lost: the checkpoint holds every step up to the kill
+    # and every save up to its time, readable as ordinary result files.
+    state = state_of(output)
+    assert seen <= state["steps"] < STEPS
+    segments = sorted(glob.glob(os.path.join(checkpoint_folder(output), "segment-*.nc")))
+    with xr.open_mfdataset(segments, combine="nested", concat_dim="time", data_vars="minimal",
+                                                 coords="minimal", compat="override") as partial, \
+            xr.open_dataset(reference) as full:
+        kept = partial.sizes["time"]
+        assert kept == int(state["t"] // 0.25 + 1e-9) + 1 == state["saves"]
+        assert np.array_equal(partial["density"].values, full["density"].values[:kept])
+
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 0, err
+    assert f"step {state['steps']}" in err
+    assert_same_result(output, reference)
+    assert not os.path.exists(checkpoint_folder(output))
+
+
+def test_existing_checkpoint_is_named_and_never_replaced_silently(tmp_path, capsys):
+    case = write_case(tmp_path, SMALL_S1)  # 10 steps of 0.05
+    output = tmp_path / "out.nc"
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 2 and "no checkpoint" in err and len(err.strip().splitlines()) == 1
+
+    # An interrupted run: stop it at its third checkpoint, as a kill would.
+    checkpoint = Checkpoint(output, every_steps=2)
+    written = []
+
+    def stop_after_three(state, segment, steps):
+        Checkpoint.write(checkpoint, state, segment, steps)
+        written.append(steps)
+        if len(written) == 3:
+            raise KeyboardInterrupt
+
+    checkpoint.write = stop_after_three
+    with pytest.raises(KeyboardInterrupt):
+        spherepde.run(spherepde.load_case(case), progress=False, checkpoint=checkpoint)
+
+    status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
+    assert status == 2 and "--resume" in err and "--overwrite" in err and "step 6" in err
+    assert len(err.strip().splitlines()) == 1
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume", "--set", "model.eps=0.2"], capsys)
+    assert status == 2 and "model.eps" in err and len(err.strip().splitlines()) == 1
+    assert os.path.exists(checkpoint_folder(output)) and not output.exists()
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume", "--overwrite"], capsys)
+    assert status == 2 and "not allowed with" in err
+
+    reference = tmp_path / "reference.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    assert run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)[0] == 0
+    assert_same_result(output, reference)
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 2 and "no checkpoint" in err and "--overwrite" in err
+
+
+def test_overwrite_discards_the_checkpoint_and_a_damaged_one_is_one_line(tmp_path, capsys):
+    case = write_case(tmp_path, SMALL_S1)
+    output = tmp_path / "out.nc"
+    folder = checkpoint_folder(output)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "state.pt"), "wb") as handle:
+        handle.write(b"not a checkpoint")
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 2 and "cannot read the checkpoint" in err and len(err.strip().splitlines()) == 1
+    status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
+    assert status == 2 and "unreadable" in err and "--overwrite" in err
+    assert run_cli(["run", case, "-o", output, "--quiet", "--overwrite", "--checkpoint-steps", "3"], capsys)[0] == 0
+    assert output.exists() and not os.path.exists(folder)
+
+
+def test_blow_up_with_checkpoints_exits_3_keeps_the_last_good_state_and_no_checkpoint(tmp_path, capsys):
+    unstable = CASE.replace("dt = 0.01", "dt = 0.5").replace("t_end = 2.0", "t_end = 200.0").replace(
+        "save_every = 0.25", "save_every = 10.0").replace("lmax = 16", "lmax = 64").replace(
+        "beta = 2.0", "beta = 8.0").replace("eps = 0.1", "eps = 0.0")
+    case = write_case(tmp_path, unstable)
+    output = tmp_path / "out.nc"
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--checkpoint-steps", "3"], capsys)
+    assert status == 3 and "numerical failure" in err and len(err.strip().splitlines()) == 1
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["status"].startswith("failed")
+        assert np.isfinite(dataset["density"].values).all() and dataset.sizes["time"] >= 1
+    assert not os.path.exists(checkpoint_folder(output))

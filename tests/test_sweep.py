@@ -1,0 +1,140 @@
+"""Parameter sweeps on Dask: the members equal serial runs bit for bit, the combined Dataset
+has a `member` dimension, seeds are derived, and an existing scheduler works too."""
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import spherepde
+from spherepde import sweep as sweep_module
+from spherepde.cli import main
+from spherepde.errors import CaseError
+from spherepde.sweep import derived_seeds, parse_param, plan, run_sweep
+from test_cli import SMALL_S1
+
+EPS, BETA = [0.05, 0.1, 0.2, 0.4], [1.0, 3.0]
+PARAMS = ["model.eps=" + ",".join(map(str, EPS)), "model.beta=" + ",".join(map(str, BETA))]
+
+
+@pytest.fixture(scope="module")
+def local_sweep(tmp_path_factory):
+    """8 members on a 2-worker LocalCluster, through the command line."""
+    folder = tmp_path_factory.mktemp("sweep")
+    case = folder / "case.toml"
+    case.write_text(SMALL_S1)
+    output = folder / "out"
+    args = ["sweep", str(case), "--param", PARAMS[0], "--param", PARAMS[1], "--workers", "2", "-o", str(output)]
+    assert main(args) == 0
+    return case, output
+
+
+def test_sweep_members_equal_serial_runs(local_sweep):
+    case_path, output = local_sweep
+    case = spherepde.load_case(case_path)
+    with xr.open_dataset(output / "sweep.nc") as combined:
+        assert combined.sizes["member"] == 8
+        assert list(combined["model_eps"].values) == [e for e in EPS for _ in BETA]
+        assert list(combined["model_beta"].values) == BETA * len(EPS)
+        for index, (eps, beta) in enumerate((e, b) for e in EPS for b in BETA):
+            serial = spherepde.run(case.with_overrides([f"model.eps={eps}", f"model.beta={beta}"]), progress=False)
+            with xr.open_dataset(output / f"member-{index:03d}.nc") as member:
+                for name in serial.data_vars:
+                    assert np.array_equal(member[name].values, serial[name].values, equal_nan=True), (index, name)
+                assert member.attrs["case"] == serial.attrs["case"] == combined["member_case"].values[index]
+            assert np.array_equal(combined["density"].isel(member=index).values, serial["density"].values)
+            assert combined["member_status"].values[index] == "completed"
+        assert combined["cell_area"].dims == ("theta",)
+
+
+def test_sweep_refuses_existing_results_and_resumes_without_a_cluster(local_sweep, monkeypatch, capsys):
+    case_path, output = local_sweep
+    args = ["sweep", str(case_path), "--param", PARAMS[0], "--param", PARAMS[1], "-o", str(output)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("a completed sweep needs no cluster")
+
+    monkeypatch.setattr(sweep_module, "_cluster", no_cluster)
+    before = os.path.getmtime(output / "member-000.nc")
+    assert main(args + ["--resume"]) == 0
+    assert "keeping 8 completed members of 8" in capsys.readouterr().err
+    assert os.path.getmtime(output / "member-000.nc") == before
+
+
+def test_parameters_seeds_and_bad_members():
+    assert parse_param("model.V=[[1,0],[0,1]],[[2,0],[0,2]]") == ("model.V", [[[1, 0], [0, 1]], [[2, 0], [0, 2]]])
+    assert parse_param("model.kernel=softmax,unnormalized") == ("model.kernel", ["softmax", "unnormalized"])
+    assert parse_param('model.kernel="softmax"') == ("model.kernel", ["softmax"])
+    for bad in ("model.eps", "eps=0.1,0.2", "model.eps="):
+        with pytest.raises(CaseError, match="--param"):
+            parse_param(bad)
+
+    case = spherepde.load_case_text(SMALL_S1 + "[particles]\nseed = 7\n")
+    seeds = derived_seeds(7, 3)
+    assert seeds == derived_seeds(7, 3) and len(set(seeds)) == 3 and seeds != derived_seeds(8, 3)
+    members = plan(case, ["model.eps=0.1,0.2"], "folder", seeds=3)
+    assert [m.seed for m in members] == seeds * 2
+    assert [m.case["particles"]["seed"] for m in members] == seeds * 2
+    assert [m.case["model"]["eps"] for m in members] == [0.1] * 3 + [0.2] * 3
+    assert os.path.basename(members[5].path) == "member-005.nc"
+
+    with pytest.raises(CaseError, match=r"sweep member 1 \(model.eps=-0.1\).*model.eps"):
+        plan(case, ["model.eps=0.1,-0.1"], "folder")
+    with pytest.raises(CaseError, match="given twice"):
+        plan(case, ["model.eps=0.1", "model.eps=0.2"], "folder")
+    with pytest.raises(CaseError, match="model.bta"):
+        plan(case, ["model.bta=1"], "folder")
+
+
+@pytest.mark.slow
+def test_sweep_on_a_separately_started_scheduler(tmp_path):
+    """`dask scheduler` + `dask worker` on loopback; a member with bad input is reported (exit 2)
+    after the others are written and combined."""
+    dask = shutil.which("dask") or pytest.skip("the dask command is not installed")
+    scheduler_file = tmp_path / "scheduler.json"
+    processes = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                   "--scheduler-file", str(scheduler_file)], stderr=subprocess.DEVNULL)]
+    try:
+        address, deadline = None, time.monotonic() + 60
+        while address is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            try:
+                address = json.loads(scheduler_file.read_text())["address"]
+            except (OSError, ValueError, KeyError):  # not written yet, or half written
+                pass
+        assert address is not None and address.startswith("tcp://127.0.0.1:"), address
+        processes.append(subprocess.Popen([dask, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "2",
+                                           "--nthreads", "1", "--no-dashboard"], stderr=subprocess.DEVNULL))
+        case = spherepde.load_case_text(SMALL_S1)
+        with pytest.raises(CaseError, match=r"1 of 3 sweep members failed; member 2 .*sphere.lmax"):
+            run_sweep(case, ["model.beta=1.0,2.0,500.0"], str(tmp_path / "out"), scheduler=address)
+        with xr.open_dataset(tmp_path / "out" / "sweep.nc") as combined:
+            assert list(combined["member"].values) == [0, 1]
+            for index, beta in enumerate([1.0, 2.0]):
+                serial = spherepde.run(case.with_overrides([f"model.beta={beta}"]), progress=False)
+                assert np.array_equal(combined["density"].sel(member=index).values, serial["density"].values)
+        assert not (tmp_path / "out" / "member-002.nc").exists()
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def test_unreachable_scheduler_is_one_line(tmp_path, capsys):
+    import dask
+
+    case = tmp_path / "case.toml"
+    case.write_text(SMALL_S1)
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        status = main(["sweep", str(case), "--param", "model.eps=0.1", "--scheduler", "tcp://127.0.0.1:9",
+                       "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 2 and "cannot reach a Dask scheduler" in err and len(err.strip().splitlines()) == 1
