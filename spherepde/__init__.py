@@ -21,7 +21,15 @@ def run(case: Case, progress: bool | None = None, checkpoint=None):
 
     `checkpoint` (a :class:`spherepde.checkpoint.Checkpoint`) stores the state of a long run
     now and then and, when marked `resume`, continues the run from it.
+
+    A case with a [control] section is a training run (solvers.training.run_training): W is
+    trained, and the Dataset is the forward run with the trained W plus `W`, `loss`, `adjoint_norm`.
+    Training runs are deterministic and not checkpointed.
     """
+    if case["control"]:
+        from solvers.training import run_training
+
+        return run_training(case, progress=progress)
     method = case["solver"]["method"]
     if method == "particles":
         if checkpoint is not None:

@@ -70,8 +70,33 @@ diagnostics.w2             bool                                        true
 diagnostics.w2_atoms       int >= 1: atoms above which a measure is    1000
                            quantised before exact W2 (error bound
                            stored as w2_quantisation_bound)
-control                    free-form table (training; later issue)     {} (empty)
+control                    optional: absent means no training, {}      {} (empty)
+control.loss               "align" | "bow" (spherepde.losses.LOSSES)   "align"
+control.target             nonzero length-d vector, made unit: align   e_2 = [0, 1, 0...]
+                           target / bow vMF mean direction
+control.lambda_reg         real >= 0: L2 weight of int |W_t|_F^2 dt    0.01
+control.layers             int >= 1: W_t piecewise constant on equal   8
+                           slices of [0, time.t_end]
+control.optimizer          "adam" | "gd"                               "adam"
+control.iterations         int >= 0 (0: the forward run of model.W)    100
+control.learning_rate      real > 0                                    0.05
+control.tol                real >= 0: stop when |J_k - J_{k-1}| <=     0 (never)
+                           tol |J_k| or |dJ/dW| <= tol
+control.gradient           "discrete" (exact gradient of the           "discrete"
+                           discretised J) | "continuous" (the adjoint
+                           PDE discretised on its own)
+control.checkpoint_every   int >= 0: forward steps between stored      0: ceil(sqrt(steps))
+                           states of the adjoint's recomputation
+control.kappa_cand         bow: real >= 0, vMF concentration of the    2.0
+                           candidates
+control.tau                bow: real > 0, softmax temperature          1.0
+control.K                  bow: int >= 1, number of candidates         16
+control.seed               bow: int >= 0, seed of the candidates       0
 =========================  ==========================================  =========================
+
+A ``[control]`` section makes the run a training run (``spherepde run`` trains W and writes
+the trained forward run, solvers.training); it needs ``time.dt`` (one fixed step grid shared
+by the forward and adjoint runs) and ``solver.method = "eulerian"``.
 
 Types are strict: a bool is never a number, a real (even 64.0) is never an integer,
 a string is never a number (except ``beta = "inf"``), and every real is finite (except
@@ -441,13 +466,6 @@ def _readable_file(value, ctx) -> str:
     return str(path)
 
 
-def _plain_table(value, ctx) -> dict:
-    """A free-form table, checked to be expressible in TOML and normalised by a round trip."""
-    if not isinstance(value, dict):
-        raise _Invalid(f"expected a table, got {_describe(value)}")
-    return tomllib.loads(_dumps({"t": value}))["t"]
-
-
 # ---------------------------------------------------------------------------------------
 # The schema: one declaration per key
 # ---------------------------------------------------------------------------------------
@@ -483,12 +501,15 @@ class _Key:
 
 @dataclass(frozen=True)
 class _Section:
-    """One [section]: its keys in resolution order, cross-key rules, or free-form content."""
+    """One [section]: its keys in resolution order and cross-key rules.
+
+    An ``optional`` section resolves to {} when the case does not give it (no defaults filled in).
+    """
 
     name: str
     keys: tuple[_Key, ...] = ()
     rules: Callable[[dict, _Context], None] | None = None
-    free_form: bool = False
+    optional: bool = False
 
 
 def _model_rules(model: dict, ctx) -> None:
@@ -527,6 +548,35 @@ def _particles_rules(particles: dict, ctx) -> None:
     if n % replicas or n // replicas < 2:
         raise CaseError(f"particles.replicas: must divide particles.n = {n} into systems of at least 2 tokens, "
                         f"got {replicas}")
+
+
+def _only_for_losses(*losses: str):
+    """Keys of [control] that belong to some losses only: a reason when they do not apply."""
+    def unused(ctx) -> str | None:
+        loss = ctx.section["loss"]
+        if loss not in losses:
+            return f"not used when control.loss = {loss!r} (it belongs to loss {' / '.join(map(repr, losses))})"
+        return None
+    return unused
+
+
+def _loss_names(value, ctx) -> str:
+    from .losses import LOSSES  # the registry is the list of choices
+
+    return _choice(*LOSSES)(value, ctx)
+
+
+def _second_axis(ctx) -> list[float]:
+    return [float(i == 1) for i in range(ctx.dim)]
+
+
+def _control_rules(control: dict, ctx) -> None:
+    if "dt" not in ctx.data["time"]:
+        raise CaseError("control: a training run needs time.dt (one fixed step grid for the forward and "
+                        "adjoint runs), not time.cfl")
+    if ctx.data["solver"]["method"] != "eulerian":
+        raise CaseError(f"control: training runs use solver.method = 'eulerian', got "
+                        f"{ctx.data['solver']['method']!r}")
 
 
 _SCHEMA = (
@@ -589,7 +639,22 @@ _SCHEMA = (
         _Key("w2", _boolean, True),
         _Key("w2_atoms", _integer(_POSITIVE), 1000),
     )),
-    _Section("control", free_form=True),
+    _Section("control", (
+        _Key("loss", _loss_names, "align"),
+        _Key("target", _direction, _second_axis),
+        _Key("lambda_reg", _real(_NONNEGATIVE), 0.01),
+        _Key("layers", _integer(_Interval(1)), 8),
+        _Key("optimizer", _choice("adam", "gd"), "adam"),
+        _Key("iterations", _integer(_NONNEGATIVE), 100),
+        _Key("learning_rate", _real(_POSITIVE), 0.05),
+        _Key("tol", _real(_NONNEGATIVE), 0.0),
+        _Key("gradient", _choice("discrete", "continuous"), "discrete"),
+        _Key("checkpoint_every", _integer(_NONNEGATIVE), 0),
+        _Key("kappa_cand", _real(_NONNEGATIVE), 2.0, unused=_only_for_losses("bow")),
+        _Key("tau", _real(_POSITIVE), 1.0, unused=_only_for_losses("bow")),
+        _Key("K", _integer(_Interval(1)), 16, unused=_only_for_losses("bow")),
+        _Key("seed", _integer(_NONNEGATIVE), 0, unused=_only_for_losses("bow")),
+    ), _control_rules, optional=True),
 )
 
 
@@ -617,8 +682,8 @@ def _resolve(inputs: _Inputs) -> dict:
         given = table.get(section.name, {})
         if not isinstance(given, dict):
             raise CaseError(f"{section.name}: expected a table [{section.name}], got {_describe(given)}")
-        if section.free_form:
-            ctx.data[section.name] = _parsed(section.name, _plain_table, given, ctx)
+        if section.optional and not given:
+            ctx.data[section.name] = {}
         else:
             ctx.data[section.name] = _resolve_section(section, given, ctx)
     return ctx.data
@@ -658,7 +723,7 @@ def _parsed(path: str, parse, value, ctx: _Context):
 
 
 # ---------------------------------------------------------------------------------------
-# Writing TOML (the value types of the schema and of free-form [control] tables)
+# Writing TOML (the value types of the schema)
 # ---------------------------------------------------------------------------------------
 
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")

@@ -29,6 +29,9 @@ class Model:
     V: torch.Tensor
     W: torch.Tensor
     eps: float
+    # Trained control: W_t = controls[l] on the l-th of controls.shape[0] equal slices of [0, horizon].
+    controls: torch.Tensor | None = None
+    horizon: float = math.inf
 
     @classmethod
     def from_case(cls, case, placement: Placement) -> "Model":
@@ -50,9 +53,19 @@ class Model:
     def zero_temperature(self) -> bool:
         return math.isinf(self.beta)
 
+    def layer(self, t: float) -> int:
+        """Index l of the slice [l T / L, (l + 1) T / L) holding t (T = horizon, L layers; t = T in the last)."""
+        layers = self.controls.shape[0]
+        return min(max(int(math.floor(t * layers / self.horizon)), 0), layers - 1)
+
     def feed_forward(self, t: float) -> torch.Tensor:
-        """W_t: constant here; a depth-dependent control overrides this."""
-        return self.W
+        """W_t: model.W, or the piecewise-constant control of slice `layer(t)` when `controls` is set.
+
+        Right-continuous at slice boundaries: a Runge-Kutta stage at the end of a step that ends on a
+        boundary gets the next slice's W, so solvers that need W constant over a step (training) pass
+        the step's W explicitly instead of calling this with stage times.
+        """
+        return self.W if self.controls is None else self.controls[self.layer(t)]
 
 
 def tangent_projection(points: torch.Tensor, field: torch.Tensor) -> torch.Tensor:

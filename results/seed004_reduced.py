@@ -1,0 +1,126 @@
+"""Seed-004 diagnostics on reduced-scale training runs (issue 4, criteria 2-4), printed as markdown.
+
+    OMP_NUM_THREADS=1 python3 results/seed004_reduced.py [--workers 2] [--report-only] > results/seed004_reduced.md
+
+The cases/seed004-*.toml files hold the seed's scale (eps = 1e-2, T = 80, lmax 64, 200 Adam
+iterations), hours of CPU per case here.  This script runs the same cases with overrides that make
+each run a few minutes on one core: eps = 0.05, lmax 24, dt = 0.1, one layer per unit depth,
+T = 16 (and 24, 32 for the depth sweep), 25 Adam iterations (lr 0.05), the continuous adjoint.
+NetCDF outputs go to $SEED004_OUT (default /tmp/seed004_reduced).
+"""
+
+import argparse
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+SEED = {"seed004-no-train": ("no-train, lambda_2 = 0.65", "-", "theta ~ 0", "0.00"),
+        "seed004-align-l020": ("align, lambda_2 = 0.20", "0.18", "1.55", "0.19"),
+        "seed004-align-l065": ("align, lambda_2 = 0.65", "0.07", "1.55", "0.08"),
+        "seed004-align-l080": ("align, lambda_2 = 0.80", "0.02", "-", "0.03"),
+        "seed004-bow-k2": ("bow, kappa_cand = 2", "2.15", "0.763 +- 0.343", "2.10"),
+        "seed004-bow-k10": ("bow, kappa_cand = 10", "0.38", "0.169 +- 0.006", "0.35")}
+REDUCED = ["model.eps=0.05", "sphere.lmax=24", "time.dt=0.1", "solver.field='dense'", "control.iterations=25",
+           "control.learning_rate=0.05", "control.gradient='continuous'", "control.tol=0.0"]
+
+
+def member(job):
+    """Run one case with the reduced overrides and write its NetCDF file."""
+    name, t_end = job
+    import warnings
+
+    import spherepde
+    from spherepde.output import write_dataset
+
+    overrides = REDUCED + [f"time.t_end={t_end}", f"control.layers={int(t_end)}"]
+    if name == "seed004-no-train":
+        overrides.append("control.iterations=0")
+    case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"), overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        dataset = spherepde.run(case, progress=False)
+    write_dataset(dataset, path_of(name, t_end))
+
+
+def path_of(name, t_end):
+    return os.path.join(os.environ.get("SEED004_OUT", "/tmp/seed004_reduced"), f"{name}-T{int(t_end)}.nc")
+
+
+def summary(name, t_end):
+    """The figures of one run from its file; the Rayleigh quotient recomputed with the current
+    spherepde.turnpike at the density of the save nearest the plateau's middle."""
+    import torch
+    import xarray as xr
+
+    from spherepde.bases import make_basis
+    from spherepde.case import load_case_text
+    from spherepde.device import placement
+    from spherepde.losses import make_loss
+    from spherepde.turnpike import rayleigh_quotient
+
+    with xr.open_dataset(path_of(name, t_end)) as dataset:
+        attrs = dict(dataset.attrs)
+        case = load_case_text(attrs["case"])
+        basis = make_basis(2, case["sphere"]["lmax"], placement("cpu", "float64"))
+        times = dataset["time"].values
+        middle = int(np.argmin(np.abs(times - (attrs["initial_width"] + 0.5 * attrs["plateau_width"]))))
+        rho = torch.as_tensor(dataset["density"].values[middle])
+        loss = make_loss(case["control"], 2)
+        g = loss.first_variation(basis.points, (rho * basis.weights)).reshape(basis.grid_shape)
+        row = {key: attrs.get(key) for key in ("three_phase", "plateau_width", "initial_width", "terminal_width",
+                                               "plateau_relative_variance", "terminal_lift", "escape_rate",
+                                               "adjoint_rate", "terminal_displacement")}
+        row["rayleigh_quotient"] = rayleigh_quotient(basis, rho, g)[0]
+        row["loss"] = (float(dataset["loss"].values[0]), float(dataset["loss"].values[-1]))
+        row["adjoint_growth"] = float(dataset["adjoint_norm"].values[-1] / dataset["adjoint_norm"].values[0])
+    return name, t_end, row
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true", help="summarise the existing files, run nothing")
+    args = parser.parse_args()
+    jobs = [("seed004-align-l065", 32.0), ("seed004-align-l065", 24.0)] + [(name, 16.0) for name in SEED]  # longest first
+    if not args.report_only:
+        with ProcessPoolExecutor(args.workers) as pool:
+            list(pool.map(member, jobs))
+    rows = [summary(*job) for job in jobs if os.path.exists(path_of(*job))]
+    print("# Seed 004 on reduced-scale training runs (issue 4)\n")
+    print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
+    print("Overrides: `" + " ".join(REDUCED) + " time.t_end=T control.layers=T`.\n")
+    print("## Phases, escape rate, Rayleigh quotient (T = 16), beside the seed (T = 80, N = 64 particles)\n")
+    print("| case | three phases | plateau | initial / terminal layer | terminal lift | J first -> last | "
+          "escape rate a | R_mu(g) | seed a / R | terminal displacement (rad) | seed displacement |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, t_end, row in rows:
+        if t_end != 16.0:
+            continue
+        label, seed_r, seed_theta, seed_a = SEED[name]
+        print(f"| {label} | {row['three_phase']} | {row['plateau_width']:.1f} | {row['initial_width']:.1f} / "
+              f"{row['terminal_width']:.1f} | {row['terminal_lift']:.3f} | {row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | "
+              f"{row['escape_rate']:.3f} | {row['rayleigh_quotient']:.3g} | "
+              f"{seed_a} / {seed_r} | {row['terminal_displacement']:.3f} | {seed_theta} |")
+    print("\n## Depth sweep (align, lambda_2 = 0.65)\n")
+    print("| T | three phases | plateau width | initial layer | terminal layer | escape rate | R_mu(g) | "
+          "terminal displacement |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, t_end, row in sorted(rows, key=lambda item: item[1]):
+        if name == "seed004-align-l065":
+            print(f"| {t_end:g} | {row['three_phase']} | {row['plateau_width']:.1f} | {row['initial_width']:.1f} | "
+                  f"{row['terminal_width']:.1f} | {row['escape_rate']:.3f} | {row['rayleigh_quotient']:.3g} | "
+                  f"{row['terminal_displacement']:.3f} |")
+    print("\n## Adjoint growth towards the output layer (criterion 2)\n")
+    print("| case | T | norm of grad phi in L2(mu): t = T over t = 0 | fitted growth rate of its log from the plateau start |")
+    print("|---|---|---|---|")
+    for name, t_end, row in rows:
+        print(f"| {name} | {t_end:g} | {row['adjoint_growth']:.3g} | {row['adjoint_rate']:.3f} |")
+    print()
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()

@@ -1,0 +1,210 @@
+"""Training: minimise J(W) = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt over piecewise-constant W (DESIGN §2).
+
+A case with a [control] section is a training run (`spherepde run CASE.toml`, `spherepde.run`):
+
+1. W starts at model.W on every layer; each iteration computes J and dJ/dW with the gradient of
+   control.gradient (solvers/adjoint.py) and takes one step of the optimizer: "gd" (W <- W - lr dJ/dW)
+   or "adam" (Adam with the default moments), lr = control.learning_rate.
+   It stops after control.iterations steps, or earlier when |J_k - J_{k-1}| <= tol |J_k| or
+   |dJ/dW|_F <= tol (control.tol > 0).  The cost and the gradient at the final W are evaluated too,
+   so the history holds iterations + 1 values of J.
+2. The trained forward run: the forward equation with the final W, each interval between
+   consecutive save times and slice boundaries split into equal steps no longer than time.dt (so
+   every save time is hit and W is constant over every step), recorded with the Eulerian solver's
+   diagnostics.
+
+Output: the Eulerian Dataset of the trained run plus `W` (layer, row, col), `loss` (iteration: J),
+`terminal_loss` (iteration: l(mu_T)), `gradient_norm` (iteration: |dJ/dW|_F), `adjoint_norm` (time:
+|grad phi_t|_{L2(mu_t)} of the final gradient, linearly interpolated from its step times to the save
+times) and `layer_time` (layer: start of each slice).  Training runs are not checkpointed: they are
+deterministic, and a rerun repeats them.
+"""
+
+import math
+import time as wallclock
+
+import numpy as np
+import torch
+import xarray as xr
+
+from spherepde import turnpike
+from spherepde.errors import NumericalFailure
+from spherepde.initial import initial_density
+from spherepde.model import principal_subspace
+from spherepde.progress import Progress
+
+from .adjoint import GRADIENTS, ControlledForward
+from .eulerian import Recorder, _check_finite, save_times
+
+
+class TrainingResult:
+    """The trained controls, the per-iteration history and the final gradient."""
+
+    def __init__(self, controls, costs, losses, gradient_norms, final):
+        self.controls, self.costs, self.losses, self.gradient_norms, self.final = (
+            controls, costs, losses, gradient_norms, final)
+
+
+class GradientDescent:
+    """W <- W - lr dJ/dW."""
+
+    def __init__(self, learning_rate: float):
+        self.learning_rate = learning_rate
+
+    def step(self, parameter: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+        return parameter - self.learning_rate * gradient
+
+
+class Adam:
+    """Adam (Kingma & Ba 2015) with the usual moments beta_1 = 0.9, beta_2 = 0.999 and eps = 1e-8:
+    m <- b1 m + (1 - b1) g,  v <- b2 v + (1 - b2) g^2,  W <- W - lr m_hat / (sqrt(v_hat) + eps),
+    m_hat = m / (1 - b1^k), v_hat = v / (1 - b2^k) at step k.  (torch.optim's update, written out:
+    importing torch.optim pulls in torch._dynamo, seconds of start-up for a few lines of arithmetic.)"""
+
+    def __init__(self, learning_rate: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.learning_rate, self.betas, self.eps = learning_rate, betas, eps
+        self.count, self.m, self.v = 0, 0.0, 0.0
+
+    def step(self, parameter: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+        b1, b2 = self.betas
+        self.count += 1
+        self.m = b1 * self.m + (1 - b1) * gradient
+        self.v = b2 * self.v + (1 - b2) * gradient * gradient
+        m_hat = self.m / (1 - b1 ** self.count)
+        v_hat = self.v / (1 - b2 ** self.count)
+        return parameter - self.learning_rate * m_hat / (torch.sqrt(v_hat) + self.eps)
+
+
+OPTIMIZERS = {"gd": GradientDescent, "adam": Adam}
+
+
+def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = None) -> TrainingResult:
+    """Run the optimizer of the case's [control] section from W_l = model.W (module docstring, step 1)."""
+    control = forward.case["control"]
+    gradient_of = GRADIENTS[control["gradient"]]
+    model = forward.problem.model
+    parameter = model.W.detach().clone().expand(forward.layers, -1, -1).contiguous()
+    optimizer = OPTIMIZERS[control["optimizer"]](control["learning_rate"])
+    costs, losses, norms = [], [], []
+    bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
+    for iteration in range(control["iterations"] + 1):
+        gradient = gradient_of(forward, c0, parameter.detach())
+        if not (math.isfinite(gradient.cost) and bool(torch.isfinite(gradient.dW).all())):
+            raise NumericalFailure(f"numerical failure: J or dJ/dW is not finite at training iteration {iteration} "
+                                   "(reduce time.dt or control.learning_rate)")
+        costs.append(gradient.cost)
+        losses.append(gradient.loss)
+        norms.append(float(gradient.dW.norm()))
+        bar.update(float(iteration), J=gradient.cost, loss=gradient.loss, grad=norms[-1])
+        converged = control["tol"] > 0 and (norms[-1] <= control["tol"] or (
+            len(costs) > 1 and abs(costs[-1] - costs[-2]) <= control["tol"] * abs(costs[-1])))
+        if iteration == control["iterations"] or converged:
+            break
+        parameter = optimizer.step(parameter, gradient.dW)
+    bar.close()
+    return TrainingResult(parameter.detach(), costs, losses, norms, gradient)
+
+
+def trained_run(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor) -> Recorder:
+    """The forward run with W = controls, recorded at the case's save times (module docstring, step 2)."""
+    problem, case = forward.problem, forward.case
+    timing = case["time"]
+    saves = save_times(timing["t_end"], timing["save_every"])
+    boundaries = forward.t_end * np.arange(forward.layers + 1) / forward.layers
+    knots = np.unique(np.concatenate([saves, boundaries]))
+    knots = knots[np.concatenate([[True], np.diff(knots) > 1e-12 * max(1.0, forward.t_end)])]
+    recorder = Recorder(problem, case, problem.basis.synthesis(c0).cpu().double().numpy(), forward.stepper.scheme)
+    recorder.record(0.0, c0)
+    c, started = c0, wallclock.perf_counter()
+    with torch.no_grad():
+        for t0, t1 in zip(knots[:-1], knots[1:]):
+            W = controls[forward.layer_at(0.5 * (t0 + t1))]
+            substeps = max(1, math.ceil((t1 - t0) / timing["dt"] - 1e-9))
+            dt = (t1 - t0) / substeps
+            for _ in range(substeps):
+                c = forward.stepper(problem.lam, lambda t, u: forward.transport(u, W), 0.0, c, dt)
+                if problem.filter is not None:
+                    c = c * problem.filter
+            recorder.steps += substeps
+            if np.any(np.abs(saves - t1) <= 1e-12 * max(1.0, forward.t_end)):
+                _check_finite(recorder, c, t0, t1, dt)
+                recorder.record(float(t1), c)
+    recorder.wall_seconds = wallclock.perf_counter() - started
+    return recorder
+
+
+def run_training(case, progress: bool | None = None) -> xr.Dataset:
+    """Train the case's control and return the Dataset of the trained forward run (module docstring)."""
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    started = wallclock.perf_counter()
+    result = train(forward, c0, progress)
+    training_seconds = wallclock.perf_counter() - started
+    recorder = trained_run(forward, c0, result.controls)
+    dataset = recorder.dataset("completed")
+    iterations = np.arange(len(result.costs))
+    d = case.dim
+    dataset = dataset.assign_coords(
+        iteration=xr.Variable("iteration", iterations, {"long_name": "optimizer iteration"}),
+        layer=xr.Variable("layer", np.arange(forward.layers), {"long_name": "layer (slice of [0, t_end])"}),
+        row=xr.Variable("row", np.arange(d), {"long_name": "row index of W"}),
+        col=xr.Variable("col", np.arange(d), {"long_name": "column index of W"}))
+    dataset["W"] = (("layer", "row", "col"), result.controls.cpu().double().numpy(),
+                    {"long_name": "trained feed-forward matrix W_t on each layer", "units": "1"})
+    dataset["layer_time"] = (("layer",), forward.t_end * np.arange(forward.layers) / forward.layers,
+                             {"long_name": "start time of the layer's slice", "units": "1"})
+    dataset["loss"] = (("iteration",), np.array(result.costs),
+                       {"long_name": "training cost J = l(mu_T) + lambda_reg/2 int |W_t|_F^2 dt", "units": "1"})
+    dataset["terminal_loss"] = (("iteration",), np.array(result.losses),
+                                {"long_name": f"terminal loss l(mu_T) ({case['control']['loss']})", "units": "1"})
+    dataset["gradient_norm"] = (("iteration",), np.array(result.gradient_norms),
+                                {"long_name": "Frobenius norm of dJ/dW over all layers", "units": "1"})
+    norms = np.interp(dataset["time"].values, result.final.times, result.final.adjoint_norm)
+    dataset["adjoint_norm"] = (("time",), norms,
+                               {"long_name": "|grad phi_t|_{L2(mu_t)} of the adjoint at the trained W", "units": "1"})
+    dataset = dataset.assign(turnpike_variables(forward, dataset))
+    dataset.attrs.update({"training": "trained control (solvers/training.py)", "gradient": case["control"]["gradient"],
+                          "optimizer": case["control"]["optimizer"], "iterations": len(result.costs) - 1,
+                          "training_steps_per_layer": forward.steps_per_layer,
+                          "training_dt": forward.dt, "training_seconds": training_seconds,
+                          "adjoint_checkpoint_every": forward.checkpoint_every})
+    return dataset
+
+
+def turnpike_variables(forward: ControlledForward, dataset: xr.Dataset) -> dict:
+    """Seed-004 diagnostics of the trained run (spherepde.turnpike): `energy_gap` and `mean_angle` (time),
+    and the global attributes plateau_width, initial_width, terminal_width, three_phase ("true"/"false"),
+    escape_rate, adjoint_rate, rayleigh_quotient, h_minus_one_norm, terminal_displacement, min_energy.
+
+    The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0); for
+    other models the energy-based attributes are NaN and three_phase is "false"."""
+    problem = forward.problem
+    model, basis = problem.model, problem.basis
+    times = dataset["time"].values
+    angle = turnpike.mean_angle(dataset["mean"].values)
+    variables = {"mean_angle": (("time",), angle, {"long_name": "angle of the mean position", "units": "radian"})}
+    attrs = dict.fromkeys(("plateau_width", "initial_width", "terminal_width", "escape_rate", "adjoint_rate",
+                           "rayleigh_quotient", "h_minus_one_norm", "terminal_displacement", "min_energy"), math.nan)
+    attrs["three_phase"] = "false"
+    if model.kernel == "unnormalized" and model.eps > 0 and not model.zero_temperature:
+        direction = torch.as_tensor(principal_subspace(model.B.cpu().double().numpy())[:, 0]).to(basis.points)
+        _, min_energy = turnpike.gibbs_minimum(model, problem.exp_kernel, basis, direction)
+        gap = dataset["free_energy"].values - min_energy
+        variables["energy_gap"] = (("time",), gap, {"long_name": "energy gap E(mu_t) - min E", "units": "1"})
+        test = turnpike.phases(times, gap)
+        terminal_start = test["plateau_end"]  # the terminal layer [T - r, T]
+        middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
+        rho = torch.as_tensor(dataset["density"].values[middle]).to(basis.points)
+        masses = (rho * basis.weights).reshape(-1)
+        g = forward.loss.first_variation(forward.flat_points, masses).reshape(basis.grid_shape)
+        quotient, norm = turnpike.rayleigh_quotient(basis, rho, g)
+        attrs.update({key: test[key] for key in ("plateau_width", "initial_width", "terminal_width")})
+        attrs.update({
+            "three_phase": "true" if test["three_phase"] else "false",
+            "plateau_relative_variance": test["plateau_relative_variance"], "terminal_lift": test["terminal_lift"],
+            "escape_rate": turnpike.terminal_rate(times, gap - test["gap_reference"], terminal_start),
+            "adjoint_rate": turnpike.terminal_rate(times, dataset["adjoint_norm"].values, test["plateau_start"]),
+            "rayleigh_quotient": quotient, "h_minus_one_norm": norm,
+            "terminal_displacement": float(angle[-1] - angle[middle]), "min_energy": min_energy})
+    dataset.attrs.update(attrs)
+    return variables

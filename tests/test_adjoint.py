@@ -1,0 +1,143 @@
+"""The training gradient (solvers/adjoint.py) and the losses (spherepde/losses.py)."""
+
+import math
+
+import pytest
+import torch
+
+from solvers.adjoint import (ControlledForward, coefficients_to_field, continuous_gradient, discrete_gradient,
+                             evaluate_cost)
+from spherepde.case import case_from_dict
+from spherepde.initial import initial_density
+from spherepde.losses import LOSSES, make_loss
+from spherepde.sampling import uniform
+
+
+def training_case(kernel="unnormalized", dim=2, lmax=12, t_end=0.5, dt=0.05, scheme="auto", control=None,
+                  beta=1.0, field="auto"):
+    """A2 = diag(1, 0.65) (the seed's attention matrix) as B = V, eps = 0.05, a tilted vMF start."""
+    diagonal = [1.0, 0.65, 0.4][:dim]
+    A = [[diagonal[i] * (i == j) for j in range(dim)] for i in range(dim)]
+    table = {"sphere": {"dim": dim, "lmax": lmax},
+             "model": {"kernel": kernel, "beta": beta, "B": A, "V": A, "eps": 0.05},
+             "initial": {"kind": "vmf", "mean": [1.0, 0.2, 0.1][:dim], "kappa": 2.0},
+             "time": {"t_end": t_end, "dt": dt, "scheme": scheme},
+             "solver": {"device": "cpu", "field": field},
+             "control": {"loss": "align", "layers": 2, "lambda_reg": 0.1} | (control or {})}
+    return case_from_dict(table)
+
+
+def setup(case, scale=0.3):
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    generator = torch.Generator().manual_seed(1)
+    d = case.dim
+    controls = scale * torch.randn(case["control"]["layers"], d, d, generator=generator, dtype=torch.float64)
+    return forward, c0, controls
+
+
+def central_differences(forward, c0, controls, h=1e-5):
+    fd = torch.zeros_like(controls)
+    for index in range(controls.numel()):
+        step = torch.zeros(controls.numel(), dtype=controls.dtype)
+        step[index] = h
+        step = step.reshape(controls.shape)
+        fd.view(-1)[index] = (evaluate_cost(forward, c0, controls + step)
+                              - evaluate_cost(forward, c0, controls - step)) / (2 * h)
+    return fd
+
+
+def relative(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+# --- losses ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_first_variation_is_the_derivative_in_the_masses(name):
+    control = {"loss": name, "target": [0.0, 1.0, 0.0], "K": 5, "kappa_cand": 2.0, "tau": 3.0, "seed": 7}
+    loss = make_loss(control, 3)
+    points = uniform(40, 3, torch.Generator().manual_seed(0))
+    masses = torch.rand(40, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    masses = (masses / masses.sum()).requires_grad_(True)
+    (autograd,) = torch.autograd.grad(loss.value(points, masses), masses)
+    assert torch.allclose(loss.first_variation(points, masses.detach()), autograd, rtol=1e-12, atol=1e-14)
+
+
+def test_align_loss_is_one_minus_the_target_component_of_the_mean():
+    loss = make_loss({"loss": "align", "target": [0.0, 1.0]}, 2)
+    points = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, -1.0]], dtype=torch.float64)
+    masses = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    assert float(loss.value(points, masses)) == pytest.approx(1 - 0.1, abs=1e-15)
+
+
+def test_bow_candidates_are_seeded_and_the_uniform_measure_is_near_log_k():
+    control = {"loss": "bow", "target": [0.0, 1.0], "K": 8, "kappa_cand": 0.0, "tau": 1e-9, "seed": 3}
+    a, b = make_loss(control, 2), make_loss(control, 2)
+    assert torch.equal(a.candidates, b.candidates)
+    points = uniform(10, 2, torch.Generator().manual_seed(0))
+    masses = torch.full((10,), 0.1, dtype=torch.float64)
+    # tau -> 0: every softmax is 1/K, p_k = 1/K, l = log K
+    assert float(a.value(points, masses)) == pytest.approx(math.log(8), rel=1e-8)
+
+
+# --- gradients -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", ["unnormalized", "softmax"])
+def test_discrete_gradient_matches_central_differences(kernel):
+    forward, c0, controls = setup(training_case(kernel))
+    gradient = discrete_gradient(forward, c0, controls)
+    assert gradient.cost == pytest.approx(evaluate_cost(forward, c0, controls), rel=1e-14)
+    assert relative(gradient.dW, central_differences(forward, c0, controls)) <= 1e-6
+
+
+@pytest.mark.parametrize("loss", ["align", "bow"])
+def test_continuous_gradient_is_within_the_truncation_error(loss):
+    control = {"loss": loss} | ({"K": 4, "kappa_cand": 2.0, "tau": 2.0} if loss == "bow" else {})
+    forward, c0, controls = setup(training_case("softmax", dt=0.025, control=control))
+    assert relative(continuous_gradient(forward, c0, controls).dW, discrete_gradient(forward, c0, controls).dW) < 1e-6
+
+
+def test_discrete_gradient_on_the_sphere_matches_central_differences():
+    forward, c0, controls = setup(training_case("softmax", dim=3, lmax=6, t_end=0.2, dt=0.1,
+                                                control={"layers": 1}))
+    gradient = discrete_gradient(forward, c0, controls)
+    assert relative(gradient.dW, central_differences(forward, c0, controls)) <= 1e-6
+    assert relative(continuous_gradient(forward, c0, controls).dW, gradient.dW) < 1e-4
+
+
+def test_zero_temperature_gradient_matches_central_differences():
+    forward, c0, controls = setup(training_case("softmax", beta="inf"))
+    assert relative(discrete_gradient(forward, c0, controls).dW, central_differences(forward, c0, controls)) <= 1e-6
+    assert relative(continuous_gradient(forward, c0, controls).dW, discrete_gradient(forward, c0, controls).dW) < 1e-6
+
+
+def test_discrete_adjoint_state_at_the_end_is_the_first_variation():
+    """phi_N (from the cotangent of c_N) = dl_align/dmu = -<x, e_2>: the mode k = 1 only."""
+    forward, c0, controls = setup(training_case())
+    c = forward.checkpoints(c0, controls)[forward.steps].requires_grad_(True)
+    (a,) = torch.autograd.grad(forward.terminal_loss(c), c)
+    basis = forward.problem.basis
+    expected = basis.analysis(-basis.points[..., 1])
+    assert torch.allclose(coefficients_to_field(basis, a), expected, atol=1e-14)
+
+
+def test_checkpointing_does_not_change_the_gradient():
+    case = training_case(control={"checkpoint_every": 3})
+    forward, c0, controls = setup(case)
+    every_step = ControlledForward(training_case(control={"checkpoint_every": 1}))
+    assert torch.allclose(discrete_gradient(forward, c0, controls).dW, discrete_gradient(every_step, c0, controls).dW,
+                          rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel, scheme, order", [("unnormalized", "imex-ark436", 4), ("softmax", "imex-ars443", 3)])
+def test_continuous_gradient_converges_to_the_discrete_one_at_the_scheme_order(kernel, scheme, order):
+    errors = []
+    for dt in (0.1, 0.05, 0.025):
+        forward, c0, controls = setup(training_case(kernel, lmax=16, t_end=2.0, dt=dt, scheme=scheme))
+        errors.append(relative(continuous_gradient(forward, c0, controls).dW, discrete_gradient(forward, c0, controls).dW))
+    rates = [math.log2(errors[i] / errors[i + 1]) for i in range(2)]
+    assert all(abs(rate - order) < 0.35 for rate in rates), (errors, rates)

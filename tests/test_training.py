@@ -1,0 +1,254 @@
+"""Training (solvers/training.py): the loss decreases, the known first-order optimum, the output."""
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from solvers.adjoint import ControlledForward, discrete_gradient
+from solvers.training import train
+from spherepde.cli import main
+from spherepde.initial import initial_density
+
+from test_adjoint import training_case
+
+CASE = """
+[case]
+name = "train-s1"
+[sphere]
+dim = 2
+lmax = 12
+[model]
+kernel = "unnormalized"
+B = [[1.0, 0.0], [0.0, 0.65]]
+V = [[1.0, 0.0], [0.0, 0.65]]
+eps = 0.05
+[initial]
+kind = "vmf"
+mean = [1.0, 0.2]
+kappa = 2.0
+[time]
+t_end = 1.0
+dt = 0.1
+save_every = 0.25
+[control]
+layers = 2
+iterations = 4
+learning_rate = 0.5
+"""
+
+
+def test_gradient_descent_decreases_the_cost_monotonically():
+    case = training_case(control={"optimizer": "gd", "learning_rate": 1.0, "iterations": 4}, t_end=0.5, dt=0.1)
+    forward = ControlledForward(case)
+    result = train(forward, initial_density(case["initial"], forward.problem.basis), progress=False)
+    costs = np.array(result.costs)
+    assert len(costs) == 5 and np.all(np.diff(costs) < 0), costs
+    assert costs[-1] < 0.85 * costs[0]
+
+
+def test_adam_reduces_the_cost():
+    case = training_case(control={"optimizer": "adam", "learning_rate": 0.4, "iterations": 4}, t_end=0.5, dt=0.1)
+    forward = ControlledForward(case)
+    result = train(forward, initial_density(case["initial"], forward.problem.basis), progress=False)
+    assert result.costs[-1] < 0.7 * result.costs[0]
+
+
+def test_tolerance_stops_early():
+    case = training_case(control={"optimizer": "gd", "learning_rate": 1.0, "iterations": 30, "tol": 0.05},
+                         t_end=0.5, dt=0.1)
+    forward = ControlledForward(case)
+    result = train(forward, initial_density(case["initial"], forward.problem.basis), progress=False)
+    assert len(result.costs) < 31
+    last = abs(result.costs[-1] - result.costs[-2]) / abs(result.costs[-1])
+    assert last <= 0.05 or result.gradient_norms[-1] <= 0.05
+
+
+@pytest.mark.parametrize("lambda_reg", [1e2, 1e3])
+def test_strong_regularisation_optimum_is_one_newton_step(lambda_reg):
+    """J(W) = l(W) + lambda h |W|^2 / 2 with h = |slice|: W* = -g_0 / (lambda h) + O(lambda^-2), g_0 = dl/dW(0).
+
+    One gradient step of length 1 / (lambda h) from W = 0 lands there, so the gradient left at that W is
+    O(1 / lambda) of g_0: ten times smaller for ten times larger lambda (checked across the parameters
+    by the bound below, which is ~ 2 / lambda with the constant measured at lambda = 1e2)."""
+    case = training_case(control={"lambda_reg": lambda_reg, "optimizer": "gd", "iterations": 1,
+                                  "learning_rate": 1 / (lambda_reg * 0.5)}, t_end=1.0, dt=0.1)
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    result = train(forward, c0, progress=False)
+    g0 = result.gradient_norms[0]
+    residual = float(discrete_gradient(forward, c0, result.controls).dW.norm())
+    assert residual / g0 < 20 / lambda_reg
+    assert residual / g0 > 0.2 / lambda_reg  # the O(1/lambda) term is really there: the test would see a wrong slope
+
+
+def test_training_run_writes_the_control_variables(tmp_path):
+    path = tmp_path / "train.toml"
+    path.write_text(CASE)
+    output = tmp_path / "train.nc"
+    assert main(["run", str(path), "-o", str(output), "--quiet"]) == 0
+    with xr.open_dataset(output) as dataset:
+        assert dataset["W"].dims == ("layer", "row", "col") and dataset["W"].shape == (2, 2, 2)
+        assert dataset["loss"].dims == ("iteration",) and dataset.sizes["iteration"] == 5
+        assert dataset["adjoint_norm"].dims == ("time",)
+        assert np.allclose(dataset["time"].values, [0, 0.25, 0.5, 0.75, 1.0])
+        assert dataset["loss"].values[-1] < dataset["loss"].values[0]
+        assert np.allclose(dataset["mass"].values, dataset["mass"].values[0], rtol=1e-12)
+        assert "control" in dataset.attrs["case"]
+
+
+def test_trained_run_matches_the_training_forward_map():
+    """The output run (save times and slice boundaries as knots) ends where the training's forward map does."""
+    from solvers.training import trained_run
+
+    case = training_case(t_end=1.0, dt=0.1).with_overrides(["time.save_every=0.5"])
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    controls = 0.3 * torch.ones(2, 2, 2, dtype=torch.float64)
+    recorder = trained_run(forward, c0, controls)
+    assert recorder.times == [0.0, 0.5, 1.0]
+    end = forward.checkpoints(c0, controls)[forward.steps]
+    # save times on the slice boundaries: the same steps, so the same density to round-off
+    assert np.allclose(recorder.densities[-1], forward.problem.basis.synthesis(end).numpy(), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("control.loss='cross_entropy'", "control.loss"),
+    ("control.layers=0", "control.layers"),
+    ("control.kappa_cand=2.0", "control.kappa_cand"),
+    ("control.optimizer='lbfgs'", "control.optimizer"),
+    ("control.learning_rate=0", "control.learning_rate"),
+    ("control.target=[0, 0]", "control.target"),
+])
+def test_bad_control_is_a_one_line_error(tmp_path, capsys, override, key):
+    path = tmp_path / "bad.toml"
+    path.write_text(CASE)
+    assert main(["run", str(path), "-o", str(tmp_path / "bad.nc"), "--set", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err
+    assert not (tmp_path / "bad.nc").exists()
+
+
+def test_training_needs_a_fixed_step(tmp_path, capsys):
+    path = tmp_path / "cfl.toml"
+    path.write_text(CASE.replace("dt = 0.1", "cfl = 0.5"))
+    assert main(["run", str(path), "-o", str(tmp_path / "cfl.nc")]) == 2
+    assert "time.dt" in capsys.readouterr().err
+
+
+# --- seed-004 diagnostics (spherepde/turnpike.py) ------------------------------------------------------
+
+
+def test_rayleigh_quotient_of_an_eigenfunction_on_the_uniform_measure():
+    """rho = 1/2pi, g = cos(k theta): -div(rho grad u) = rho g gives u = g / k^2, so R = k^4 and
+    |g|_{H^-1}^2 = 1 / (2 k^2)."""
+    import math
+
+    from spherepde.bases import make_basis
+    from spherepde.device import placement
+    from spherepde.turnpike import rayleigh_quotient
+
+    basis = make_basis(2, 16, placement("cpu", "float64"))
+    rho = torch.full_like(basis.theta, 1 / (2 * math.pi))
+    for k in (1, 3):
+        quotient, norm = rayleigh_quotient(basis, rho, torch.cos(k * basis.theta))
+        assert quotient == pytest.approx(k ** 4, rel=1e-10) and norm == pytest.approx((2 * k * k) ** -0.5, rel=1e-10)
+
+
+def test_gibbs_minimum_is_a_stationary_state_of_the_forward_equation():
+    """At rho ∝ exp(U[rho] / eps) the flux eps grad rho - rho v vanishes (W = 0, V = B): the rate is ~0."""
+    from solvers.eulerian import ForwardProblem
+    from spherepde.turnpike import gibbs_minimum
+
+    case = training_case(lmax=64).with_overrides(["control.layers=1"])  # the Gibbs state resolved to round-off
+    problem = ForwardProblem(case)
+    direction = torch.tensor([1.0, 0.0], dtype=torch.float64)
+    rho, energy = gibbs_minimum(problem.model, problem.exp_kernel, problem.basis, direction)
+    c = problem.basis.analysis(rho)
+    rate = problem.lam * c + problem.transport(0.0, c)
+    assert float(rate.abs().max()) < 1e-9 * float(c.abs().max())
+    flipped, energy_flipped = gibbs_minimum(problem.model, problem.exp_kernel, problem.basis, -direction)
+    assert energy_flipped == pytest.approx(energy, rel=1e-12)  # the two wells +-e_1
+
+
+def test_three_phase_test_on_a_synthetic_gap():
+    from spherepde.turnpike import phases, terminal_rate
+
+    times = np.linspace(0, 40, 401)
+    gap = 0.5 * np.exp(-2 * times) + 1e-4 + 0.3 * np.exp(-0.5 * (40 - times))
+    test = phases(times, gap)
+    assert test["three_phase"] and test["clustering"]
+    assert 25 < test["plateau_width"] < 40 and test["initial_width"] < 3 and test["terminal_width"] < 8
+    assert terminal_rate(times, gap - test["gap_reference"], test["plateau_end"]) == pytest.approx(0.5, rel=0.05)
+    flat = phases(times, 0.5 * np.exp(-2 * times) + 1e-4)
+    assert not flat["three_phase"] and flat["terminal_lift"] < 0.1
+
+
+def test_seed004_cases_load():
+    from pathlib import Path
+
+    from spherepde.case import load_case
+
+    paths = sorted(Path(__file__).parent.parent.joinpath("cases").glob("seed004-*.toml"))
+    assert len(paths) == 11
+    for path in paths:
+        case = load_case(path)
+        assert case["control"]["loss"] in ("align", "bow") and case["model"]["kernel"] == "unnormalized"
+
+
+def test_piecewise_constant_feed_forward():
+    from dataclasses import replace
+
+    from solvers.eulerian import ForwardProblem
+
+    model = ForwardProblem(training_case()).model
+    controls = torch.arange(3.0, dtype=torch.float64)[:, None, None] * torch.ones(3, 2, 2, dtype=torch.float64)
+    layered = replace(model, controls=controls, horizon=3.0)
+    assert [float(layered.feed_forward(t)[0, 0]) for t in (0.0, 0.99, 1.0, 2.5, 3.0)] == [0, 0, 1, 2, 2]
+    assert model.feed_forward(1.0) is model.W
+
+
+def test_divergent_training_is_a_numerical_failure():
+    from spherepde.errors import NumericalFailure
+
+    case = training_case(control={"optimizer": "gd", "learning_rate": 1e6, "iterations": 1}, t_end=0.2, dt=0.1)
+    forward = ControlledForward(case)
+    with pytest.raises(NumericalFailure):
+        train(forward, initial_density(case["initial"], forward.problem.basis), progress=False)
+
+
+def test_adam_first_step_is_the_learning_rate_times_the_sign():
+    from solvers.training import Adam
+
+    gradient = torch.tensor([[3.0, -1e-3], [0.5, -20.0]], dtype=torch.float64)
+    step = Adam(0.1).step(torch.zeros(2, 2, dtype=torch.float64), gradient)
+    assert torch.allclose(step, -0.1 * torch.sign(gradient), rtol=1e-4)
+
+
+def test_rayleigh_quotient_on_the_sphere_uses_the_weighted_poisson_solver():
+    """Uniform measure on S^2, g = z (degree 1, eigenvalue 2 of -Lap): R = 2^2 = 4."""
+    import math
+
+    from spherepde.bases import make_basis
+    from spherepde.device import placement
+    from spherepde.turnpike import rayleigh_quotient
+
+    basis = make_basis(3, 8, placement("cpu", "float64"))
+    rho = torch.full(basis.grid_shape, 1 / (4 * math.pi), dtype=torch.float64)
+    quotient, _ = rayleigh_quotient(basis, rho, basis.points[..., 2])
+    assert quotient == pytest.approx(4.0, rel=1e-9)
+
+
+def test_rayleigh_quotient_of_a_concentrated_state_is_stable_under_refinement():
+    """A vMF(kappa = 30) state: the S^1 closed form does not depend on the grid once rho is resolved."""
+    from spherepde.bases import make_basis
+    from spherepde.device import placement
+    from spherepde.initial import vmf_density
+    from spherepde.turnpike import rayleigh_quotient
+
+    values = []
+    for lmax in (96, 192):
+        basis = make_basis(2, lmax, placement("cpu", "float64"))
+        rho = vmf_density(basis.points, [1.0, 0.0], 30.0)
+        values.append(rayleigh_quotient(basis, rho, -basis.points[..., 1])[0])
+    assert values[0] == pytest.approx(values[1], rel=1e-6)
