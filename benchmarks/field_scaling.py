@@ -5,10 +5,14 @@ Matrices: "sign flips" B = diag(-1, -1, 1) (seed 003's baseline: a grid permutat
 generic rotation: Wigner-D rotation of the coefficients) and "general" (sigma_max / sigma_min = 3:
 Chebyshev interpolation in r and scattered evaluation, ducc0 on the CPU; the torch NUFFT, the
 GPU path, is timed too).  Everything runs in this process on one thread (torch.set_num_threads(1),
-OMP_NUM_THREADS=1), spectral and dense interleaved, best of --repeats.  The dense quadrature is
+OMP_NUM_THREADS=1), spectral and dense interleaved, best of --repeats; on the CPU the time is the
+calling thread's CPU time (every method computes on it), which the load of other processes on a
+shared machine does not inflate as it does the wall time; on CUDA the synchronised wall time.  The dense quadrature is
 timed on a block of --rows query rows and scaled by N / rows when N is larger (its cost is
 exactly linear in the rows; --full-dense times whole calls).  Exponents are least-squares
-slopes of log(time) against log(lmax) over lmax >= --fit-from.
+slopes of log(time) against log(lmax) over lmax >= --fit-from.  The last column says which field
+`solver.field = "auto"` picks (from its cost model) for each matrix, upper case where that is not the
+one measured faster.
 
     OMP_NUM_THREADS=1 python benchmarks/field_scaling.py [--lmax 16 24 32 48 64 96 128] [--device cpu]
 """
@@ -26,7 +30,7 @@ import torch  # noqa: E402
 
 from spherepde.bases import SphereBasis  # noqa: E402
 from spherepde.device import placement  # noqa: E402
-from spherepde.exp_kernel import DenseExpKernel, SpectralExpKernel, dense_exp_kernel  # noqa: E402
+from spherepde.exp_kernel import DenseExpKernel, SpectralExpKernel, dense_exp_kernel, make_exp_kernel  # noqa: E402
 
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])
 ROTATION = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]
@@ -35,15 +39,16 @@ MATRICES = {"sign flips": np.diag([-1.0, -1.0, 1.0]), "rotation": ROTATION * np.
 
 
 def timed(function, repeats: int, device) -> float:
+    clock = time.perf_counter if device.type == "cuda" else time.thread_time
     best = float("inf")
     for _ in range(repeats):
         if device.type == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start = clock()
         function()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
@@ -77,9 +82,9 @@ def main(argv=None):
     where = placement(args.device, "float64")
     columns = ["dense", "sign flips", "rotation", "general", "general (torch NUFFT)"]
     times = {name: [] for name in columns}
-    print(f"beta = {args.beta:g}, float64, {args.device}, {torch.get_num_threads()} thread; seconds per call "
+    print(f"beta = {args.beta:g}, float64, {args.device}, {torch.get_num_threads()} thread; seconds per call (thread CPU time on the CPU) "
           "(ratio dense / spectral)")
-    print(f"{'lmax':>5} {'N':>7} " + " ".join(f"{name:>24}" for name in columns))
+    print(f"{'lmax':>5} {'N':>7} " + " ".join(f"{name:>24}" for name in columns) + "  auto (flips/rot/gen)")
     for lmax in args.lmax:
         basis = SphereBasis(lmax, where)
         x = basis.points
@@ -94,7 +99,12 @@ def main(argv=None):
             times[name].append(timed(lambda: kernel(channels), args.repeats, where.device))
         cells = [f"{times['dense'][-1]:>24.3e}"]
         cells += [f"{times[name][-1]:>14.3e} ({times['dense'][-1] / times[name][-1]:>6.1f}x)" for name in columns[1:]]
-        print(f"{lmax:>5} {basis.grid_size:>7} " + " ".join(cells))
+        picks = []
+        for name in columns[1:4]:
+            pick = make_exp_kernel(basis, where.tensor(MATRICES[name]), args.beta, "auto", 1e-10).name
+            faster = "spectral" if times[name][-1] < times["dense"][-1] else "dense"
+            picks.append(pick if pick == faster else pick.upper())
+        print(f"{lmax:>5} {basis.grid_size:>7} " + " ".join(cells) + "  " + "/".join(picks), flush=True)
     fitted = [lmax >= args.fit_from for lmax in args.lmax]
     if sum(fitted) >= 2:
         lmax = np.array(args.lmax)[fitted]

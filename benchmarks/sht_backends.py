@@ -9,10 +9,16 @@ float64, times the best of --repeats of
     vector:  gradient (vector synthesis) + divergence (vector analysis) of one field
 
 with both backends, alternating them so that load from other processes hits both alike, and
-prints the torch / shtns time ratios.  The torch tables are packed (equatorial folding plus
-triangular pairing of orders m and lmax - m; `sht_torch.PackedLegendre`).
+prints the torch / shtns time ratios.  Times are CPU seconds of the calling thread (both backends
+compute on it with one thread): on a shared machine the wall time also counts the spells the
+thread waits for a core (up to 10x the CPU time at a load of 15 on 2 cores, seen while writing this).  "torch" is TorchSHT as the solver builds it: dense [m, l, j]
+Legendre tables below lmax = PACKED_FROM_LMAX, packed ones (equatorial folding plus triangular
+pairing of orders m and lmax - m; `sht_torch.PackedLegendre`) from there.  Up to lmax --other-up-to
+the other layout is timed too, and "other/torch" is its time over the chosen one's (> 1: the
+chosen layout is the faster): the measurement behind PACKED_FROM_LMAX.
 
     OMP_NUM_THREADS=1 python benchmarks/sht_backends.py [--lmax 64 128 256] [--repeats 30]
+    OMP_NUM_THREADS=1 python benchmarks/sht_backends.py --lmax 16 32 48 64 96 128   # the crossover
 """
 
 import argparse
@@ -27,17 +33,17 @@ import torch  # noqa: E402
 
 from spherepde.bases import dealiased_gauss_latitudes  # noqa: E402
 from spherepde.transforms.sht_shtns import ShtnsSHT  # noqa: E402
-from spherepde.transforms.sht_torch import TorchSHT  # noqa: E402
+from spherepde.transforms.sht_torch import PACKED_FROM_LMAX, TorchSHT  # noqa: E402
 
 
 def best_times(functions: dict, repeats: int) -> dict:
-    """Best wall time of each function over `repeats` rounds, the functions interleaved in every round."""
+    """Best thread CPU time of each function over `repeats` rounds, the functions interleaved in every round."""
     best = {name: float("inf") for name in functions}
     for _ in range(repeats):
         for name, function in functions.items():
-            start = time.perf_counter()
+            start = time.thread_time()
             function()
-            best[name] = min(best[name], time.perf_counter() - start)
+            best[name] = min(best[name], time.thread_time() - start)
     return best
 
 
@@ -45,16 +51,20 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lmax", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--other-up-to", type=int, default=128, help="largest lmax at which the other layout is timed")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread; float64; best of {args.repeats}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread; float64; best thread CPU time of {args.repeats}")
     kinds = ("scalar", "batch 4", "vector")
-    print(f"{'lmax':>5} {'grid':>10} {'tables':>9} | " + " | ".join(
-        f"{kind + ' torch':>13} {'shtns':>8} {'ratio':>6}" for kind in kinds))
+    print(f"{'lmax':>5} {'grid':>10} {'tables':>16} | " + " | ".join(
+        f"{kind + ' torch':>13} {'shtns':>8} {'ratio':>6} {'other/torch':>11}" for kind in kinds))
     for lmax in args.lmax:
         nlat = dealiased_gauss_latitudes(lmax, minimum=32)
         nlon = 2 * nlat
+        packed = lmax >= PACKED_FROM_LMAX
         backends = {"torch": TorchSHT(lmax, nlat, nlon), "shtns": ShtnsSHT(lmax, nlat, nlon)}
+        if lmax <= args.other_up_to:
+            backends["other"] = TorchSHT(lmax, nlat, nlon, packed=not packed)
         field = torch.randn(nlat, nlon, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
         coefficients = backends["shtns"].analysis(field)
         batch = coefficients.expand(4, *coefficients.shape).clone()
@@ -64,10 +74,12 @@ def main(argv=None):
             functions[("batch 4", name)] = lambda sht=sht: sht.analysis(sht.synthesis(batch))
             functions[("vector", name)] = lambda sht=sht: sht.divergence(*sht.gradient(coefficients))
         best = best_times(functions, args.repeats)
-        row = [f"{lmax:>5} {nlat:>4}x{nlon:<5} {backends['torch'].table_bytes / 2**20:>6.1f}MiB |"]
+        layout = "packed" if packed else "dense"
+        row = [f"{lmax:>5} {nlat:>4}x{nlon:<5} {layout:>6} {backends['torch'].table_bytes / 2**20:>6.1f}MiB |"]
         for kind in kinds:
             torch_time, shtns_time = best[(kind, "torch")], best[(kind, "shtns")]
-            row.append(f"{1e3 * torch_time:>11.2f}ms {1e3 * shtns_time:>6.2f}ms {torch_time / shtns_time:>6.2f} |")
+            other = f"{best[(kind, 'other')] / torch_time:>11.2f}" if "other" in backends else f"{'-':>11}"
+            row.append(f"{1e3 * torch_time:>11.2f}ms {1e3 * shtns_time:>6.2f}ms {torch_time / shtns_time:>6.2f} {other} |")
         print(" ".join(row))
 
 

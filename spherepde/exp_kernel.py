@@ -4,9 +4,12 @@ It is the attention integral of the model: with f = rho (partition function Z) a
 f = y_c rho (numerator N), applied with C = B.  Values can be astronomically large
 (beta in the thousands), so every implementation returns them scaled:
 
-    T_C f(x) = exp(log_scale(x)) * scaled(x),   log_scale(x) = beta |C^T x|,
+    T_C f(x) = exp(log_scale(x)) * scaled(x),   log_scale(x) <= beta |C^T x|,
 
-which bounds every kernel entry by 1, since <x, C y> = <C^T x, y> <= |C^T x|.  Both
+the bound keeping every kernel entry below 1, since <x, C y> = <C^T x, y> <= |C^T x|.  The
+spectral field uses the bound itself; the dense one the largest beta <x, C y_j> over its points
+y_j, because over a few scattered points (particles) the bound can exceed every logit by hundreds
+and underflow all the weights.  Both
 implementations share one call signature, f (*grid, c) -> (scaled (*grid, c), log_scale (*grid)),
 and a `name`; `make_exp_kernel` picks one (solver.field).
 
@@ -68,18 +71,22 @@ def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch
                      chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum_j exp(beta <x_i, C y_j>) f_j for points x (Nx, d), y (Ny, d), channels f (Ny, c).
 
-    Quadrature weights are part of f.  Returns (scaled (Nx, c), log_scale (Nx,)).
+    Quadrature weights are part of f.  Returns (scaled (Nx, c), log_scale (Nx,)) with
+    log_scale_i = max_j beta <x_i, C y_j> (log-sum-exp shift: the largest weight is exactly 1).
     """
     u = x @ C  # rows are (C^T x_i)^T
-    log_scale = beta * torch.linalg.vector_norm(u, dim=-1)
-    # One matmul gives beta <C^T x_i, y_j> - log_scale_i: append the shift as an extra coordinate.
-    queries = torch.cat([beta * u, -log_scale[:, None]], dim=1)
+    bound = beta * torch.linalg.vector_norm(u, dim=-1)
+    # One matmul gives beta <C^T x_i, y_j> - bound_i <= 0: append the shift as an extra coordinate.
+    queries = torch.cat([beta * u, -bound[:, None]], dim=1)
     keys = torch.cat([y, torch.ones_like(y[:, :1])], dim=1)
-    blocks = []
+    blocks, shifts = [], []
     for start in range(0, x.shape[0], chunk):
         kernel = queries[start:start + chunk] @ keys.T
-        blocks.append(kernel.exp_() @ f)
-    return torch.cat(blocks), log_scale
+        # Detached: T_C f does not depend on the shift, so no gradient needs to flow through it.
+        shift = kernel.amax(dim=1, keepdim=True).detach()
+        blocks.append(kernel.sub_(shift).exp_() @ f)
+        shifts.append(shift[:, 0])
+    return torch.cat(blocks), bound + torch.cat(shifts)
 
 
 class DenseExpKernel:
@@ -104,8 +111,11 @@ class DenseExpKernel:
         return scaled.reshape(*self.grid_shape, channels), log_scale.reshape(self.grid_shape)
 
     def cost(self, channels: int) -> float:
-        """Floating-point operations of one call: N^2 kernel entries (one exponential ~ 20 flops)."""
+        """Floating-point operations of one call: N^2 kernel entries (one exponential ~ 20 flops), or
+        the N c sum of the constant kernel at beta = 0."""
         n = self.points.shape[0]
+        if self.beta == 0:
+            return 2.0 * n * channels
         return n * n * (2 * (self.points.shape[1] + 1) + 2 * channels + 20.0)
 
 

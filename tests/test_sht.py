@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from spherepde.transforms.legendre import gauss_legendre, legendre_tables
-from spherepde.transforms.sht_torch import TorchSHT
+from spherepde.transforms.sht_torch import PACKED_FROM_LMAX, TorchSHT
 
 LMAX, NLAT, NLON = 63, 96, 192
 
@@ -40,9 +40,9 @@ def shtns_sht():
     return ShtnsSHT(LMAX, NLAT, NLON)
 
 
-@pytest.fixture(scope="module")
-def torch_sht():
-    return TorchSHT(LMAX, NLAT, NLON)
+@pytest.fixture(scope="module", params=[False, True], ids=["dense tables", "packed tables"])
+def torch_sht(request):
+    return TorchSHT(LMAX, NLAT, NLON, packed=request.param)
 
 
 # --- 1. Gauss grid and Legendre tables ---------------------------------------------------------
@@ -152,16 +152,18 @@ def test_torch_float64_matches_shtns(torch_sht, shtns_sht):
     _compare_backends(torch_sht, shtns_sht, 1e-12)
 
 
-def test_torch_float32_matches_shtns(shtns_sht):
-    _compare_backends(TorchSHT(LMAX, NLAT, NLON, dtype=torch.float32), shtns_sht, 1e-5)
+@pytest.mark.parametrize("packed", [False, True])
+def test_torch_float32_matches_shtns(shtns_sht, packed):
+    _compare_backends(TorchSHT(LMAX, NLAT, NLON, dtype=torch.float32, packed=packed), shtns_sht, 1e-5)
 
 
-def test_torch_matches_shtns_on_odd_grid():
+@pytest.mark.parametrize("packed", [False, True])
+def test_torch_matches_shtns_on_odd_grid(packed):
     pytest.importorskip("shtns")
     from spherepde.transforms.sht_shtns import ShtnsSHT
 
     lmax, nlat, nlon = 20, 33, 41
-    reference, sht = ShtnsSHT(lmax, nlat, nlon), TorchSHT(lmax, nlat, nlon)
+    reference, sht = ShtnsSHT(lmax, nlat, nlon), TorchSHT(lmax, nlat, nlon, packed=packed)
     assert abs(reference.weights[nlat // 2].item() / sht.weights[nlat // 2].item() - 1) <= 1e-15
     c = random_coefficients(lmax=lmax)
     f = reference.synthesis(c)
@@ -179,10 +181,11 @@ def test_shtns_round_trip_and_analysis_of_arbitrary_field(torch_sht, shtns_sht):
 
 
 @pytest.mark.cuda
-def test_torch_cuda_float64_matches_shtns(shtns_sht):
+@pytest.mark.parametrize("packed", [False, True])
+def test_torch_cuda_float64_matches_shtns(shtns_sht, packed):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    _compare_backends(TorchSHT(LMAX, NLAT, NLON, device=torch.device("cuda")), shtns_sht, 1e-12)
+    _compare_backends(TorchSHT(LMAX, NLAT, NLON, device=torch.device("cuda"), packed=packed), shtns_sht, 1e-12)
 
 
 # --- 3. analytic identities (torch backend alone) ----------------------------------------------
@@ -241,8 +244,10 @@ def test_grid_size_and_dtype_guards():
         TorchSHT(63, 63, 192)
     with pytest.raises(ValueError, match="dtype"):
         TorchSHT(15, 32, 32, dtype=torch.float16)
+    assert TorchSHT(15, 32, 32, packed=True).table_bytes == 3 * 8 * 2 * 9 * 16 * 8  # [pair, parity, k, northern j]
     sht = TorchSHT(15, 32, 32)
-    assert sht.table_bytes == 3 * 8 * 2 * 9 * 16 * 8  # packed [pair, parity, k, northern j]
+    assert sht.table_bytes == 3 * 16 * 16 * 32 * 8  # dense [m, l, j] below PACKED_FROM_LMAX
+    assert TorchSHT(PACKED_FROM_LMAX, 98, 196, vector=False).table_bytes < 98 * (PACKED_FROM_LMAX + 1) ** 2 * 8 / 3
     with pytest.raises(ValueError, match="shape"):
         sht.synthesis(torch.zeros(15, 16, dtype=torch.complex128))
 

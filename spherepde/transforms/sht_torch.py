@@ -26,7 +26,12 @@ cast), done for all m by one batched matmul; complex numbers are carried as (rea
 so the tables stay real, and the phi direction is an rfft / irfft.  The tables are packed
 (``PackedLegendre``): folded about the equator by parity, and triangular, orders m and lmax - m
 sharing one matrix, so they hold about a quarter of the dense [m, l, j] numbers and the matmuls
-read a quarter of the memory (at one or a few fields the Legendre sums are memory-bound).
+read a quarter of the memory (at one or a few fields the Legendre sums are memory-bound).  The
+packing costs about ten small gather / fold kernels per Legendre sum, against one matmul for the
+dense tables (``DenseLegendre``, same interface): below lmax = ``PACKED_FROM_LMAX`` that fixed cost
+dominates (the packed sums were measured 1.5-3x slower than dense ones at lmax 16-48 on one CPU
+thread, and level from lmax 64, faster beyond; benchmarks/sht_backends.py), so small grids keep
+the dense tables, whose memory is small there (3 x 3 MiB at lmax 63, nlat 96, in float64).
 """
 
 import numpy as np
@@ -35,6 +40,9 @@ import torch
 from .legendre import gauss_legendre, legendre_tables
 
 _COMPLEX = {torch.float64: torch.complex128, torch.float32: torch.complex64}
+
+# Smallest lmax whose Legendre tables are packed (module docstring): measured crossover on the CPU.
+PACKED_FROM_LMAX = 64
 
 
 def check_grid(lmax: int, nlat: int, nlon: int) -> None:
@@ -148,16 +156,39 @@ class PackedLegendre:
         return out.view(count, self.lmax + 1, self.lmax + 2)[..., : self.lmax + 1]
 
 
+class DenseLegendre:
+    """Legendre sums over the degree l with dense tables [m, l, j]: one batched matmul over the orders.
+
+    Same interface as ``PackedLegendre`` (real rows (R, M, lmax + 1) <-> (R, M, n)); `odd` is unused,
+    the tables holding every node.  Memory (lmax + 1)^2 n numbers per table.
+    """
+
+    def __init__(self, lmax: int, nlat: int, device=torch.device("cpu")):
+        self.lmax, self.nlat = lmax, nlat
+
+    def pack(self, table: np.ndarray, dtype: torch.dtype, device) -> torch.Tensor:
+        return torch.as_tensor(table, dtype=dtype, device=device)
+
+    def synthesis(self, coeffs: torch.Tensor, table: torch.Tensor, odd: bool) -> torch.Tensor:
+        # Batch rows on the left of the table: (M, R, L) @ (M, L, n) runs ~2x faster on the CPU than
+        # the transposed product.
+        return torch.matmul(coeffs.transpose(0, 1), table).transpose(0, 1)
+
+    def analysis(self, rings: torch.Tensor, table: torch.Tensor, odd: bool) -> torch.Tensor:
+        return torch.matmul(rings.transpose(0, 1), table.transpose(1, 2)).transpose(0, 1)
+
+
 class TorchSHT:
     """Scalar and vector spherical-harmonic transforms, degree <= lmax, on an nlat x nlon Gauss grid.
 
-    Memory: three packed real tables of about (lmax+1)^2 nlat / 4 numbers (``table_bytes``; 2.5 MiB
-    at lmax 63, nlat 96 and 0.15 GiB at lmax 255, nlat 384 in float64), built once here on ``device``;
-    with ``vector=False`` only the first (scalar analysis and synthesis).
+    Memory: three real tables (``table_bytes``), built once here on ``device``: dense, (lmax+1)^2 nlat
+    numbers, below lmax = PACKED_FROM_LMAX (9 MiB in all at lmax 63, nlat 96 in float64); packed, about
+    a quarter of that, from there (0.15 GiB at lmax 255, nlat 384).  With ``vector=False`` only the
+    first (scalar analysis and synthesis); ``packed`` forces one layout (None: by lmax).
     """
 
     def __init__(self, lmax: int, nlat: int, nlon: int, device=torch.device("cpu"), dtype=torch.float64,
-                 vector: bool = True):
+                 vector: bool = True, packed: bool | None = None):
         check_grid(lmax, nlat, nlon)
         if dtype not in _COMPLEX:
             raise ValueError(f"TorchSHT: dtype must be torch.float64 or torch.float32, got {dtype}")
@@ -173,7 +204,9 @@ class TorchSHT:
         self.theta = real(np.arctan2(np.sqrt((1.0 - x) * (1.0 + x)), x))
         self.phi = real(2 * np.pi * np.arange(nlon) / nlon)
         self.weights = real(w)
-        self._legendre = PackedLegendre(lmax, nlat, self.device)
+        if packed is None:
+            packed = lmax >= PACKED_FROM_LMAX
+        self._legendre = (PackedLegendre if packed else DenseLegendre)(lmax, nlat, self.device)
         tables = legendre_tables(lmax, x)
         # vector = False keeps the scalar table only (analysis and synthesis); vector transforms then fail.
         self._P, self._dP, self._mP_sin = (self._legendre.pack(table, dtype, self.device) if vector or k == 0 else None

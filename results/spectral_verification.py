@@ -1,0 +1,139 @@
+"""Figures of issue 5 (spectral attention field), printed as a markdown report.
+
+    python results/spectral_verification.py --rerun all > results/spectral_verification.md
+    python results/spectral_verification.py > results/spectral_verification.md   # quote the saved outputs
+
+Every figure is the output of one command, saved as results/spectral_<name>.txt and quoted with the
+command that wrote it; --rerun NAME ... (or all) reruns those first (criterion 1 ~15 min, the
+benchmarks ~5-10 min each, the baseline run an hour or more on 2 shared cores).  Criterion 1 is
+measured by this script (--criterion-1): the attention mean m = N / Z (dimensionless, |m| <= 1) and
+the scaled transform T_C f exp(-beta |C^T x|) of the d + 1 channels (rho, y rho) of a smooth positive
+density, spectral (Funk-Hecke) against dense quadrature on the same Gauss grid, float64.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from spherepde.bases import SphereBasis  # noqa: E402
+from spherepde.device import placement  # noqa: E402
+from spherepde.exp_kernel import SpectralExpKernel, dense_exp_kernel, kernel_degree  # noqa: E402
+
+CPU64 = placement("cpu", "float64")
+GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])
+ROTATION = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]
+MATRICES = {"sign flips (seed 003)": np.diag([-1.0, -1.0, 1.0]),
+            "rotation": ROTATION * np.linalg.det(ROTATION),
+            "general (sigma ratio 3)": GENERAL / np.linalg.svd(GENERAL, compute_uv=False)[0]}
+# (name, title, script, options): each output is saved as results/spectral_<name>.txt.
+MEASUREMENTS = [
+    ("field_agreement", "criterion 1: spectral vs dense field", "results/spectral_verification.py",
+     ["--criterion-1"]),
+    ("sht_backends", "criterion 3: torch SHT vs shtns (and the dense/packed crossover)", "benchmarks/sht_backends.py",
+     ["--lmax", "16", "32", "48", "64", "96", "128", "256"]),
+    ("field_scaling", "criterion 2: spectral vs dense field, fitted exponents", "benchmarks/field_scaling.py", []),
+    ("step_rate", "full time steps per second (seed-003 baseline, RK4)", "benchmarks/step_rate.py",
+     ["--dtypes", "float64"]),
+    ("baseline_run", "criterion 4: seed-003 baseline, lmax 128, t in [0, 3]", "benchmarks/baseline_run.py",
+     ["--threads", "2", "--filter-order", "16"]),
+]
+
+
+def smooth_density(basis) -> torch.Tensor:
+    """Band-limited positive two-cluster density (vMF-like bumps of concentration 3 and 2)."""
+    x = basis.points
+    rho = torch.exp(3 * x @ torch.tensor([0.3, 0.5, 0.8], dtype=torch.float64) / np.sqrt(0.98)) \
+        + 0.5 * torch.exp(2 * x @ torch.tensor([-0.6, 0.2, -0.3], dtype=torch.float64) / np.sqrt(0.49))
+    return basis.synthesis(basis.analysis(rho))
+
+
+def field_agreement(lmax: int, C: np.ndarray, beta: float, stride: int) -> tuple[float, float, int, int, float]:
+    """(max |m_spectral - m_dense|, max |T_spectral - T_dense| / max |T_dense|, points compared,
+    Chebyshev nodes (1 for an orthogonal C), seconds).
+
+    The dense quadrature is evaluated at every `stride`-th grid point only (its cost is linear in them);
+    the spectral field is computed on the whole grid, as in a run, and sampled there.
+    """
+    basis = SphereBasis(lmax, CPU64)
+    rho = smooth_density(basis)
+    channels = torch.cat([rho[..., None], rho[..., None] * basis.points], dim=-1)
+    matrix = torch.as_tensor(C)
+    start = time.perf_counter()
+    kernel = SpectralExpKernel(basis, matrix, beta, 1e-10)
+    spectral, _ = kernel(channels)
+    points = basis.points.reshape(-1, 3)
+    rows = torch.arange(0, points.shape[0], stride)
+    flat = channels.reshape(-1, 4) * basis.weights.reshape(-1, 1)
+    dense, _ = dense_exp_kernel(points[rows], points, flat, matrix, beta)
+    spectral = spectral.reshape(-1, 4)[rows]
+    mean = float((spectral[:, 1:] / spectral[:, :1] - dense[:, 1:] / dense[:, :1]).abs().max())
+    transform = float((spectral - dense).abs().max() / dense.abs().max())
+    return mean, transform, len(rows), len(kernel.nodes), time.perf_counter() - start
+
+
+def criterion_1(full: bool) -> None:
+    print("float64, solver.kernel_tol = 1e-10, one thread.  ", end="")
+    rho = smooth_density(SphereBasis(64, CPU64))
+    print(f"Density: two vMF-like bumps (max / min = {float(rho.max() / rho.min()):.0f}), band-limited to lmax.  "
+          "`m` is max |N/Z spectral - N/Z dense| (|m| <= 1, so absolute = relative to its scale); `T` is max |T spectral - T dense| / "
+          "max |T dense| over the four channels.  beta = 1000 uses lmax 106, what the resolution rule asks "
+          f"(kernel degree {kernel_degree(1000.0, 3, 1e-10)} at tol 1e-10, sigma_max(B) = 1).\n")
+    print("| beta | lmax | B | Chebyshev nodes | points compared | max abs diff of m | max rel diff of T | bar | s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    cases = [(beta, 64, 1e-10) for beta in (1.0, 10.0, 30.0)] + [(1000.0, 106, 1e-8)]
+    for beta, lmax, bar in cases:
+        for name, C in MATRICES.items():
+            stride = 1 if full or lmax <= 64 else 7
+            mean, transform, count, nodes, seconds = field_agreement(lmax, C, beta, stride)
+            verdict = "ok" if mean <= bar and transform <= bar else "FAILS"
+            print(f"| {beta:g} | {lmax} | {name} | {nodes} | {count}{'' if stride == 1 else f' (every {stride}th)'} | "
+                  f"{mean:.1e} | {transform:.1e} | {bar:.0e} {verdict} | {seconds:.0f} |", flush=True)
+    print()
+
+
+def report(rerun: list[str]) -> None:
+    print("# Spectral attention field: verification (issue 5)\n")
+    print(f"Machine: {os.cpu_count()} CPU cores shared with other jobs; timings are ratios measured side by side "
+          "in one process, single-threaded timings in thread CPU time.\n")
+    for name, title, script, options in MEASUREMENTS:
+        path = os.path.join(HERE, f"spectral_{name}.txt")
+        command = " ".join(["python", script, *options])
+        if name in rerun or "all" in rerun:
+            output = subprocess.run([sys.executable, os.path.join(HERE, "..", script), *options], check=True,
+                                    capture_output=True, text=True).stdout
+            with open(path, "w") as handle:  # without shtns's banner lines
+                handle.writelines(line for line in output.splitlines(keepends=True) if not line.startswith("[SHTns"))
+        print(f"## {title}\n\n`OMP_NUM_THREADS=1 {command}` (saved in results/{os.path.basename(path)}):\n")
+        if os.path.exists(path):
+            with open(path) as handle:
+                text = handle.read().rstrip()
+            # Criterion 1 is a markdown table already; the benchmarks print fixed-width text.
+            print(text + "\n" if name == "field_agreement" else "```\n" + text + "\n```\n")
+        else:
+            print(f"(not run yet: --rerun {name})\n")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rerun", nargs="+", default=[], metavar="NAME",
+                        help="field_agreement, sht_backends, field_scaling, step_rate, baseline_run or all")
+    parser.add_argument("--criterion-1", action="store_true", help="measure criterion 1 only (markdown table)")
+    parser.add_argument("--full", action="store_true", help="dense quadrature on every point at beta = 1000 too")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.criterion_1:
+        criterion_1(args.full)
+    else:
+        report(args.rerun)
+
+
+if __name__ == "__main__":
+    main()
