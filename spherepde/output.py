@@ -58,10 +58,11 @@ def eulerian_dataset(recorder, status: str) -> xr.Dataset:
     coords, grid_dims, density_units = grid_coordinates(basis)
     area_units = "radian" if basis.dim == 2 else "sr"
     coords.update(common_coordinates(recorder.times, basis.dim, recorder.lyapunov_p))
+    density_attrs = {"long_name": "probability density w.r.t. the surface measure", "units": density_units}
+    if basis.dim == 3:  # CF cell_measures knows only area and volume: on S^1 cell_area is a plain variable
+        density_attrs["cell_measures"] = "area: cell_area"
     data = {
-        "density": (("time",) + grid_dims, np.stack(recorder.densities),
-                    {"long_name": "probability density w.r.t. the surface measure", "units": density_units,
-                     "cell_measures": "area: cell_area" if basis.dim == 3 else "length: cell_area"}),
+        "density": (("time",) + grid_dims, np.stack(recorder.densities), density_attrs),
         "cell_area": (grid_dims, basis.weights.cpu().double().numpy(),
                       {"long_name": "quadrature weight of the grid point", "units": area_units}),
     }
