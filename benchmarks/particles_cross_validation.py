@@ -12,10 +12,13 @@ and prints, per diagnostic and n:
   agree        runs whose `spherepde compare` verdict is "agrees" (|B - A| <= 3 SE at every save)
 and the fitted slope of log(rms error) against log(n) (expected -1/2), and, with --w2, the
 W2 distance between the Eulerian density and the particles at t_end (all particles saved)
-with its fitted exponent.  A figure goes to
-results/particles/cross_validation_<case>_replicas<R>.png.
+with its fitted exponent.  With --replicas R a run of n tokens is R independent systems of
+n / R tokens and its standard errors are batch means (honest where the interaction amplifies
+fluctuations, see ParticleRecorder).  A figure goes to results/particles/cross_validation_<case>.png.
+The s2 particles step with dt = 0.1 (Heun + weak-order-2 noise; the Eulerian run keeps 0.05):
+an O(n^2) attention per drift evaluation is what limits n on a CPU.
 
-    python benchmarks/particles_cross_validation.py s1 --n 1000 10000 100000 --seeds 16 --w2
+    python benchmarks/particles_cross_validation.py s1 --n 1000 10000 100000 --seeds 16 --replicas 10 --w2
     python benchmarks/particles_cross_validation.py s2 --n 1000 10000 --seeds 8
 """
 
@@ -56,7 +59,7 @@ CASES = {
         "initial": {"kind": "vmf_mixture", "means": [[1.0, 0.0, 0.0], [0.0, 0.6, 0.8]], "kappas": [2.0, 3.0]},
         "time": {"t_end": 0.5, "dt": 0.05, "save_every": 0.25},
         "solver": {"device": "cpu"},
-        "particles": {"integrator": "heun"},
+        "particles": {"integrator": "heun", "dt": 0.1},
         "diagnostics": {"lyapunov_p": [0.1]},
     },
 }
@@ -68,95 +71,137 @@ def fitted_slope(n, values):
     return float(np.polyfit(np.log(n), np.log(values), 1)[0])
 
 
+def cross_validate(name: str, sizes, seeds, replicas, w2: bool, log=print) -> dict:
+    """One Eulerian run of case `name` and seeds[i] particle runs of replicas[i] systems at n = sizes[i].
+
+    Returns {"eulerian", "eulerian_seconds", "runs": {n: [(report, CPU seconds), ...]}} with the
+    `spherepde compare` report of each particle run against the Eulerian one.
+    """
+    table = CASES[name]
+    started = time.process_time()
+    eulerian = spherepde.run(case_from_dict(table), progress=False)
+    result = {"eulerian": eulerian, "eulerian_seconds": time.process_time() - started, "runs": {}}
+    log(f"{name}: Eulerian run, lmax {table['sphere']['lmax']}: {result['eulerian_seconds']:.1f} s CPU")
+    for n, runs, systems in zip(sizes, seeds, replicas):
+        result["runs"][n] = []
+        for seed in range(runs):
+            overrides = [f"particles.n={n}", f"particles.seed={seed}", f"particles.save={n if w2 else 0}",
+                         f"particles.replicas={systems}"]
+            started = time.process_time()
+            particles = run_particles(case_from_dict(table, overrides), progress=False)
+            seconds = time.process_time() - started
+            labels = ("Eulerian", f"particles n = {n}, seed {seed}")
+            result["runs"][n].append((compare(eulerian, particles, w2=w2, labels=labels), seconds))
+        log(f"  n = {n} ({systems} systems): {runs} runs, "
+            f"{np.mean([s for _, s in result['runs'][n]]):.1f} s CPU each", flush=True)
+    return result
+
+
+def statistics(runs: dict) -> dict:
+    """Per diagnostic (components pooled) and n, over the seeds, from the comparison reports at t_end:
+
+    rms_error = sqrt(mean (particles - Eulerian)^2), mean_error, mean_se (the runs' own standard
+    error), rms_z and max_z over seeds and saves, agree (runs whose verdict is "agrees"), and per
+    diagnostic the least-squares slope of log(rms_error) against log(n); "w2": the RMS over seeds of
+    W2(Eulerian, particles) at t_end and its slope, when the reports have it.
+    """
+    sizes = sorted(runs)
+    table = {}
+    for name in NAMES:
+        rows = []
+        for n in sizes:
+            reports = [report for report, _ in runs[n]]
+            if f"{name}_z" not in reports[0] or reports[0].attrs[f"verdict_{name}"].startswith("n/a"):
+                break
+            final = np.array([r[f"{name}_difference"].values[-1] for r in reports]).ravel()
+            z = np.concatenate([r[f"{name}_z"].values.ravel() for r in reports])
+            rows.append({"n": n, "rms_error": math.sqrt(np.mean(final ** 2)), "mean_error": float(final.mean()),
+                         "mean_se": float(np.mean([r[f"{name}_stderr"].values[-1] for r in reports])),
+                         "rms_z": math.sqrt(np.mean(z ** 2)), "max_z": float(np.abs(z).max()),
+                         "agree": sum(r.attrs[f"verdict_{name}"] == "agrees" for r in reports),
+                         "runs": len(reports)})
+        if not rows:
+            continue
+        entry = {"rows": rows, "verdict_sample": runs[sizes[0]][0][0].attrs[f"verdict_{name}"]}
+        rms = [row["rms_error"] for row in rows]
+        # exact diagnostics (e.g. the interaction energy at beta = 0) have no rate to fit
+        if len(rows) == len(sizes) > 1 and max(rms) > 1e-12:
+            entry["slope"] = fitted_slope(sizes, rms)
+        table[name] = entry
+    reports = [report for report, _ in runs[sizes[0]]]
+    if "w2" in reports[0]:
+        w2 = [math.sqrt(np.mean([float(report["w2"][-1]) ** 2 for report, _ in runs[n]])) for n in sizes]
+        table["w2"] = {"sizes": sizes, "rms": w2, "slope": fitted_slope(sizes, w2) if len(sizes) > 1 else math.nan,
+                       "method": reports[0].attrs["w2_method"]}
+    return table
+
+
+def print_statistics(name: str, table: dict):
+    print(f"\n{name}: t_end = {CASES[name]['time']['t_end']}; "
+          "verdict: |particles - Eulerian| <= 3 SE at every save")
+    print(f"{'diagnostic':<20} {'n':>8} {'rms error':>11} {'mean error':>11} {'mean SE':>10} {'rms z':>7} "
+          f"{'max|z|':>7} {'agree':>7}")
+    for diagnostic, entry in table.items():
+        for row in entry.get("rows", []):
+            print(f"{diagnostic:<20} {row['n']:>8} {row['rms_error']:>11.3e} {row['mean_error']:>11.2e} "
+                  f"{row['mean_se']:>10.3e} {row['rms_z']:>7.2f} {row['max_z']:>7.2f} "
+                  f"{row['agree']:>4}/{row['runs']}")
+    print("\nfitted slope of log(rms error) against log(n) (expected -0.5):")
+    for diagnostic, entry in table.items():
+        if "slope" in entry and diagnostic != "w2":
+            print(f"  {diagnostic:<20} {entry['slope']:+.3f}")
+    if "w2" in table:
+        print(f"\nW2(Eulerian, particles) at t_end, RMS over seeds [{table['w2']['method']}]:")
+        for n, value in zip(table["w2"]["sizes"], table["w2"]["rms"]):
+            print(f"  n = {n:>8}: {value:.4e}")
+        print(f"  fitted exponent: {table['w2']['slope']:+.3f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case", choices=sorted(CASES))
     parser.add_argument("--n", type=int, nargs="+", default=[1000, 10000, 100000])
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--w2", action="store_true", help="W2(Eulerian, particles) at t_end, all particles saved")
-    parser.add_argument("--replicas", type=int, default=1,
-                        help="independent systems per run: standard errors by batch means (1: i.i.d. formulas)")
+    parser.add_argument("--replicas", type=int, nargs="+", default=[1],
+                        help="independent systems per run, one value or one per n: standard errors by batch "
+                             "means (1: i.i.d. formulas)")
     args = parser.parse_args()
     warnings.simplefilter("ignore", RuntimeWarning)
-    table = CASES[args.case]
-    started = time.process_time()
-    eulerian = spherepde.run(case_from_dict(table), progress=False)
-    print(f"{args.case}: Eulerian run, lmax {table['sphere']['lmax']}: {time.process_time() - started:.1f} s CPU")
-    results = {}
-    for n in args.n:
-        for seed in range(args.seeds):
-            overrides = [f"particles.n={n}", f"particles.seed={seed}", f"particles.save={n if args.w2 else 0}",
-                         f"particles.replicas={args.replicas}"]
-            started = time.process_time()
-            particles = run_particles(case_from_dict(table, overrides), progress=False)
-            seconds = time.process_time() - started
-            report = compare(eulerian, particles, w2=args.w2)
-            results[n, seed] = (report, seconds)
-        print(f"  n = {n}: {args.seeds} runs, {np.mean([results[n, s][1] for s in range(args.seeds)]):.1f} s CPU "
-              "each", flush=True)
-    summarise(args, table, eulerian, results)
+    replicas = args.replicas * len(args.n) if len(args.replicas) == 1 else args.replicas
+    result = cross_validate(args.case, args.n, [args.seeds] * len(args.n), replicas, args.w2)
+    table = statistics(result["runs"])
+    print_statistics(args.case, table)
+    target = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results", "particles",
+                          f"cross_validation_{args.case}.png")
+    print(f"wrote {os.path.normpath(figure(table, f'case {args.case}: {args.seeds} seeds per n', target))}")
 
 
-def summarise(args, table, eulerian, results):
-    seeds = range(args.seeds)
-    print(f"\n{args.case}: t_end = {table['time']['t_end']}, {args.seeds} seeds per n, {args.replicas} replicas per "
-          "run; verdict: |particles - Eulerian| <= 3 SE at every save")
-    print(f"{'diagnostic':<20} {'n':>8} {'rms error':>11} {'mean error':>11} {'mean SE':>10} {'rms z':>7} "
-          f"{'max|z|':>7} {'agree':>7}")
-    slopes = {}
-    rms_by_name = {}
-    for name in NAMES:
-        rms = []
-        for n in args.n:
-            reports = [results[n, s][0] for s in seeds]
-            if f"{name}_z" not in reports[0] or reports[0].attrs[f"verdict_{name}"].startswith("n/a"):
-                break
-            final = np.array([r[f"{name}_difference"].values[-1] for r in reports]).ravel()
-            errors = np.array([r[f"{name}_stderr"].values[-1] for r in reports]).ravel()
-            z = np.concatenate([r[f"{name}_z"].values.ravel() for r in reports])
-            agree = sum(r.attrs[f"verdict_{name}"] == "agrees" for r in reports)
-            rms.append(math.sqrt(np.mean(final ** 2)))
-            print(f"{name:<20} {n:>8} {rms[-1]:>11.3e} {final.mean():>11.2e} {errors.mean():>10.3e} "
-                  f"{math.sqrt(np.mean(z ** 2)):>7.2f} "
-                  f"{np.abs(z).max():>7.2f} {agree:>4}/{args.seeds}")
-        if len(rms) == len(args.n) and max(rms) > 1e-12:  # (exact diagnostics, e.g. the energy at beta = 0, skipped)
-            slopes[name] = fitted_slope(args.n, rms)
-            rms_by_name[name] = rms
-    print("\nfitted slope of log(rms error) against log(n) (expected -0.5):")
-    for name, slope in slopes.items():
-        print(f"  {name:<20} {slope:+.3f}")
-    w2 = None
-    if args.w2:
-        w2 = [math.sqrt(np.mean([float(results[n, s][0]["w2"][-1]) ** 2 for s in seeds])) for n in args.n]
-        print("\nW2(Eulerian, particles) at t_end, RMS over seeds [" + results[args.n[0], 0][0].attrs["w2_method"] + "]:")
-        for n, value in zip(args.n, w2):
-            print(f"  n = {n:>8}: {value:.4e}")
-        print(f"  fitted exponent: {fitted_slope(args.n, w2):+.3f}")
-    figure(args, rms_by_name, slopes, w2)
-
-
-def figure(args, rms_by_name, slopes, w2):
+def figure(table: dict, title: str, target: str) -> str:
+    """log-log RMS error at t_end against n, one line per diagnostic (and W2), with the n^(-1/2) guide."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results", "particles")
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
     figure, axis = plt.subplots(figsize=(6.5, 4.5), constrained_layout=True)
-    n = np.array(args.n, dtype=float)
-    for name, rms in rms_by_name.items():
-        axis.loglog(n, rms, "o-", label=f"{name} (slope {slopes[name]:+.2f})")
-    if w2 is not None:
-        axis.loglog(n, w2, "ks--", label=f"W2 (slope {fitted_slope(args.n, w2):+.2f})")
-    axis.loglog(n, 0.5 * (n / n[0]) ** -0.5 * max(r[0] for r in rms_by_name.values()), "k:", label="n^-1/2")
+    fitted = {name: entry for name, entry in table.items() if name != "w2" and "slope" in entry}
+    for name, entry in fitted.items():
+        n = [row["n"] for row in entry["rows"]]
+        axis.loglog(n, [row["rms_error"] for row in entry["rows"]], "o-", label=f"{name} (slope {entry['slope']:+.2f})")
+    if "w2" in table:
+        axis.loglog(table["w2"]["sizes"], table["w2"]["rms"], "ks--", label=f"W2 (slope {table['w2']['slope']:+.2f})")
+    sizes = np.array([row["n"] for row in next(iter(fitted.values()))["rows"]], dtype=float)
+    top = max(entry["rows"][0]["rms_error"] for entry in fitted.values())
+    axis.loglog(sizes, top * (sizes / sizes[0]) ** -0.5, "k:", label="n^-1/2")
     axis.set_xlabel("particles n")
     axis.set_ylabel("RMS error at t_end vs Eulerian")
-    axis.set_title(f"case {args.case}: {args.seeds} seeds per n, {args.replicas} replicas per run")
+    axis.set_title(title, fontsize=9)
     axis.legend(fontsize=7)
-    target = os.path.join(folder, f"cross_validation_{args.case}_replicas{args.replicas}.png")
     figure.savefig(target, dpi=110)
-    print(f"wrote {os.path.normpath(target)}")
+    plt.close(figure)
+    return target
 
 
 if __name__ == "__main__":

@@ -109,7 +109,9 @@ class Recorder:
             "order_parameter": float(np.linalg.norm(m)),
             "alignment_E": diag.alignment(self.points, masses, self.subspace_E),
             "alignment_F": diag.alignment(self.points, masses, self.subspace_F),
-            "lyapunov": np.array([diag.lyapunov(self.points, masses, self.subspace_E, p) for p in self.lyapunov_p]),
+            # From the coefficients, not the grid: the integrand is singular on {P_E x = 0}.
+            "lyapunov": np.array([diag.lyapunov_of_density(self._degree_sum(c), self.subspace_E, p, basis.lmax)
+                                  for p in self.lyapunov_p]),
             "w2_projection": self._w2_projection(masses),
             "entropy": entropy,
             "interaction_energy": energy,
@@ -128,6 +130,15 @@ class Recorder:
         self.densities.append(density)
         self.rows.append(row)
         return row
+
+    def _degree_sum(self, c: torch.Tensor):
+        """(M, a) -> sum_l M[l] rho_l(a): the series of c at the point a, degree l weighted by M[l]."""
+        basis = self.problem.basis
+
+        def degree_sum(multipliers: np.ndarray, point: np.ndarray) -> float:
+            weighted = c * basis.placement.tensor(multipliers)[basis.degree]
+            return float(basis.evaluate(weighted, basis.placement.tensor(point[None]))[0])
+        return degree_sum
 
     def _w2_projection(self, masses: np.ndarray) -> float:
         if not self.want_w2:

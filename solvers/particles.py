@@ -5,9 +5,10 @@
 with B_i independent Brownian motions on the sphere (generator eps Lap).  The drift is
 the same `Model` as the Eulerian solver's, with the empirical measure in place of rho:
 the attention integral is the exponential-kernel transform over the particles with
-weights 1/n (`DenseExpKernel` on an `EmpiricalMeasure`), or, for the softmax kernel,
-fused scaled-dot-product attention m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same
-sum, memory O(n) per block of rows).  At beta = inf the case chooses between
+weights 1/n (`DenseExpKernel` on an `EmpiricalMeasure`), or, for the softmax kernel on
+CUDA, fused scaled-dot-product attention m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the
+same sum, memory O(n) per block of rows).  On the CPU the dense transform is used: torch's
+float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).  At beta = inf the case chooses between
   "mean_field": m(x) = B^T x / |B^T x|, the local field of the Eulerian equation, so the
                 particles are its characteristics (they do not interact), and
   "hardmax":    m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j>, the beta -> inf limit of the
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 
 from spherepde import diagnostics as diag
 from spherepde.device import placement as make_placement
-from spherepde.errors import CaseError, NumericalFailure
+from spherepde.errors import CaseError
 from spherepde.exp_kernel import DenseExpKernel
 from spherepde.model import Model, attention_mean, principal_subspace, tangent_projection, velocity, zero_temperature_mean
 from spherepde.output import particle_dataset
@@ -113,7 +114,8 @@ class ParticleField:
             raise CaseError("solver.field: 'spectral' is not available for particles; use 'dense' or 'auto'")
         if model.zero_temperature:
             attention = "local" if case["particles"]["beta_inf_mode"] == "mean_field" else "hardmax"
-        elif model.kernel == "softmax" and model.beta > 0 and solver["field"] == "auto":
+        elif (model.kernel == "softmax" and model.beta > 0 and solver["field"] == "auto"
+              and model.B.device.type == "cuda"):
             attention = "fused"
         else:
             attention = "dense"

@@ -175,6 +175,14 @@ def common_times(a: xr.Dataset, b: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
     return ia, ib
 
 
+def _w2_floor(a: xr.Dataset, b: xr.Dataset) -> float:
+    """What W2 values of the two runs cannot resolve: each run's quantisation bound, and sqrt(eps)
+    of float64 (W2 is the square root of a transport cost computed to round-off, so a W2 of a
+    measure against itself comes out near 1e-8, not 0)."""
+    bounds = sum(float(run.attrs.get("w2_quantisation_bound", 0.0)) for run in (a, b))
+    return bounds + math.sqrt(np.finfo(np.float64).eps)
+
+
 def _verdict(a, b, stderr, k: float, atol: float) -> str:
     """"agrees" / "disagrees" / "n/a (...)" for arrays of the shared times (and components)."""
     if np.isnan(a).all() or np.isnan(b).all():
@@ -210,9 +218,10 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         se_a = a[f"{name}_stderr"].values if f"{name}_stderr" in a else np.zeros_like(va)
         se_b = b[f"{name}_stderr"].values if f"{name}_stderr" in b else np.zeros_like(vb)
         stderr = np.sqrt(se_a ** 2 + se_b ** 2)
+        tolerance = atol + (_w2_floor(a, b) if name == "w2_projection" else 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             difference = np.where(np.isinf(va) & (va == vb), 0.0, vb - va)
-            z = np.where(np.abs(difference) <= atol, 0.0, difference / stderr)
+            z = np.where(np.abs(difference) <= tolerance, 0.0, difference / stderr)
         dims = a[name].dims
         long_name = DIAGNOSTIC_ATTRS[name][0]
         data[f"{name}_a"] = (dims, va, {"long_name": f"{long_name} ({labels[0]})"})
@@ -220,7 +229,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         data[f"{name}_difference"] = (dims, difference, {"long_name": f"B - A of {name}"})
         data[f"{name}_stderr"] = (dims, stderr, {"long_name": f"combined standard error of {name}"})
         data[f"{name}_z"] = (dims, z, {"long_name": f"(B - A) / stderr of {name}"})
-        verdicts[name] = _verdict(va, vb, stderr, k, atol)
+        verdicts[name] = _verdict(va, vb, stderr, k, tolerance)
         lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, verdicts[name]))
     distances, bounds, methods = [], [], set()
     for i in range(a.sizes["time"] if w2 else 0):

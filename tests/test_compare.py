@@ -163,3 +163,15 @@ def test_cli_compare_bad_input(tmp_path, capsys):
     write_dataset(spherepde.run(other, progress=False).isel(time=[1]), tmp_path / "later.nc")
     assert main(["compare", str(tmp_path / "alone.nc"), str(tmp_path / "later.nc")]) == 2
     assert "share no save time" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("difference, bound, verdict", [(5e-9, 0.0, "agrees"), (1e-6, 0.0, "disagrees"),
+                                                        (1e-3, 2e-3, "agrees"), (3e-3, 2e-3, "disagrees")])
+def test_w2_projection_verdict_allows_round_off_and_the_quantisation_bound(difference, bound, verdict):
+    """Exact runs (no standard error): W2 values differing by float64 round-off of a square root
+    (~1e-8) agree, and so do values within the runs' stored quantisation bound; more does not."""
+    a, b = synthetic_pair(0.0, 0.01)
+    a["w2_projection"] = (("time",), np.array([0.0, 0.2]))
+    b["w2_projection"] = a["w2_projection"] + difference
+    b.attrs["w2_quantisation_bound"] = bound
+    assert compare(a, b, w2=False).attrs["verdict_w2_projection"] == verdict

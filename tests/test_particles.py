@@ -133,6 +133,7 @@ def test_fused_and_dense_attention_agree_and_hardmax_is_the_zero_temperature_lim
     case = make_case(3, 12, model={"beta": 3.0, "B": [[1.0, 0.2, 0.0], [0.0, 0.9, 0.1], [0.1, 0.0, 1.1]]})
     model = Model.from_case(case, CPU64)
     x = uniform(700, 3, generator(5))
+    assert ParticleField.from_case(case, model).attention == "dense"  # fused attention is for CUDA only
     dense = ParticleField(model, "dense", 128).mean_field(x)
     fused = fused_softmax_mean(model, x, 100)
     assert torch.abs(dense - fused).max() <= 1e-13

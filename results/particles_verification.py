@@ -1,0 +1,397 @@
+"""Figures of issue 3 (particle solver vs Eulerian solver), measured part by part, then printed as a report.
+
+    python results/particles_verification.py s1 s2 dims inf cost cost_softmax lyapunov   # measure (~25 CPU minutes)
+    python results/particles_verification.py --report > results/particles_verification.md
+
+Each part stores its raw figures in results/particles/<part>.json (so the report can be
+re-rendered without re-measuring) and its figures in results/particles/*.png.  All runs on
+the CPU, float64, one thread (CPU seconds are time.process_time of this process).
+  s1, s2  criterion 1 and 2: benchmarks/particles_cross_validation.py on its cases s1 / s2
+  dims    criterion 3: reproducibility bit for bit and the order-parameter invariant, d = 4..16
+  inf     criterion 4: beta = inf, mean-field mode, cases/baseline-inf.toml
+  cost    criterion 5: benchmarks/particles_vs_eulerian.py, beta = 0 cases, sizes COST below
+  cost_softmax  criterion 5 on the softmax beta = 5 cases, sizes COST_SOFTMAX (O(n^2) runs: smaller
+          n0, and the time at n_needed extrapolated with a fitted cost exponent)
+  lyapunov  (after s1) the Eulerian V_p of case s1 by adaptive quadrature of its band-limited
+          density, against which the particles' V_p is compared again (see `singular_lyapunov`)
+"""
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+from scipy.integrate import quad
+from scipy.special import i0e
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import spherepde  # noqa: E402
+from benchmarks import particles_cross_validation as cross  # noqa: E402
+from benchmarks import particles_vs_eulerian as cost_benchmark  # noqa: E402
+from spherepde.bases import make_basis  # noqa: E402
+from spherepde.case import case_from_dict  # noqa: E402
+from spherepde.compare import write_report  # noqa: E402
+from spherepde.device import placement  # noqa: E402
+from spherepde.model import principal_subspace  # noqa: E402
+from solvers.particles import run_particles  # noqa: E402
+
+FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "particles")
+SIZES = [1000, 10000, 100000]
+# (seeds at each n, systems per run at each n), sized for a few CPU minutes per case on a shared
+# core: the s2 attention is O(n^2) per drift evaluation, so its n = 1e5 runs are 100 independent
+# systems of 1e3 tokens (30 CPU s per run; one system of 1e5 tokens would take about 25 CPU minutes).
+# Their error then also holds the O(1/1e3) bias of a 1e3-token system, which the n = 1e3 runs
+# measure too.
+PLAN = {"s1": ([16, 8, 6], [10, 10, 10]), "s2": ([12, 4, 3], [1, 1, 100])}
+COST = {"n0": 10000, "replicas": 6, "max_n": 100000, "cases": ["beta0-s1", "beta0-s2"]}
+COST_SOFTMAX = {"n0": 1000, "replicas": 6, "max_n": 2000, "cases": ["softmax-s1", "softmax-s2"]}
+
+
+def store(part: str, data: dict):
+    os.makedirs(FOLDER, exist_ok=True)
+    with open(os.path.join(FOLDER, f"{part}.json"), "w") as handle:
+        json.dump(data, handle, indent=1)
+
+
+def load(part: str) -> dict | None:
+    path = os.path.join(FOLDER, f"{part}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+# ---------------------------------------------------------------------------------------
+# Measurements
+# ---------------------------------------------------------------------------------------
+
+
+def measure_cross_validation(name: str):
+    """Criteria 1 and 2: diagnostics and W2 (exact on S^1) against the Eulerian run, n = 1e3..1e5."""
+    seeds, replicas = PLAN[name]
+    w2 = name == "s1"  # on S^2 exact OT of 1e5 particles against the grid is beyond this machine
+    result = cross.cross_validate(name, SIZES, seeds, replicas, w2, log=lambda *a, **k: print(*a, file=sys.stderr))
+    table = cross.statistics(result["runs"])
+    report, _ = result["runs"][10000][0]
+    write_report(report, os.path.join(FOLDER, f"compare_{name}_n10000"))
+    cross.figure(table, f"{name}: RMS over {seeds} seeds (n = {SIZES}) of (particles - Eulerian) at t = "
+                        f"{cross.CASES[name]['time']['t_end']:g}", os.path.join(FOLDER, f"rate_{name}.png"))
+    seconds = {n: float(np.mean([s for _, s in result["runs"][n]])) for n in SIZES}
+    # the raw lyapunov series of every run, for the singular-quadrature check of the Eulerian value
+    lyapunov = {n: [[report["lyapunov_b"].values.tolist(), report["lyapunov_stderr"].values.tolist()]
+                    for report, _ in result["runs"][n]] for n in SIZES}
+    store(name, {"table": table, "seeds": seeds, "replicas": replicas, "seconds": seconds,
+                 "eulerian_seconds": result["eulerian_seconds"], "case": cross.CASES[name],
+                 "compare_report": report.attrs["report"], "lyapunov": lyapunov,
+                 "eulerian_lyapunov": result["eulerian"]["lyapunov"].values.tolist()})
+
+
+def singular_lyapunov(density: np.ndarray, theta: np.ndarray, lmax: int, axis: np.ndarray, p: float) -> float:
+    """V_p = int |tan(theta - alpha)|^(2p) rho(theta) dtheta on S^1, E = span((cos alpha, sin alpha)).
+
+    The integrand grows like |theta - alpha -+ pi/2|^(-2p) at the two points where P_E x = 0:
+    a uniform grid integrates it with an error of order h^(1 - 2p) (about 1e-2 at lmax 32, p = 0.1),
+    while adaptive quadrature (QUADPACK's extrapolation handles algebraic end-point singularities)
+    of the band-limited density rho(theta) = sum_{|k| <= lmax} c_k exp(i k theta) is exact to ~1e-12.
+    """
+    coefficients = np.fft.rfft(density)[:lmax + 1] / len(density)
+    k = np.arange(lmax + 1)
+
+    def rho(angle):
+        terms = coefficients * np.exp(1j * k * (angle - theta[0]))
+        return terms[0].real + 2 * terms[1:].real.sum()
+
+    alpha = math.atan2(axis[1], axis[0])
+    total = 0.0
+    for start in (alpha - math.pi / 2, alpha + math.pi / 2):
+        total += quad(lambda a: abs(math.tan(a - alpha)) ** (2 * p) * rho(a), start, start + math.pi,
+                      limit=400, epsabs=1e-13, epsrel=1e-12)[0]
+    return total
+
+
+def measure_lyapunov():
+    """Case s1 again (its Eulerian run, a few seconds): the grid V_p and V_p by `singular_lyapunov`, per save."""
+    table = cross.CASES["s1"]
+    case = case_from_dict(table)
+    eulerian = spherepde.run(case, progress=False)
+    axis = principal_subspace(np.array(table["model"]["V"]) @ np.eye(2))[:, 0]
+    p = table["diagnostics"]["lyapunov_p"][0]
+    accurate = [singular_lyapunov(d, eulerian["theta"].values, table["sphere"]["lmax"], axis, p)
+                for d in eulerian["density"].values]
+    store("lyapunov", {"p": p, "grid": eulerian["lyapunov"].values[:, 0].tolist(), "accurate": accurate,
+                       "times": eulerian["time"].values.tolist()})
+
+
+def invariant_case(dim: int, overrides=()):
+    """beta = 0, unnormalized, V = I, W = 0, eps = 0: v = P_x m, d|m|^2/dt = 2 (|m|^2 - (1/n) sum <x_i, m>^2) >= 0."""
+    table = {"case": {"name": f"invariant-d{dim}"}, "sphere": {"dim": dim, "lmax": 16},
+             "model": {"kernel": "unnormalized", "beta": 0.0, "V": np.eye(dim).tolist(), "eps": 0.0},
+             "initial": {"kind": "vmf", "mean": [1.0] + [0.0] * (dim - 1), "kappa": 0.5 * dim},
+             "time": {"t_end": 8.0, "dt": 0.05, "save_every": 0.25},
+             "particles": {"n": 4000, "seed": 3, "integrator": "heun", "save": 4000},
+             "diagnostics": {"w2": False}, "solver": {"device": "cpu"}}
+    return case_from_dict(table, overrides)
+
+
+def measure_dims():
+    """Criterion 3: each run twice (bit for bit), the order parameter nondecreasing; with noise and softmax too."""
+    rows = []
+    for dim in (4, 6, 8, 12, 16):
+        for label, overrides in (("invariant", []),
+                                 ("softmax beta 2, eps 0.05", ["model.kernel='softmax'", "model.beta=2.0",
+                                                               "model.eps=0.05", "time.t_end=1.0"])):
+            case = invariant_case(dim, overrides)
+            started = time.process_time()
+            first = run_particles(case, progress=False)
+            seconds = time.process_time() - started
+            second = run_particles(case, progress=False)
+            identical = all(np.array_equal(first[name].values, second[name].values, equal_nan=True)
+                            for name in ("particles", "mean", "order_parameter", "alignment_E", "interaction_energy"))
+            r = first["order_parameter"].values
+            m = first["mean"].values
+            turn = float(np.degrees(np.arccos(np.clip(m[-1] @ m[0] / (np.linalg.norm(m[-1]) * r[0]), -1, 1))))
+            rows.append({"dim": dim, "run": label, "identical": identical, "r0": float(r[0]), "r_end": float(r[-1]),
+                         "min_increment": float(np.diff(r).min()), "turn_degrees": turn, "seconds": seconds})
+    store("dims", {"rows": rows, "n": 4000})
+
+
+def hemisphere_mass_of_vmf(mean, kappa: float) -> float:
+    """P(x_1 > 0) for vMF(mean, kappa) on S^2: in coordinates x = (t, s cos psi, s sin psi) the angle
+    integral is 2 pi I_0(kappa |mean_perp| s), so P = int_0^1 f / int_-1^1 f, f(t) = exp(kappa mean_1 t) I_0(...)."""
+    mean = np.asarray(mean) / np.linalg.norm(mean)
+    perp = math.hypot(mean[1], mean[2])
+
+    def f(t):
+        argument = kappa * perp * math.sqrt(1 - t * t)
+        return math.exp(kappa * mean[0] * t + argument - kappa) * i0e(argument)
+
+    return quad(f, 0, 1, epsabs=0, epsrel=1e-13)[0] / quad(f, -1, 1, epsabs=0, epsrel=1e-13, points=[0])[0]
+
+
+def eulerian_hemisphere_masses(dataset) -> list[float]:
+    """int_{x_1 > 0} rho dsigma of every save, exact for the band-limited density (Gauss in x_1, uniform angle)."""
+    basis = make_basis(3, int(dataset.attrs["lmax"]), placement("cpu", "float64"))
+    t, w = np.polynomial.legendre.leggauss(64)
+    t, w = (t + 1) / 2, w / 2
+    psi = 2 * np.pi * np.arange(160) / 160
+    T, P = np.meshgrid(t, psi, indexing="ij")
+    s = np.sqrt(1 - T ** 2)
+    points = torch.as_tensor(np.stack([T, s * np.cos(P), s * np.sin(P)], -1).reshape(-1, 3))
+    masses = []
+    for density in dataset["density"].values:
+        values = basis.evaluate(basis.analysis(torch.as_tensor(density)), points).reshape(T.shape).numpy()
+        masses.append(float((w[:, None] * values).sum() * 2 * np.pi / len(psi)))
+    return masses
+
+
+def measure_inf():
+    """Criterion 4: cases/baseline-inf.toml, particles.beta_inf_mode = mean_field, n = 1e5, RK4."""
+    n = 100000
+    overrides = ["solver.device='cpu'", "particles.beta_inf_mode='mean_field'", f"particles.n={n}",
+                 f"particles.save={n}", "particles.seed=3", "particles.integrator='rk4'", "particles.dt=0.01"]
+    case = spherepde.load_case("cases/baseline-inf.toml", overrides)
+    eulerian = spherepde.run(case, progress=False)
+    particles = run_particles(case, progress=False)
+    signs = np.sign(particles["particles"].values[..., 0])
+    switched = int((signs != signs[0]).any(axis=0).sum())
+    fraction = (signs > 0).mean(axis=1)
+    masses = eulerian_hemisphere_masses(eulerian)
+    tail = eulerian["spectral_tail"].values
+    exact = hemisphere_mass_of_vmf(case["initial"]["mean"], case["initial"]["kappa"])
+    resolved = eulerian.attrs["resolved_until"]  # a time, or "end"
+    store("inf", {"n": n, "times": particles["time"].values.tolist(), "switched": switched,
+                  "zero_x1": int((signs == 0).sum()), "fraction": fraction.tolist(), "eulerian": masses,
+                  "tail": tail.tolist(), "tail_tol": case["diagnostics"]["tail_tol"], "exact": exact,
+                  "resolved_until": resolved if isinstance(resolved, str) else f"{resolved:.4g}"})
+
+
+def measure_cost(part: str = "cost", sizes: dict = COST):
+    """Criterion 5: the benchmark's own printout, captured."""
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        results = {name: cost_benchmark.benchmark(name, sizes["n0"], sizes["replicas"], sizes["max_n"])
+                   for name in sizes["cases"]}
+    store(part, {"results": results, "printout": text.getvalue(), **sizes})
+
+
+# ---------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------
+
+
+def report_cross_validation(name: str, title: str):
+    data = load(name)
+    print(f"\n## {title}\n")
+    if data is None:
+        print("(not measured: run `python results/particles_verification.py " + name + "`)")
+        return
+    print(f"Case `{name}` of benchmarks/particles_cross_validation.py: model {json.dumps(data['case']['model'])}, "
+          f"initial {json.dumps(data['case']['initial'])}, t_end = {data['case']['time']['t_end']}, "
+          f"particles {json.dumps(data['case']['particles'])}.  "
+          f"Seeds per n {dict(zip(SIZES, data['seeds']))}; "
+          f"systems per run {dict(zip(SIZES, data['replicas']))} (standard errors by batch means where > 1, "
+          f"i.i.d. formulas where 1).  Eulerian run {data['eulerian_seconds']:.1f} s; particle runs "
+          + ", ".join(f"n = {n}: {s:.1f} s" for n, s in data["seconds"].items()) + " (CPU, mean per run).\n")
+    print("error = particles - Eulerian at t_end (RMS / mean over seeds, components pooled); mean SE: the runs' "
+          "own standard error at t_end; rms z, max |z|: over seeds, saves and components; agree: runs whose "
+          "`compare` verdict is |error| <= 3 SE at every save.\n")
+    print("| diagnostic | n | RMS error | mean error | mean SE | rms z | max abs z | agree | fitted slope |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for diagnostic, entry in data["table"].items():
+        if diagnostic == "w2":
+            continue
+        for i, row in enumerate(entry["rows"]):
+            slope = f"{entry['slope']:+.3f}" if i == 0 and "slope" in entry else ""
+            print(f"| {diagnostic} | {row['n']} | {row['rms_error']:.3e} | {row['mean_error']:+.2e} | "
+                  f"{row['mean_se']:.2e} | {row['rms_z']:.2f} | {row['max_z']:.2f} | {row['agree']}/{row['runs']} | "
+                  f"{slope} |")
+    if "w2" in data["table"]:
+        w2 = data["table"]["w2"]
+        print(f"\nW2(Eulerian, particles) at t_end, RMS over seeds [{w2['method']}]: "
+              + ", ".join(f"n = {n}: {v:.3e}" for n, v in zip(w2["sizes"], w2["rms"]))
+              + f"; fitted exponent {w2['slope']:+.3f}.")
+    if name == "s1":
+        report_lyapunov(data)
+    print(f"\nFigure: results/particles/rate_{name}.png; one comparison (n = 10000, seed 0): "
+          f"results/particles/compare_{name}_n10000.png, its table:\n\n```\n{data['compare_report']}\n```")
+
+
+def report_lyapunov(data: dict):
+    """The particles' lyapunov against the Eulerian V_p by singular quadrature instead of the grid's."""
+    reference = load("lyapunov")
+    if reference is None:
+        return
+    accurate = np.array(reference["accurate"])
+    bias = np.array(reference["grid"]) - accurate
+    print(f"\nlyapunov (p = {reference['p']}): the Eulerian run's grid quadrature of the singular integrand is "
+          f"off by {bias.min():+.4f} .. {bias.max():+.4f} (against adaptive quadrature of the same band-limited "
+          "density, `singular_lyapunov`; at t = 0 that agrees with quadrature of the exact vMF law).  The "
+          "particles against the accurate value:\n")
+    print("| n | RMS error | mean error | rms z | max abs z | agree |\n|---|---|---|---|---|---|")
+    rms = []
+    for n, runs in data["lyapunov"].items():
+        values = np.array([v for v, _ in runs])[..., 0]
+        errors = np.array([e for _, e in runs])[..., 0]
+        difference = values - accurate
+        z = difference / errors
+        rms.append(math.sqrt(np.mean(difference[:, -1] ** 2)))
+        agree = int((np.abs(difference) <= 3 * errors).all(axis=1).sum())
+        print(f"| {n} | {rms[-1]:.3e} | {difference[:, -1].mean():+.2e} | {math.sqrt(np.mean(z ** 2)):.2f} | "
+              f"{np.abs(z).max():.2f} | {agree}/{len(runs)} |")
+    sizes = [int(n) for n in data["lyapunov"]]
+    print(f"\nfitted slope of log(RMS error) against log(n): {cross.fitted_slope(sizes, rms):+.3f}")
+
+
+def report_dims():
+    data = load("dims")
+    print("\n## 3. Reproducibility and an invariant in d = 4..16 (criterion 3)\n")
+    if data is None:
+        print("(not measured)")
+        return
+    print(f"n = {data['n']}, seed 3, each run twice.  'invariant': beta = 0, unnormalized, V = I, W = 0, eps = 0, "
+          "vMF(e1, d/2) start, Heun dt 0.05 to t = 8: d|m|^2/dt = 2(|m|^2 - (1/n) sum <x_i, m>^2) >= 0, so the order "
+          "parameter is nondecreasing (min increment between saves >= 0 up to round-off); the mean direction is "
+          "fixed only in the mean-field limit (its turn is O(n^-1/2)).  The second run adds softmax (beta 2) and "
+          "noise eps = 0.05 (to t = 1), so the noise stream is checked too.\n")
+    print("| d | run | identical bit for bit | r(0) | r(end) | min increment of r | turn of m (deg) | CPU s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in data["rows"]:
+        print(f"| {row['dim']} | {row['run']} | {row['identical']} | {row['r0']:.4f} | {row['r_end']:.6f} | "
+              f"{row['min_increment']:+.1e} | {row['turn_degrees']:.2f} | {row['seconds']:.1f} |")
+
+
+def report_inf():
+    data = load("inf")
+    print("\n## 4. beta = inf, mean-field mode, seed-003 matrices (criterion 4)\n")
+    if data is None:
+        print("(not measured)")
+        return
+    n = data["n"]
+    print(f"cases/baseline-inf.toml with particles.beta_inf_mode = 'mean_field', n = {n} (all saved), RK4 dt 0.01, "
+          f"to t = {data['times'][-1]:g}.  Particles that changed the sign of x1 between any two saves: "
+          f"**{data['switched']}** (and {data['zero_x1']} positions with x1 = 0 exactly).  Hemisphere mass "
+          f"{{x1 > 0}}: particles (standard error sqrt(p(1 - p)/n)), the Eulerian run (exact quadrature of its "
+          f"band-limited density; lmax 64 resolves the flow until t = {data['resolved_until']}), and the exact "
+          f"initial value {data['exact']:.10f} (quadrature of the vMF law; invariant of the flow).\n")
+    print("| t | particles | SE | Eulerian | (particles - Eulerian) / SE | Eulerian - exact | spectral tail |")
+    print("|---|---|---|---|---|---|---|")
+    for t, p, e, tail in zip(data["times"], data["fraction"], data["eulerian"], data["tail"]):
+        se = math.sqrt(p * (1 - p) / n)
+        print(f"| {t:.2f} | {p:.5f} | {se:.1e} | {e:.10f} | {(p - e) / se:+.2f} | {e - data['exact']:+.1e} | "
+              f"{tail:.1e}{'' if tail <= data['tail_tol'] else ' (unresolved)'} |")
+
+
+def report_cost():
+    parts = [(part, load(part)) for part in ("cost", "cost_softmax")]
+    print("\n## 5. CPU time to an error of 1e-3 in r(10) (criterion 5)\n")
+    if all(data is None for _, data in parts):
+        print("(not measured)")
+        return
+    print("One CPU core (process_time). Eulerian: the cheapest (lmax, dt) of the ladder within 1e-3, as a whole "
+          "`spherepde.run` and its stepping alone (the run less a one-step run; not measured for the beta = 0 rows, "
+          "measured before this split). Particles: the time of one run of n_needed = sigma^2 / (tol^2 - bias^2) "
+          "tokens, timed, or extrapolated with the fitted cost exponent where n_needed > max-n.\n")
+    print("| case | r(10) | Eulerian run s | Eulerian stepping s | n_needed | particles s | how | ratio | ratio to stepping |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for part, data in parts:
+        for name, row in (data or {}).get("results", {}).items():
+            if not row:
+                continue
+            name = {"1": "beta0-s1", "2": "beta0-s2"}.get(name, name)  # the beta = 0 run keyed cases by sphere
+            how = f"extrapolated, n^{row['exponent']:.2f}" if "exponent" in row else "timed"
+            r = f"{row['r']:.4f}" if "r" in row else "—"
+            stepping, stepping_ratio = (f"{row['eulerian_stepping']:.3f}", f"{row['stepping_ratio']:.3g}") \
+                if "eulerian_stepping" in row else ("—", "—")
+            print(f"| {name} | {r} | {row['eulerian']:.3f} | {stepping} | {row['n']:.3g} | {row['particles']:.3g} | "
+                  f"{how} | {row['ratio']:.3g} | {stepping_ratio} |")
+    for part, data in parts:
+        if data is not None:
+            print(f"\n`benchmarks/particles_vs_eulerian.py --case {' '.join(data.get('cases', ['beta0-s1', 'beta0-s2']))} "
+                  f"--n0 {data['n0']} --replicas {data['replicas']} --max-n {data['max_n']}` (part `{part}`), its "
+                  f"output:\n\n```\n{data['printout'].strip()}\n```")
+
+
+def report():
+    print("# Particle solver: verification against the Eulerian solver (issue 3)\n")
+    print(f"Generated by `python results/particles_verification.py --report` from the figures measured by "
+          f"`python results/particles_verification.py s1 s2 dims inf cost cost_softmax lyapunov` (torch {torch.__version__}, CPU, "
+          "float64, one thread).")
+    report_cross_validation("s1", "1-2. Noisy S^1 case: agreement within 3 SE, n^(-1/2) rate, W2 (criteria 1, 2)")
+    report_cross_validation("s2", "1. Noisy softmax S^2 case, beta = 5: agreement within 3 SE, rate (criterion 1)")
+    report_dims()
+    report_inf()
+    report_cost()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    measure = {"s1": lambda: measure_cross_validation("s1"), "s2": lambda: measure_cross_validation("s2"),
+               "dims": measure_dims, "inf": measure_inf, "cost": measure_cost,
+               "cost_softmax": lambda: measure_cost("cost_softmax", COST_SOFTMAX), "lyapunov": measure_lyapunov}
+    # (no `choices`: argparse rejects an empty list against them for nargs="*")
+    parser.add_argument("parts", nargs="*", help=f"parts to measure, of {', '.join(measure)}")
+    parser.add_argument("--report", action="store_true", help="print the markdown report from the stored figures")
+    args = parser.parse_args()
+    unknown = set(args.parts) - set(measure)
+    if unknown:
+        parser.error(f"unknown parts {sorted(unknown)}")
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore", RuntimeWarning)
+    for part in args.parts:
+        started = time.process_time()
+        measure[part]()
+        print(f"{part}: {time.process_time() - started:.0f} CPU s", file=sys.stderr)
+    if args.report:
+        report()
+
+
+if __name__ == "__main__":
+    main()
