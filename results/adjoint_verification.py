@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from solvers.adjoint import ControlledForward, continuous_gradient, discrete_gradient, evaluate_cost
+from solvers.adjoint import ControlledForward, central_differences, continuous_gradient, discrete_gradient
 from spherepde.case import case_from_dict
 from spherepde.initial import initial_density
 
@@ -38,17 +38,6 @@ def setup(case):
     controls = 0.3 * torch.randn(case["control"]["layers"], case.dim, case.dim, generator=generator,
                                  dtype=torch.float64)
     return forward, c0, controls
-
-
-def central_differences(forward, c0, controls, h=1e-5):
-    fd = torch.zeros_like(controls)
-    for index in range(controls.numel()):
-        step = torch.zeros(controls.numel(), dtype=controls.dtype)
-        step[index] = h
-        step = step.reshape(controls.shape)
-        fd.view(-1)[index] = (evaluate_cost(forward, c0, controls + step)
-                              - evaluate_cost(forward, c0, controls - step)) / (2 * h)
-    return fd
 
 
 def relative(a, b):

@@ -36,10 +36,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import spherepde  # noqa: E402
 from benchmarks import particles_cross_validation as cross  # noqa: E402
 from benchmarks import particles_vs_eulerian as cost_benchmark  # noqa: E402
-from spherepde.bases import make_basis  # noqa: E402
 from spherepde.case import case_from_dict  # noqa: E402
 from spherepde.compare import write_report  # noqa: E402
-from spherepde.device import placement  # noqa: E402
+from spherepde.concentration import hemisphere_mass  # noqa: E402
 from spherepde.model import principal_subspace  # noqa: E402
 from solvers.particles import run_particles  # noqa: E402
 
@@ -176,22 +175,6 @@ def hemisphere_mass_of_vmf(mean, kappa: float) -> float:
     return quad(f, 0, 1, epsabs=0, epsrel=1e-13)[0] / quad(f, -1, 1, epsabs=0, epsrel=1e-13, points=[0])[0]
 
 
-def eulerian_hemisphere_masses(dataset) -> list[float]:
-    """int_{x_1 > 0} rho dsigma of every save, exact for the band-limited density (Gauss in x_1, uniform angle)."""
-    basis = make_basis(3, int(dataset.attrs["lmax"]), placement("cpu", "float64"))
-    t, w = np.polynomial.legendre.leggauss(64)
-    t, w = (t + 1) / 2, w / 2
-    psi = 2 * np.pi * np.arange(160) / 160
-    T, P = np.meshgrid(t, psi, indexing="ij")
-    s = np.sqrt(1 - T ** 2)
-    points = torch.as_tensor(np.stack([T, s * np.cos(P), s * np.sin(P)], -1).reshape(-1, 3))
-    masses = []
-    for density in dataset["density"].values:
-        values = basis.evaluate(basis.analysis(torch.as_tensor(density)), points).reshape(T.shape).numpy()
-        masses.append(float((w[:, None] * values).sum() * 2 * np.pi / len(psi)))
-    return masses
-
-
 def measure_inf():
     """Criterion 4: cases/baseline-inf.toml, particles.beta_inf_mode = mean_field, n = 1e5, RK4."""
     n = 100000
@@ -203,7 +186,7 @@ def measure_inf():
     signs = np.sign(particles["particles"].values[..., 0])
     switched = int((signs != signs[0]).any(axis=0).sum())
     fraction = (signs > 0).mean(axis=1)
-    masses = eulerian_hemisphere_masses(eulerian)
+    masses = list(hemisphere_mass(eulerian, [1.0, 0.0, 0.0]))
     tail = eulerian["spectral_tail"].values
     exact = hemisphere_mass_of_vmf(case["initial"]["mean"], case["initial"]["kappa"])
     resolved = eulerian.attrs["resolved_until"]  # a time, or "end"

@@ -30,7 +30,6 @@ Every sampler draws from a `torch.Generator`, so a seed fixes the sample bit for
 
 import math
 
-import numpy as np
 import torch
 import xarray as xr
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from solvers.adjoint import (ControlledForward, coefficients_to_field, continuous_gradient, discrete_gradient,
-                             evaluate_cost)
+from solvers.adjoint import (ControlledForward, central_differences, coefficients_to_field, continuous_gradient,
+                             discrete_gradient, evaluate_cost)
 from spherepde.case import case_from_dict
 from spherepde.initial import initial_density
 from spherepde.losses import LOSSES, make_loss
@@ -34,17 +34,6 @@ def setup(case, scale=0.3):
     d = case.dim
     controls = scale * torch.randn(case["control"]["layers"], d, d, generator=generator, dtype=torch.float64)
     return forward, c0, controls
-
-
-def central_differences(forward, c0, controls, h=1e-5):
-    fd = torch.zeros_like(controls)
-    for index in range(controls.numel()):
-        step = torch.zeros(controls.numel(), dtype=controls.dtype)
-        step[index] = h
-        step = step.reshape(controls.shape)
-        fd.view(-1)[index] = (evaluate_cost(forward, c0, controls + step)
-                              - evaluate_cost(forward, c0, controls - step)) / (2 * h)
-    return fd
 
 
 def relative(a, b):
