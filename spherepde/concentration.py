@@ -27,7 +27,10 @@ from scipy.special import eval_legendre
 from .bases import make_basis
 from .case import load_case_text
 from .device import placement as make_placement
+from .exp_kernel import dense_exp_kernel
 from .initial import initial_density
+from .model import tangent_projection
+from solvers.particles import normalise, rk4_flow  # the characteristics are integrated like particles
 
 # ---------------------------------------------------------------------------------------
 # Points and masses of saved results
@@ -119,35 +122,9 @@ def shape_residuals(beta, values) -> dict:
 # ---------------------------------------------------------------------------------------
 
 
-def softmax_mean(queries: torch.Tensor, keys: torch.Tensor, masses: torch.Tensor, beta: float, B: torch.Tensor,
-                 chunk: int = 2048) -> torch.Tensor:
-    """m(x) = sum_j softmax_j(beta <x, B y_j> + log mass_j) y_j: the softmax attention mean of a weighted grid."""
-    log_masses = torch.log(torch.clamp(masses, min=0.0))
-    rows = [torch.softmax(beta * (queries[start:start + chunk] @ B) @ keys.T + log_masses, dim=-1) @ keys
-            for start in range(0, queries.shape[0], chunk)]
-    return torch.cat(rows)
-
-
 def zero_temperature_velocity(x: torch.Tensor, V: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-    """v(x) = P_x(V B^T x / |B^T x|) (the beta = inf field; x need not be unit)."""
-    m = x @ B
-    m = m / torch.linalg.vector_norm(m, dim=-1, keepdim=True)
-    return _tangent(x, m @ V.T)
-
-
-def _tangent(x: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
-    unit = x / torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return field - (field * unit).sum(-1, keepdim=True) * unit
-
-
-def _rk4(field, x: torch.Tensor, k: int, h: float) -> torch.Tensor:
-    """One RK4 step from save k to save k + 2 in R^3 (stages at saves k, k + 1, k + 2), then normalise."""
-    k1 = field(k, x)
-    k2 = field(k + 1, x + 0.5 * h * k1)
-    k3 = field(k + 1, x + 0.5 * h * k2)
-    k4 = field(k + 2, x + h * k3)
-    y = x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    return y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
+    """v(x) = P_x(V B^T x / |B^T x|) (the beta = inf field) at the unit vectors x."""
+    return tangent_projection(x, normalise(x @ B) @ V.T)
 
 
 def initial_quadrature(case, lmax: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,18 +152,22 @@ def temperature_coupling(dataset, quadrature_lmax: int = 16) -> dict:
     area = torch.tensor(dataset["cell_area"].values.reshape(-1))
     densities = torch.tensor(dataset["density"].values.reshape(len(times), -1))
 
-    def finite(k, x):
-        return _tangent(x, softmax_mean(x / torch.linalg.vector_norm(x, dim=-1, keepdim=True), keys,
-                                        area * densities[k], beta, B) @ V.T)
+    def finite(t, x):
+        # Softmax attention of the save at time t; undershoots of the density count as zero mass.
+        masses = torch.clamp(area * densities[round(t / ds)], min=0.0)
+        channels = masses[:, None] * torch.cat([torch.ones_like(keys[:, :1]), keys], 1)
+        scaled, _ = dense_exp_kernel(normalise(x), keys, channels, B, beta, 2048)
+        return tangent_projection(normalise(x), scaled[:, 1:] / scaled[:, :1] @ V.T)
 
-    def infinite(k, x):
-        return zero_temperature_velocity(x, V, B)
+    def infinite(t, x):
+        return zero_temperature_velocity(normalise(x), V, B)
 
     x0, masses = initial_quadrature(case, quadrature_lmax)
     x_beta, x_inf = x0.clone(), x0.clone()
     rows = {"time": [0.0], "upper": [0.0], "lower": [0.0]}
     for k in range(0, len(times) - 2, 2):
-        x_beta, x_inf = _rk4(finite, x_beta, k, 2 * ds), _rk4(infinite, x_inf, k, 2 * ds)
+        # A step of 2 ds from save k has its Runge-Kutta stages exactly on saves k, k + 1, k + 2.
+        x_beta, x_inf = rk4_flow(finite, k * ds, x_beta, 2 * ds), rk4_flow(infinite, k * ds, x_inf, 2 * ds)
         difference = x_beta - x_inf
         rows["time"].append(float(times[k + 2]))
         rows["upper"].append(float(torch.sqrt(masses @ (difference ** 2).sum(-1))))

@@ -5,6 +5,8 @@ masses w_j rho(x_j) (quadrature weights times density), particles as their posit
 with masses 1/n.  Arrays are numpy float64; points (n, d), masses (n,).
 """
 
+import functools
+
 import numpy as np
 import ot
 from scipy.special import eval_legendre, roots_jacobi
@@ -79,6 +81,7 @@ def lyapunov_of_density(degree_sum, subspace: np.ndarray | None, p: float, degre
     return float(degree_sum(_zonal_moments(d, q, degree), axis))
 
 
+@functools.lru_cache(maxsize=16)  # the same few (d, p, lmax) at every save of a run
 def _zonal_moments(d: int, q: float, degree: int) -> np.ndarray:
     """M_0..M_degree of `lyapunov_of_density` (q = -p on S^1)."""
     nodes = degree + 24  # the factor beside the Jacobi weight is analytic: a margin of 24 nodes suffices
