@@ -56,7 +56,7 @@ import torch
 from spherepde.errors import CaseError
 from spherepde.exp_kernel import make_exp_kernel
 from spherepde.losses import make_loss
-from spherepde.model import attention_mean, velocity, zero_temperature_mean
+from spherepde.model import attention, attention_mean, velocity
 
 from .eulerian import ForwardProblem
 from .timesteppers import choose_scheme, make_stepper
@@ -162,19 +162,6 @@ class ControlledForward:
         return math.sqrt(max(float(basis.integrate((grad * grad).sum(-1) * basis.synthesis(c))), 0.0))
 
 
-def _attention(problem: ForwardProblem, rho: torch.Tensor):
-    """(m, rho / Z) on the grid; rho / Z is None for the unnormalized kernel and at beta = inf."""
-    model, points = problem.model, problem.basis.points
-    if model.zero_temperature:
-        return zero_temperature_mean(model, points), None
-    channels = torch.cat([rho[..., None], rho[..., None] * points], dim=-1)
-    scaled, log_scale = problem.exp_kernel(channels)
-    Z, N = scaled[..., 0], scaled[..., 1:]
-    if model.kernel == "unnormalized":
-        return N * torch.exp(log_scale)[..., None], None
-    return N / Z[..., None], rho * torch.exp(-log_scale) / Z
-
-
 def coefficients_to_field(basis, a: torch.Tensor) -> torch.Tensor:
     """Coefficients of the grid function represented by a cotangent a of the coefficients c.
 
@@ -229,7 +216,7 @@ class AdjointOperator:
     def rate(self, rho: torch.Tensor, W: torch.Tensor, phi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(coefficients of v . grad phi + NL, grid of the gradient integrand grad phi x^T rho (d, d))."""
         basis, model, points = self.basis, self.problem.model, self.basis.points
-        mean_field, rho_over_Z = _attention(self.problem, rho)
+        mean_field, rho_over_Z = attention(model, self.problem.exp_kernel, points, rho)
         v = velocity(replace(model, W=W, controls=None), points, mean_field, 0.0)
         grad_phi = basis.gradient(phi)
         value = (v * grad_phi).sum(-1)

@@ -90,14 +90,21 @@ def attention_mean(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Te
     finiteness check turns that into a numerical failure at the next save, without a host round
     trip per evaluation (which would stall a GPU at every Runge-Kutta stage).
     """
+    return attention(model, exp_kernel, points, rho)[0]
+
+
+def attention(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Tensor):
+    """(m[rho], rho / Z) on the grid: the attention mean of `attention_mean` and, for the softmax at
+    finite beta, the density of the softmax weights rho(y) / Z(x) (what the adjoint's nonlocal term
+    integrates; None for the unnormalized kernel and at beta = inf)."""
     if model.zero_temperature:
-        return zero_temperature_mean(model, points)
+        return zero_temperature_mean(model, points), None
     channels = torch.cat([rho[..., None], rho[..., None] * points], dim=-1)
     scaled, log_scale = exp_kernel(channels)
     Z, N = scaled[..., :1], scaled[..., 1:]
     if model.kernel == "unnormalized":
-        return N * torch.exp(log_scale)[..., None]
-    return torch.where(Z > 0, N / Z, torch.nan)
+        return N * torch.exp(log_scale)[..., None], None
+    return torch.where(Z > 0, N / Z, torch.nan), rho * torch.exp(-log_scale) / Z[..., 0]
 
 
 def velocity(model: Model, points: torch.Tensor, mean_field: torch.Tensor, t: float) -> torch.Tensor:
