@@ -49,30 +49,15 @@ def path_of(name, t_end):
 
 
 def summary(name, t_end):
-    """The figures of one run from its file; the Rayleigh quotient recomputed with the current
-    spherepde.turnpike at the density of the save nearest the plateau's middle."""
-    import torch
+    """The figures of one run from its file (attributes of solvers.training.turnpike_variables)."""
     import xarray as xr
-
-    from spherepde.bases import make_basis
-    from spherepde.case import load_case_text
-    from spherepde.device import placement
-    from spherepde.losses import make_loss
-    from spherepde.turnpike import rayleigh_quotient
 
     with xr.open_dataset(path_of(name, t_end)) as dataset:
         attrs = dict(dataset.attrs)
-        case = load_case_text(attrs["case"])
-        basis = make_basis(2, case["sphere"]["lmax"], placement("cpu", "float64"))
-        times = dataset["time"].values
-        middle = int(np.argmin(np.abs(times - (attrs["initial_width"] + 0.5 * attrs["plateau_width"]))))
-        rho = torch.as_tensor(dataset["density"].values[middle])
-        loss = make_loss(case["control"], 2)
-        g = loss.first_variation(basis.points, (rho * basis.weights)).reshape(basis.grid_shape)
         row = {key: attrs.get(key) for key in ("three_phase", "plateau_width", "initial_width", "terminal_width",
                                                "plateau_relative_variance", "terminal_lift", "escape_rate",
-                                               "adjoint_rate", "terminal_displacement")}
-        row["rayleigh_quotient"] = rayleigh_quotient(basis, rho, g)[0]
+                                               "terminal_energy_rate", "adjoint_rate", "rayleigh_quotient",
+                                               "h_minus_one_quotient", "terminal_displacement")}
         row["loss"] = (float(dataset["loss"].values[0]), float(dataset["loss"].values[-1]))
         row["adjoint_growth"] = float(dataset["adjoint_norm"].values[-1] / dataset["adjoint_norm"].values[0])
     return name, t_end, row
@@ -92,17 +77,23 @@ def main():
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     print("Overrides: `" + " ".join(REDUCED) + " time.t_end=T control.layers=T`.\n")
     print("## Phases, escape rate, Rayleigh quotient (T = 16), beside the seed (T = 80, N = 64 particles)\n")
+    print("escape rate: growth rate of the first gradient's adjoint over the last 1 / R_mu(g) of depth; R_mu(g): "
+          "Rayleigh quotient of the Wasserstein Hessian (spherepde/turnpike.py); terminal energy rate: slope of "
+          "log(Delta - Delta_ref) over the trained run's terminal layer; seed quotient: the formula the seed prints, "
+          "\\|grad g\\|^2 / \\|g\\|^2_{H^-1}.\n")
     print("| case | three phases | plateau | initial / terminal layer | terminal lift | J first -> last | "
-          "escape rate a | R_mu(g) | seed a / R | terminal displacement (rad) | seed displacement |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "escape rate | R_mu(g) | terminal energy rate | seed quotient | seed a / R | terminal displacement (rad) | "
+          "seed displacement |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, t_end, row in rows:
         if t_end != 16.0:
             continue
         label, seed_r, seed_theta, seed_a = SEED[name]
         print(f"| {label} | {row['three_phase']} | {row['plateau_width']:.1f} | {row['initial_width']:.1f} / "
               f"{row['terminal_width']:.1f} | {row['terminal_lift']:.3f} | {row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | "
-              f"{row['escape_rate']:.3f} | {row['rayleigh_quotient']:.3g} | "
-              f"{seed_a} / {seed_r} | {row['terminal_displacement']:.3f} | {seed_theta} |")
+              f"{row['escape_rate']:.3f} | {row['rayleigh_quotient']:.3f} | {row['terminal_energy_rate']:.3f} | "
+              f"{row['h_minus_one_quotient']:.3g} | {seed_a} / {seed_r} | {row['terminal_displacement']:.3f} | "
+              f"{seed_theta} |")
     print("\n## Depth sweep (align, lambda_2 = 0.65)\n")
     print("| T | three phases | plateau width | initial layer | terminal layer | escape rate | R_mu(g) | "
           "terminal displacement |")
@@ -110,10 +101,10 @@ def main():
     for name, t_end, row in sorted(rows, key=lambda item: item[1]):
         if name == "seed004-align-l065":
             print(f"| {t_end:g} | {row['three_phase']} | {row['plateau_width']:.1f} | {row['initial_width']:.1f} | "
-                  f"{row['terminal_width']:.1f} | {row['escape_rate']:.3f} | {row['rayleigh_quotient']:.3g} | "
+                  f"{row['terminal_width']:.1f} | {row['escape_rate']:.3f} | {row['rayleigh_quotient']:.3f} | "
                   f"{row['terminal_displacement']:.3f} |")
     print("\n## Adjoint growth towards the output layer (criterion 2)\n")
-    print("| case | T | norm of grad phi in L2(mu): t = T over t = 0 | fitted growth rate of its log from the plateau start |")
+    print("| case | T | norm of grad phi in L2(mu): t = T over t = 0 | fitted growth rate of its log over the plateau |")
     print("|---|---|---|---|")
     for name, t_end, row in rows:
         print(f"| {name} | {t_end:g} | {row['adjoint_growth']:.3g} | {row['adjoint_rate']:.3f} |")

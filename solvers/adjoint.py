@@ -297,12 +297,17 @@ def evaluate_cost(forward: ControlledForward, c0: torch.Tensor, controls: torch.
 
 def central_differences(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor,
                         h: float = 1e-5) -> torch.Tensor:
-    """dJ/dW by central differences (J(W + h E_k) - J(W - h E_k)) / (2h) in every entry k: the
-    independent check of the adjoint gradients (error O(h^2) plus round-off of J over h)."""
+    """dJ/dW of the discretised forward map by central differences (`central_differences_of`): the
+    independent check of the adjoint gradients."""
+    return central_differences_of(lambda W: evaluate_cost(forward, c0, W), controls, h)
+
+
+def central_differences_of(cost, controls: torch.Tensor, h: float = 1e-5) -> torch.Tensor:
+    """dJ/dW by central differences (J(W + h E_k) - J(W - h E_k)) / (2h) in every entry k, J = cost(W) a
+    float (error O(h^2) plus round-off of J over h)."""
     gradient = torch.zeros_like(controls)
     for index in range(controls.numel()):
         step = torch.zeros(controls.numel(), dtype=controls.dtype).reshape(controls.shape)
         step.view(-1)[index] = h
-        gradient.view(-1)[index] = (evaluate_cost(forward, c0, controls + step)
-                                    - evaluate_cost(forward, c0, controls - step)) / (2 * h)
+        gradient.view(-1)[index] = (cost(controls + step) - cost(controls - step)) / (2 * h)
     return gradient

@@ -427,6 +427,22 @@ def step_bound(case, field: ParticleField, t: float, x: torch.Tensor, interval: 
     return interval if speed == 0 else min(interval, timing["cfl"] / (case["sphere"]["lmax"] * speed))
 
 
+def initial_state(case, placement) -> tuple[torch.Tensor, int]:
+    """(x_0, noise seed): particles.n draws from the [initial] measure by a CPU generator seeded with
+    particles.seed, then the seed of the noise generator drawn from the same generator."""
+    section = case["particles"]
+    sampler = torch.Generator().manual_seed(section["seed"])
+    x = initial_particles(case["initial"], case.dim, section["n"], sampler, placement.real).to(placement.device)
+    return x, int(torch.randint(2 ** 62, (1,), generator=sampler))
+
+
+def check_noise_step(case, eps: float, dt: float) -> None:
+    """Refuse a step beyond the expansion of the weak-order-2 noise step: (d - 2) eps dt / 3 >= 1/2."""
+    if eps > 0 and case["particles"]["integrator"] != "euler" and (case.dim - 2) * eps * dt / 3 >= 0.5:
+        raise CaseError(f"particles.dt: a step of {dt:.3g} is too long for the weak-order-2 noise step "
+                        f"(needs (d - 2) eps dt / 3 < 1/2, i.e. dt < {1.5 / ((case.dim - 2) * eps):.3g})")
+
+
 def run_particles(case, progress: bool | None = None):
     """Integrate the particle system of `case`; returns the output xarray.Dataset (DESIGN §6).
 
@@ -437,9 +453,8 @@ def run_particles(case, progress: bool | None = None):
     placement = make_placement(solver["device"], solver["dtype"])
     model = Model.from_case(case, placement)
     field = ParticleField.from_case(case, model)
-    sampler = torch.Generator().manual_seed(section["seed"])
-    x = initial_particles(case["initial"], case.dim, section["n"], sampler, placement.real).to(placement.device)
-    noise = torch.Generator(placement.device).manual_seed(int(torch.randint(2 ** 62, (1,), generator=sampler)))
+    x, noise_seed = initial_state(case, placement)
+    noise = torch.Generator(placement.device).manual_seed(noise_seed)
     integrator = Integrator(section["integrator"], field, model.eps, noise)
     recorder = ParticleRecorder(case, model, field, x)
     recorder.record(0.0, x)
@@ -451,9 +466,7 @@ def run_particles(case, progress: bool | None = None):
         if "max_steps" in timing and recorder.steps + substeps > timing["max_steps"]:
             _fail(recorder, f"time.max_steps = {timing['max_steps']} would be exceeded before t = {t1:.6g}")
         recorder.dt = (t1 - t0) / substeps
-        if model.eps > 0 and integrator.name != "euler" and (case.dim - 2) * model.eps * recorder.dt / 3 >= 0.5:
-            raise CaseError(f"particles.dt: a step of {recorder.dt:.3g} is too long for the weak-order-2 noise step "
-                            f"(needs (d - 2) eps dt / 3 < 1/2, i.e. dt < {1.5 / ((case.dim - 2) * model.eps):.3g})")
+        check_noise_step(case, model.eps, recorder.dt)
         candidate = integrator.interval(float(t0), x, recorder.dt, substeps)
         if not bool(torch.isfinite(candidate).all()):
             _fail(recorder, f"a particle position became non-finite between t = {t0:.6g} and {t1:.6g}")

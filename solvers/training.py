@@ -16,8 +16,9 @@ A case with a [control] section is a training run (`spherepde run CASE.toml`, `s
 Output: the Eulerian Dataset of the trained run plus `W` (layer, row, col), `loss` (iteration: J),
 `terminal_loss` (iteration: l(mu_T)), `gradient_norm` (iteration: |dJ/dW|_F), `adjoint_norm` (time:
 |grad phi_t|_{L2(mu_t)} of the final gradient, linearly interpolated from its step times to the save
-times) and `layer_time` (layer: start of each slice).  Training runs are not checkpointed: they are
-deterministic, and a rerun repeats them.
+times), `layer_time` (layer: start of each slice) and the seed-004 diagnostics of `turnpike_variables`
+(the escape rate from the first gradient's adjoint, at its step times).  Training runs are not
+checkpointed: they are deterministic, and a rerun repeats them.
 """
 
 import math
@@ -30,19 +31,18 @@ import xarray as xr
 from spherepde import turnpike
 from spherepde.errors import NumericalFailure
 from spherepde.initial import initial_density
-from spherepde.model import principal_subspace
 from spherepde.progress import Progress
 
-from .adjoint import GRADIENTS, ControlledForward
+from .adjoint import GRADIENTS, ControlledForward, Gradient
 from .eulerian import Recorder, _check_finite, save_times
 
 
 class TrainingResult:
-    """The trained controls, the per-iteration history and the final gradient."""
+    """The trained controls, the per-iteration history, and the first (at the initial control) and final gradients."""
 
-    def __init__(self, controls, costs, losses, gradient_norms, final):
-        self.controls, self.costs, self.losses, self.gradient_norms, self.final = (
-            controls, costs, losses, gradient_norms, final)
+    def __init__(self, controls, costs, losses, gradient_norms, first, final):
+        self.controls, self.costs, self.losses, self.gradient_norms, self.first, self.final = (
+            controls, costs, losses, gradient_norms, first, final)
 
 
 class GradientDescent:
@@ -82,16 +82,24 @@ def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = 
     """Run the optimizer of the case's [control] section from W_l = model.W (module docstring, step 1)."""
     control = forward.case["control"]
     gradient_of = GRADIENTS[control["gradient"]]
-    model = forward.problem.model
-    parameter = model.W.detach().clone().expand(forward.layers, -1, -1).contiguous()
+    return optimise(control, forward.problem.model.W, forward.layers,
+                    lambda controls: gradient_of(forward, c0, controls), progress)
+
+
+def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None) -> TrainingResult:
+    """The optimizer loop of the module docstring, step 1, from W_l = W on every layer; gradient_of(controls)
+    returns the adjoint.Gradient (J, l(mu_T), dJ/dW, ...) at controls (layers, d, d)."""
+    parameter = W.detach().clone().expand(layers, -1, -1).contiguous()
     optimizer = OPTIMIZERS[control["optimizer"]](control["learning_rate"])
-    costs, losses, norms = [], [], []
+    costs, losses, norms, first = [], [], [], None
     bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
     for iteration in range(control["iterations"] + 1):
-        gradient = gradient_of(forward, c0, parameter.detach())
+        gradient = gradient_of(parameter.detach())
         if not (math.isfinite(gradient.cost) and bool(torch.isfinite(gradient.dW).all())):
             raise NumericalFailure(f"numerical failure: J or dJ/dW is not finite at training iteration {iteration} "
                                    "(reduce time.dt or control.learning_rate)")
+        if first is None:
+            first = gradient
         costs.append(gradient.cost)
         losses.append(gradient.loss)
         norms.append(float(gradient.dW.norm()))
@@ -102,17 +110,23 @@ def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = 
             break
         parameter = optimizer.step(parameter, gradient.dW)
     bar.close()
-    return TrainingResult(parameter.detach(), costs, losses, norms, gradient)
+    return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient)
+
+
+def step_knots(timing: dict, layers: int) -> tuple[np.ndarray, np.ndarray]:
+    """(save times, knots): the knots are the save times and the slice boundaries l t_end / layers together,
+    in order, coincident ones (to 1e-12 t_end) merged; a trained run steps from knot to knot."""
+    t_end = timing["t_end"]
+    saves = save_times(t_end, timing["save_every"])
+    knots = np.unique(np.concatenate([saves, t_end * np.arange(layers + 1) / layers]))
+    return saves, knots[np.concatenate([[True], np.diff(knots) > 1e-12 * max(1.0, t_end)])]
 
 
 def trained_run(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor) -> Recorder:
     """The forward run with W = controls, recorded at the case's save times (module docstring, step 2)."""
     problem, case = forward.problem, forward.case
     timing = case["time"]
-    saves = save_times(timing["t_end"], timing["save_every"])
-    boundaries = forward.t_end * np.arange(forward.layers + 1) / forward.layers
-    knots = np.unique(np.concatenate([saves, boundaries]))
-    knots = knots[np.concatenate([[True], np.diff(knots) > 1e-12 * max(1.0, forward.t_end)])]
+    saves, knots = step_knots(timing, forward.layers)
     recorder = Recorder(problem, case, problem.basis.synthesis(c0).cpu().double().numpy(), forward.stepper.scheme)
     recorder.record(0.0, c0)
     c, started = c0, wallclock.perf_counter()
@@ -142,27 +156,11 @@ def run_training(case, progress: bool | None = None) -> xr.Dataset:
     training_seconds = wallclock.perf_counter() - started
     recorder = trained_run(forward, c0, result.controls)
     dataset = recorder.dataset("completed")
-    iterations = np.arange(len(result.costs))
-    d = case.dim
-    dataset = dataset.assign_coords(
-        iteration=xr.Variable("iteration", iterations, {"long_name": "optimizer iteration"}),
-        layer=xr.Variable("layer", np.arange(forward.layers), {"long_name": "layer (slice of [0, t_end])"}),
-        row=xr.Variable("row", np.arange(d), {"long_name": "row index of W"}),
-        col=xr.Variable("col", np.arange(d), {"long_name": "column index of W"}))
-    dataset["W"] = (("layer", "row", "col"), result.controls.cpu().double().numpy(),
-                    {"long_name": "trained feed-forward matrix W_t on each layer", "units": "1"})
-    dataset["layer_time"] = (("layer",), forward.t_end * np.arange(forward.layers) / forward.layers,
-                             {"long_name": "start time of the layer's slice", "units": "1"})
-    dataset["loss"] = (("iteration",), np.array(result.costs),
-                       {"long_name": "training cost J = l(mu_T) + lambda_reg/2 int |W_t|_F^2 dt", "units": "1"})
-    dataset["terminal_loss"] = (("iteration",), np.array(result.losses),
-                                {"long_name": f"terminal loss l(mu_T) ({case['control']['loss']})", "units": "1"})
-    dataset["gradient_norm"] = (("iteration",), np.array(result.gradient_norms),
-                                {"long_name": "Frobenius norm of dJ/dW over all layers", "units": "1"})
+    dataset = control_variables(dataset, case, result)
     norms = np.interp(dataset["time"].values, result.final.times, result.final.adjoint_norm)
     dataset["adjoint_norm"] = (("time",), norms,
                                {"long_name": "|grad phi_t|_{L2(mu_t)} of the adjoint at the trained W", "units": "1"})
-    dataset = dataset.assign(turnpike_variables(forward, dataset))
+    dataset = dataset.assign(turnpike_variables(forward, dataset, result.first))
     dataset.attrs.update({"training": "trained control (solvers/training.py)", "gradient": case["control"]["gradient"],
                           "optimizer": case["control"]["optimizer"], "iterations": len(result.costs) - 1,
                           "training_steps_per_layer": forward.steps_per_layer,
@@ -171,10 +169,35 @@ def run_training(case, progress: bool | None = None) -> xr.Dataset:
     return dataset
 
 
-def turnpike_variables(forward: ControlledForward, dataset: xr.Dataset) -> dict:
+def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.Dataset:
+    """`dataset` with the training's coordinates (iteration, layer, row, col) and variables `W` (layer, row,
+    col), `layer_time` (layer) and `loss` (J), `terminal_loss` (l(mu_T)), `gradient_norm` (|dJ/dW|_F) per
+    iteration."""
+    layers, d, t_end = result.controls.shape[0], case.dim, case["time"]["t_end"]
+    dataset = dataset.assign_coords(
+        iteration=xr.Variable("iteration", np.arange(len(result.costs)), {"long_name": "optimizer iteration"}),
+        layer=xr.Variable("layer", np.arange(layers), {"long_name": "layer (slice of [0, t_end])"}),
+        row=xr.Variable("row", np.arange(d), {"long_name": "row index of W"}),
+        col=xr.Variable("col", np.arange(d), {"long_name": "column index of W"}))
+    dataset["W"] = (("layer", "row", "col"), result.controls.cpu().double().numpy(),
+                    {"long_name": "trained feed-forward matrix W_t on each layer", "units": "1"})
+    dataset["layer_time"] = (("layer",), t_end * np.arange(layers) / layers,
+                             {"long_name": "start time of the layer's slice", "units": "1"})
+    dataset["loss"] = (("iteration",), np.array(result.costs),
+                       {"long_name": "training cost J = l(mu_T) + lambda_reg/2 int |W_t|_F^2 dt", "units": "1"})
+    dataset["terminal_loss"] = (("iteration",), np.array(result.losses),
+                                {"long_name": f"terminal loss l(mu_T) ({case['control']['loss']})", "units": "1"})
+    dataset["gradient_norm"] = (("iteration",), np.array(result.gradient_norms),
+                                {"long_name": "Frobenius norm of dJ/dW over all layers", "units": "1"})
+    return dataset
+
+
+def turnpike_variables(forward: ControlledForward, dataset: xr.Dataset, first: Gradient) -> dict:
     """Seed-004 diagnostics of the trained run (spherepde.turnpike): `energy_gap` and `mean_angle` (time),
     and the global attributes plateau_width, initial_width, terminal_width, three_phase ("true"/"false"),
-    escape_rate, adjoint_rate, rayleigh_quotient, h_minus_one_norm, terminal_displacement, min_energy.
+    plateau_relative_variance, terminal_lift, terminal_energy_rate, escape_rate (from `first`, the gradient
+    at the initial control), adjoint_rate, rayleigh_quotient, h_minus_one_quotient, h_minus_one_norm,
+    terminal_displacement, min_energy.
 
     The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0); for
     other models the energy-based attributes are NaN and three_phase is "false"."""
@@ -183,28 +206,29 @@ def turnpike_variables(forward: ControlledForward, dataset: xr.Dataset) -> dict:
     times = dataset["time"].values
     angle = turnpike.mean_angle(dataset["mean"].values)
     variables = {"mean_angle": (("time",), angle, {"long_name": "angle of the mean position", "units": "radian"})}
-    attrs = dict.fromkeys(("plateau_width", "initial_width", "terminal_width", "escape_rate", "adjoint_rate",
-                           "rayleigh_quotient", "h_minus_one_norm", "terminal_displacement", "min_energy"), math.nan)
+    attrs = dict.fromkeys(("plateau_width", "initial_width", "terminal_width", "plateau_relative_variance",
+                           "terminal_lift", "terminal_energy_rate", "escape_rate", "adjoint_rate", "rayleigh_quotient",
+                           "h_minus_one_quotient", "h_minus_one_norm", "terminal_displacement", "min_energy"), math.nan)
     attrs["three_phase"] = "false"
     if model.kernel == "unnormalized" and model.eps > 0 and not model.zero_temperature:
-        direction = torch.as_tensor(principal_subspace(model.B.cpu().double().numpy())[:, 0]).to(basis.points)
-        _, min_energy = turnpike.gibbs_minimum(model, problem.exp_kernel, basis, direction)
-        gap = dataset["free_energy"].values - min_energy
+        centre = int(np.argmin(np.abs(times - 0.5 * times[-1])))
+        theory = turnpike.plateau_theory(model, problem.exp_kernel, basis, forward.loss,
+                                         torch.as_tensor(dataset["mean"].values[centre]))
+        gap = dataset["free_energy"].values - theory["min_energy"]
         variables["energy_gap"] = (("time",), gap, {"long_name": "energy gap E(mu_t) - min E", "units": "1"})
         test = turnpike.phases(times, gap)
-        terminal_start = test["plateau_end"]  # the terminal layer [T - r, T]
         middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
-        rho = torch.as_tensor(dataset["density"].values[middle]).to(basis.points)
-        masses = (rho * basis.weights).reshape(-1)
-        g = forward.loss.first_variation(forward.flat_points, masses).reshape(basis.grid_shape)
-        quotient, norm = turnpike.rayleigh_quotient(basis, rho, g)
-        attrs.update({key: test[key] for key in ("plateau_width", "initial_width", "terminal_width")})
+        attrs.update({key: test[key] for key in ("plateau_width", "initial_width", "terminal_width",
+                                                 "plateau_relative_variance", "terminal_lift")})
+        attrs.update({key: theory[key] for key in ("rayleigh_quotient", "h_minus_one_quotient", "h_minus_one_norm",
+                                                   "min_energy")})
         attrs.update({
             "three_phase": "true" if test["three_phase"] else "false",
-            "plateau_relative_variance": test["plateau_relative_variance"], "terminal_lift": test["terminal_lift"],
-            "escape_rate": turnpike.terminal_rate(times, gap - test["gap_reference"], terminal_start),
-            "adjoint_rate": turnpike.terminal_rate(times, dataset["adjoint_norm"].values, test["plateau_start"]),
-            "rayleigh_quotient": quotient, "h_minus_one_norm": norm,
-            "terminal_displacement": float(angle[-1] - angle[middle]), "min_energy": min_energy})
+            "terminal_energy_rate": turnpike.exponential_rate(times, gap - test["gap_reference"], test["plateau_end"]),
+            "escape_rate": turnpike.escape_rate(np.array(first.times), np.array(first.adjoint_norm),
+                                                theory["rayleigh_quotient"]),
+            "adjoint_rate": turnpike.exponential_rate(times, dataset["adjoint_norm"].values, test["plateau_start"],
+                                                      test["plateau_end"]),
+            "terminal_displacement": float(angle[-1] - angle[middle])})
     dataset.attrs.update(attrs)
     return variables

@@ -22,15 +22,21 @@ def run(case: Case, progress: bool | None = None, checkpoint=None):
     `checkpoint` (a :class:`spherepde.checkpoint.Checkpoint`) stores the state of a long run
     now and then and, when marked `resume`, continues the run from it.
 
-    A case with a [control] section is a training run (solvers.training.run_training): W is
-    trained, and the Dataset is the forward run with the trained W plus `W`, `loss`, `adjoint_norm`.
-    Training runs are deterministic and not checkpointed.
+    A case with a [control] section is a training run: W is trained, and the Dataset is the
+    forward run with the trained W plus `W`, `loss`, `adjoint_norm`; of the density
+    (solvers.training.run_training) with solver.method = "eulerian", of the particle system
+    (solvers.particle_training.run_particle_training) with "particles".  Training runs are
+    deterministic and not checkpointed.
     """
+    method = case["solver"]["method"]
     if case["control"]:
+        if method == "particles":
+            from solvers.particle_training import run_particle_training
+
+            return run_particle_training(case, progress=progress)
         from solvers.training import run_training
 
         return run_training(case, progress=progress)
-    method = case["solver"]["method"]
     if method == "particles":
         if checkpoint is not None:
             raise CaseError("checkpoints are available for the Eulerian solver only (a particle run is "

@@ -25,8 +25,14 @@ model.beta                 real >= 0, or "inf"/inf (softmax only)      1.0
 model.B, model.V           d x d real matrix                           identity
 model.W                    d x d real matrix                           zeros
 model.eps                  real >= 0                                   0.0
-initial.kind               "uniform" | "vmf" | "vmf_mixture" | "file"  "uniform"
-initial.mean               vmf: nonzero length-d vector, made unit     required
+initial.kind               "uniform" | "vmf" | "vmf_mixture" |         "uniform"
+                           "projected_gaussian" | "file"
+initial.mean               vmf: nonzero length-d vector, made unit;    required
+                           projected_gaussian: length-d vector m (any,
+                           kept as given), X ~ N(m, S), x = X / |X|
+initial.covariance         projected_gaussian: S, a d x d symmetric    required
+                           positive definite matrix, or a real s > 0
+                           for S = s I (resolved to the matrix)
 initial.kappa              vmf: real >= 0                              required
 initial.means              vmf_mixture: list of nonzero length-d       required
                            vectors, each made unit
@@ -84,9 +90,10 @@ control.tol                real >= 0: stop when |J_k - J_{k-1}| <=     0 (never)
                            tol |J_k| or |dJ/dW| <= tol
 control.gradient           "discrete" (exact gradient of the           "discrete"
                            discretised J) | "continuous" (the adjoint
-                           PDE discretised on its own)
+                           PDE discretised on its own); Eulerian only
 control.checkpoint_every   int >= 0: forward steps between stored      0: ceil(sqrt(steps))
-                           states of the adjoint's recomputation
+                           states of the adjoint's recomputation;
+                           Eulerian only
 control.kappa_cand         bow: real >= 0, vMF concentration of the    2.0
                            candidates
 control.tau                bow: real > 0, softmax temperature          1.0
@@ -95,8 +102,10 @@ control.seed               bow: int >= 0, seed of the candidates       0
 =========================  ==========================================  =========================
 
 A ``[control]`` section makes the run a training run (``spherepde run`` trains W and writes
-the trained forward run, solvers.training); it needs ``time.dt`` (one fixed step grid shared
-by the forward and adjoint runs) and ``solver.method = "eulerian"``.
+the trained forward run); it needs ``time.dt`` (one fixed step grid shared by the forward and
+adjoint runs).  ``solver.method = "eulerian"`` trains the density (solvers.training),
+``"particles"`` the particle system by autograd (solvers.particle_training; the keys marked
+"Eulerian only" are then errors); ``"both"`` is refused (train each separately).
 
 Types are strict: a bool is never a number, a real (even 64.0) is never an integer,
 a string is never a number (except ``beta = "inf"``), and every real is finite (except
@@ -118,6 +127,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+import numpy as np
 
 from .errors import CaseError
 
@@ -421,12 +432,17 @@ def _zeros(ctx) -> list[list[float]]:
     return [[0.0] * ctx.dim for _ in range(ctx.dim)]
 
 
-def _direction(value, ctx) -> list[float]:
-    """A nonzero length-d vector, scaled to unit length (kept as given if already unit)."""
+def _vector(value, ctx) -> list[float]:
+    """A length-d real vector."""
     d = ctx.dim
     if not (_is_list(value) and len(value) == d):
         raise _Invalid(f"expected a vector of length {d} (sphere.dim = {d}), got {_describe(value)}")
-    vector = _each(value, _finite)
+    return _each(value, _finite)
+
+
+def _direction(value, ctx) -> list[float]:
+    """A nonzero length-d vector, scaled to unit length (kept as given if already unit)."""
+    vector = _vector(value, ctx)
     norm = math.hypot(*vector)
     if norm == 0:
         raise _Invalid("must be nonzero (it is a direction)")
@@ -447,6 +463,31 @@ def _weights(value, ctx) -> list[float]:
     if not total > 0:
         raise _Invalid(f"must have a positive sum, got {weights!r}")
     return weights if abs(total - 1) <= _UNIT_TOLERANCE else [w / total for w in weights]
+
+
+def _initial_mean(value, ctx) -> list[float]:
+    """vmf: a direction, made unit; projected_gaussian: the Gaussian's mean, any length-d vector."""
+    return _direction(value, ctx) if ctx.section["kind"] == "vmf" else _vector(value, ctx)
+
+
+def _covariance(value, ctx) -> list[list[float]]:
+    """A d x d symmetric positive definite matrix, or a real s > 0 standing for s I."""
+    if _is_number(value):
+        variance = _real(_POSITIVE)(value, ctx)
+        return [[variance * x for x in row] for row in _identity(ctx)]
+    if not _is_list(value):
+        raise _Invalid(f"expected a {ctx.dim} x {ctx.dim} matrix or a real s > 0 (for s I), got {_describe(value)}")
+    matrix = _matrix(value, ctx)
+    for i, j in zip(*np.triu_indices(ctx.dim, 1)):
+        if matrix[i][j] != matrix[j][i]:
+            raise _Invalid(f"must be symmetric, got entry [{i}][{j}] = {matrix[i][j]!r} "
+                           f"but [{j}][{i}] = {matrix[j][i]!r}")
+    try:
+        np.linalg.cholesky(matrix)
+    except np.linalg.LinAlgError:
+        raise _Invalid(f"must be positive definite, got smallest eigenvalue "
+                       f"{np.linalg.eigvalsh(matrix)[0]:.3g}") from None
+    return matrix
 
 
 def _equal_weights(ctx) -> list[float]:
@@ -570,13 +611,20 @@ def _second_axis(ctx) -> list[float]:
     return [float(i == 1) for i in range(ctx.dim)]
 
 
+def _eulerian_training_only(ctx) -> str | None:
+    """Keys of [control] that only the Eulerian training reads: a reason when training particles."""
+    if ctx.data["solver"]["method"] == "particles":
+        return "not used when solver.method = 'particles' (it belongs to the Eulerian adjoint)"
+    return None
+
+
 def _control_rules(control: dict, ctx) -> None:
     if "dt" not in ctx.data["time"]:
         raise CaseError("control: a training run needs time.dt (one fixed step grid for the forward and "
                         "adjoint runs), not time.cfl")
-    if ctx.data["solver"]["method"] != "eulerian":
-        raise CaseError(f"control: training runs use solver.method = 'eulerian', got "
-                        f"{ctx.data['solver']['method']!r}")
+    if ctx.data["solver"]["method"] == "both":
+        raise CaseError("control: training runs use solver.method = 'eulerian' or 'particles', not 'both' "
+                        "(train each separately)")
 
 
 _SCHEMA = (
@@ -597,8 +645,9 @@ _SCHEMA = (
         _Key("eps", _real(_NONNEGATIVE), 0.0),
     ), _model_rules),
     _Section("initial", (
-        _Key("kind", _choice("uniform", "vmf", "vmf_mixture", "file"), "uniform"),
-        _Key("mean", _direction, unused=_only_for_kinds("vmf")),
+        _Key("kind", _choice("uniform", "vmf", "vmf_mixture", "projected_gaussian", "file"), "uniform"),
+        _Key("mean", _initial_mean, unused=_only_for_kinds("vmf", "projected_gaussian")),
+        _Key("covariance", _covariance, unused=_only_for_kinds("projected_gaussian")),
         _Key("kappa", _real(_NONNEGATIVE), unused=_only_for_kinds("vmf")),
         _Key("means", _directions, unused=_only_for_kinds("vmf_mixture")),
         _Key("kappas", _reals(_NONNEGATIVE), unused=_only_for_kinds("vmf_mixture")),
@@ -648,8 +697,8 @@ _SCHEMA = (
         _Key("iterations", _integer(_NONNEGATIVE), 100),
         _Key("learning_rate", _real(_POSITIVE), 0.05),
         _Key("tol", _real(_NONNEGATIVE), 0.0),
-        _Key("gradient", _choice("discrete", "continuous"), "discrete"),
-        _Key("checkpoint_every", _integer(_NONNEGATIVE), 0),
+        _Key("gradient", _choice("discrete", "continuous"), "discrete", unused=_eulerian_training_only),
+        _Key("checkpoint_every", _integer(_NONNEGATIVE), 0, unused=_eulerian_training_only),
         _Key("kappa_cand", _real(_NONNEGATIVE), 2.0, unused=_only_for_losses("bow")),
         _Key("tau", _real(_POSITIVE), 1.0, unused=_only_for_losses("bow")),
         _Key("K", _integer(_Interval(1)), 16, unused=_only_for_losses("bow")),

@@ -3,6 +3,17 @@
 von Mises-Fisher on S^{d-1}:  rho(x) = C_d(kappa) exp(kappa <mu, x>),
     C_2 = 1 / (2 pi I_0(kappa)),   C_3 = kappa / (4 pi sinh kappa),
 evaluated as exp(kappa (<mu, x> - 1) + log C_d + kappa) so that large kappa does not overflow.
+
+Projected Gaussian on S^{d-1}: the law of u = X / |X|, X ~ N(m, S) in R^d, whose density is
+    rho(u) = int_0^inf r^{d-1} phi_S(r u - m) dr
+           = (2 pi)^{-d/2} det(S)^{-1/2} exp(-c/2) int_0^inf r^{d-1} exp(-a r^2/2 + b r) dr,
+    a = u^T S^-1 u,  b = u^T S^-1 m,  c = m^T S^-1 m.
+With S = L L^T, w = L^-1 u, nu = L^-1 m and r = s / sqrt(a), tau = b / sqrt(a):
+    rho(u) = (2 pi)^{-d/2} det(L)^{-1} a^{-d/2} exp(-(|nu_perp|^2 + min(tau, 0)^2) / 2) K~_{d-1}(tau),
+where nu_perp = nu - (b / a) w (so c - tau^2 = |nu_perp|^2 >= 0 without cancellation) and
+K~_n(tau) = exp(-max(tau, 0)^2 / 2) K_n(tau), K_n(tau) = int_0^inf s^n exp(-s^2/2 + tau s) ds.
+The exponent is <= 0 and K~_n grows only like max(tau, 0)^n, so nothing overflows, and nothing
+underflows where the density itself does not.
 """
 
 import math
@@ -30,6 +41,56 @@ def vmf_density(points: torch.Tensor, mean, kappa: float) -> torch.Tensor:
     return torch.exp(kappa * (points @ mu - 1) + vmf_log_normaliser(kappa, points.shape[-1]))
 
 
+RECURSION_SWITCH = -3.0  # tau below which K_n comes from the continued fraction
+FRACTION_DEPTH = 64  # levels of the continued fraction below the highest ratio needed
+
+
+def scaled_radial_moment(n: int, tau: torch.Tensor) -> torch.Tensor:
+    """K~_n(tau) = exp(-max(tau, 0)^2 / 2) int_0^inf s^n exp(-s^2/2 + tau s) ds, elementwise.
+
+    K_0 = sqrt(pi/2) exp(tau^2/2) erfc(x), x = -tau/sqrt 2, K_1 = 1 + tau K_0, K_j = (j-1) K_{j-2} + tau K_{j-1}
+    (n >= 1). The scaled K~_0 is sqrt(pi/2) erfc(x) for tau > 0 and sqrt(pi/2) erfcx(x) for tau <= 0,
+    and K~_j obeys the same recursion with 1 replaced by exp(-max(tau, 0)^2/2). For tau >= 0 all its
+    terms are positive. For tau < 0, K_n is the recursion's minimal solution and the forward
+    recursion cancels (about 2n log10|tau| digits), so for tau < RECURSION_SWITCH the ratios
+    K_j / K_{j-1} come from the backward continued fraction
+        K_j / K_{j-1} = j / (K_{j+1} / K_j - tau),
+    started FRACTION_DEPTH levels deeper at its fixed point (tau + sqrt(tau^2 + 4j)) / 2.
+    Against 40-digit quadrature the relative error is below 6e-15 (n <= 2) and 7e-13 (n <= 6).
+    """
+    x = -tau / math.sqrt(2)
+    k0 = math.sqrt(math.pi / 2) * torch.where(x < 0, torch.special.erfc(x), torch.special.erfcx(x))
+    previous, forward = k0, torch.exp(-tau.clamp(min=0) ** 2 / 2) + tau * k0
+    for j in range(2, n + 1):
+        previous, forward = forward, (j - 1) * previous + tau * forward
+    far = tau.clamp(max=RECURSION_SWITCH)
+    top = n + FRACTION_DEPTH
+    ratio = (far + torch.sqrt(far * far + 4 * (top + 1))) / 2
+    backward = k0
+    for j in range(top, 0, -1):
+        ratio = j / (ratio - far)
+        if j <= n:
+            backward = backward * ratio
+    return torch.where(tau < RECURSION_SWITCH, backward, forward)
+
+
+def projected_gaussian_density(points: torch.Tensor, mean, covariance) -> torch.Tensor:
+    """Density on S^{d-1} (w.r.t. the surface measure) of X / |X|, X ~ N(mean, covariance); see the module doc."""
+    dim = points.shape[-1]
+    factor = torch.linalg.cholesky(torch.as_tensor(covariance, dtype=torch.float64))  # L, S = L L^T
+    log_constant = -dim / 2 * math.log(2 * math.pi) - float(torch.log(torch.diagonal(factor)).sum())
+    inverse_factor = torch.linalg.solve_triangular(factor, torch.eye(dim, dtype=torch.float64), upper=False)
+    inverse_factor = inverse_factor.to(dtype=points.dtype, device=points.device)
+    w = points @ inverse_factor.T
+    nu = inverse_factor @ torch.as_tensor(mean, dtype=points.dtype, device=points.device)
+    a = (w * w).sum(-1)
+    b = w @ nu
+    tau = b / torch.sqrt(a)
+    nu_perp = nu - (b / a)[..., None] * w
+    exponent = -((nu_perp * nu_perp).sum(-1) + tau.clamp(max=0) ** 2) / 2 - dim / 2 * torch.log(a)
+    return torch.exp(exponent + log_constant) * scaled_radial_moment(dim - 1, tau)
+
+
 def initial_density(section: dict, basis) -> torch.Tensor:
     """Spectral coefficients of rho_0 on `basis`."""
     kind = section["kind"]
@@ -40,6 +101,8 @@ def initial_density(section: dict, basis) -> torch.Tensor:
         rho = torch.full(basis.grid_shape, 1 / basis.area, dtype=points.dtype, device=points.device)
     elif kind == "vmf":
         rho = vmf_density(points, section["mean"], section["kappa"])
+    elif kind == "projected_gaussian":
+        rho = projected_gaussian_density(points, section["mean"], section["covariance"])
     else:
         rho = sum(w * vmf_density(points, m, k)
                   for m, k, w in zip(section["means"], section["kappas"], section["weights"]))

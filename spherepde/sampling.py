@@ -15,6 +15,8 @@ Every sampler draws from a `torch.Generator`, so a seed fixes the sample bit for
   normal and uniform draws are used.  Then x = w mu + sqrt(1 - w^2) t with t uniform
   on the unit sphere of mu^perp (a Householder reflection takes e_1 to mu).
 * mixtures: component labels from the weights (multinomial), each component exactly.
+* projected Gaussian: x = X / |X|, X = m + L g ~ N(m, S), S = L L^T (Cholesky), g ~ N(0, I_d);
+  the measure-zero draws X = 0 are redrawn.
 * a density stored in an Eulerian output file (S^1, S^2): the band-limited density rho
   of the file (its spectral interpolant) is sampled exactly by rejection from a
   piecewise-constant envelope on the grid cells.  The cells are the quadrature cells:
@@ -104,6 +106,18 @@ def vmf_mixture(n: int, means, kappas, weights, generator: torch.Generator, dtyp
     return points
 
 
+def projected_gaussian(n: int, mean, covariance, generator: torch.Generator, dtype=torch.float64) -> torch.Tensor:
+    """n exact draws of X / |X|, X ~ N(mean, covariance) in R^d, d = len(mean)."""
+    m = torch.as_tensor(mean, dtype=dtype)
+    factor = torch.linalg.cholesky(torch.as_tensor(covariance, dtype=dtype))
+    x = torch.zeros(n, m.numel(), dtype=dtype)
+    redraw = torch.arange(n)
+    while redraw.numel():
+        x[redraw] = m + torch.randn(redraw.numel(), m.numel(), generator=generator, dtype=dtype) @ factor.T
+        redraw = redraw[(x[redraw] == 0).all(1)]
+    return x / torch.linalg.vector_norm(x, dim=1, keepdim=True)
+
+
 def initial_particles(section: dict, dim: int, n: int, generator: torch.Generator, dtype=torch.float64):
     """n exact draws from the [initial] measure of a case (float64 draws cast to `dtype`)."""
     kind = section["kind"]
@@ -113,6 +127,8 @@ def initial_particles(section: dict, dim: int, n: int, generator: torch.Generato
         points = von_mises_fisher(n, section["mean"], section["kappa"], generator)
     elif kind == "vmf_mixture":
         points = vmf_mixture(n, section["means"], section["kappas"], section["weights"], generator)
+    elif kind == "projected_gaussian":
+        points = projected_gaussian(n, section["mean"], section["covariance"], generator)
     else:
         points = DensityFileSampler(section["path"], section["time"], dim).sample(n, generator)
     return points.to(dtype)

@@ -16,21 +16,47 @@ and the threshold h = Delta_ref + 0.05 (max Delta - Delta_ref):
   clustering     Delta(0) > h (the energy falls across the initial layer);
   flat plateau   var(Delta on the plateau) / (max Delta - min Delta)^2 <= 0.05 (relative variance);
   escape         Delta(T) - Delta_ref >= 0.1 (terminal energy lift).
-Escape rate a: least-squares slope of log(Delta(t) - Delta_ref) over the terminal layer, i.e.
-Delta - Delta_ref ~ C exp(-a (T - t)).  The adjoint's rate: slope of log |grad phi_t|_{L2(mu_t)}
-from the plateau's start to T (the adjoint decays backward from the output layer).
+Terminal energy rate: least-squares slope a of log(Delta(t) - Delta_ref) over the terminal layer of the
+trained run, Delta - Delta_ref ~ C exp(-a (T - t)) (`terminal_energy_rate`; nonlinear there: the mean
+turns by ~1.5 rad).
 
-Rayleigh quotient of the loss gradient g = dl/dmu at the plateau state mu (the save nearest the
-plateau's middle):  R_mu(g) = |grad g|^2_{L2(mu)} / |g|^2_{H^-1(mu)},  |g|^2_{H^-1(mu)} = int |grad u|^2 dmu
-with u the solution of the weighted Poisson problem  -div(rho grad u) = rho (g - int g dmu)
-(exact quadrature on S^1; conjugate gradients in spectral space, preconditioned by the inverse of
--rho_mean Lap, on S^2).
+Rayleigh quotient (escape rate of linear theory).  Near a critical point mu of E (the Gibbs
+minimum: eps grad log rho = grad U) the forward equation linearises to d_t s = -K H s, with
+K f = -div(rho grad f) and H the flat second variation of E,
+
+    H s = eps s / rho - T[s],   <s, H s> = eps int s^2 / rho - int int exp(beta <x, B y>) s(x) s(y),
+
+and the adjoint to d_t phi = H K phi, i.e. phi_t = exp(-(T - t) H K) g backward from phi_T = g = dl/dmu.
+H K is self-adjoint for <f, h>_K = int grad f . grad h dmu, with the Rayleigh quotient
+
+    R_mu(g) = <K g, H K g> / <g, K g> = Hess_W E(mu)[grad g, grad g] / |grad g|^2_{L2(mu)}
+
+(the Wasserstein Hessian of E along the velocity grad g: `rayleigh_quotient`; `wasserstein_hessian` takes
+any velocity field).  Expanding g in eigenfunctions of H K, log |grad phi_t|_{L2(mu)} is convex in T - t
+with slope exactly R_mu(g) at t = T: the adjoint, and with it the control W_t ∝ int grad phi_t x^T dmu
+of a gradient step and the displacement it causes, grows towards the output layer at rate R_mu(g)
+near T (|grad phi_t| >= |grad g| exp(-(T - t) R_mu(g)), the seed's one-step bound), and deep in the
+plateau at the smallest eigenvalue present in g (equal to R_mu(g) when g is an eigenfunction, as the
+align gradient -<x, e_2> is to 1e-3: the rotation of the cluster).
+
+The seed prints R = |grad g|^2_{L2(mu)} / |g|^2_{H^-1(mu)} instead; for a cluster of width s that is
+~ 1/s^4 ~ eps^-2, not a rate (hundreds at eps = 0.05, where the adjoint grows at ~1), so we report it
+apart as `h_minus_one_quotient`, with |g|^2_{H^-1(mu)} = int |grad u|^2 dmu, u the solution of the
+weighted Poisson problem -div(rho grad u) = rho (g - int g dmu) (exact quadrature on S^1; conjugate
+gradients in spectral space, preconditioned by the inverse of -rho_mean Lap, on S^2).
+
+Escape rate (`escape_rate`): the slope of log |grad phi_t|_{L2(mu_t)} of the adjoint at the initial
+control (the first gradient step, the seed's 1-GD) over the last 1 / R_mu(g) of depth, to be compared
+with R_mu(g) at the Gibbs minimum; the adjoint's plateau rate (`adjoint_rate`, same fit from the
+plateau's start to its end, at the trained control) gives the slowest mode.
 """
 
 import math
 
 import numpy as np
 import torch
+
+from .model import principal_subspace
 
 # Density floor of the weighted norms, relative to max rho: the H^-1(mu) norm weighs errors by 1 / rho, and a
 # spectral density is known only to ~1e-16 of its maximum (it even dips below zero in its tails).
@@ -49,8 +75,7 @@ def gibbs_minimum(model, exp_kernel, basis, direction: torch.Tensor, damping: fl
     potential = math.exp(model.beta) * (points @ direction)  # a cluster at `direction` as a start
     for _ in range(iterations):
         rho = _gibbs_density(potential, eps, basis)
-        scaled, log_scale = exp_kernel(rho[..., None])
-        update = scaled[..., 0] * torch.exp(log_scale)
+        update = _interaction_potential(exp_kernel, rho)
         change = float((update - potential).abs().max())
         potential = (1 - damping) * potential + damping * update
         if change <= tol * float(update.abs().max()):
@@ -68,8 +93,7 @@ def _gibbs_density(potential: torch.Tensor, eps: float, basis) -> torch.Tensor:
 
 def free_energy(model, exp_kernel, basis, rho: torch.Tensor) -> float:
     """E = eps int rho log rho - 1/2 int int exp(beta <x, B y>) rho rho (quadrature on the grid; rho log rho = 0 where rho <= 0)."""
-    scaled, log_scale = exp_kernel(rho[..., None])
-    interaction = -0.5 * float(basis.integrate(scaled[..., 0] * torch.exp(log_scale) * rho))
+    interaction = -0.5 * float(basis.integrate(_interaction_potential(exp_kernel, rho) * rho))
     positive = rho.clamp_min(0)
     entropy = float(basis.integrate(torch.where(positive > 0, positive * torch.log(positive.clamp_min(1e-300)), 0.0)))
     return model.eps * entropy + interaction
@@ -112,9 +136,9 @@ def phases(times: np.ndarray, gap: np.ndarray) -> dict:
     return result
 
 
-def terminal_rate(times: np.ndarray, values: np.ndarray, start: float) -> float:
-    """Least-squares slope of log(values) against t over t >= start (positive values only); NaN if < 2 points."""
-    chosen = (times >= start) & (values > 0)
+def exponential_rate(times: np.ndarray, values: np.ndarray, start: float, end: float = math.inf) -> float:
+    """Least-squares slope a of log(values) = a t + b over start <= t <= end (positive values only); NaN if < 2 points."""
+    chosen = (times >= start) & (times <= end) & (values > 0)
     if chosen.sum() < 2:
         return math.nan
     return float(np.polyfit(times[chosen], np.log(values[chosen]), 1)[0])
@@ -153,8 +177,8 @@ def weighted_poisson(basis, rho: torch.Tensor, f: torch.Tensor, tol: float = 1e-
     return u
 
 
-def rayleigh_quotient(basis, rho: torch.Tensor, g: torch.Tensor) -> tuple[float, float]:
-    """(R_mu(g), |g|_{H^-1(mu)}) for a grid function g and density rho (module docstring).
+def h_minus_one_quotient(basis, rho: torch.Tensor, g: torch.Tensor) -> tuple[float, float]:
+    """(|grad g|^2_{L2(mu)} / |g|^2_{H^-1(mu)}, |g|_{H^-1(mu)}): the seed's printed quotient (module docstring).
 
     rho is floored at max(DENSITY_FLOOR max rho, -min rho) throughout (the undershoot of an under-resolved
     spectral density measures its error, which 1 / rho would amplify) and renormalised to mass 1.  On S^1 the Poisson
@@ -177,3 +201,54 @@ def rayleigh_quotient(basis, rho: torch.Tensor, g: torch.Tensor) -> tuple[float,
     grad_g = basis.gradient(basis.analysis(g))
     dirichlet = float(basis.integrate((grad_g * grad_g).sum(-1) * rho))
     return dirichlet / h_minus_one, math.sqrt(h_minus_one)
+
+
+def wasserstein_hessian(model, exp_kernel, basis, rho: torch.Tensor, velocity: torch.Tensor) -> float:
+    """Hess_W E(mu)[X, X] = eps int s^2 / rho - int s T[s], s = -div(rho X), at a critical point mu of E.
+
+    X: tangent field (*grid, d) in ambient coordinates.  At a critical point eps grad log rho = grad U,
+    U = T[rho], so s / rho = -(div X + X . grad U / eps) is computed from smooth fields: a spectral
+    s = -div(rho X) divided by rho would blow up its truncation error in the tails, where rho ~ 1e-30."""
+    potential = _interaction_potential(exp_kernel, rho)
+    grad_potential = basis.gradient(basis.analysis(potential))
+    ratio = -(basis.synthesis(basis.divergence(velocity)) + (velocity * grad_potential).sum(-1) / model.eps)
+    s = rho * ratio
+    return model.eps * float(basis.integrate(rho * ratio * ratio)) - float(basis.integrate(s * _interaction_potential(exp_kernel, s)))
+
+
+def _interaction_potential(exp_kernel, f: torch.Tensor) -> torch.Tensor:
+    """T[f](x) = int exp(beta <x, B y>) f(y) dsigma(y) on the grid."""
+    scaled, log_scale = exp_kernel(f[..., None])
+    return scaled[..., 0] * torch.exp(log_scale)
+
+
+def rayleigh_quotient(model, exp_kernel, basis, rho: torch.Tensor, g: torch.Tensor) -> float:
+    """R_mu(g) = Hess_W E(mu)[grad g, grad g] / |grad g|^2_{L2(mu)} (module docstring): the rate, per unit
+    depth, at which the adjoint phi_T = g grows towards the output layer when g is an eigenfunction of H K."""
+    grad_g = basis.gradient(basis.analysis(g))
+    dirichlet = float(basis.integrate((grad_g * grad_g).sum(-1) * rho))
+    return wasserstein_hessian(model, exp_kernel, basis, rho, grad_g) / dirichlet
+
+
+def plateau_theory(model, exp_kernel, basis, loss, cluster_mean: torch.Tensor) -> dict:
+    """The Gibbs minimum in the well of the leading eigenvector of B nearest `cluster_mean` (the two wells
+    +-e_1 have the same energy), and at it the loss gradient g = dl/dmu with its quotients:
+    {"gibbs": rho, "min_energy", "rayleigh_quotient" R_mu(g), "h_minus_one_quotient", "h_minus_one_norm"}."""
+    direction = torch.as_tensor(principal_subspace(model.B.cpu().double().numpy())[:, 0]).to(basis.points)
+    if float(direction @ cluster_mean.to(direction)) < 0:
+        direction = -direction
+    rho, min_energy = gibbs_minimum(model, exp_kernel, basis, direction)
+    points = basis.points.reshape(-1, basis.dim)
+    g = loss.first_variation(points, (rho * basis.weights).reshape(-1)).reshape(basis.grid_shape)
+    quotient, norm = h_minus_one_quotient(basis, rho, g)
+    return {"gibbs": rho, "min_energy": min_energy,
+            "rayleigh_quotient": rayleigh_quotient(model, exp_kernel, basis, rho, g),
+            "h_minus_one_quotient": quotient, "h_minus_one_norm": norm}
+
+
+def escape_rate(times: np.ndarray, adjoint_norm: np.ndarray, quotient: float) -> float:
+    """Fitted a in |grad phi_t|_{L2(mu_t)} ~ exp(-a (T - t)) over the last 1 / R_mu(g) of depth (one e-fold of the
+    predicted amplification; module docstring): NaN unless R_mu(g) > 0."""
+    if not quotient > 0:
+        return math.nan
+    return exponential_rate(times, adjoint_norm, times[-1] - 1 / quotient)

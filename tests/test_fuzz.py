@@ -27,14 +27,14 @@ SECTIONS = {
     "case": ["name", "description"],
     "sphere": ["dim", "lmax"],
     "model": ["kernel", "beta", "B", "V", "W", "eps"],
-    "initial": ["kind", "mean", "kappa", "means", "kappas", "weights", "path", "time"],
+    "initial": ["kind", "mean", "kappa", "covariance", "means", "kappas", "weights", "path", "time"],
     "time": ["t_end", "dt", "cfl", "save_every", "scheme", "max_steps"],
     "solver": ["method", "field", "backend", "device", "dtype", "chunk", "filter_order", "kernel_tol"],
     "particles": ["n", "seed", "integrator", "save", "beta_inf_mode", "dt"],
     "diagnostics": ["lyapunov_p", "tail_tol", "w2", "w2_atoms"],
     "control": ["loss"],
 }
-WORDS = ["softmax", "unnormalized", "inf", "uniform", "vmf", "vmf_mixture", "file", "eulerian", "particles", "both",
+WORDS = ["softmax", "unnormalized", "inf", "uniform", "vmf", "vmf_mixture", "projected_gaussian", "file", "eulerian", "particles", "both",
          "auto", "dense", "spectral", "torch", "shtns", "cpu", "cuda", "float64", "float32", "rk4", "lawson-rk4",
          "imex-ark436", "imex-ars443", "euler", "heun", "mean_field", "hardmax", "run.nc", "case.toml", ""]
 S1 = {

@@ -139,51 +139,6 @@ def test_training_needs_a_fixed_step(tmp_path, capsys):
 # --- seed-004 diagnostics (spherepde/turnpike.py) ------------------------------------------------------
 
 
-def test_rayleigh_quotient_of_an_eigenfunction_on_the_uniform_measure():
-    """rho = 1/2pi, g = cos(k theta): -div(rho grad u) = rho g gives u = g / k^2, so R = k^4 and
-    |g|_{H^-1}^2 = 1 / (2 k^2)."""
-    import math
-
-    from spherepde.bases import make_basis
-    from spherepde.device import placement
-    from spherepde.turnpike import rayleigh_quotient
-
-    basis = make_basis(2, 16, placement("cpu", "float64"))
-    rho = torch.full_like(basis.theta, 1 / (2 * math.pi))
-    for k in (1, 3):
-        quotient, norm = rayleigh_quotient(basis, rho, torch.cos(k * basis.theta))
-        assert quotient == pytest.approx(k ** 4, rel=1e-10) and norm == pytest.approx((2 * k * k) ** -0.5, rel=1e-10)
-
-
-def test_gibbs_minimum_is_a_stationary_state_of_the_forward_equation():
-    """At rho ∝ exp(U[rho] / eps) the flux eps grad rho - rho v vanishes (W = 0, V = B): the rate is ~0."""
-    from solvers.eulerian import ForwardProblem
-    from spherepde.turnpike import gibbs_minimum
-
-    case = training_case(lmax=64).with_overrides(["control.layers=1"])  # the Gibbs state resolved to round-off
-    problem = ForwardProblem(case)
-    direction = torch.tensor([1.0, 0.0], dtype=torch.float64)
-    rho, energy = gibbs_minimum(problem.model, problem.exp_kernel, problem.basis, direction)
-    c = problem.basis.analysis(rho)
-    rate = problem.lam * c + problem.transport(0.0, c)
-    assert float(rate.abs().max()) < 1e-9 * float(c.abs().max())
-    flipped, energy_flipped = gibbs_minimum(problem.model, problem.exp_kernel, problem.basis, -direction)
-    assert energy_flipped == pytest.approx(energy, rel=1e-12)  # the two wells +-e_1
-
-
-def test_three_phase_test_on_a_synthetic_gap():
-    from spherepde.turnpike import phases, terminal_rate
-
-    times = np.linspace(0, 40, 401)
-    gap = 0.5 * np.exp(-2 * times) + 1e-4 + 0.3 * np.exp(-0.5 * (40 - times))
-    test = phases(times, gap)
-    assert test["three_phase"] and test["clustering"]
-    assert 25 < test["plateau_width"] < 40 and test["initial_width"] < 3 and test["terminal_width"] < 8
-    assert terminal_rate(times, gap - test["gap_reference"], test["plateau_end"]) == pytest.approx(0.5, rel=0.05)
-    flat = phases(times, 0.5 * np.exp(-2 * times) + 1e-4)
-    assert not flat["three_phase"] and flat["terminal_lift"] < 0.1
-
-
 def test_seed004_cases_load():
     from pathlib import Path
 
@@ -223,32 +178,3 @@ def test_adam_first_step_is_the_learning_rate_times_the_sign():
     gradient = torch.tensor([[3.0, -1e-3], [0.5, -20.0]], dtype=torch.float64)
     step = Adam(0.1).step(torch.zeros(2, 2, dtype=torch.float64), gradient)
     assert torch.allclose(step, -0.1 * torch.sign(gradient), rtol=1e-4)
-
-
-def test_rayleigh_quotient_on_the_sphere_uses_the_weighted_poisson_solver():
-    """Uniform measure on S^2, g = z (degree 1, eigenvalue 2 of -Lap): R = 2^2 = 4."""
-    import math
-
-    from spherepde.bases import make_basis
-    from spherepde.device import placement
-    from spherepde.turnpike import rayleigh_quotient
-
-    basis = make_basis(3, 8, placement("cpu", "float64"))
-    rho = torch.full(basis.grid_shape, 1 / (4 * math.pi), dtype=torch.float64)
-    quotient, _ = rayleigh_quotient(basis, rho, basis.points[..., 2])
-    assert quotient == pytest.approx(4.0, rel=1e-9)
-
-
-def test_rayleigh_quotient_of_a_concentrated_state_is_stable_under_refinement():
-    """A vMF(kappa = 30) state: the S^1 closed form does not depend on the grid once rho is resolved."""
-    from spherepde.bases import make_basis
-    from spherepde.device import placement
-    from spherepde.initial import vmf_density
-    from spherepde.turnpike import rayleigh_quotient
-
-    values = []
-    for lmax in (96, 192):
-        basis = make_basis(2, lmax, placement("cpu", "float64"))
-        rho = vmf_density(basis.points, [1.0, 0.0], 30.0)
-        values.append(rayleigh_quotient(basis, rho, -basis.points[..., 1])[0])
-    assert values[0] == pytest.approx(values[1], rel=1e-6)

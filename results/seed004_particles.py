@@ -1,0 +1,156 @@
+"""Seed 004 through the particle system (issue 4, criterion 5), printed as markdown.
+
+    OMP_NUM_THREADS=1 python3 results/seed004_particles.py [--seeds 20] [--bow-seeds 10] [--report-only] > results/seed004_particles.md
+
+The reduced-scale cases of results/seed004_reduced.py (its overrides: eps = 0.05, lmax 24 for the Gibbs
+minimum, dt = 0.1, T = 16, 16 layers, 25 Adam iterations, lr 0.05) trained through N = 64 particles
+with torch autograd (solvers/particle_training.py: common random numbers, the exact gradient of the
+sample-path cost), one run per particles.seed (the initial sample and the noise path).  The Eulerian
+values are read from the runs of results/seed004_reduced.md ($SEED004_OUT, default /tmp/seed004_reduced;
+that script's `member` makes a missing one).  NetCDF outputs go to $SEED004_OUT/particles-*.nc.
+
+Phases: the particle test runs on the interaction energy (the entropy of 64 atoms is not defined; see
+solvers/particle_training.py).  For a like-for-like comparison the Eulerian run is tested twice: on its
+free energy (as results/seed004_reduced.md reports it) and on its interaction energy alone.  The
+terminal displacement is the angle of the mean at T minus at the save nearest the plateau's middle.
+"""
+
+import argparse
+import math
+import os
+import sys
+import warnings
+
+import numpy as np
+
+from seed004_reduced import REDUCED, member, path_of
+
+T_END = 16.0
+N = 64
+# The particle training has no adjoint PDE: control.gradient is an Eulerian key (an error with particles).
+PARTICLE_OVERRIDES = [o for o in REDUCED if not o.startswith("control.gradient")] + [
+    "solver.method='particles'", f"particles.n={N}", f"time.t_end={T_END}", f"control.layers={int(T_END)}"]
+CASES = {"seed004-align-l065": "align, lambda_2 = 0.65", "seed004-bow-k2": "bow, kappa_cand = 2"}
+
+
+def particle_path(name, seed):
+    return os.path.join(os.environ.get("SEED004_OUT", "/tmp/seed004_reduced"), f"particles-{name}-T{int(T_END)}-seed{seed}.nc")
+
+
+def train_particles(name, seed):
+    import spherepde
+    from spherepde.output import write_dataset
+
+    case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"),
+                               PARTICLE_OVERRIDES + [f"particles.seed={seed}"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        write_dataset(spherepde.run(case, progress=False), particle_path(name, seed))
+
+
+def particle_row(name, seed, eulerian_W):
+    """The figures of one particle run from its file, and the J of its particle system (same x_0 and noise)
+    at the W the Eulerian training found."""
+    import torch
+    import xarray as xr
+
+    from solvers.particle_training import ParticleControl
+    from spherepde.case import load_case_text
+
+    with xr.open_dataset(particle_path(name, seed)) as dataset:
+        attrs = dataset.attrs
+        return {"three_phase": attrs["three_phase"], "plateau": attrs["plateau_width"],
+                "initial": attrs["initial_width"], "terminal": attrs["terminal_width"], "lift": attrs["terminal_lift"],
+                "displacement": attrs["terminal_displacement"], "loss": dataset["loss"].values[[0, -1]],
+                "seconds": attrs["training_seconds"],
+                "at_eulerian_W": ParticleControl(load_case_text(attrs["case"])).cost_of(torch.as_tensor(eulerian_W))}
+
+
+def eulerian_rows(name):
+    """The phase test of the Eulerian run on its free energy and on its interaction energy alone
+    (turnpike.phases is blind to the constant min E, so the energies themselves serve as gaps), and its W."""
+    import xarray as xr
+
+    from spherepde import turnpike
+
+    if not os.path.exists(path_of(name, T_END)):
+        member((name, T_END))
+    rows = {}
+    with xr.open_dataset(path_of(name, T_END)) as dataset:
+        rows["W"] = dataset["W"].values
+        times = dataset["time"].values
+        angle = turnpike.mean_angle(dataset["mean"].values)
+        for energy in ("free_energy", "interaction_energy"):
+            test = turnpike.phases(times, dataset[energy].values)
+            middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
+            rows[energy] = {"three_phase": "true" if test["three_phase"] else "false", "plateau": test["plateau_width"],
+                            "initial": test["initial_width"], "terminal": test["terminal_width"],
+                            "lift": test["terminal_lift"], "displacement": float(angle[-1] - angle[middle]),
+                            "loss": dataset["loss"].values[[0, -1]]}
+    return rows
+
+
+def report(name, seeds):
+    print(f"## {CASES[name]} (cases/{name}.toml), N = {N} particles, {len(seeds)} seeds\n")
+    print("| run | three phases | plateau | initial / terminal layer | terminal lift | J first -> last | "
+          "J at the Eulerian W | terminal displacement (rad) | training (s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    eulerian = eulerian_rows(name)
+    eulerian_W = eulerian.pop("W")
+    rows = [particle_row(name, seed, eulerian_W) for seed in seeds]
+    for seed, row in zip(seeds, rows):
+        print(f"| particles, seed {seed} | {row['three_phase']} | {row['plateau']:.1f} | {row['initial']:.1f} / "
+              f"{row['terminal']:.1f} | {row['lift']:.3f} | {row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | "
+              f"{row['at_eulerian_W']:.3f} | {row['displacement']:.3f} | {row['seconds']:.0f} |")
+    displacement = np.array([row["displacement"] for row in rows])
+    plateau = np.array([row["plateau"] for row in rows])
+    final = np.array([row["loss"][1] for row in rows])
+    at_eulerian = np.array([row["at_eulerian_W"] for row in rows])
+    phased = sum(row["three_phase"] == "true" for row in rows)
+    print(f"| **particles, mean ± std** | {phased} / {len(rows)} true | {plateau.mean():.1f} ± {plateau.std(ddof=1):.1f} "
+          f"| | | final J {final.mean():.3f} ± {final.std(ddof=1):.3f} | {at_eulerian.mean():.3f} ± "
+          f"{at_eulerian.std(ddof=1):.3f} | **{displacement.mean():.3f} ± {displacement.std(ddof=1):.3f}** | |")
+    for energy, row in eulerian.items():
+        print(f"| Eulerian (lmax 24), phases on {energy} | {row['three_phase']} | {row['plateau']:.1f} | "
+              f"{row['initial']:.1f} / {row['terminal']:.1f} | {row['lift']:.3f} | "
+              f"{row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | | {row['displacement']:.3f} | |")
+    reference = eulerian["free_energy"]["displacement"]
+    spread = displacement.std(ddof=1)
+    gap = abs(displacement.mean() - reference)
+    print(f"\nEulerian terminal displacement {reference:.3f} rad (phases on the free energy, as in "
+          f"results/seed004_reduced.md); particle mean {displacement.mean():.3f}, seed spread (std) {spread:.3f}: "
+          f"|difference| = {gap:.3f} = {gap / spread:.2f} std, {'within' if gap <= spread else 'outside'} the seed "
+          f"spread; standard error of the particle mean {spread / math.sqrt(len(rows)):.3f}. "
+          f"{sum(abs(d - reference) <= spread for d in displacement)} of {len(rows)} seeds lie within one std "
+          f"of the Eulerian value.  The particle J at the Eulerian W is {at_eulerian.mean():.3f} against "
+          f"{final.mean():.3f} at the particles' own trained W ({sum(at_eulerian < final)} of {len(rows)} seeds "
+          "lower at the Eulerian W).\n")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seeds", type=int, default=20, help="particle seeds of the align case")
+    parser.add_argument("--bow-seeds", type=int, default=10, help="particle seeds of the bow case (0: none)")
+    parser.add_argument("--report-only", action="store_true", help="summarise the existing files, run nothing")
+    args = parser.parse_args()
+    jobs = {"seed004-align-l065": list(range(args.seeds)), "seed004-bow-k2": list(range(args.bow_seeds))}
+    if not args.report_only:
+        import torch
+
+        torch.set_num_threads(1)
+        for name, seeds in jobs.items():
+            for seed in seeds:
+                train_particles(name, seed)
+    print("# Seed 004 through the particle system (issue 4, criterion 5)\n")
+    print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_particles.py "
+          f"--seeds {args.seeds} --bow-seeds {args.bow_seeds} > results/seed004_particles.md`\n")
+    print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
+    print("Particle overrides: `" + " ".join(PARTICLE_OVERRIDES) + " particles.seed=s`.\n")
+    for name, seeds in jobs.items():
+        if seeds:
+            report(name, seeds)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

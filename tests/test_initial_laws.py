@@ -1,0 +1,171 @@
+"""The projected Gaussian initial law: the closed-form density against quadrature of its radial
+integral, normalisation on the solver grids, the exact sampler's moments, and the case keys."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.integrate import quad
+
+from conftest import make_case
+from spherepde.bases import make_basis
+from spherepde.case import load_case_text
+from spherepde.device import placement
+from spherepde.errors import CaseError
+from spherepde.initial import RECURSION_SWITCH, initial_density, projected_gaussian_density
+from spherepde.sampling import initial_particles, projected_gaussian
+
+CPU64 = placement("cpu", "float64")
+
+
+def spd(dim, seed, scale):
+    """A fixed random symmetric positive definite matrix."""
+    a = np.random.default_rng(seed).normal(size=(dim, dim))
+    return scale * (a @ a.T / dim + 0.3 * np.eye(dim))
+
+
+def radial_quadrature(u, mean, covariance):
+    """rho(u) = int_0^inf r^{d-1} phi_S(r u - m) dr by adaptive quadrature around the peak of the integrand."""
+    dim = len(u)
+    precision = np.linalg.inv(covariance)
+    a, b, c = u @ precision @ u, u @ precision @ mean, mean @ precision @ mean
+    log_constant = -dim / 2 * math.log(2 * math.pi) - np.linalg.slogdet(covariance)[1] / 2
+    peak = (b + math.sqrt(b * b + 4 * a * (dim - 1))) / (2 * a)  # maximiser of r^{d-1} exp(-a r^2/2 + b r)
+    width = 1 / math.sqrt(a)
+    log_peak = (dim - 1) * math.log(peak) - a * peak ** 2 / 2 + b * peak - c / 2
+
+    def integrand(r):
+        return r ** (dim - 1) * math.exp(log_constant - a * r * r / 2 + b * r - c / 2 - log_peak)
+
+    pieces = [0.0, max(peak - 10 * width, 0.0), peak, peak + 10 * width, peak + 60 * width]
+    total = sum(quad(integrand, lo, hi, epsabs=0, epsrel=1e-13, limit=200)[0]
+                for lo, hi in itertools.pairwise(pieces) if hi > lo)
+    return total * math.exp(log_peak), b / math.sqrt(a)
+
+
+LAWS = {
+    "circle": ([0.3, -0.2], [[0.5, 0.1], [0.1, 0.3]]),
+    "sphere": ([2.0, 1.0, -0.5], spd(3, 1, 0.5).tolist()),
+    "concentrated": ([5.0, 0.0, 0.0], (0.05 * np.eye(3)).tolist()),
+    "S^4": ((3 * np.random.default_rng(2).normal(size=5)).tolist(), spd(5, 3, 1.0).tolist()),
+    "S^4 concentrated": ([0.0, 0.0, 4.0, 0.0, 3.0], (0.1 * np.eye(5)).tolist()),
+}
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_closed_form_agrees_with_quadrature_of_the_radial_integral(law):
+    mean, covariance = LAWS[law]
+    dim = len(mean)
+    direction = np.asarray(mean) / np.linalg.norm(mean)
+    others = np.random.default_rng(4).normal(size=(6, dim))
+    u = np.concatenate([direction[None], -direction[None], others / np.linalg.norm(others, axis=1, keepdims=True)])
+    closed = projected_gaussian_density(torch.from_numpy(u), mean, covariance).numpy()
+    reference, tau = np.array([radial_quadrature(x, np.asarray(mean), np.asarray(covariance)) for x in u]).T
+    assert np.all(np.abs(closed / reference - 1) <= 1e-10), closed / reference - 1
+    assert tau.max() > 0
+    if law.endswith("concentrated"):  # the far side needs the continued fraction
+        assert tau.min() < RECURSION_SWITCH and reference.min() > 1e-200
+
+
+@pytest.mark.parametrize("dim", [2, 3, 4, 5, 8])
+def test_standard_gaussian_projects_to_the_uniform_density(dim):
+    u = torch.randn(20, dim, generator=torch.Generator().manual_seed(dim), dtype=torch.float64)
+    u /= torch.linalg.vector_norm(u, dim=1, keepdim=True)
+    rho = projected_gaussian_density(u, [0.0] * dim, np.eye(dim))
+    area = 2 * math.pi ** (dim / 2) / math.gamma(dim / 2)
+    assert torch.allclose(rho * area, torch.ones(20, dtype=torch.float64), rtol=2e-15, atol=0)
+
+
+GRID_LAWS = [([0.6, -0.3], [[0.4, 0.1], [0.1, 0.2]]),
+             ([0.3, 0.2, 0.5], (0.5 * np.eye(3)).tolist()),
+             ([1.0, -0.5, 0.8], [[0.4, 0.1, 0.0], [0.1, 0.3, 0.05], [0.0, 0.05, 0.2]]),
+             ([0.0, 0.0, 0.0], [[1.0, 0.0, 0.0], [0.0, 0.5, 0.0], [0.0, 0.0, 0.25]])]
+
+
+@pytest.mark.parametrize("mean, covariance", GRID_LAWS)
+def test_density_integrates_to_one_on_the_solver_grids(mean, covariance):
+    """Grid quadrature of the density, and the mass of the Eulerian initial coefficients."""
+    dim = len(mean)
+    basis = make_basis(dim, 64, CPU64)
+    rho = projected_gaussian_density(basis.points, mean, covariance)
+    assert abs(float(basis.integrate(rho)) - 1) <= 1e-12
+    case = make_case(dim, 64, initial={"kind": "projected_gaussian", "mean": mean, "covariance": covariance})
+    coefficients = initial_density(case["initial"], basis)
+    assert abs(float(basis.integrate(basis.synthesis(coefficients))) - 1) <= 1e-12
+    assert float(basis.spectral_tail(coefficients)) <= 1e-10  # resolved: diagnostics.tail_tol is 1e-6
+
+
+def quadrature_moments(dim, mean, covariance):
+    """int (u, u u^T) rho(u) dsigma(u) on a fine grid."""
+    basis = make_basis(dim, 96, CPU64)
+    points = basis.points.reshape(-1, dim).numpy()
+    masses = (projected_gaussian_density(basis.points, mean, covariance) * basis.weights).reshape(-1).numpy()
+    return masses @ np.concatenate([points, (points[:, :, None] * points[:, None, :]).reshape(len(points), -1)], 1)
+
+
+@pytest.mark.parametrize("mean, covariance", GRID_LAWS[::2] + [([0.0, 1.5], [[0.1, 0.0], [0.0, 2.0]])])
+def test_sampler_moments_agree_with_the_density(mean, covariance):
+    """Mean of u and of u u^T over 1e5 exact draws within 4 Monte Carlo standard errors of quadrature."""
+    dim = len(mean)
+    section = {"kind": "projected_gaussian", "mean": mean, "covariance": covariance}
+    x = initial_particles(section, dim, 100_000, torch.Generator().manual_seed(11)).numpy()
+    assert np.abs(np.linalg.norm(x, axis=1) - 1).max() <= 1e-15
+    features = np.concatenate([x, (x[:, :, None] * x[:, None, :]).reshape(len(x), -1)], axis=1)
+    error = features.std(0) / math.sqrt(len(x))
+    exact = quadrature_moments(dim, mean, covariance)
+    assert np.all(np.abs(features.mean(0) - exact) <= 4 * error + 1e-12), (features.mean(0) - exact) / error
+
+
+def test_sampler_is_reproducible_and_redraws_the_origin(monkeypatch):
+    first, second = (projected_gaussian(500, [0.2, 0.1, 0.0], spd(3, 5, 0.3), torch.Generator().manual_seed(2))
+                     for _ in range(2))
+    assert torch.equal(first, second)
+    real, draws = torch.randn, []
+
+    def randn(*shape, **kwargs):  # the first draw puts row 1 exactly on -mean = 0
+        g = real(*shape, **kwargs)
+        if not draws:
+            g[1] = 0
+        draws.append(g.shape[0])
+        return g
+
+    monkeypatch.setattr(torch, "randn", randn)
+    x = projected_gaussian(3, [0.0, 0.0], [[1.0, 0.0], [0.0, 1.0]], torch.Generator().manual_seed(0))
+    assert draws == [3, 1]
+    assert torch.allclose(torch.linalg.vector_norm(x, dim=1), torch.ones(3, dtype=torch.float64))
+
+
+CASE = "[sphere]\ndim = 3\n[time]\nt_end = 1.0\n[initial]\nkind = 'projected_gaussian'\n"
+
+
+def test_case_keys_resolve_and_round_trip():
+    case = load_case_text(CASE + "mean = [0, 0, 0]\ncovariance = 2\n")
+    assert case["initial"] == {"kind": "projected_gaussian", "mean": [0.0, 0.0, 0.0],
+                               "covariance": [[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 2.0]]}
+    case = load_case_text(CASE + "mean = [3, 0, 4]\ncovariance = [[1, 0.5, 0], [0.5, 1, 0], [0, 0, 0.1]]\n")
+    assert case["initial"]["mean"] == [3.0, 0.0, 4.0]  # a mean, not a direction: kept as given
+    assert load_case_text(case.text).data == case.data
+
+
+@pytest.mark.parametrize("keys, key, fragment", [
+    ("mean = [0, 0, 1]\ncovariance = [[1, 0.1, 0], [0, 1, 0], [0, 0, 1]]", "initial.covariance", "symmetric"),
+    ("mean = [0, 0, 1]\ncovariance = [[1, 2, 0], [2, 1, 0], [0, 0, 1]]", "initial.covariance", "positive definite"),
+    ("mean = [0, 0, 1]\ncovariance = [[1, 0], [0, 1]]", "initial.covariance", "3 x 3"),
+    ("mean = [0, 0, 1]\ncovariance = 0", "initial.covariance", "> 0"),
+    ("mean = [0, 0, 1]\ncovariance = 'I'", "initial.covariance", "real s > 0"),
+    ("mean = [0, 0, 1]", "initial.covariance", "missing"),
+    ("mean = [0, 1]\ncovariance = 1", "initial.mean", "length 3"),
+    ("mean = [0, 0, 1]\ncovariance = 1\nkappa = 2", "initial.kappa", "'vmf'"),
+])
+def test_bad_keys_are_one_line_errors_naming_the_key(keys, key, fragment):
+    with pytest.raises(CaseError) as error:
+        load_case_text(CASE + keys + "\n")
+    message = str(error.value)
+    assert "\n" not in message and f"{key}:" in message and fragment in message, message
+
+
+def test_covariance_belongs_to_the_projected_gaussian_only():
+    with pytest.raises(CaseError, match=r"initial\.covariance: not used when initial.kind = 'vmf'"):
+        load_case_text(CASE.replace("projected_gaussian", "vmf") + "mean = [0, 0, 1]\nkappa = 1\ncovariance = 1\n")

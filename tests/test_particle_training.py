@@ -1,0 +1,107 @@
+"""Training through the particle system (solvers/particle_training.py): autograd gradient, regulariser,
+common random numbers, agreement with the particle solver, the training run and its output."""
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from solvers.adjoint import central_differences_of
+from solvers.particle_training import ParticleControl
+from spherepde.case import case_from_dict
+from spherepde.cli import main
+from spherepde.errors import CaseError
+
+A = [[1.0, 0.0], [0.0, 0.65]]  # the seed's attention matrix, B = V = A
+
+
+def particle_case(control=None, integrator="heun", n=8, t_end=0.6, dt=0.1, save_every=0.2, layers=3, seed=0):
+    """S^1, unnormalized kernel, eps = 0.1 (the noise is on, so common random numbers matter), a tilted vMF start."""
+    table = {"case": {"name": "particle-train"},
+             "sphere": {"dim": 2, "lmax": 16},
+             "model": {"kernel": "unnormalized", "beta": 1.0, "B": A, "V": A, "eps": 0.1},
+             "initial": {"kind": "vmf", "mean": [1.0, 0.5], "kappa": 1.0},
+             "time": {"t_end": t_end, "dt": dt, "save_every": save_every},
+             "solver": {"method": "particles", "device": "cpu", "field": "dense"},
+             "particles": {"n": n, "seed": seed, "integrator": integrator},
+             "control": {"loss": "align", "layers": layers, "lambda_reg": 0.1} | (control or {})}
+    return case_from_dict(table)
+
+
+def random_controls(case, scale=0.5):
+    generator = torch.Generator().manual_seed(3)
+    return scale * torch.randn(case["control"]["layers"], 2, 2, generator=generator, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("loss, integrator", [("align", "heun"), ("bow", "heun"), ("align", "euler")])
+def test_autograd_gradient_matches_central_differences(loss, integrator):
+    control = {"loss": loss} | ({"tau": 4.0, "K": 5, "kappa_cand": 2.0} if loss == "bow" else {})
+    forward = ParticleControl(particle_case(control, integrator))
+    controls = random_controls(forward.case)
+    gradient = forward.gradient(controls)
+    assert gradient.cost == forward.cost_of(controls)  # common random numbers: J is a function of W
+    numerical = central_differences_of(forward.cost_of, controls)
+    assert float((gradient.dW - numerical).norm() / numerical.norm()) <= 1e-6
+
+
+def test_the_noise_is_on_and_fixed_by_the_seed():
+    """The same case gives the same J; another particles.seed another path (the noise and x_0 matter)."""
+    controls = random_controls(particle_case())
+    costs = [ParticleControl(particle_case(seed=seed)).cost_of(controls) for seed in (0, 0, 1)]
+    assert costs[0] == costs[1] and abs(costs[0] - costs[2]) > 1e-3
+
+
+def test_gradient_of_the_regulariser_alone():
+    """With l independent of the particles, dJ/dW_l = lambda_reg W_l T / L exactly (T / L = 0.2 here)."""
+
+    class ConstantLoss:
+        def value(self, points, masses):
+            return 0.0 * (masses @ points).sum() + 0.7
+
+    forward = ParticleControl(particle_case({"lambda_reg": 0.3}))
+    forward.loss = ConstantLoss()
+    controls = random_controls(forward.case)
+    gradient = forward.gradient(controls)
+    assert torch.allclose(gradient.dW, 0.3 * 0.2 * controls, rtol=1e-14, atol=0)
+    assert gradient.cost == pytest.approx(0.7 + 0.5 * 0.3 * 0.2 * float((controls ** 2).sum()), rel=1e-14)
+
+
+def test_untrained_run_is_the_particle_solver_run():
+    """control.iterations = 0: the recorded run is the particle solver's run of the same case (the same x_0, noise,
+    integrator and steps when the slice boundaries are save times)."""
+    import spherepde
+
+    case = particle_case({"iterations": 0}, n=16)
+    trained = spherepde.run(case, progress=False)
+    plain = spherepde.run(case_from_dict({key: value for key, value in case.data.items() if key != "control"}),
+                          progress=False)
+    assert np.array_equal(trained["time"].values, plain["time"].values)
+    assert np.allclose(trained["particles"].values, plain["particles"].values, rtol=0, atol=1e-14)
+
+
+def test_training_run_reduces_the_loss_and_writes_the_output(tmp_path):
+    path = tmp_path / "train.toml"
+    case = particle_case({"iterations": 5, "learning_rate": 0.3}, n=16, t_end=2.0, dt=0.1, save_every=0.25, layers=4)
+    path.write_text(case.text)
+    output = tmp_path / "train.nc"
+    assert main(["run", str(path), "-o", str(output), "--quiet"]) == 0
+    with xr.open_dataset(output) as dataset:
+        loss = dataset["loss"].values
+        assert dataset.sizes["iteration"] == 6 and loss[-1] < 0.9 * loss[0]
+        assert dataset["W"].dims == ("layer", "row", "col") and dataset["W"].shape == (4, 2, 2)
+        assert dataset["particles"].shape == (9, 16, 2) and dataset["mean_angle"].dims == ("time",)
+        assert dataset["interaction_gap"].dims == ("time",) and dataset.attrs["three_phase"] in ("true", "false")
+        assert dataset.attrs["solver"] == "particles" and "[control]" in dataset.attrs["case"]
+        # the recorded run is the training's forward map at the final W: the same terminal loss
+        from spherepde.losses import make_loss
+
+        x_end = torch.as_tensor(dataset["particles"].values[-1])
+        recorded = make_loss(case["control"], 2).value(x_end, torch.full((16,), 1 / 16, dtype=torch.float64))
+        assert float(recorded) == pytest.approx(float(dataset["terminal_loss"].values[-1]), abs=1e-13)
+
+
+def test_both_is_refused_and_eulerian_keys_with_particles_are_errors():
+    with pytest.raises(CaseError, match="not 'both'"):
+        particle_case().with_overrides(["solver.method='both'"])
+    with pytest.raises(CaseError, match="control.gradient"):
+        particle_case({"gradient": "continuous"})

@@ -1,0 +1,144 @@
+"""Seed-004 diagnostics (spherepde/turnpike.py): Gibbs minimum, three-phase test, the H^-1 quotient and the
+Rayleigh quotient of the Wasserstein Hessian, checked against closed forms, the energy along a rotation and
+the adjoint equation."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from solvers.adjoint import ControlledForward, discrete_gradient
+from solvers.eulerian import ForwardProblem
+from spherepde.bases import make_basis
+from spherepde.device import placement
+from spherepde.turnpike import (exponential_rate, free_energy, gibbs_minimum, h_minus_one_quotient, phases,
+                                rayleigh_quotient, wasserstein_hessian)
+
+from test_adjoint import training_case
+
+
+def gibbs_state(problem):
+    """The Gibbs minimum in the well at e_1 (the leading eigenvector of the cases' B)."""
+    direction = torch.zeros(problem.basis.dim, dtype=torch.float64)
+    direction[0] = 1.0
+    return gibbs_minimum(problem.model, problem.exp_kernel, problem.basis, direction)
+
+
+def test_h_minus_one_quotient_of_an_eigenfunction_on_the_uniform_measure():
+    """rho = 1/2pi, g = cos(k theta): -div(rho grad u) = rho g gives u = g / k^2, so the quotient is k^4 and
+    |g|_{H^-1}^2 = 1 / (2 k^2)."""
+    basis = make_basis(2, 16, placement("cpu", "float64"))
+    rho = torch.full_like(basis.theta, 1 / (2 * math.pi))
+    for k in (1, 3):
+        quotient, norm = h_minus_one_quotient(basis, rho, torch.cos(k * basis.theta))
+        assert quotient == pytest.approx(k ** 4, rel=1e-10) and norm == pytest.approx((2 * k * k) ** -0.5, rel=1e-10)
+
+
+def test_h_minus_one_quotient_on_the_sphere_uses_the_weighted_poisson_solver():
+    """Uniform measure on S^2, g = z (degree 1, eigenvalue 2 of -Lap): the quotient is 2^2 = 4."""
+    basis = make_basis(3, 8, placement("cpu", "float64"))
+    rho = torch.full(basis.grid_shape, 1 / (4 * math.pi), dtype=torch.float64)
+    quotient, _ = h_minus_one_quotient(basis, rho, basis.points[..., 2])
+    assert quotient == pytest.approx(4.0, rel=1e-9)
+
+
+def test_h_minus_one_quotient_of_a_concentrated_state_is_stable_under_refinement():
+    """A vMF(kappa = 30) state: the S^1 closed form does not depend on the grid once rho is resolved."""
+    from spherepde.initial import vmf_density
+
+    values = []
+    for lmax in (96, 192):
+        basis = make_basis(2, lmax, placement("cpu", "float64"))
+        rho = vmf_density(basis.points, [1.0, 0.0], 30.0)
+        values.append(h_minus_one_quotient(basis, rho, -basis.points[..., 1])[0])
+    assert values[0] == pytest.approx(values[1], rel=1e-6)
+
+
+def test_gibbs_minimum_is_a_stationary_state_of_the_forward_equation():
+    """At rho ∝ exp(U[rho] / eps) the flux eps grad rho - rho v vanishes (W = 0, V = B): the rate is ~0."""
+    case = training_case(lmax=64).with_overrides(["control.layers=1"])  # the Gibbs state resolved to round-off
+    problem = ForwardProblem(case)
+    rho, energy = gibbs_state(problem)
+    c = problem.basis.analysis(rho)
+    rate = problem.lam * c + problem.transport(0.0, c)
+    assert float(rate.abs().max()) < 1e-9 * float(c.abs().max())
+    direction = -torch.tensor([1.0, 0.0], dtype=torch.float64)
+    _, energy_flipped = gibbs_minimum(problem.model, problem.exp_kernel, problem.basis, direction)
+    assert energy_flipped == pytest.approx(energy, rel=1e-12)  # the two wells +-e_1
+
+
+def test_three_phase_test_on_a_synthetic_gap():
+    times = np.linspace(0, 40, 401)
+    gap = 0.5 * np.exp(-2 * times) + 1e-4 + 0.3 * np.exp(-0.5 * (40 - times))
+    test = phases(times, gap)
+    assert test["three_phase"] and test["clustering"]
+    assert 25 < test["plateau_width"] < 40 and test["initial_width"] < 3 and test["terminal_width"] < 8
+    assert exponential_rate(times, gap - test["gap_reference"], test["plateau_end"]) == pytest.approx(0.5, rel=0.05)
+    flat = phases(times, 0.5 * np.exp(-2 * times) + 1e-4)
+    assert not flat["three_phase"] and flat["terminal_lift"] < 0.1
+
+
+def rotated(basis, rho: torch.Tensor, angle: float) -> torch.Tensor:
+    """rho(R_angle^T x) for the rotation by `angle` in the (x_1, x_2) plane (about e_3 on S^2), exact in
+    spectral space: c_m -> c_m exp(-i m angle) with m the Fourier index in that plane."""
+    c = basis.analysis(rho)
+    order = torch.arange(c.shape[-2] if basis.dim == 3 else c.shape[-1], dtype=torch.float64)
+    phase = torch.exp(-1j * angle * order)
+    return basis.synthesis(c * (phase[:, None] if basis.dim == 3 else phase))
+
+
+@pytest.mark.parametrize("dim, lmax, eps", [(2, 96, 0.05), (3, 32, 0.2)])
+@pytest.mark.parametrize("isotropic", [False, True])
+def test_hessian_along_a_rotation_is_the_second_derivative_of_the_energy(dim, lmax, eps, isotropic):
+    """At the Gibbs minimum, Hess_W E[X, X] for the rotation field X = e_3 x x (S^2; d/dtheta on S^1) equals
+    d^2/da^2 E(rho rotated by a) at a = 0 (Richardson-extrapolated second differences).  With B = V = I
+    the energy is rotation invariant and both vanish."""
+    case = training_case(dim=dim, lmax=lmax).with_overrides([f"model.eps={eps}"])
+    if isotropic:
+        identity = [[float(i == j) for j in range(dim)] for i in range(dim)]
+        case = case.with_overrides([f"model.B={identity}", f"model.V={identity}"])
+    problem = ForwardProblem(case)
+    model, kernel, basis = problem.model, problem.exp_kernel, problem.basis
+    rho, _ = gibbs_state(problem)
+    energy = free_energy(model, kernel, basis, rotated(basis, rho, 0.0))  # the same spectral truncation as below
+    x = basis.points
+    field = torch.stack([-x[..., 1], x[..., 0]] + ([torch.zeros_like(x[..., 0])] if dim == 3 else []), dim=-1)
+    hessian = wasserstein_hessian(model, kernel, basis, rho, field)
+
+    def second_difference(a):
+        return (free_energy(model, kernel, basis, rotated(basis, rho, a))
+                + free_energy(model, kernel, basis, rotated(basis, rho, -a)) - 2 * energy) / a ** 2
+
+    extrapolated = (4 * second_difference(0.01) - second_difference(0.02)) / 3
+    entropy_part = model.eps * float(basis.integrate(rho * (field * basis.gradient(basis.analysis(torch.log(rho)))).sum(-1) ** 2))
+    if isotropic:
+        assert abs(hessian) < 1e-9 * entropy_part and abs(extrapolated) < 1e-6 * entropy_part
+    else:
+        assert hessian > 0.05 * entropy_part
+        assert hessian == pytest.approx(extrapolated, rel=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["align", "bow"])
+def test_adjoint_grows_towards_the_output_layer_at_the_rayleigh_quotient(loss):
+    """From the Gibbs minimum with W = 0 the adjoint is phi_t = exp(-(T - t) H K) g, so d/ds log |grad phi|
+    at s = T - t = 0 is exactly -R(g), and log |grad phi| is convex in s: the rate falls from R(g) to the
+    smallest eigenvalue of H K present in g.  align: g = -<x, e_2> is (to 1e-3) the rotation eigenfunction,
+    the rate stays R(g) over the whole plateau; bow (kappa_cand = 10): g is not, the plateau rate is lower."""
+    control = {"loss": loss, "layers": 6} | ({"kappa_cand": 10.0, "K": 16, "seed": 0} if loss == "bow" else {})
+    case = training_case(lmax=24, t_end=6.0, dt=0.01, control=control)
+    forward = ControlledForward(case)
+    problem, basis = forward.problem, forward.problem.basis
+    rho, _ = gibbs_state(problem)
+    masses = (rho * basis.weights).reshape(-1)
+    g = forward.loss.first_variation(forward.flat_points, masses).reshape(basis.grid_shape)
+    quotient = rayleigh_quotient(problem.model, problem.exp_kernel, basis, rho, g)
+    gradient = discrete_gradient(forward, basis.analysis(rho), torch.zeros(6, 2, 2, dtype=torch.float64))
+    times, norms = np.array(gradient.times), np.array(gradient.adjoint_norm)
+    terminal = exponential_rate(times, norms, 6.0 - 0.015)  # the last step
+    plateau = exponential_rate(times, norms, 1.0, 4.0)
+    assert terminal == pytest.approx(quotient, rel=0.02)
+    if loss == "align":
+        assert plateau == pytest.approx(quotient, rel=0.01)
+    else:
+        assert plateau < 0.8 * quotient
