@@ -111,3 +111,22 @@ def test_vmf_from_spectral_coefficients_on_the_sphere(k):
     grid = diag.lyapunov(points, rho * basis.weights.reshape(-1).numpy(), subspace, p)
     assert adapted == pytest.approx(exact, abs=1e-10)
     assert abs(grid - exact) > 1e-5  # the grid rule this replaces
+
+
+def test_pushforward_splits_grid_nodes_on_the_singular_set():
+    """rho ∝ 1 + 0.6 x_2 on an S^2 grid whose meridians phi = +-pi/2 hold nodes (nlon divisible by 4), E = span(e_1):
+    Pi_# rho = (delta_{e_1} + delta_{-e_1}) / 2 exactly (rho is even in x_1), and w2_projection does not depend on
+    the last bits of the node coordinates (float32 against float64 grids).  Left to round-off, Pi sends the
+    node phi = pi/2 (mass ∝ 1.6) to +e_1 and phi = -pi/2 (mass ∝ 0.4) to -e_1 on one grid and not on the other."""
+    e1 = np.array([[1.0], [0.0], [0.0]])
+    results = []
+    for dtype in ("float64", "float32"):
+        basis = make_basis(3, 24, placement("cpu", dtype))
+        assert basis.grid_shape[1] % 4 == 0
+        points = basis.points.reshape(-1, 3).double().numpy()
+        masses = basis.weights.reshape(-1).double().numpy() * (1 + 0.6 * points[:, 1]) / (4 * math.pi)
+        atoms, pushed = diag.pushforward(points, masses, e1)
+        assert pushed[atoms[:, 0] > 0].sum() == pytest.approx(0.5, abs=1e-7 if dtype == "float32" else 1e-14)
+        tilted = masses * (1 + 0.5 * points[:, 0])
+        results.append(diag.w2_projection(points, tilted / tilted.sum(), points, masses, e1)[0])
+    assert results[0] == pytest.approx(results[1], rel=1e-6)
