@@ -37,6 +37,19 @@ import spherepde
 from spherepde import concentration as cc
 
 BETAS = ["10", "30", "1000", "inf"]
+# Rows of the main table: (beta, initial law); the uniform law at every beta, the projected Gaussian
+# (cases/seed003-baseline-gaussian.toml, the seed's second law) at beta = 30.
+MAIN_ROWS = [(beta, "uniform") for beta in BETAS] + [("30", "gaussian")]
+
+
+def main_key(kind: str, beta: str, law: str) -> str:
+    """Run key of a main-table run: kind "p" (particles) or "e0" (Eulerian at eps = 0)."""
+    return f"main-{kind}-beta{beta}" if law == "uniform" else f"main-{kind}-{law}-beta{beta}"
+
+
+def main_case(beta: str, law: str) -> str:
+    return f"seed003-baseline-beta{beta}" if law == "uniform" else f"seed003-baseline-{law}"
+
 # The seed's main table (its window is t <~ log beta).
 SEED_MAIN = {
     "10": ("2.30", "~0.72", "yes, dominates at t ~ 5", "falls to a minimum, then rises fast"),
@@ -74,8 +87,12 @@ DIFFERENCES = [
     "and it passes through a plateau with alignment_E = 1/2. There the tokens sit in two antipodal clusters at "
     "+-(1, 0, 1)/sqrt 2. For such c, <c, B c> = 0, so each cluster gives both clusters equal weight and m = 0: "
     "the pair is a fixed point. The tokens leave it for +-e2 later (the figure's plateau).",
-    "- beta = 1000: no transition before the run stopped (t = 10.5), which is consistent with the seed's 't > 15'. "
-    "beta = inf: no transition, and W2(rho_t, Pi_# rho_0) -> 0, as in the seed.",
+    "- beta = 1000: the transition comes at t = 18.8, consistent with the seed's 't > 15' (the run behind the "
+    "previous version of this table stopped at t = 10.5 with non-finite particle positions; rerun with the current "
+    "code, whose particle attention shifts each row of exponents by its maximum, it completes). beta = inf: no transition, and W2(rho_t, Pi_# rho_0) -> 0, as in the seed.",
+    "- The initial law matters for the timing: at beta = 30 the projected Gaussian law moves to F at t = 9.25, close "
+    "to the seed's ~8, against 14.5 from the uniform law, whose tokens first stall on the two-cluster fixed point "
+    "above. Its maximum alignment with E (0.993) is as far above the seed's 0.89 as the uniform law's.",
     "- The time of the W2 minimum grows with beta (3.25, 4.25, 5.5 for beta = 10, 30, 1000) but more slowly than "
     "log beta (2.30, 3.40, 6.91). The U-shape is there at every finite beta.",
     "- Non-symmetric ablation: E = span(1, sqrt 2, 0) is not orthogonal to F = span(e2), so 'align F > align E' is "
@@ -117,16 +134,16 @@ def plan(full: bool, smoke: bool = False) -> list:
     runs = []
     particles = "solver.method='particles'"
     eulerian = ["solver.method='eulerian'"]
-    for beta in BETAS:
-        case = f"seed003-baseline-beta{beta}"
+    for beta, law in MAIN_ROWS:
+        case = main_case(beta, law)
         # Reduced: the two attention-bound particle runs at n = 1000 (beta = inf needs no attention).
         n = [] if full or beta in ("10", "inf") else ["particles.n=1000"]
-        runs.append(Run(f"main-p-beta{beta}", case, [particles] + n))
-        if full:
+        runs.append(Run(main_key("p", beta, law), case, [particles] + n))
+        if full and law == "uniform":
             runs.append(Run(f"main-p8000-beta{beta}", case, [particles, "particles.n=8000"]))
         t_eul = 0.25 if beta == "1000" and not full else 0.5
-        runs.append(Run(f"main-e0-beta{beta}", case, eulerian + [f"sphere.lmax={EULERIAN_LMAX[beta]}",
-                                                                 f"time.t_end={t_eul}", "time.save_every=0.05"]))
+        runs.append(Run(main_key("e0", beta, law), case, eulerian + [f"sphere.lmax={EULERIAN_LMAX[beta]}",
+                                                                    f"time.t_end={t_eul}", "time.save_every=0.05"]))
     noisy = {1e-2: 64} if not full else {1e-2: 96, 3e-3: 160, 1e-3: 224}
     noisy_betas = ["10", "30"] if not full else ["10", "30", "1000"]
     t_noisy = 4.0 if not full else 20.0
@@ -224,9 +241,10 @@ def report(data: dict, runs: list, full: bool, out: Path) -> str:
         lines += ["**Reduced run.** What was cut (the command above with `--full` restores it):", ""]
         lines += [f"- {item}" for item in REDUCED] + [""]
     lines += ["## Our choices where the seed is silent", "",
-              "- Initial law: uniform for the main table; the vMF law of `cases/baseline-inf.toml` (mean (0.3, 0.5, 0.8), "
-              "kappa = 2) for the ablations and the temperature coupling. The seed also names a Gaussian projected to "
-              "the sphere; `[initial]` has no such kind (uniform, vmf, vmf_mixture, file), so the vMF stands in for it.",
+              "- Initial law: uniform for the main table, plus one row (beta = 30) from the Gaussian projected to the "
+              "sphere, X / |X| with X ~ N((0.3, 0.2, 0.5), 0.5 I) (`cases/seed003-baseline-gaussian.toml`); the vMF law "
+              "of `cases/baseline-inf.toml` (mean (0.3, 0.5, 0.8), kappa = 2) for the ablations and the temperature "
+              "coupling.",
               "- Particles: Heun with dt = 0.01 (the seed: projected Euler, dt = 0.01), seed 3; n = 2000 as in the seed.",
               "- Ablation matrices the seed does not print: see each `cases/seed003-ablation-*.toml` (non-symmetric B with "
               "V B^T = [[1,1,0],[2,1,0],[0,0,-2]]; V_1 = [[0,1,0],[-1,0,0],[0,0,-2]]; B = V = diag(1, 1/2, 1/4); "
@@ -242,21 +260,21 @@ def report(data: dict, runs: list, full: bool, out: Path) -> str:
 
 
 def main_section(data: dict) -> list:
-    lines = ["## Main table (symmetric baseline, uniform rho_0, eps = 0)", "",
+    lines = ["## Main table (symmetric baseline, eps = 0)", "",
              "Seed vs ours (particles, n = 2000 or 1000 (column n), t <= 20). 'W2 min' is the minimum of W2(rho_t, Pi_# rho_0); "
              "with n > diagnostics.w2_atoms = 1000 the particles are quantised before exact OT, and the bracket gives "
              "the rigorous bound on the error that adds (a cell diameter; the actual error is usually far smaller).", "",
-             "| beta | n | window log beta | seed: max align E | ours: max align E (at t) | seed: to F? | ours: first t "
+             "| beta | rho_0 | n | window log beta | seed: max align E | ours: max align E (at t) | seed: to F? | ours: first t "
              "with align F > align E (align F at the end) | seed: W2 trend | ours: W2 min (at t), at the end, U-shape "
              "[quantisation bound] |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for beta in BETAS:
-        key = f"main-p-beta{beta}"
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for beta, law in MAIN_ROWS:
+        key = main_key("p", beta, law)
         if key not in data:
             continue
         row, seed = main_row(data[key]), SEED_MAIN[beta]
         n = spherepde.load_case_text(data[key].attrs["case"])["particles"]["n"]
-        lines.append(f"| {beta} | {n} | {seed[0]} | {seed[1]} | {fmt(row['max_E'])} ({fmt(row['t_max_E'])}) | {seed[2]} | "
+        lines.append(f"| {beta} | {law} | {n} | {seed[0]} | {seed[1]} | {fmt(row['max_E'])} ({fmt(row['t_max_E'])}) | {seed[2]} | "
                      f"{fmt(row['t_F'])} ({fmt(row['F_end'])}) | {seed[3]} | {fmt(row['w2_min'])} "
                      f"({fmt(row['t_w2_min'])}), {fmt(row['w2_end'])}, {fmt(row['u_shape'])} [{fmt(row['w2_bound'], 2)}] |")
     failed = [f"`{key}`: {dataset.attrs['status']}" for key, dataset in sorted(data.items())
@@ -273,16 +291,16 @@ def main_section(data: dict) -> list:
             lines.append(f"| {beta} | {fmt(row['max_E'])} ({fmt(row['t_max_E'])}) | {fmt(row['t_F'])} | "
                          f"{fmt(row['w2_min'])} ({fmt(row['t_w2_min'])}) | {fmt(row['w2_end'])} |")
     lines += ["", "Eulerian at eps = 0 while resolved (spectral tail <= 1e-6), against the particles at the same t:", "",
-              "| beta | lmax | resolved until t | t | align E Eulerian | align E particles | W2(rho_t, Pi_# rho_0) "
-              "Eulerian | particles |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for beta in BETAS:
-        key = f"main-e0-beta{beta}"
-        if key not in data or f"main-p-beta{beta}" not in data:
+              "| beta | rho_0 | lmax | resolved until t | t | align E Eulerian | align E particles | "
+              "W2(rho_t, Pi_# rho_0) Eulerian | particles |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for beta, law in MAIN_ROWS:
+        key, particle_key = main_key("e0", beta, law), main_key("p", beta, law)
+        if key not in data or particle_key not in data:
             continue
-        e, p = data[key], data[f"main-p-beta{beta}"]
+        e, p = data[key], data[particle_key]
         t = float(e["time"].values[-1])
         ps = p.sel(time=t, method="nearest")
-        lines.append(f"| {beta} | {e.attrs['lmax']} | {fmt(resolved_until(e))} | {fmt(t)} | "
+        lines.append(f"| {beta} | {law} | {e.attrs['lmax']} | {fmt(resolved_until(e))} | {fmt(t)} | "
                      f"{fmt(float(e['alignment_E'].values[-1]), 5)} | {fmt(float(ps['alignment_E']), 5)} | "
                      f"{fmt(float(e['w2_projection'].values[-1]), 4)} | {fmt(float(ps['w2_projection']), 4)} |")
     lines += ["", "![alignment](paper003_main.png)", ""]
