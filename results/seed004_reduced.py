@@ -2,11 +2,18 @@
 
     OMP_NUM_THREADS=1 python3 results/seed004_reduced.py [--workers 2] [--report-only] > results/seed004_reduced.md
 
-The cases/seed004-*.toml files hold the seed's scale (eps = 1e-2, T = 80, lmax 64, 200 Adam
+The cases/seed004-*.toml files hold the seed's scale (eps = 1e-2, T = 80, lmax 128, 200 Adam
 iterations), hours of CPU per case here.  This script runs the same cases with overrides that make
 each run a few minutes on one core: eps = 0.05, lmax 24, dt = 0.1, one layer per unit depth,
 T = 16 (and 24, 32 for the depth sweep), 25 Adam iterations (lr 0.05), the continuous adjoint.
 NetCDF outputs go to $SEED004_OUT (default /tmp/seed004_reduced).
+
+Resolution: lmax 24 does not resolve the Gibbs width at eps = 0.05 (spectral tail 4-7% in every run; the
+tail rule of the solver asks for lmax ~57, with dt <= 0.02 for the explicit transport: ~35x the cost).
+The phases, the energy gap, the Rayleigh quotient of the Hessian and the adjoint's rates are integrals of
+rho against smooth functions and are robust to that (at eps = 1e-2 the quotient and the Gibbs energy agree
+to all printed digits at lmax 64, 96 and 128, where only 128 resolves); the seed's H^-1 quotient weighs
+the tails by 1/rho and is not reported here (results/seed004_escape.md has it, resolved).
 """
 
 import argparse
@@ -57,7 +64,7 @@ def summary(name, t_end):
         row = {key: attrs.get(key) for key in ("three_phase", "plateau_width", "initial_width", "terminal_width",
                                                "plateau_relative_variance", "terminal_lift", "escape_rate",
                                                "terminal_energy_rate", "adjoint_rate", "rayleigh_quotient",
-                                               "h_minus_one_quotient", "terminal_displacement")}
+                                               "terminal_displacement")}
         row["loss"] = (float(dataset["loss"].values[0]), float(dataset["loss"].values[-1]))
         row["adjoint_growth"] = float(dataset["adjoint_norm"].values[-1] / dataset["adjoint_norm"].values[0])
     return name, t_end, row
@@ -79,12 +86,11 @@ def main():
     print("## Phases, escape rate, Rayleigh quotient (T = 16), beside the seed (T = 80, N = 64 particles)\n")
     print("escape rate: growth rate of the first gradient's adjoint over the last 1 / R_mu(g) of depth; R_mu(g): "
           "Rayleigh quotient of the Wasserstein Hessian (spherepde/turnpike.py); terminal energy rate: slope of "
-          "log(Delta - Delta_ref) over the trained run's terminal layer; seed quotient: the formula the seed prints, "
-          "\\|grad g\\|^2 / \\|g\\|^2_{H^-1}.\n")
+          "log(Delta - Delta_ref) over the trained run's terminal layer.\n")
     print("| case | three phases | plateau | initial / terminal layer | terminal lift | J first -> last | "
-          "escape rate | R_mu(g) | terminal energy rate | seed quotient | seed a / R | terminal displacement (rad) | "
+          "escape rate | R_mu(g) | terminal energy rate | seed a / R | terminal displacement (rad) | "
           "seed displacement |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, t_end, row in rows:
         if t_end != 16.0:
             continue
@@ -92,7 +98,7 @@ def main():
         print(f"| {label} | {row['three_phase']} | {row['plateau_width']:.1f} | {row['initial_width']:.1f} / "
               f"{row['terminal_width']:.1f} | {row['terminal_lift']:.3f} | {row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | "
               f"{row['escape_rate']:.3f} | {row['rayleigh_quotient']:.3f} | {row['terminal_energy_rate']:.3f} | "
-              f"{row['h_minus_one_quotient']:.3g} | {seed_a} / {seed_r} | {row['terminal_displacement']:.3f} | "
+              f"{seed_a} / {seed_r} | {row['terminal_displacement']:.3f} | "
               f"{seed_theta} |")
     print("\n## Depth sweep (align, lambda_2 = 0.65)\n")
     print("| T | three phases | plateau width | initial layer | terminal layer | escape rate | R_mu(g) | "
