@@ -137,7 +137,8 @@ def phases(times: np.ndarray, gap: np.ndarray) -> dict:
 
 
 def exponential_rate(times: np.ndarray, values: np.ndarray, start: float, end: float = math.inf) -> float:
-    """Least-squares slope a of log(values) = a t + b over start <= t <= end (positive values only); NaN if < 2 points."""
+    """Least-squares slope a of log(values) = a t + b over start <= t <= end (positive values only);
+    NaN if < 2 points."""
     chosen = (times >= start) & (times <= end) & (values > 0)
     if chosen.sum() < 2:
         return math.nan
@@ -206,14 +207,17 @@ def h_minus_one_quotient(basis, rho: torch.Tensor, g: torch.Tensor) -> tuple[flo
 def wasserstein_hessian(model, exp_kernel, basis, rho: torch.Tensor, velocity: torch.Tensor) -> float:
     """Hess_W E(mu)[X, X] = eps int s^2 / rho - int s T[s], s = -div(rho X), at a critical point mu of E.
 
-    X: tangent field (*grid, d) in ambient coordinates.  At a critical point eps grad log rho = grad U,
-    U = T[rho], so s / rho = -(div X + X . grad U / eps) is computed from smooth fields: a spectral
-    s = -div(rho X) divided by rho would blow up its truncation error in the tails, where rho ~ 1e-30."""
+    E is the seed's energy (unnormalized kernel, V = B symmetric: the forward equation is then the
+    Wasserstein gradient flow of E).  X: tangent field (*grid, d) in ambient coordinates.  At a critical
+    point eps grad log rho = grad U, U = T[rho], so s / rho = -(div X + X . grad U / eps) is computed from
+    smooth fields: a spectral s = -div(rho X) divided by rho would blow up its truncation error in the
+    tails, where rho ~ 1e-30."""
     potential = _interaction_potential(exp_kernel, rho)
     grad_potential = basis.gradient(basis.analysis(potential))
     ratio = -(basis.synthesis(basis.divergence(velocity)) + (velocity * grad_potential).sum(-1) / model.eps)
     s = rho * ratio
-    return model.eps * float(basis.integrate(rho * ratio * ratio)) - float(basis.integrate(s * _interaction_potential(exp_kernel, s)))
+    interaction = float(basis.integrate(s * _interaction_potential(exp_kernel, s)))
+    return model.eps * float(basis.integrate(rho * ratio * ratio)) - interaction
 
 
 def _interaction_potential(exp_kernel, f: torch.Tensor) -> torch.Tensor:
