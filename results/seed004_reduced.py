@@ -5,7 +5,7 @@
 The cases/seed004-*.toml files hold the seed's scale (eps = 1e-2, T = 80, lmax 128, 200 Adam
 iterations), hours of CPU per case here.  This script runs the same cases with overrides that make
 each run a few minutes on one core: eps = 0.05, lmax 24, dt = 0.1, one layer per unit depth,
-T = 16 (and 24, 32 for the depth sweep), 25 Adam iterations (lr 0.05), the continuous adjoint.
+T = 16 (and 24, 32, 48, 64 for the depth sweep), 25 Adam iterations (lr 0.05), the continuous adjoint.
 NetCDF outputs go to $SEED004_OUT (default /tmp/seed004_reduced).
 
 Resolution: lmax 24 does not resolve the Gibbs width at eps = 0.05 (spectral tail 4-7% in every run; the
@@ -75,7 +75,7 @@ def main():
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--report-only", action="store_true", help="summarise the existing files, run nothing")
     args = parser.parse_args()
-    jobs = [("seed004-align-l065", 32.0), ("seed004-align-l065", 24.0)] + [(name, 16.0) for name in SEED]  # longest first
+    jobs = [("seed004-align-l065", t_end) for t_end in (64.0, 48.0, 32.0, 24.0)] + [(name, 16.0) for name in SEED]  # longest first
     if not args.report_only:
         with ProcessPoolExecutor(args.workers) as pool:
             list(pool.map(member, jobs))
