@@ -56,8 +56,7 @@ def measure(name: str) -> dict:
     problem = forward.problem
     basis = problem.basis
     c0 = initial_density(case["initial"], basis)
-    rho0 = basis.synthesis(c0)
-    initial_mean = (basis.points * (rho0 * basis.weights)[..., None]).reshape(-1, basis.dim).sum(0)
+    initial_mean = forward.masses(c0) @ forward.flat_points
     theory = turnpike.plateau_theory(problem.model, problem.exp_kernel, basis, forward.loss, initial_mean)
     controls = problem.model.W.expand(forward.layers, -1, -1).contiguous()
     gradient = GRADIENTS[case["control"]["gradient"]](forward, c0, controls)

@@ -64,7 +64,7 @@ from spherepde import turnpike
 from spherepde.device import placement as make_placement
 from spherepde.errors import CaseError
 from spherepde.losses import make_loss
-from spherepde.model import Model, interaction_energy, principal_subspace
+from spherepde.model import Model, interaction_energy
 
 from .adjoint import Gradient
 from .eulerian import ForwardProblem
@@ -164,8 +164,7 @@ def phase_variables(case, dataset: xr.Dataset) -> dict:
     if model["kernel"] == "unnormalized" and model["eps"] > 0 and math.isfinite(model["beta"]) and case.dim in (2, 3):
         problem = ForwardProblem(case)
         basis = problem.basis
-        direction = torch.as_tensor(principal_subspace(problem.model.B.cpu().double().numpy())[:, 0]).to(basis.points)
-        rho, _ = turnpike.gibbs_minimum(problem.model, problem.exp_kernel, basis, direction)
+        rho, _ = turnpike.gibbs_well(problem.model, problem.exp_kernel, basis)
         reference = interaction_energy(problem.model, problem.exp_kernel, basis, rho)
         gap = dataset["interaction_energy"].values - reference
         variables["interaction_gap"] = (("time",), gap, {

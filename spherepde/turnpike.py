@@ -234,14 +234,20 @@ def rayleigh_quotient(model, exp_kernel, basis, rho: torch.Tensor, g: torch.Tens
     return wasserstein_hessian(model, exp_kernel, basis, rho, grad_g) / dirichlet
 
 
+def gibbs_well(model, exp_kernel, basis, cluster_mean: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """`gibbs_minimum` in the well of the leading eigenvector e_1 of B, the one of +-e_1 nearest `cluster_mean`
+    (+e_1 without it; both wells have the same energy)."""
+    direction = torch.as_tensor(principal_subspace(model.B.cpu().double().numpy())[:, 0]).to(basis.points)
+    if cluster_mean is not None and float(direction @ cluster_mean.to(direction)) < 0:
+        direction = -direction
+    return gibbs_minimum(model, exp_kernel, basis, direction)
+
+
 def plateau_theory(model, exp_kernel, basis, loss, cluster_mean: torch.Tensor) -> dict:
     """The Gibbs minimum in the well of the leading eigenvector of B nearest `cluster_mean` (the two wells
     +-e_1 have the same energy), and at it the loss gradient g = dl/dmu with its quotients:
     {"gibbs": rho, "min_energy", "rayleigh_quotient" R_mu(g), "h_minus_one_quotient", "h_minus_one_norm"}."""
-    direction = torch.as_tensor(principal_subspace(model.B.cpu().double().numpy())[:, 0]).to(basis.points)
-    if float(direction @ cluster_mean.to(direction)) < 0:
-        direction = -direction
-    rho, min_energy = gibbs_minimum(model, exp_kernel, basis, direction)
+    rho, min_energy = gibbs_well(model, exp_kernel, basis, cluster_mean)
     points = basis.points.reshape(-1, basis.dim)
     g = loss.first_variation(points, (rho * basis.weights).reshape(-1)).reshape(basis.grid_shape)
     quotient, norm = h_minus_one_quotient(basis, rho, g)
