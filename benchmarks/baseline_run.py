@@ -84,15 +84,24 @@ def main(argv=None):
                   f"min density {float(dataset['min_density'].min()):.2e}")
     for device in args.devices:
         if (device, "float64") in results and (device, "float32") in results:
-            print(f"\n{device}: float32 vs float64, max over {results[device, 'float64'].sizes['time']} saves")
+            pair = [results[device, dtype] for dtype in ("float32", "float64")]
+            # a failed run keeps its saves up to the failure: compare the saves both reached
+            saves = min(dataset.sizes["time"] for dataset in pair)
+            times = pair[1]["time"].values[:saves]
+            resolved = [dataset.attrs["resolved_until"] for dataset in pair]
+            resolved = times[-1] if "end" in resolved else min(float(t) for t in resolved)
+            print(f"\n{device}: float32 vs float64, max |diff| relative to max |float64 value|, over the {saves} saves "
+                  f"t <= {times[-1]:g} both runs reached, and over those while resolved (t <= {resolved:g})")
             for name in DIAGNOSTIC_ATTRS:
-                single, double = (results[device, dtype][name].values.astype(np.float64) for dtype in ("float32", "float64"))
+                single, double = (dataset[name].values[:saves].astype(np.float64) for dataset in pair)
                 finite = np.isfinite(double) & np.isfinite(single)
                 if not finite.any():
                     continue
-                difference = np.abs(single - double)[finite].max()
-                scale = np.abs(double[finite]).max()
-                print(f"  {name:>20}: max |diff| {difference:.2e}   relative to max |value| {difference / scale:.2e}")
+                columns = []
+                for window in (np.ones(saves, dtype=bool), times <= resolved):
+                    mask = finite & window.reshape((saves,) + (1,) * (finite.ndim - 1))
+                    columns.append(np.abs(single - double)[mask].max() / np.abs(double[mask]).max())
+                print(f"  {name:>20}: {columns[0]:.2e}   resolved {columns[1]:.2e}")
     for dtype in args.dtypes:
         if ("cpu", dtype) in results:
             for device in args.devices:

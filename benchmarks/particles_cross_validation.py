@@ -71,11 +71,12 @@ def fitted_slope(n, values):
     return float(np.polyfit(np.log(n), np.log(values), 1)[0])
 
 
-def cross_validate(name: str, sizes, seeds, replicas, w2: bool, log=print) -> dict:
+def cross_validate(name: str, sizes, seeds, replicas, w2: bool, log=print, device: str = "cpu") -> dict:
     """One Eulerian run of case `name` and seeds[i] particle runs of replicas[i] systems at n = sizes[i].
 
-    Returns {"eulerian", "eulerian_seconds", "runs": {n: [(report, CPU seconds), ...]}} with the
-    `spherepde compare` report of each particle run against the Eulerian one.
+    Returns {"eulerian", "eulerian_seconds", "runs": {n: [(report, seconds), ...]}} with the
+    `spherepde compare` report of each particle run against the Eulerian one.  The Eulerian run is
+    on the CPU; the particles on `device` (seconds: CPU time on the CPU, wall time on a GPU).
     """
     table = CASES[name]
     started = time.process_time()
@@ -86,14 +87,16 @@ def cross_validate(name: str, sizes, seeds, replicas, w2: bool, log=print) -> di
         result["runs"][n] = []
         for seed in range(runs):
             overrides = [f"particles.n={n}", f"particles.seed={seed}", f"particles.save={n if w2 else 0}",
-                         f"particles.replicas={systems}"]
-            started = time.process_time()
+                         f"particles.replicas={systems}", f"solver.device='{device}'"]
+            clock = time.process_time if device == "cpu" else time.perf_counter
+            started = clock()
             particles = run_particles(case_from_dict(table, overrides), progress=False)
-            seconds = time.process_time() - started
+            seconds = clock() - started
             labels = ("Eulerian", f"particles n = {n}, seed {seed}")
             result["runs"][n].append((compare(eulerian, particles, w2=w2, labels=labels), seconds))
         log(f"  n = {n} ({systems} systems): {runs} runs, "
-            f"{np.mean([s for _, s in result['runs'][n]]):.1f} s CPU each", flush=True)
+            f"{np.mean([s for _, s in result['runs'][n]]):.1f} s {'CPU' if device == 'cpu' else 'wall'} each",
+            flush=True)
     return result
 
 
@@ -162,6 +165,7 @@ def main():
     parser.add_argument("case", choices=sorted(CASES))
     parser.add_argument("--n", type=int, nargs="+", default=[1000, 10000, 100000])
     parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the particles run")
     parser.add_argument("--w2", action="store_true", help="W2(Eulerian, particles) at t_end, all particles saved")
     parser.add_argument("--replicas", type=int, nargs="+", default=[1],
                         help="independent systems per run, one value or one per n: standard errors by batch "
@@ -169,7 +173,7 @@ def main():
     args = parser.parse_args()
     warnings.simplefilter("ignore", RuntimeWarning)
     replicas = args.replicas * len(args.n) if len(args.replicas) == 1 else args.replicas
-    result = cross_validate(args.case, args.n, [args.seeds] * len(args.n), replicas, args.w2)
+    result = cross_validate(args.case, args.n, [args.seeds] * len(args.n), replicas, args.w2, device=args.device)
     table = statistics(result["runs"])
     print_statistics(args.case, table)
     target = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results", "particles",

@@ -7,6 +7,7 @@ Each part stores its raw figures in results/particles/<part>.json (so the report
 re-rendered without re-measuring) and its figures in results/particles/*.png.  All runs on
 the CPU, float64, one thread (CPU seconds are time.process_time of this process).
   s1, s2  criterion 1 and 2: benchmarks/particles_cross_validation.py on its cases s1 / s2
+          (--device cuda: the particles on the GPU, plan PLAN_CUDA; the Eulerian run stays on the CPU)
   dims    criterion 3: reproducibility bit for bit and the order-parameter invariant, d = 4..16
   inf     criterion 4: beta = inf, mean-field mode, cases/baseline-inf.toml
   cost    criterion 5: benchmarks/particles_vs_eulerian.py, beta = 0 cases, sizes COST below
@@ -52,6 +53,9 @@ SIZES = [1000, 10000, 100000]
 # O(1/n) finite-size bias of small systems does not steepen the fitted slope; n = 1e5 is 10 systems
 # of 1e4 tokens (bias ~1e-4, below the 3e-3 standard error).
 PLAN = {"s1": ([40, 16, 8], [4, 10, 10]), "s2": ([12, 4, 3], [1, 1, 100])}
+# With --device cuda the s2 attention of 1e5 tokens costs about a second per run (an H200), so every
+# run is one system of n tokens, with more seeds; s1 keeps its CPU plan.
+PLAN_CUDA = {"s1": PLAN["s1"], "s2": ([64, 32, 12], [1, 1, 1])}
 COST = {"n0": 10000, "replicas": 6, "max_n": 100000, "cases": ["beta0-s1", "beta0-s2"]}
 COST_SOFTMAX = {"n0": 1000, "replicas": 6, "max_n": 2000, "cases": ["softmax-s1", "softmax-s2"]}
 
@@ -75,11 +79,12 @@ def load(part: str) -> dict | None:
 # ---------------------------------------------------------------------------------------
 
 
-def measure_cross_validation(name: str):
+def measure_cross_validation(name: str, device: str = "cpu"):
     """Criteria 1 and 2: diagnostics and W2 (exact on S^1) against the Eulerian run, n = 1e3..1e5."""
-    seeds, replicas = PLAN[name]
+    seeds, replicas = (PLAN if device == "cpu" else PLAN_CUDA)[name]
     w2 = name == "s1"  # on S^2 exact OT of 1e5 particles against the grid is beyond this machine
-    result = cross.cross_validate(name, SIZES, seeds, replicas, w2, log=lambda *a, **k: print(*a, file=sys.stderr))
+    result = cross.cross_validate(name, SIZES, seeds, replicas, w2, log=lambda *a, **k: print(*a, file=sys.stderr),
+                                  device=device)
     table = cross.statistics(result["runs"])
     report, _ = result["runs"][10000][0]
     write_report(report, os.path.join(FOLDER, f"compare_{name}_n10000"))
@@ -89,7 +94,8 @@ def measure_cross_validation(name: str):
     # the raw lyapunov series of every run, for the singular-quadrature check of the Eulerian value
     lyapunov = {n: [[report["lyapunov_b"].values.tolist(), report["lyapunov_stderr"].values.tolist()]
                     for report, _ in result["runs"][n]] for n in SIZES}
-    store(name, {"table": table, "seeds": seeds, "replicas": replicas, "seconds": seconds,
+    where = "CPU" if device == "cpu" else f"{torch.cuda.get_device_name()} wall, torch {torch.__version__}"
+    store(name, {"table": table, "seeds": seeds, "replicas": replicas, "seconds": seconds, "device": where,
                  "eulerian_seconds": result["eulerian_seconds"], "case": cross.CASES[name],
                  "compare_report": report.attrs["report"], "lyapunov": lyapunov,
                  "eulerian_lyapunov": result["eulerian"]["lyapunov"].values.tolist()})
@@ -224,7 +230,8 @@ def report_cross_validation(name: str, title: str):
           f"Seeds per n {dict(zip(SIZES, data['seeds']))}; "
           f"systems per run {dict(zip(SIZES, data['replicas']))} (standard errors by batch means where > 1, "
           f"i.i.d. formulas where 1).  Eulerian run {data['eulerian_seconds']:.1f} s; particle runs "
-          + ", ".join(f"n = {n}: {s:.1f} s" for n, s in data["seconds"].items()) + " (CPU, mean per run).\n")
+          + ", ".join(f"n = {n}: {s:.1f} s" for n, s in data["seconds"].items())
+          + f" ({data.get('device', 'CPU')}, mean per run).\n")
     print("error = particles - Eulerian at t_end (RMS / mean over seeds, components pooled); mean SE: the runs' "
           "own standard error at t_end; rms z, max |z|: over seeds, saves and components; agree: runs whose "
           "`compare` verdict is |error| <= 3 SE at every save.\n")
@@ -358,12 +365,14 @@ def report():
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    measure = {"s1": lambda: measure_cross_validation("s1"), "s2": lambda: measure_cross_validation("s2"),
+    measure = {"s1": lambda: measure_cross_validation("s1", args.device),
+               "s2": lambda: measure_cross_validation("s2", args.device),
                "dims": measure_dims, "inf": measure_inf, "cost": measure_cost,
                "cost_softmax": lambda: measure_cost("cost_softmax", COST_SOFTMAX), "lyapunov": measure_lyapunov}
     # (no `choices`: argparse rejects an empty list against them for nargs="*")
     parser.add_argument("parts", nargs="*", help=f"parts to measure, of {', '.join(measure)}")
     parser.add_argument("--report", action="store_true", help="print the markdown report from the stored figures")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the s1 / s2 particles run")
     args = parser.parse_args()
     unknown = set(args.parts) - set(measure)
     if unknown:

@@ -461,6 +461,7 @@ class TorusNUFFT:
         index = torch.int32 if columns.size < 2 ** 31 else torch.int64
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
             self._stencil = torch.sparse_csr_tensor(
                 torch.arange(0, count * width * width + 1, width * width, device=device, dtype=index),
                 torch.as_tensor(columns.reshape(-1), device=device, dtype=index),

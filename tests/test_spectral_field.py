@@ -36,8 +36,8 @@ def random_coefficients(basis, seed=0):
 def smooth_density(basis):
     """A band-limited, positive two-cluster density (vMF-like bumps, contrast ~ e^-6)."""
     x = basis.points.to(torch.float64)
-    first = torch.tensor([0.3, 0.5, 0.8][: basis.dim], dtype=torch.float64)
-    second = torch.tensor([-0.6, 0.2, -0.3][: basis.dim], dtype=torch.float64)
+    first = torch.tensor([0.3, 0.5, 0.8][: basis.dim], dtype=torch.float64, device=x.device)
+    second = torch.tensor([-0.6, 0.2, -0.3][: basis.dim], dtype=torch.float64, device=x.device)
     rho = torch.exp(3 * x @ (first / first.norm())) + 0.5 * torch.exp(2 * x @ (second / second.norm()))
     return basis.synthesis(basis.analysis(rho.to(basis.placement.real)))
 
