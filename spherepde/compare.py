@@ -247,6 +247,8 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         "source": f"spherepde {package_version()}",
         "a": labels[0], "b": labels[1], "k": k, "atol": atol,
         "w2_method": "; ".join(sorted(methods)) if w2 else "not computed",
+        # what the w2_projection verdict allows besides k stderr: W2 differences below it are not resolved
+        "w2_projection_floor": _w2_floor(a, b),
     }
     attrs.update({f"verdict_{name}": verdict for name, verdict in verdicts.items()})
     header = (f"{'diagnostic':<20} {'A(t_end)':>13} {'B(t_end)':>13} {'B-A':>11} {'stderr':>10} "

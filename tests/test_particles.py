@@ -20,8 +20,8 @@ from spherepde.errors import CaseError
 from spherepde.model import Model
 from spherepde.output import split_both
 from spherepde.sampling import DensityFileSampler, initial_particles, uniform, vmf_mixture, von_mises_fisher
-from solvers.particles import (Integrator, ParticleField, fused_softmax_mean, hardmax_mean, noise_variance,
-                               run_particles)
+from solvers.particles import (Integrator, ParticleField, c_transform, fused_softmax_mean, hardmax_mean,
+                               noise_variance, run_particles)
 from test_eulerian import hemisphere_mass
 
 CPU64 = placement("cpu", "float64")
@@ -299,6 +299,13 @@ def test_interaction_energy_of_uniform_tokens(dim, beta):
     value, error = float(dataset["interaction_energy"][0]), float(dataset["interaction_energy_stderr"][0])
     assert 0 < error < 0.05 * abs(exact)
     assert abs(value - exact) <= 3 * error
+
+
+def test_c_transform_is_the_smallest_shifted_squared_distance():
+    points, atoms = uniform(3000, 3, generator(1)).numpy(), uniform(200, 3, generator(2)).numpy()
+    potential = np.random.default_rng(3).uniform(-0.5, 0.5, 200)
+    direct = np.array([min(float(((x - a) ** 2).sum()) - v for a, v in zip(atoms, potential)) for x in points[:300]])
+    assert np.abs(c_transform(points, atoms, potential, block=128)[:300] - direct).max() <= 1e-14
 
 
 def test_w2_projection_at_time_zero_on_the_circle():
