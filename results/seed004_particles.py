@@ -7,7 +7,8 @@ minimum, dt = 0.1, T = 16, 16 layers, 25 Adam iterations, lr 0.05) trained throu
 with torch autograd (solvers/particle_training.py: common random numbers, the exact gradient of the
 sample-path cost), one run per particles.seed (the initial sample and the noise path).  The Eulerian
 values are read from the runs of results/seed004_reduced.md ($SEED004_OUT, default /tmp/seed004_reduced;
-that script's `member` makes a missing one).  NetCDF outputs go to $SEED004_OUT/particles-*.nc.
+that script's `member` makes a missing one).  NetCDF outputs go to $SEED004_OUT/particles-*.nc; a run whose
+file is there is not trained again (unless --retrain).
 
 Phases: the particle test runs on the interaction energy (the entropy of 64 atoms is not defined; see
 solvers/particle_training.py).  For a like-for-like comparison the Eulerian run is tested twice: on its
@@ -33,19 +34,30 @@ PARTICLE_OVERRIDES = [o for o in REDUCED if not o.startswith("control.gradient")
 CASES = {"seed004-align-l065": "align, lambda_2 = 0.65", "seed004-bow-k2": "bow, kappa_cand = 2"}
 
 
-def particle_path(name, seed):
-    return os.path.join(os.environ.get("SEED004_OUT", "/tmp/seed004_reduced"), f"particles-{name}-T{int(T_END)}-seed{seed}.nc")
+# Warm start: from the Eulerian W, with a smaller step (Adam at lr 0.05 climbs from there to J ~ 3.1).
+WARM_OVERRIDES = ["control.learning_rate=0.01"]
+# Learning rates of the continued Eulerian training (bow).
+CONTINUE_RATES = [0.01, 0.05]
 
 
-def train_particles(name, seed):
+def particle_path(name, seed, warm_n=None):
+    folder = os.environ.get("SEED004_OUT", "/tmp/seed004_reduced")
+    return os.path.join(folder, f"particles-{name}-T{int(T_END)}-seed{seed}" + (f"-warm-n{warm_n}" if warm_n else "") + ".nc")
+
+
+def train_particles(name, seed, warm_n=None, start=None):
+    """Train one particle run (cold, from W = 0; or, with warm_n, N = warm_n particles from `start`) to its file."""
     import spherepde
+    from solvers.particle_training import run_particle_training
     from spherepde.output import write_dataset
 
-    case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"),
-                               PARTICLE_OVERRIDES + [f"particles.seed={seed}"])
+    overrides = PARTICLE_OVERRIDES + [f"particles.seed={seed}"]
+    if warm_n:
+        overrides += WARM_OVERRIDES + [f"particles.n={warm_n}"]
+    case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"), overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        write_dataset(spherepde.run(case, progress=False), particle_path(name, seed))
+        write_dataset(run_particle_training(case, progress=False, start=start), particle_path(name, seed, warm_n))
 
 
 def particle_row(name, seed, eulerian_W):
@@ -125,30 +137,130 @@ def report(name, seeds):
           f"of the Eulerian value.  The particle J at the Eulerian W is {at_eulerian.mean():.3f} against "
           f"{final.mean():.3f} at the particles' own trained W ({sum(at_eulerian < final)} of {len(rows)} seeds "
           "lower at the Eulerian W).\n")
+    return displacement.mean(), spread
+
+
+def continued_path(name, learning_rate):
+    return path_of(name, T_END).removesuffix(".nc") + f"-continued-lr{learning_rate:g}.nc"
+
+
+def continue_eulerian(name, learning_rate, iterations):
+    """The Eulerian training of results/seed004_reduced.py continued from its W for `iterations` more steps."""
+    import torch
+
+    import spherepde
+    from solvers.training import run_training
+    from spherepde.output import write_dataset
+
+    overrides = REDUCED + [f"time.t_end={T_END}", f"control.layers={int(T_END)}",
+                           f"control.learning_rate={learning_rate}", f"control.iterations={iterations}"]
+    case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"), overrides)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        dataset = run_training(case, progress=False, start=torch.as_tensor(eulerian_rows(name)["W"]))
+    write_dataset(dataset, continued_path(name, learning_rate))
+
+
+def report_continued(name, learning_rates, particles=None):
+    """Is the Eulerian W of 25 iterations an optimum?  The same training continued from it."""
+    import xarray as xr
+
+    print(f"### {CASES[name]}: the Eulerian training continued from its W\n")
+    print("The reduced Eulerian training (25 Adam iterations at lr 0.05 from W = 0) continued from its trained W "
+          "(`run_training(..., start=W)`), phases on the free energy:\n")
+    print("| continued with | iterations | J first -> last | three phases | terminal displacement (rad) |")
+    print("|---|---|---|---|---|")
+    for learning_rate in learning_rates:
+        with xr.open_dataset(continued_path(name, learning_rate)) as dataset:
+            loss = dataset["loss"].values
+            print(f"| Adam, lr {learning_rate:g} | {len(loss) - 1} | {loss[0]:.3f} -> {loss[-1]:.3f} | "
+                  f"{dataset.attrs['three_phase']} | {dataset.attrs['terminal_displacement']:.3f} |")
+    if particles is not None:
+        print(f"\nThe particle trainings from W = 0 above: {particles[0]:.3f} ± {particles[1]:.3f}.  The displacement "
+              "moves with every further descent step of J: at 25 iterations neither training has converged, and "
+              "the comparison is between two points of unfinished descents.")
+    print()
+
+
+def report_warm(name, seeds, sizes):
+    """Particle training started at the Eulerian W (lr 0.01), N particles: does the particle cost have an optimum
+    with the Eulerian displacement near the Eulerian W, and does it approach it as N grows?"""
+    import torch
+    import xarray as xr
+
+    import spherepde
+    from solvers.adjoint import ControlledForward, evaluate_cost
+    from spherepde.initial import initial_density
+
+    reference = eulerian_rows(name)["free_energy"]["displacement"]
+    case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"),
+                               REDUCED + [f"time.t_end={T_END}", f"control.layers={int(T_END)}"])
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    print(f"### {CASES[name]}: particle training started at the Eulerian W\n")
+    print(f"Overrides as above, then `{' '.join(WARM_OVERRIDES)} particles.n=N`, and the optimizer starts from the "
+          "Eulerian training's W (`run_particle_training(..., start=W)`) instead of W = 0.  The first J is the "
+          "particle cost at the Eulerian W; 'Eulerian J' is the Eulerian cost at the particle-trained W, against "
+          f"{evaluate_cost(forward, c0, torch.as_tensor(eulerian_rows(name)['W'])):.3f} at the Eulerian W.\n")
+    print("| N | seeds | three phases | J first -> last (mean) | Eulerian J at the trained W (mean) | "
+          "terminal displacement (mean ± std) | Eulerian displacement |")
+    print("|---|---|---|---|---|---|---|")
+    for n in sizes:
+        rows = []
+        for seed in seeds:
+            with xr.open_dataset(particle_path(name, seed, n)) as dataset:
+                rows.append((dataset.attrs["three_phase"] == "true", dataset["loss"].values[[0, -1]],
+                             dataset.attrs["terminal_displacement"],
+                             evaluate_cost(forward, c0, torch.as_tensor(dataset["W"].values))))
+        displacement = np.array([row[2] for row in rows])
+        first, last = np.mean([row[1] for row in rows], axis=0)
+        print(f"| {n} | {len(rows)} | {sum(row[0] for row in rows)} / {len(rows)} | {first:.3f} -> {last:.3f} | "
+              f"{np.mean([row[3] for row in rows]):.3f} | {displacement.mean():.3f} ± {displacement.std(ddof=1):.3f} | "
+              f"{reference:.3f} |")
+    print()
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=20, help="particle seeds of the align case")
     parser.add_argument("--bow-seeds", type=int, default=10, help="particle seeds of the bow case (0: none)")
+    parser.add_argument("--warm-seeds", type=int, default=4, help="seeds of the bow case's warm starts (0: none)")
+    parser.add_argument("--warm-n", type=int, nargs="+", default=[64, 256, 1024], help="N of the warm starts")
+    parser.add_argument("--continue-iterations", type=int, default=50,
+                        help="iterations of the bow case's continued Eulerian training (0: none)")
     parser.add_argument("--report-only", action="store_true", help="summarise the existing files, run nothing")
+    parser.add_argument("--retrain", action="store_true", help="train again the runs whose files exist")
     args = parser.parse_args()
     jobs = {"seed004-align-l065": list(range(args.seeds)), "seed004-bow-k2": list(range(args.bow_seeds))}
+    warm = ("seed004-bow-k2", list(range(args.warm_seeds)), args.warm_n)
     if not args.report_only:
         import torch
 
         torch.set_num_threads(1)
         for name, seeds in jobs.items():
             for seed in seeds:
-                train_particles(name, seed)
+                if args.retrain or not os.path.exists(particle_path(name, seed)):
+                    train_particles(name, seed)
+        start = torch.as_tensor(eulerian_rows(warm[0])["W"])
+        for n in warm[2] if warm[1] else []:
+            for seed in warm[1]:
+                if args.retrain or not os.path.exists(particle_path(warm[0], seed, n)):
+                    train_particles(warm[0], seed, n, start)
+        for learning_rate in CONTINUE_RATES if args.continue_iterations else []:
+            if args.retrain or not os.path.exists(continued_path(warm[0], learning_rate)):
+                continue_eulerian(warm[0], learning_rate, args.continue_iterations)
     print("# Seed 004 through the particle system (issue 4, criterion 5)\n")
-    print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_particles.py "
-          f"--seeds {args.seeds} --bow-seeds {args.bow_seeds} > results/seed004_particles.md`\n")
+    print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_particles.py --seeds "
+          f"{args.seeds} --bow-seeds {args.bow_seeds} --warm-seeds {args.warm_seeds} --warm-n "
+          f"{' '.join(map(str, args.warm_n))} --continue-iterations {args.continue_iterations} "
+          "> results/seed004_particles.md` (about 40 CPU minutes)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     print("Particle overrides: `" + " ".join(PARTICLE_OVERRIDES) + " particles.seed=s`.\n")
-    for name, seeds in jobs.items():
-        if seeds:
-            report(name, seeds)
+    particles = {name: report(name, seeds) for name, seeds in jobs.items() if seeds}
+    if warm[1]:
+        report_warm(*warm)
+    if args.continue_iterations:
+        report_continued(warm[0], CONTINUE_RATES, particles.get(warm[0]))
     sys.stdout.flush()
 
 

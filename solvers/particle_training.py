@@ -132,11 +132,16 @@ class ParticleControl:
             return float(self.cost(self.run(self.x0, controls), controls)[0])
 
 
-def run_particle_training(case, progress: bool | None = None) -> xr.Dataset:
-    """Train the case's control through the particle system and return the Dataset of the trained run."""
+def run_particle_training(case, progress: bool | None = None, start: torch.Tensor | None = None) -> xr.Dataset:
+    """Train the case's control through the particle system and return the Dataset of the trained run.
+
+    `start`: the controls W_l (layers, d, d) the optimizer starts from (None: model.W on every layer),
+    e.g. an Eulerian training's W, to ask whether the particle cost has an optimum near it.
+    """
     forward = ParticleControl(case)
     started = wallclock.perf_counter()
-    result = optimise(case["control"], forward.model.W, forward.layers, forward.gradient, progress)
+    initial = forward.model.W if start is None else forward.placement.tensor(start)
+    result = optimise(case["control"], initial, forward.layers, forward.gradient, progress)
     training_seconds = wallclock.perf_counter() - started
     recorder = ParticleRecorder(case, forward.model, ParticleField.from_case(case, forward.model), forward.x0)
     started = wallclock.perf_counter()

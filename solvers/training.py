@@ -78,12 +78,14 @@ class Adam:
 OPTIMIZERS = {"gd": GradientDescent, "adam": Adam}
 
 
-def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = None) -> TrainingResult:
-    """Run the optimizer of the case's [control] section from W_l = model.W (module docstring, step 1)."""
+def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = None,
+          start: torch.Tensor | None = None) -> TrainingResult:
+    """Run the optimizer of the case's [control] section from W_l = model.W (module docstring, step 1),
+    or from the controls `start` (layers, d, d)."""
     control = forward.case["control"]
     gradient_of = GRADIENTS[control["gradient"]]
-    return optimise(control, forward.problem.model.W, forward.layers,
-                    lambda controls: gradient_of(forward, c0, controls), progress)
+    initial = forward.problem.model.W if start is None else forward.problem.placement.tensor(start)
+    return optimise(control, initial, forward.layers, lambda controls: gradient_of(forward, c0, controls), progress)
 
 
 def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None) -> TrainingResult:
@@ -147,12 +149,16 @@ def trained_run(forward: ControlledForward, c0: torch.Tensor, controls: torch.Te
     return recorder
 
 
-def run_training(case, progress: bool | None = None) -> xr.Dataset:
-    """Train the case's control and return the Dataset of the trained forward run (module docstring)."""
+def run_training(case, progress: bool | None = None, start: torch.Tensor | None = None) -> xr.Dataset:
+    """Train the case's control and return the Dataset of the trained forward run (module docstring).
+
+    `start`: the controls W_l (layers, d, d) the optimizer starts from (None: model.W on every layer),
+    e.g. to continue an earlier training from its `W`.
+    """
     forward = ControlledForward(case)
     c0 = initial_density(case["initial"], forward.problem.basis)
     started = wallclock.perf_counter()
-    result = train(forward, c0, progress)
+    result = train(forward, c0, progress, start)
     training_seconds = wallclock.perf_counter() - started
     recorder = trained_run(forward, c0, result.controls)
     dataset = recorder.dataset("completed")

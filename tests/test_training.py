@@ -47,6 +47,18 @@ def test_gradient_descent_decreases_the_cost_monotonically():
     assert costs[-1] < 0.85 * costs[0]
 
 
+def test_gradient_descent_continued_from_its_controls_is_one_longer_descent():
+    # gradient descent is memoryless: 2 steps, then 2 more from the result, are the same 4 steps
+    case = training_case(control={"optimizer": "gd", "learning_rate": 1.0, "iterations": 4}, t_end=0.5, dt=0.1)
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    whole = train(forward, c0, progress=False)
+    half = ControlledForward(case.with_overrides(["control.iterations=2"]))
+    continued = train(half, c0, progress=False, start=train(half, c0, progress=False).controls)
+    assert torch.allclose(continued.controls, whole.controls, rtol=1e-12, atol=1e-14)
+    assert continued.costs == pytest.approx(whole.costs[2:], rel=1e-12)
+
+
 def test_adam_reduces_the_cost():
     case = training_case(control={"optimizer": "adam", "learning_rate": 0.4, "iterations": 4}, t_end=0.5, dt=0.1)
     forward = ControlledForward(case)
