@@ -8,7 +8,9 @@ with se the Monte Carlo standard errors a particle run stores (`<name>_stderr`; 
 Eulerian run counts as exact, se = 0).  Verdict per diagnostic: "agrees" when
 |difference| <= k stderr + atol at every shared time and component (atol absorbs
 round-off where both are exact), "disagrees" otherwise, "n/a" when either run lacks the
-diagnostic or a standard error does not exist.
+diagnostic or a standard error does not exist.  For w2_projection the tolerance also holds
+both runs' quantisation bounds (attribute `w2_projection_floor`), and z is 0 below it: where
+that floor exceeds the standard errors, difference / stderr is the sharper test.
 
 W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
 density (Eulerian) or 1/n for the saved particles:
