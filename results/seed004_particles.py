@@ -42,7 +42,8 @@ CONTINUE_RATES = [0.01, 0.05]
 
 def particle_path(name, seed, warm_n=None):
     folder = os.environ.get("SEED004_OUT", "/tmp/seed004_reduced")
-    return os.path.join(folder, f"particles-{name}-T{int(T_END)}-seed{seed}" + (f"-warm-n{warm_n}" if warm_n else "") + ".nc")
+    suffix = f"-warm-n{warm_n}" if warm_n else ""
+    return os.path.join(folder, f"particles-{name}-T{int(T_END)}-seed{seed}{suffix}.nc")
 
 
 def train_particles(name, seed, warm_n=None, start=None):
@@ -215,8 +216,8 @@ def report_warm(name, seeds, sizes):
         displacement = np.array([row[2] for row in rows])
         first, last = np.mean([row[1] for row in rows], axis=0)
         print(f"| {n} | {len(rows)} | {sum(row[0] for row in rows)} / {len(rows)} | {first:.3f} -> {last:.3f} | "
-              f"{np.mean([row[3] for row in rows]):.3f} | {displacement.mean():.3f} ± {displacement.std(ddof=1):.3f} | "
-              f"{reference:.3f} |")
+              f"{np.mean([row[3] for row in rows]):.3f} | {displacement.mean():.3f} ± "
+              f"{displacement.std(ddof=1):.3f} | {reference:.3f} |")
     print()
 
 
