@@ -40,6 +40,17 @@ WARM_OVERRIDES = ["control.learning_rate=0.01"]
 CONTINUE_RATES = [0.01, 0.05]
 
 
+def load(name, overrides):
+    """cases/<name>.toml with `overrides`."""
+    import spherepde
+
+    return spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"), overrides)
+
+
+# The Eulerian training of results/seed004_reduced.py at T_END (its `member`).
+EULERIAN_OVERRIDES = REDUCED + [f"time.t_end={T_END}", f"control.layers={int(T_END)}"]
+
+
 def particle_path(name, seed, warm_n=None):
     folder = os.environ.get("SEED004_OUT", "/tmp/seed004_reduced")
     suffix = f"-warm-n{warm_n}" if warm_n else ""
@@ -48,14 +59,13 @@ def particle_path(name, seed, warm_n=None):
 
 def train_particles(name, seed, warm_n=None, start=None):
     """Train one particle run (cold, from W = 0; or, with warm_n, N = warm_n particles from `start`) to its file."""
-    import spherepde
     from solvers.particle_training import run_particle_training
     from spherepde.output import write_dataset
 
     overrides = PARTICLE_OVERRIDES + [f"particles.seed={seed}"]
     if warm_n:
         overrides += WARM_OVERRIDES + [f"particles.n={warm_n}"]
-    case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"), overrides)
+    case = load(name, overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         write_dataset(run_particle_training(case, progress=False, start=start), particle_path(name, seed, warm_n))
@@ -149,13 +159,11 @@ def continue_eulerian(name, learning_rate, iterations):
     """The Eulerian training of results/seed004_reduced.py continued from its W for `iterations` more steps."""
     import torch
 
-    import spherepde
     from solvers.training import run_training
     from spherepde.output import write_dataset
 
-    overrides = REDUCED + [f"time.t_end={T_END}", f"control.layers={int(T_END)}",
-                           f"control.learning_rate={learning_rate}", f"control.iterations={iterations}"]
-    case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"), overrides)
+    case = load(name, EULERIAN_OVERRIDES + [f"control.learning_rate={learning_rate}",
+                                            f"control.iterations={iterations}"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         dataset = run_training(case, progress=False, start=torch.as_tensor(eulerian_rows(name)["W"]))
@@ -189,20 +197,19 @@ def report_warm(name, seeds, sizes):
     import torch
     import xarray as xr
 
-    import spherepde
     from solvers.adjoint import ControlledForward, evaluate_cost
     from spherepde.initial import initial_density
 
-    reference = eulerian_rows(name)["free_energy"]["displacement"]
-    case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"),
-                               REDUCED + [f"time.t_end={T_END}", f"control.layers={int(T_END)}"])
+    eulerian = eulerian_rows(name)
+    reference = eulerian["free_energy"]["displacement"]
+    case = load(name, EULERIAN_OVERRIDES)
     forward = ControlledForward(case)
     c0 = initial_density(case["initial"], forward.problem.basis)
     print(f"### {CASES[name]}: particle training started at the Eulerian W\n")
     print(f"Overrides as above, then `{' '.join(WARM_OVERRIDES)} particles.n=N`, and the optimizer starts from the "
           "Eulerian training's W (`run_particle_training(..., start=W)`) instead of W = 0.  The first J is the "
           "particle cost at the Eulerian W; 'Eulerian J' is the Eulerian cost at the particle-trained W, against "
-          f"{evaluate_cost(forward, c0, torch.as_tensor(eulerian_rows(name)['W'])):.3f} at the Eulerian W.\n")
+          f"{evaluate_cost(forward, c0, torch.as_tensor(eulerian['W'])):.3f} at the Eulerian W.\n")
     print("| N | seeds | three phases | J first -> last (mean) | Eulerian J at the trained W (mean) | "
           "terminal displacement (mean ± std) | Eulerian displacement |")
     print("|---|---|---|---|---|---|---|")
