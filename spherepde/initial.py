@@ -127,8 +127,9 @@ def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:
         raise CaseError(f"initial.path: cannot read a density from {path!r}: {error}") from None
     if dim != basis.dim:
         raise CaseError(f"initial.path: {path!r} holds a density on S^{dim - 1}, the case is on S^{basis.dim - 1}")
-    source = make_basis(dim, lmax, basis.placement, points=density.shape[0])
-    if tuple(density.shape) != source.grid_shape:
-        raise CaseError(f"initial.path: {path!r} has a grid {density.shape} that no basis of lmax {lmax} uses")
+    try:
+        source = make_basis(dim, lmax, basis.placement, grid_shape=density.shape)
+    except ValueError as error:
+        raise CaseError(f"initial.path: {path!r} has a grid {density.shape} that cannot hold lmax {lmax}: {error}") from None
     coefficients = source.analysis(basis.placement.tensor(np.ascontiguousarray(density)))
     return source.resize(coefficients, basis.lmax)

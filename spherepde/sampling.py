@@ -145,7 +145,7 @@ class DensityFileSampler:
         try:
             with xr.open_dataset(path) as dataset:
                 lmax = int(dataset.attrs["lmax"])
-                grid = dataset["density"].shape[1]
+                grid_shape = dataset["density"].shape[1:]
                 file_dim = 2 if "theta" in dataset["density"].dims else 3
         except (OSError, KeyError, IndexError, ValueError) as error:
             raise CaseError(f"initial.path: cannot read a density from {path!r}: {error}") from None
@@ -153,7 +153,7 @@ class DensityFileSampler:
             raise CaseError(f"initial.path: {path!r} holds a density on S^{file_dim - 1}, "
                             f"the case is on S^{dim - 1}")
         self.path, self.dim = path, dim
-        self.basis = make_basis(dim, lmax, placement("cpu", "float64"), points=grid)
+        self.basis = make_basis(dim, lmax, placement("cpu", "float64"), grid_shape=grid_shape)
         self.coefficients = density_from_file(path, time_index, self.basis)
         self.lower, self.width = self._cells()
         self.envelope = self._envelope()

@@ -1,5 +1,6 @@
-"""The projected Gaussian initial law: the closed-form density against quadrature of its radial
-integral, normalisation on the solver grids, the exact sampler's moments, and the case keys."""
+"""Initial laws.  The projected Gaussian: the closed-form density against quadrature of its radial
+integral, normalisation on the solver grids, the exact sampler's moments, and the case keys.  A density
+read from an earlier output: re-expanded exactly from the file's own grid."""
 
 import itertools
 import math
@@ -7,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import xarray as xr
 from scipy.integrate import quad
 
 from conftest import make_case
@@ -14,7 +16,7 @@ from spherepde.bases import make_basis
 from spherepde.case import load_case_text
 from spherepde.device import placement
 from spherepde.errors import CaseError
-from spherepde.initial import RECURSION_SWITCH, initial_density, projected_gaussian_density
+from spherepde.initial import RECURSION_SWITCH, density_from_file, initial_density, projected_gaussian_density
 from spherepde.sampling import initial_particles, projected_gaussian
 
 CPU64 = placement("cpu", "float64")
@@ -169,3 +171,25 @@ def test_bad_keys_are_one_line_errors_naming_the_key(keys, key, fragment):
 def test_covariance_belongs_to_the_projected_gaussian_only():
     with pytest.raises(CaseError, match=r"initial\.covariance: not used when initial.kind = 'vmf'"):
         load_case_text(CASE.replace("projected_gaussian", "vmf") + "mean = [0, 0, 1]\nkappa = 1\ncovariance = 1\n")
+
+
+@pytest.mark.parametrize("dim, lmax, grid_shape", [(3, 16, (26, 52)), (3, 16, (30, 45)), (2, 16, (51,))])
+def test_density_saved_on_another_grid_is_read_back_exactly(tmp_path, dim, lmax, grid_shape):
+    """A band-limited density saved on a grid other than today's default (e.g. nlon = 2 nlat, the layout
+    before fast-FFT longitudes, or an odd circle) is analysed on its own grid: the coefficients come back
+    to round-off, also re-expanded to a larger lmax; a grid too coarse for the file's lmax is a CaseError."""
+    saved = make_basis(dim, lmax, CPU64, grid_shape=grid_shape)
+    assert saved.grid_shape != make_basis(dim, lmax, CPU64).grid_shape
+    x = saved.points
+    rho = saved.analysis(torch.exp(2 * x[..., 0] - x[..., 1]))
+    values = saved.synthesis(rho).numpy()
+    dims = ("time", "theta") if dim == 2 else ("time", "lat", "lon")
+    path = tmp_path / "saved.nc"
+    xr.Dataset({"density": (dims, values[None])}, attrs={"lmax": lmax}).to_netcdf(path)
+    for target in (lmax, lmax + 8):
+        read = density_from_file(str(path), 0, make_basis(dim, target, CPU64))
+        assert float((read - saved.resize(rho, target)).abs().max()) <= 1e-13 * float(rho.abs().max())
+    coarse = tmp_path / "coarse.nc"
+    xr.Dataset({"density": (dims, values[None])}, attrs={"lmax": 2 * lmax}).to_netcdf(coarse)
+    with pytest.raises(CaseError, match=f"cannot hold lmax {2 * lmax}"):
+        density_from_file(str(coarse), 0, make_basis(dim, lmax, CPU64))

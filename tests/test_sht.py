@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from spherepde.bases import dealiased_circle_points, dealiased_gauss_grid
 from spherepde.transforms.legendre import gauss_legendre, legendre_tables
-from spherepde.transforms.sht_torch import PACKED_FROM_LMAX, TorchSHT
+from spherepde.transforms.sht_torch import PACKED_FROM_LMAX, SPARSE_FROM_LMAX, TorchSHT
 
 LMAX, NLAT, NLON = 63, 96, 192
 
@@ -40,9 +41,9 @@ def shtns_sht():
     return ShtnsSHT(LMAX, NLAT, NLON)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["dense tables", "packed tables"])
+@pytest.fixture(scope="module", params=["dense", "packed", "sparse"], ids=["dense tables", "packed tables", "sparse tables"])
 def torch_sht(request):
-    return TorchSHT(LMAX, NLAT, NLON, packed=request.param)
+    return TorchSHT(LMAX, NLAT, NLON, layout=request.param)
 
 
 # --- 1. Gauss grid and Legendre tables ---------------------------------------------------------
@@ -152,18 +153,18 @@ def test_torch_float64_matches_shtns(torch_sht, shtns_sht):
     _compare_backends(torch_sht, shtns_sht, 1e-12)
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_torch_float32_matches_shtns(shtns_sht, packed):
-    _compare_backends(TorchSHT(LMAX, NLAT, NLON, dtype=torch.float32, packed=packed), shtns_sht, 1e-5)
+@pytest.mark.parametrize("layout", ["dense", "packed", "sparse"])
+def test_torch_float32_matches_shtns(shtns_sht, layout):
+    _compare_backends(TorchSHT(LMAX, NLAT, NLON, dtype=torch.float32, layout=layout), shtns_sht, 1e-5)
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_torch_matches_shtns_on_odd_grid(packed):
+@pytest.mark.parametrize("layout", ["dense", "packed", "sparse"])
+def test_torch_matches_shtns_on_odd_grid(layout):
     pytest.importorskip("shtns")
     from spherepde.transforms.sht_shtns import ShtnsSHT
 
     lmax, nlat, nlon = 20, 33, 41
-    reference, sht = ShtnsSHT(lmax, nlat, nlon), TorchSHT(lmax, nlat, nlon, packed=packed)
+    reference, sht = ShtnsSHT(lmax, nlat, nlon), TorchSHT(lmax, nlat, nlon, layout=layout)
     assert abs(reference.weights[nlat // 2].item() / sht.weights[nlat // 2].item() - 1) <= 1e-15
     c = random_coefficients(lmax=lmax)
     f = reference.synthesis(c)
@@ -181,11 +182,11 @@ def test_shtns_round_trip_and_analysis_of_arbitrary_field(torch_sht, shtns_sht):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("packed", [False, True])
-def test_torch_cuda_float64_matches_shtns(shtns_sht, packed):
+@pytest.mark.parametrize("layout", ["dense", "packed"])
+def test_torch_cuda_float64_matches_shtns(shtns_sht, layout):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    _compare_backends(TorchSHT(LMAX, NLAT, NLON, device=torch.device("cuda"), packed=packed), shtns_sht, 1e-12)
+    _compare_backends(TorchSHT(LMAX, NLAT, NLON, device=torch.device("cuda"), layout=layout), shtns_sht, 1e-12)
 
 
 # --- 3. analytic identities (torch backend alone) ----------------------------------------------
@@ -244,12 +245,35 @@ def test_grid_size_and_dtype_guards():
         TorchSHT(63, 63, 192)
     with pytest.raises(ValueError, match="dtype"):
         TorchSHT(15, 32, 32, dtype=torch.float16)
-    assert TorchSHT(15, 32, 32, packed=True).table_bytes == 3 * 8 * 2 * 9 * 16 * 8  # [pair, parity, k, northern j]
+    assert TorchSHT(15, 32, 32, layout="packed").table_bytes == 3 * 8 * 2 * 9 * 16 * 8  # [pair, parity, k, northern j]
+    # sparse: (S, S^T) with a value and an int32 column index per (m, l >= m, northern j), and row pointers
+    values = 16 * 17 // 2 * 16
+    assert TorchSHT(15, 32, 32, layout="sparse").table_bytes == 3 * (2 * values * 12 + 4 * (2 * 16 * 16 + 16 * 16 + 2))
+    with pytest.raises(ValueError, match="layout"):
+        TorchSHT(15, 32, 32, layout="banded")
     sht = TorchSHT(15, 32, 32)
-    assert sht.table_bytes == 3 * 16 * 16 * 32 * 8  # dense [m, l, j] below PACKED_FROM_LMAX
-    assert TorchSHT(PACKED_FROM_LMAX, 98, 196, vector=False).table_bytes < 98 * (PACKED_FROM_LMAX + 1) ** 2 * 8 / 3
+    assert sht.table_bytes == 3 * 16 * 16 * 32 * 8  # dense [m, l, j] below SPARSE_FROM_LMAX
+    assert TorchSHT(SPARSE_FROM_LMAX, 74, 160, vector=False).layout == "sparse"
+    assert TorchSHT(PACKED_FROM_LMAX, 98, 200, vector=False, layout="packed").table_bytes < 98 * 65 ** 2 * 8 / 3
     with pytest.raises(ValueError, match="shape"):
         sht.synthesis(torch.zeros(15, 16, dtype=torch.complex128))
+
+
+def prime_factors(n: int) -> set:
+    return {p for p in range(2, n + 1) if n % p == 0 and all(p % q for q in range(2, p))}
+
+
+@pytest.mark.parametrize("lmax", [1, 16, 31, 63, 64, 128, 200, 255, 256, 511])
+def test_dealiased_grids_are_the_smallest_with_a_fast_fft(lmax):
+    """nlat >= 3 (lmax + 1) / 2 (even); nlon >= 2 nlat, a multiple of 4, primes <= 5 only, and no smaller
+    such number; circle points >= 3 lmax + 1, even, primes <= 5, the smallest."""
+    nlat, nlon = dealiased_gauss_grid(lmax)
+    assert nlat % 2 == 0 and 2 * nlat >= 3 * (lmax + 1) > 2 * (nlat - 2)
+    assert nlon >= 2 * nlat and nlon % 4 == 0 and prime_factors(nlon) <= {2, 3, 5}
+    assert not any(prime_factors(n) <= {2, 3, 5} for n in range(2 * nlat + (-2 * nlat) % 4, nlon, 4))
+    n = dealiased_circle_points(lmax)
+    assert n >= 3 * lmax + 1 and n % 2 == 0 and prime_factors(n) <= {2, 3, 5}
+    assert not any(prime_factors(m) <= {2, 3, 5} for m in range(3 * lmax + 1 + (3 * lmax + 1) % 2, n, 2))
 
 
 def test_shtns_guards():

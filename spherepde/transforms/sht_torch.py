@@ -22,17 +22,23 @@ Grid and coefficients (identical to the shtns backend, ``sht_shtns.ShtnsSHT``):
 
 Implementation: per order m a Legendre transform is a matrix product with the tables of
 ``legendre.legendre_tables`` (Pbar, dPbar/dtheta, m Pbar/sin theta; computed once in float64 and
-cast), done for all m by one batched matmul; complex numbers are carried as (real, imaginary) rows
-so the tables stay real, and the phi direction is an rfft / irfft.  The tables are packed
-(``PackedLegendre``): folded about the equator by parity, and triangular, orders m and lmax - m
-sharing one matrix, so they hold about a quarter of the dense [m, l, j] numbers and the matmuls
-read a quarter of the memory (at one or a few fields the Legendre sums are memory-bound).  The
-packing costs about ten small gather / fold kernels per Legendre sum, against one matmul for the
-dense tables (``DenseLegendre``, same interface): below lmax = ``PACKED_FROM_LMAX`` that fixed cost
-dominates (the packed sums were measured 1.5-3x slower than dense ones at lmax 16-48 on one CPU
-thread, and level from lmax 64, faster beyond; benchmarks/sht_backends.py), so small grids keep
-the dense tables, whose memory is small there (3 x 3 MiB at lmax 63, nlat 96, in float64).
+cast), done for all m in one product; complex numbers are carried as (real, imaginary) rows so the
+tables stay real, and the phi direction is an rfft / irfft.  The tables have three layouts with one
+interface, chosen by ``default_layout`` from what benchmarks/sht_backends.py measured:
+
+* dense [m, l, j] (``DenseLegendre``): one batched matmul; small grids (below lmax 48 on the CPU,
+  64 on CUDA), where the others' fixed costs dominate and its memory is small (3 x 3 MiB at lmax 63).
+* packed (``PackedLegendre``): folded about the equator by parity, and triangular, orders m and
+  lmax - m sharing one matrix, so a quarter of the dense numbers and of the memory the matmuls read
+  (at one or a few fields the Legendre sums are memory-bound), at the price of about ten small
+  gather / fold kernels per sum; CUDA from lmax 64, and the CPU above lmax 256.
+* sparse (``SparseLegendre``): the parity fold as one CSR matrix over (g, m, j) x (m, l), whose
+  product takes the coefficients in their own layout (no gather or scatter) and streams the table
+  through MKL's sparse kernel, where the batched matmul of the packed tables (4-row products) ran at
+  a third of the table's streaming rate; the CPU from lmax 48 to 256 (1.4-1.6x the packed speed).
 """
+
+import warnings
 
 import numpy as np
 import torch
@@ -41,8 +47,11 @@ from .legendre import gauss_legendre, legendre_tables
 
 _COMPLEX = {torch.float64: torch.complex128, torch.float32: torch.complex64}
 
-# Smallest lmax whose Legendre tables are packed (module docstring): measured crossover on the CPU.
+# Layout crossovers of the Legendre tables (default_layout), measured on one CPU thread; on CUDA the
+# packed layout keeps the CPU's old crossover (the GPU step is launch-bound, see results/).
 PACKED_FROM_LMAX = 64
+SPARSE_FROM_LMAX = 48
+SPARSE_UP_TO_LMAX = 256
 
 
 def check_grid(lmax: int, nlat: int, nlon: int) -> None:
@@ -178,17 +187,97 @@ class DenseLegendre:
         return torch.matmul(rings.transpose(0, 1), table.transpose(1, 2)).transpose(0, 1)
 
 
+class SparseLegendre:
+    """Legendre sums over the degree l as one sparse matrix product for all orders (CPU layout).
+
+    The parity fold of ``PackedLegendre`` without its packing: the table T_lm(x_j) on the northern nodes
+    is one CSR matrix S with a row per (g, m, j) (g = (l + m) % 2, the parity group) and a column per
+    (m, l), so that the sums of every order are S @ coefficients[(m, l), r] at once, and the analysis
+    is S^T (stored too: torch multiplies a transposed CSR, i.e. CSC, matrix ~50x slower on the CPU).
+    The coefficients' own [m, l] layout is the product's right-hand side, so no gather, scatter or
+    zero padding is needed, and MKL's sparse product streams the table (about (lmax + 1)^2 nlat / 4
+    values and int32 column indices per matrix: 12 bytes a value, 3x the packed layout's memory
+    with both S and S^T).  On one CPU thread this is 1.4-1.6x faster than the packed or dense layout
+    from lmax 48 to 256, slower below (benchmarks/sht_backends.py).  Same interface as ``PackedLegendre``;
+    the "table" is the pair (S, S^T).
+    """
+
+    def __init__(self, lmax: int, nlat: int, device=torch.device("cpu")):
+        self.lmax, self.nlat = lmax, nlat
+        self.north, self.south = (nlat + 1) // 2, nlat // 2
+
+    def pack(self, table: np.ndarray, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A table [m, l, j] over all n nodes -> (S, S^T) in CSR with int32 indices (class docstring)."""
+        nmode, north = self.lmax + 1, self.north
+        m, l = np.meshgrid(np.arange(nmode), np.arange(nmode), indexing="ij")
+        m, l = m[l >= m], l[l >= m]
+        j = np.arange(north)
+        rows = ((((l + m) % 2) * nmode + m)[:, None] * north + j[None, :]).ravel()
+        columns = np.repeat(m * nmode + l, north)
+        values = torch.as_tensor(table[m[:, None], l[:, None], j[None, :]].ravel(), dtype=dtype)
+        shape = (2 * nmode * north, nmode * nmode)
+
+        def csr(coo: torch.Tensor) -> torch.Tensor:
+            full = coo.coalesce().to_sparse_csr()
+            return torch.sparse_csr_tensor(full.crow_indices().int(), full.col_indices().int(), full.values(),
+                                           full.shape, check_invariants=True).to(device)
+
+        with warnings.catch_warnings():  # torch's notice that CSR support is "in beta", at every construction
+            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+            matrix = torch.sparse_coo_tensor(torch.as_tensor(np.stack([rows, columns])), values, shape,
+                                             check_invariants=True)
+            return csr(matrix), csr(matrix.t())
+
+    def synthesis(self, coeffs: torch.Tensor, table: tuple, odd: bool) -> torch.Tensor:
+        """sum_l coeffs[r, m, l] T_lm(x_j): real (R, M, lmax+1) -> (R, M, n); `odd` for dPbar/dtheta."""
+        count, nmode = coeffs.shape[0], self.lmax + 1
+        parts = (table[0] @ coeffs.reshape(count, -1).T).view(2, nmode, self.north, count)
+        sym, anti = (parts[1], parts[0]) if odd else (parts[0], parts[1])
+        grid = torch.cat((sym + anti, (sym - anti)[:, : self.south].flip(1)), dim=1)  # (M, n, R)
+        return grid.permute(2, 0, 1)
+
+    def analysis(self, rings: torch.Tensor, table: tuple, odd: bool) -> torch.Tensor:
+        """sum_j rings[r, m, j] T_lm(x_j): real (R, M, n) -> (R, M, lmax+1); `odd` for dPbar/dtheta."""
+        count, nmode = rings.shape[0], self.lmax + 1
+        north = rings[..., : self.north]
+        south = torch.nn.functional.pad(rings[..., self.north:].flip(-1), (0, self.north - self.south))
+        groups = (north - south, north + south) if odd else (north + south, north - south)  # g = 0, 1
+        folded = torch.stack(groups).permute(0, 2, 3, 1).reshape(-1, count)  # rows (g, m, j)
+        return (table[1] @ folded).T.reshape(count, nmode, nmode)
+
+
+LAYOUTS = {"dense": DenseLegendre, "packed": PackedLegendre, "sparse": SparseLegendre}
+
+
+def default_layout(lmax: int, device: torch.device) -> str:
+    """The Legendre-table layout measured fastest (benchmarks/sht_backends.py): on the CPU dense below
+    lmax = SPARSE_FROM_LMAX, sparse up to SPARSE_UP_TO_LMAX (its memory, 3x packed, is 0.46 GiB there in
+    float64), packed beyond; on CUDA dense below PACKED_FROM_LMAX, packed from there."""
+    if torch.device(device).type != "cpu":
+        return "packed" if lmax >= PACKED_FROM_LMAX else "dense"
+    if lmax < SPARSE_FROM_LMAX:
+        return "dense"
+    return "sparse" if lmax <= SPARSE_UP_TO_LMAX else "packed"
+
+
+def _bytes(table) -> int:
+    """Memory of a stored table: a dense tensor, or the (S, S^T) pair of CSR matrices."""
+    if isinstance(table, tuple):
+        return sum(t.values().nbytes + t.col_indices().nbytes + t.crow_indices().nbytes for t in table)
+    return table.numel() * table.element_size()
+
+
 class TorchSHT:
     """Scalar and vector spherical-harmonic transforms, degree <= lmax, on an nlat x nlon Gauss grid.
 
-    Memory: three real tables (``table_bytes``), built once here on ``device``: dense, (lmax+1)^2 nlat
-    numbers, below lmax = PACKED_FROM_LMAX (9 MiB in all at lmax 63, nlat 96 in float64); packed, about
-    a quarter of that, from there (0.15 GiB at lmax 255, nlat 384).  With ``vector=False`` only the
-    first (scalar analysis and synthesis); ``packed`` forces one layout (None: by lmax).
+    Memory: three real tables (``table_bytes``), built once here on ``device`` in the layout ``layout``
+    ("dense", "packed" or "sparse"; None: ``default_layout``): dense, (lmax+1)^2 nlat numbers (9 MiB in
+    all at lmax 63, nlat 96 in float64); packed, about a quarter of that (0.15 GiB at lmax 255, nlat
+    384); sparse, 3x packed.  With ``vector=False`` only the first (scalar analysis and synthesis).
     """
 
     def __init__(self, lmax: int, nlat: int, nlon: int, device=torch.device("cpu"), dtype=torch.float64,
-                 vector: bool = True, packed: bool | None = None):
+                 vector: bool = True, layout: str | None = None):
         check_grid(lmax, nlat, nlon)
         if dtype not in _COMPLEX:
             raise ValueError(f"TorchSHT: dtype must be torch.float64 or torch.float32, got {dtype}")
@@ -204,14 +293,15 @@ class TorchSHT:
         self.theta = real(np.arctan2(np.sqrt((1.0 - x) * (1.0 + x)), x))
         self.phi = real(2 * np.pi * np.arange(nlon) / nlon)
         self.weights = real(w)
-        if packed is None:
-            packed = lmax >= PACKED_FROM_LMAX
-        self._legendre = (PackedLegendre if packed else DenseLegendre)(lmax, nlat, self.device)
+        self.layout = layout or default_layout(lmax, self.device)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"TorchSHT: layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+        self._legendre = LAYOUTS[self.layout](lmax, nlat, self.device)
         tables = legendre_tables(lmax, x)
         # vector = False keeps the scalar table only (analysis and synthesis); vector transforms then fail.
         self._P, self._dP, self._mP_sin = (self._legendre.pack(table, dtype, self.device) if vector or k == 0 else None
                                            for k, table in enumerate(tables))
-        self.table_bytes = sum(t.numel() * t.element_size() for t in (self._P, self._dP, self._mP_sin) if t is not None)
+        self.table_bytes = sum(_bytes(t) for t in (self._P, self._dP, self._mP_sin) if t is not None)
         # Quadrature factor w_j (2 pi / nlon) applied to the rfft of each latitude ring.
         self._quadrature = real(w * (2 * np.pi / nlon))
         degree = np.arange(lmax + 1)
