@@ -8,6 +8,12 @@ A case with a [control] section is a training run (`spherepde run CASE.toml`, `s
    It stops after control.iterations steps, or earlier when |J_k - J_{k-1}| <= tol |J_k| or
    |dJ/dW|_F <= tol (control.tol > 0).  The cost and the gradient at the final W are evaluated too,
    so the history holds iterations + 1 values of J.
+   "lbfgs" (scipy's L-BFGS-B without bounds, learning_rate unused) chooses its steps by a Wolfe line
+   search, so J decreases at every iteration; an iteration may evaluate J and dJ/dW several times
+   (at most 4 iterations + 1 evaluations in all; a trial W whose run fails is rejected, see
+   ``quasi_newton``).  It stops after control.iterations iterations, when
+   the line search finds no decrease, or (tol > 0) when (J_{k-1} - J_k) <= tol max(|J_k|, |J_{k-1}|, 1)
+   or max |dJ/dW| <= tol; the history holds the accepted iterates.
 2. The trained forward run: the forward equation with the final W, each interval between
    consecutive save times and slice boundaries split into equal steps no longer than time.dt (so
    every save time is hit and W is constant over every step), recorded with the Eulerian solver's
@@ -88,18 +94,25 @@ def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = 
     return optimise(control, initial, forward.layers, lambda controls: gradient_of(forward, c0, controls), progress)
 
 
+def _checked(gradient, iteration: int):
+    """The gradient, or NumericalFailure when J or dJ/dW is not finite."""
+    if not (math.isfinite(gradient.cost) and bool(torch.isfinite(gradient.dW).all())):
+        raise NumericalFailure(f"numerical failure: J or dJ/dW is not finite at training iteration {iteration} "
+                               "(reduce time.dt or control.learning_rate)")
+    return gradient
+
+
 def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None) -> TrainingResult:
     """The optimizer loop of the module docstring, step 1, from W_l = W on every layer; gradient_of(controls)
     returns the adjoint.Gradient (J, l(mu_T), dJ/dW, ...) at controls (layers, d, d)."""
     parameter = W.detach().clone().expand(layers, -1, -1).contiguous()
+    if control["optimizer"] == "lbfgs":
+        return quasi_newton(control, parameter, gradient_of, progress)
     optimizer = OPTIMIZERS[control["optimizer"]](control["learning_rate"])
     costs, losses, norms, first = [], [], [], None
     bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
     for iteration in range(control["iterations"] + 1):
-        gradient = gradient_of(parameter.detach())
-        if not (math.isfinite(gradient.cost) and bool(torch.isfinite(gradient.dW).all())):
-            raise NumericalFailure(f"numerical failure: J or dJ/dW is not finite at training iteration {iteration} "
-                                   "(reduce time.dt or control.learning_rate)")
+        gradient = _checked(gradient_of(parameter.detach()), iteration)
         if first is None:
             first = gradient
         costs.append(gradient.cost)
@@ -113,6 +126,58 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
         parameter = optimizer.step(parameter, gradient.dW)
     bar.close()
     return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient)
+
+
+def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: bool | None = None) -> TrainingResult:
+    """L-BFGS from the controls `parameter` (module docstring, step 1): scipy's L-BFGS-B on the flattened
+    controls in float64, each evaluation one gradient_of; the history holds the accepted iterates.
+
+    A trial point of the line search where J or dJ/dW is not finite (the explicit transport fails for
+    too large a W) gets J = 1e3 (1 + |J_0|) and a zero gradient, so that the search backs off; only a
+    failure at the start raises NumericalFailure.  Evaluations are cached by their point: scipy asks
+    for the current point again after a rejected trial."""
+    from scipy.optimize import minimize
+
+    shape, dtype, device = parameter.shape, parameter.dtype, parameter.device
+    evaluations, history = {}, []
+    bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
+
+    def evaluation(x):
+        key = x.tobytes()
+        if key not in evaluations:
+            controls = torch.tensor(x.reshape(shape), dtype=dtype, device=device)  # a copy: scipy reuses x
+            try:
+                gradient = _checked(gradient_of(controls), len(history))
+            except NumericalFailure:
+                if not history:
+                    raise
+                gradient = None
+            if len(evaluations) >= 8:
+                evaluations.pop(next(iter(evaluations)))
+            evaluations[key] = (controls, gradient)
+        return evaluations[key]
+
+    def objective(x):
+        controls, gradient = evaluation(x)
+        if not history:
+            accept(x)
+        if gradient is None:
+            return 1e3 * (1 + abs(history[0][1].cost)), np.zeros(x.size)
+        return gradient.cost, gradient.dW.detach().double().cpu().numpy().ravel()
+
+    def accept(x):
+        controls, gradient = evaluation(x)
+        history.append((controls, gradient))
+        bar.update(float(len(history) - 1), J=gradient.cost, loss=gradient.loss, grad=float(gradient.dW.norm()))
+
+    tol = control["tol"]
+    minimize(objective, parameter.detach().double().cpu().numpy().ravel(), jac=True, method="L-BFGS-B",
+             callback=accept, options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
+                                       "gtol": tol, "ftol": tol})
+    bar.close()
+    controls, final = history[-1]
+    return TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],
+                          [float(g.dW.norm()) for _, g in history], history[0][1], final)
 
 
 def step_knots(timing: dict, layers: int) -> tuple[np.ndarray, np.ndarray]:

@@ -83,11 +83,12 @@ control.target             nonzero length-d vector, made unit: align   e_2 = [0,
 control.lambda_reg         real >= 0: L2 weight of int |W_t|_F^2 dt    0.01
 control.layers             int >= 1: W_t piecewise constant on equal   8
                            slices of [0, time.t_end]
-control.optimizer          "adam" | "gd"                               "adam"
+control.optimizer          "adam" | "gd" | "lbfgs" (solvers/training)  "adam"
 control.iterations         int >= 0 (0: the forward run of model.W)    100
 control.learning_rate      real > 0                                    0.05
 control.tol                real >= 0: stop when |J_k - J_{k-1}| <=     0 (never)
-                           tol |J_k| or |dJ/dW| <= tol
+                           tol |J_k| or |dJ/dW| <= tol (lbfgs:
+                           scipy's ftol and gtol)
 control.gradient           "discrete" (exact gradient of the           "discrete"
                            discretised J) | "continuous" (the adjoint
                            PDE discretised on its own); Eulerian only
@@ -693,7 +694,7 @@ _SCHEMA = (
         _Key("target", _direction, _second_axis),
         _Key("lambda_reg", _real(_NONNEGATIVE), 0.01),
         _Key("layers", _integer(_Interval(1)), 8),
-        _Key("optimizer", _choice("adam", "gd"), "adam"),
+        _Key("optimizer", _choice("adam", "gd", "lbfgs"), "adam"),
         _Key("iterations", _integer(_NONNEGATIVE), 100),
         _Key("learning_rate", _real(_POSITIVE), 0.05),
         _Key("tol", _real(_NONNEGATIVE), 0.0),

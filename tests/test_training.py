@@ -1,5 +1,7 @@
 """Training (solvers/training.py): the loss decreases, the known first-order optimum, the output."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -66,6 +68,73 @@ def test_adam_reduces_the_cost():
     assert result.costs[-1] < 0.7 * result.costs[0]
 
 
+def test_lbfgs_finds_the_minimiser_of_a_quadratic():
+    """J(W) = 1/2 <W - W*, A (W - W*)> + 1 with A symmetric positive definite (condition number 100):
+    L-BFGS reaches W* to 1e-6 (J in float64 fixes W* only to ~sqrt(1e-16 / lambda_min(A)) = 1e-8),
+    J decreasing at every iteration."""
+    from solvers.adjoint import Gradient
+    from solvers.training import optimise
+
+    rng = np.random.default_rng(3)
+    basis = np.linalg.qr(rng.normal(size=(12, 12)))[0]
+    A = torch.as_tensor(basis @ np.diag(np.geomspace(1, 100, 12)) @ basis.T)
+    optimum = torch.as_tensor(rng.normal(size=(3, 2, 2)))
+
+    def gradient_of(controls):
+        residual = (controls - optimum).reshape(-1)
+        slope = A @ residual
+        return Gradient(float(residual @ slope) / 2 + 1, 1.0, slope.reshape(3, 2, 2), [], [])
+
+    result = optimise({"optimizer": "lbfgs", "iterations": 100, "tol": 1e-15, "learning_rate": 1.0},
+                      torch.zeros(2, 2, dtype=torch.float64), 3, gradient_of, progress=False)
+    assert float((result.controls - optimum).abs().max()) <= 1e-6
+    assert np.all(np.diff(result.costs) <= 0) and result.costs[-1] == pytest.approx(1.0, abs=1e-14)
+    assert len(result.costs) < 101 and result.gradient_norms[-1] <= 1e-6
+
+
+def test_lbfgs_backs_off_from_trial_points_where_the_run_fails():
+    """The same kind of quadratic, but J is not finite wherever max |W| > 1.01 max |W*| (as the explicit
+    transport fails for too large a W): the line search rejects those trial points and still reaches W*;
+    a failure at the starting point raises NumericalFailure."""
+    from solvers.adjoint import Gradient
+    from solvers.training import optimise
+    from spherepde.errors import NumericalFailure
+
+    rng = np.random.default_rng(5)
+    scales = torch.as_tensor(np.geomspace(1, 1000, 8)).reshape(2, 2, 2)
+    optimum = torch.as_tensor(rng.normal(size=(2, 2, 2)))
+    failures = []
+
+    def gradient_of(controls):
+        if float(controls.abs().max()) > 1.01 * float(optimum.abs().max()):
+            failures.append(controls)
+            return Gradient(math.nan, math.nan, torch.full_like(controls, math.nan), [], [])
+        residual = controls - optimum
+        return Gradient(float((scales * residual ** 2).sum()) / 2, 0.0, scales * residual, [], [])
+
+    control = {"optimizer": "lbfgs", "iterations": 200, "tol": 1e-15, "learning_rate": 1.0}
+    result = optimise(control, torch.zeros(2, 2, dtype=torch.float64), 2, gradient_of, progress=False)
+    assert failures and float((result.controls - optimum).abs().max()) <= 1e-6
+    assert np.all(np.diff(result.costs) <= 0)
+    with pytest.raises(NumericalFailure, match="iteration 0"):
+        optimise(control, torch.full((2, 2), 10.0, dtype=torch.float64), 2, gradient_of, progress=False)
+
+
+def test_lbfgs_training_ends_at_a_stationary_point_below_gradient_descent():
+    """On the small S^1 case L-BFGS (tol 1e-10) stops where |dJ/dW| <= 1e-7, J nonincreasing over its
+    iterates, at a J no larger than 30 steps of tuned gradient descent reach."""
+    costs = {}
+    for optimizer in ("gd", "lbfgs"):
+        case = training_case(control={"optimizer": optimizer, "learning_rate": 1.0, "iterations": 30, "tol": 1e-10},
+                             t_end=0.5, dt=0.1)
+        forward = ControlledForward(case)
+        result = train(forward, initial_density(case["initial"], forward.problem.basis), progress=False)
+        costs[optimizer] = result.costs
+    assert np.all(np.diff(costs["lbfgs"]) <= 0)
+    assert result.gradient_norms[-1] <= 1e-7 < 1e-2 * result.gradient_norms[0]
+    assert costs["lbfgs"][-1] <= costs["gd"][-1] and len(costs["lbfgs"]) < len(costs["gd"])
+
+
 def test_tolerance_stops_early():
     case = training_case(control={"optimizer": "gd", "learning_rate": 1.0, "iterations": 30, "tol": 0.05},
                          t_end=0.5, dt=0.1)
@@ -128,7 +197,7 @@ def test_trained_run_matches_the_training_forward_map():
     ("control.loss='cross_entropy'", "control.loss"),
     ("control.layers=0", "control.layers"),
     ("control.kappa_cand=2.0", "control.kappa_cand"),
-    ("control.optimizer='lbfgs'", "control.optimizer"),
+    ("control.optimizer='newton'", "control.optimizer"),
     ("control.learning_rate=0", "control.learning_rate"),
     ("control.target=[0, 0]", "control.target"),
 ])
