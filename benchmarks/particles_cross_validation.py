@@ -10,6 +10,8 @@ and prints, per diagnostic and n:
   rms z        RMS over seeds and saves of (particles - Eulerian) / SE: about 1 when the
                standard errors are honest
   agree        runs whose `spherepde compare` verdict is "agrees" (|B - A| <= 3 SE at every save)
+and the same two against the seeds' spread (each run's SE the standard deviation of the other
+runs: Student t, honest whatever the runs' own SEs are worth; see `statistics`),
 and the fitted slope of log(rms error) against log(n) (expected -1/2), and, with --w2, the
 W2 distance between the Eulerian density and the particles at t_end (all particles saved)
 with its fitted exponent.  With --replicas R a run of n tokens is R independent systems of
@@ -127,6 +129,12 @@ def statistics(runs: dict) -> dict:
     verdict is "agrees"; for w2_projection "floor" is the verdict's extra tolerance), and per
     diagnostic the least-squares slope of log(rms_error) against log(n); "w2": the RMS over seeds of
     W2(Eulerian, particles) at t_end and its slope, when the reports have it.
+
+    With 3 or more seeds, also the same against the seeds' spread (``seed_spread_z``): the standard error
+    of run i is the standard deviation of the other runs' values (leave-one-out, ddof = 1), at each save
+    and component.  Independent of run i, it makes z_i Student-t with seeds - 2 degrees of freedom when
+    the runs are unbiased (rms_z_spread = sqrt((R - 2) / (R - 4)) for R seeds), whatever the runs' own
+    standard errors are worth; a bias of the particles shows as a mean z away from 0.
     """
     sizes = sorted(runs)
     table = {}
@@ -143,13 +151,15 @@ def statistics(runs: dict) -> dict:
             stderr = np.concatenate([r[f"{name}_stderr"].values.ravel() for r in reports])
             with np.errstate(invalid="ignore", divide="ignore"):
                 z = np.where(np.abs(difference) <= reports[0].attrs["atol"], 0.0, difference / stderr)
+            floors = [r.attrs["w2_projection_floor"] if name == "w2_projection" else 0.0 for r in reports]
             rows.append({"n": n, "rms_error": math.sqrt(np.mean(final ** 2)), "mean_error": float(final.mean()),
                          "mean_se": float(np.mean([r[f"{name}_stderr"].values[-1] for r in reports])),
                          "rms_z": math.sqrt(np.mean(z ** 2)), "max_z": float(np.abs(z).max()),
                          "agree": sum(r.attrs[f"verdict_{name}"] == "agrees" for r in reports),
                          "runs": len(reports)}
-                        | ({"floor": float(np.mean([r.attrs["w2_projection_floor"] for r in reports]))}
-                           if name == "w2_projection" else {}))
+                        | ({"floor": float(np.mean(floors))} if name == "w2_projection" else {})
+                        | (seed_spread_z([r[f"{name}_difference"].values for r in reports], reports[0].attrs["atol"],
+                                         floors) if len(reports) >= 3 else {}))
         if not rows:
             continue
         entry = {"rows": rows, "verdict_sample": runs[sizes[0]][0][0].attrs[f"verdict_{name}"]}
@@ -166,16 +176,35 @@ def statistics(runs: dict) -> dict:
     return table
 
 
+def seed_spread_z(differences: list, atol: float, floors: list) -> dict:
+    """z of each run's (particles - Eulerian) against the leave-one-out spread of the other runs (see
+    ``statistics``): rms_z_spread, mean_z_spread, max_z_spread over runs, saves and components, and
+    agree_spread, the runs with |difference| <= 3 spread + atol (+ the run's w2 floor) at every save."""
+    values = np.stack(differences)  # (runs, time, components...)
+    z, agree = [], 0
+    for i in range(len(values)):
+        spread = np.std(np.delete(values, i, axis=0), axis=0, ddof=1)
+        tolerance = 3 * spread + atol + floors[i]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z.append(np.where(np.abs(values[i]) <= atol, 0.0, values[i] / spread).ravel())
+        agree += bool(np.all(np.abs(values[i]) <= tolerance))
+    z = np.concatenate(z)
+    return {"rms_z_spread": math.sqrt(np.mean(z ** 2)), "mean_z_spread": float(np.mean(z)),
+            "max_z_spread": float(np.abs(z).max()), "agree_spread": agree}
+
+
 def print_statistics(name: str, table: dict):
     print(f"\n{name}: t_end = {CASES[name]['time']['t_end']}; "
           "verdict: |particles - Eulerian| <= 3 SE at every save")
     print(f"{'diagnostic':<20} {'n':>8} {'rms error':>11} {'mean error':>11} {'mean SE':>10} {'rms z':>7} "
-          f"{'max|z|':>7} {'agree':>7}")
+          f"{'max|z|':>7} {'agree':>7} | against the seeds' spread: {'rms z':>6} {'agree':>7}")
     for diagnostic, entry in table.items():
         for row in entry.get("rows", []):
+            spread = (f"{row['rms_z_spread']:>6.2f} {row['agree_spread']:>4}/{row['runs']}"
+                      if "rms_z_spread" in row else f"{'-':>6} {'-':>7}")
             print(f"{diagnostic:<20} {row['n']:>8} {row['rms_error']:>11.3e} {row['mean_error']:>11.2e} "
                   f"{row['mean_se']:>10.3e} {row['rms_z']:>7.2f} {row['max_z']:>7.2f} "
-                  f"{row['agree']:>4}/{row['runs']}")
+                  f"{row['agree']:>4}/{row['runs']} | {' ' * 27}{spread}")
     print("\nfitted slope of log(rms error) against log(n) (expected -0.5):")
     for diagnostic, entry in table.items():
         if "slope" in entry and diagnostic != "w2":

@@ -56,9 +56,10 @@ SIZES = [1000, 10000, 100000]
 # would take about 40 CPU minutes, so its n = 1e5 runs are 10 independent systems of 1e4 tokens
 # (4 CPU minutes each).  Their finite-size bias is that of a 1e4-token system, O(1e-4), below the
 # 1e-3 standard error (100 systems of 1e3 tokens, the earlier plan, carried an O(1e-3) bias that
-# showed in lyapunov).  On s1 (beta = 0: O(n) per drift) each n <= 1e4 run is one system, so that the
-# O(1/n) finite-size bias of small systems does not steepen the fitted slope; n = 1e5 is 10 systems
-# of 1e4 tokens (bias ~1e-4, below the 3e-3 standard error).
+# showed in lyapunov).  On s1 (beta = 0: O(n) per drift) the interaction amplifies fluctuations beyond
+# the i.i.d. standard error, so every run is R systems with batch-means SEs: 4 of 250 tokens at n = 1e3
+# (more systems would add finite-size bias O(R / n) against an SE of O(n^-1/2)), 10 of 1e3 at 1e4 and
+# 10 of 1e4 at 1e5 (bias ~1e-4, below the 3e-3 standard error).
 PLAN = {"s1": ([40, 16, 8], [4, 10, 10]), "s2": ([48, 16, 8], [1, 1, 10])}
 # With --device cuda every s2 run is one system of n tokens (an H200 took 0.2 s per run at n = 1e3
 # and 1.4 s at 1e4, and over 17 s at 1e5, where w2_projection's c-transforms on the host CPU weigh:
@@ -292,9 +293,14 @@ def report_cross_validation(name: str, title: str):
           "freedom, so z follows Student's t: rms z = sqrt((R - 1) / (R - 3)) (1.73 for R = 4, 1.13 for R = 10), "
           "and |z| > 3 has probability 5.8% (R = 4) or 1.5% (R = 10) per value: with R = 4, up to about half of "
           "the runs fail by chance (k = 6 to 12 here).  'rms z if honest' below.\n")
+    print("The last three columns test the same agreement without trusting the runs' own SE: each run's SE is "
+          "the standard deviation of the other seeds' values at that save (leave-one-out), so z is Student t "
+          "with seeds - 2 degrees of freedom when the particles are unbiased (rms z sqrt((S - 2) / (S - 4)) for S "
+          "seeds: 1.03 for 40, 1.08 for 16, 1.22 for 8), and a run agrees when |error| <= 3 spread at every "
+          "save (+ the w2 floor).  A finite-size bias shows as excess rms z here.\n")
     print("| diagnostic | n | RMS error | mean error | mean SE | rms z | rms z if honest | max abs z | agree | "
-          "fitted slope |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "fitted slope | rms z, seeds' spread | if honest | agree, seeds' spread |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for diagnostic, entry in data["table"].items():
         if diagnostic == "w2":
             continue
@@ -303,9 +309,12 @@ def report_cross_validation(name: str, title: str):
             floor = f" (floor {row['floor']:.2g})" if "floor" in row else ""
             count = systems[row["n"]]
             honest = 1.0 if count == 1 else math.sqrt((count - 1) / (count - 3)) if count > 3 else math.inf
+            runs = row["runs"]
+            spread = (f"{row['rms_z_spread']:.2f} | {math.sqrt((runs - 2) / (runs - 4)) if runs > 4 else math.inf:.2f}"
+                      f" | {row['agree_spread']}/{runs}" if "rms_z_spread" in row else "- | - | -")
             print(f"| {diagnostic} | {row['n']} | {row['rms_error']:.3e} | {row['mean_error']:+.2e} | "
                   f"{row['mean_se']:.2e} | {row['rms_z']:.2f} | {honest:.2f} | {row['max_z']:.2f} | "
-                  f"{row['agree']}/{row['runs']}{floor} | {slope} |")
+                  f"{row['agree']}/{runs}{floor} | {slope} | {spread} |")
     if "w2" in data["table"]:
         w2 = data["table"]["w2"]
         print(f"\nW2(Eulerian, particles) at t_end, RMS over seeds [{w2['method']}]: "
