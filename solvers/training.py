@@ -170,10 +170,13 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
         history.append((controls, gradient))
         bar.update(float(len(history) - 1), J=gradient.cost, loss=gradient.loss, grad=float(gradient.dW.norm()))
 
-    tol = control["tol"]
-    minimize(objective, parameter.detach().double().cpu().numpy().ravel(), jac=True, method="L-BFGS-B",
-             callback=accept, options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
-                                       "gtol": tol, "ftol": tol})
+    tol, start = control["tol"], parameter.detach().double().cpu().numpy().ravel()
+    if control["iterations"] == 0:  # scipy takes one step even at maxiter = 0
+        objective(start)
+    else:
+        minimize(objective, start, jac=True, method="L-BFGS-B", callback=accept,
+                 options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
+                          "gtol": tol, "ftol": tol})
     bar.close()
     controls, final = history[-1]
     return TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],

@@ -85,11 +85,16 @@ def test_lbfgs_finds_the_minimiser_of_a_quadratic():
         slope = A @ residual
         return Gradient(float(residual @ slope) / 2 + 1, 1.0, slope.reshape(3, 2, 2), [], [])
 
-    result = optimise({"optimizer": "lbfgs", "iterations": 100, "tol": 1e-15, "learning_rate": 1.0},
-                      torch.zeros(2, 2, dtype=torch.float64), 3, gradient_of, progress=False)
+    control = {"optimizer": "lbfgs", "iterations": 100, "tol": 1e-15, "learning_rate": 1.0}
+    result = optimise(control, torch.zeros(2, 2, dtype=torch.float64), 3, gradient_of, progress=False)
     assert float((result.controls - optimum).abs().max()) <= 1e-6
     assert np.all(np.diff(result.costs) <= 0) and result.costs[-1] == pytest.approx(1.0, abs=1e-14)
     assert len(result.costs) < 101 and result.gradient_norms[-1] <= 1e-6
+    for iterations in (0, 3):  # the cap holds, also at 0: the start's J and gradient, W unchanged
+        capped = optimise(control | {"iterations": iterations}, torch.zeros(2, 2, dtype=torch.float64), 3, gradient_of,
+                          progress=False)
+        assert len(capped.costs) == iterations + 1
+        assert (float(capped.controls.abs().max()) > 0) == (iterations > 0)
 
 
 def test_lbfgs_backs_off_from_trial_points_where_the_run_fails():
