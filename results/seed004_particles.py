@@ -1,9 +1,10 @@
 """Seed 004 through the particle system (issue 4, criterion 5), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_particles.py [--seeds 20] [--bow-seeds 10] [--report-only] > results/seed004_particles.md
+    OMP_NUM_THREADS=1 python3 results/seed004_particles.py [--seeds 20] [--bow-seeds 10] [--converged-seeds 10] [--report-only] > results/seed004_particles.md
 
 The reduced-scale cases of results/seed004_reduced.py (its overrides: eps = 0.05, lmax 24 for the Gibbs
-minimum, dt = 0.1, T = 16, 16 layers, 25 Adam iterations, lr 0.05) trained through N = 64 particles
+minimum, dt = 0.1, T = 16, 16 layers; 25 Adam iterations at lr 0.05, and, in the last section, L-BFGS
+to convergence) trained through N = 64 particles
 with torch autograd (solvers/particle_training.py: common random numbers, the exact gradient of the
 sample-path cost), one run per particles.seed (the initial sample and the noise path).  The Eulerian
 values are read from the runs of results/seed004_reduced.md ($SEED004_OUT, default /tmp/seed004_reduced;
@@ -24,13 +25,18 @@ import warnings
 
 import numpy as np
 
-from seed004_reduced import REDUCED, member, path_of
+from seed004_reduced import REDUCED, TRAININGS, member, path_of
 
 T_END = 16.0
 N = 64
-# The particle training has no adjoint PDE: control.gradient is an Eulerian key (an error with particles).
-PARTICLE_OVERRIDES = [o for o in REDUCED if not o.startswith("control.gradient")] + [
-    "solver.method='particles'", f"particles.n={N}", f"time.t_end={T_END}", f"control.layers={int(T_END)}"]
+
+
+def particle_overrides(training="adam"):
+    """The overrides of the Eulerian training `training` (seed004_reduced.TRAININGS) for N particles; the
+    particle training has no adjoint PDE: control.gradient is an Eulerian key (an error with particles)."""
+    return [o for o in TRAININGS[training][0] if not o.startswith("control.gradient")] + [
+        "solver.method='particles'", f"particles.n={N}", f"time.t_end={T_END}", f"control.layers={int(T_END)}"]
+
 CASES = {"seed004-align-l065": "align, lambda_2 = 0.65", "seed004-bow-k2": "bow, kappa_cand = 2"}
 
 
@@ -51,27 +57,28 @@ def load(name, overrides):
 EULERIAN_OVERRIDES = REDUCED + [f"time.t_end={T_END}", f"control.layers={int(T_END)}"]
 
 
-def particle_path(name, seed, warm_n=None):
+def particle_path(name, seed, warm_n=None, training="adam"):
     folder = os.environ.get("SEED004_OUT", "/tmp/seed004_reduced")
-    suffix = f"-warm-n{warm_n}" if warm_n else ""
+    suffix = (f"-warm-n{warm_n}" if warm_n else "") + ("" if training == "adam" else f"-{training}")
     return os.path.join(folder, f"particles-{name}-T{int(T_END)}-seed{seed}{suffix}.nc")
 
 
-def train_particles(name, seed, warm_n=None, start=None):
+def train_particles(name, seed, warm_n=None, start=None, training="adam"):
     """Train one particle run (cold, from W = 0; or, with warm_n, N = warm_n particles from `start`) to its file."""
     from solvers.particle_training import run_particle_training
     from spherepde.output import write_dataset
 
-    overrides = PARTICLE_OVERRIDES + [f"particles.seed={seed}"]
+    overrides = particle_overrides(training) + [f"particles.seed={seed}"]
     if warm_n:
         overrides += WARM_OVERRIDES + [f"particles.n={warm_n}"]
     case = load(name, overrides)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        write_dataset(run_particle_training(case, progress=False, start=start), particle_path(name, seed, warm_n))
+        dataset = run_particle_training(case, progress=False, start=start)
+    write_dataset(dataset, particle_path(name, seed, warm_n, training))
 
 
-def particle_row(name, seed, eulerian_W):
+def particle_row(name, seed, eulerian_W, training="adam"):
     """The figures of one particle run from its file, and the J of its particle system (same x_0 and noise)
     at the W the Eulerian training found."""
     import torch
@@ -80,26 +87,27 @@ def particle_row(name, seed, eulerian_W):
     from solvers.particle_training import ParticleControl
     from spherepde.case import load_case_text
 
-    with xr.open_dataset(particle_path(name, seed)) as dataset:
+    with xr.open_dataset(particle_path(name, seed, training=training)) as dataset:
         attrs = dataset.attrs
         return {"three_phase": attrs["three_phase"], "plateau": attrs["plateau_width"],
                 "initial": attrs["initial_width"], "terminal": attrs["terminal_width"], "lift": attrs["terminal_lift"],
                 "displacement": attrs["terminal_displacement"], "loss": dataset["loss"].values[[0, -1]],
-                "seconds": attrs["training_seconds"],
+                "seconds": attrs["training_seconds"], "iterations": dataset.sizes["iteration"] - 1,
+                "W": dataset["W"].values,
                 "at_eulerian_W": ParticleControl(load_case_text(attrs["case"])).cost_of(torch.as_tensor(eulerian_W))}
 
 
-def eulerian_rows(name):
+def eulerian_rows(name, training="adam"):
     """The phase test of the Eulerian run on its free energy and on its interaction energy alone
     (turnpike.phases is blind to the constant min E, so the energies themselves serve as gaps), and its W."""
     import xarray as xr
 
     from spherepde import turnpike
 
-    if not os.path.exists(path_of(name, T_END)):
-        member((name, T_END))
+    if not os.path.exists(path_of(name, T_END, training)):
+        member((name, T_END, training))
     rows = {}
-    with xr.open_dataset(path_of(name, T_END)) as dataset:
+    with xr.open_dataset(path_of(name, T_END, training)) as dataset:
         rows["W"] = dataset["W"].values
         times = dataset["time"].values
         angle = turnpike.mean_angle(dataset["mean"].values)
@@ -113,18 +121,28 @@ def eulerian_rows(name):
     return rows
 
 
-def report(name, seeds):
-    print(f"## {CASES[name]} (cases/{name}.toml), N = {N} particles, {len(seeds)} seeds\n")
+def report(name, seeds, training="adam"):
+    print(f"## {CASES[name]} (cases/{name}.toml), N = {N} particles, {len(seeds)} seeds, "
+          f"{TRAININGS[training][1]}\n")
+    import torch
+
+    from solvers.adjoint import ControlledForward, evaluate_cost
+    from spherepde.initial import initial_density
+
     print("| run | three phases | plateau | initial / terminal layer | terminal lift | J first -> last | "
-          "J at the Eulerian W | terminal displacement (rad) | training (s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    eulerian = eulerian_rows(name)
+          "J at the Eulerian W | Eulerian J at this W | terminal displacement (rad) | training (s, iterations) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    eulerian = eulerian_rows(name, training)
     eulerian_W = eulerian.pop("W")
-    rows = [particle_row(name, seed, eulerian_W) for seed in seeds]
-    for seed, row in zip(seeds, rows):
+    rows = [particle_row(name, seed, eulerian_W, training) for seed in seeds]
+    forward = ControlledForward(load(name, TRAININGS[training][0] + [f"time.t_end={T_END}", f"control.layers={int(T_END)}"]))
+    c0 = initial_density(forward.case["initial"], forward.problem.basis)
+    mean_field = np.array([evaluate_cost(forward, c0, torch.as_tensor(row["W"])) for row in rows])
+    for seed, row, cost in zip(seeds, rows, mean_field):
         print(f"| particles, seed {seed} | {row['three_phase']} | {row['plateau']:.1f} | {row['initial']:.1f} / "
               f"{row['terminal']:.1f} | {row['lift']:.3f} | {row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | "
-              f"{row['at_eulerian_W']:.3f} | {row['displacement']:.3f} | {row['seconds']:.0f} |")
+              f"{row['at_eulerian_W']:.3f} | {cost:.3f} | {row['displacement']:.3f} | {row['seconds']:.0f}, "
+              f"{row['iterations']} |")
     displacement = np.array([row["displacement"] for row in rows])
     plateau = np.array([row["plateau"] for row in rows])
     final = np.array([row["loss"][1] for row in rows])
@@ -132,11 +150,12 @@ def report(name, seeds):
     phased = sum(row["three_phase"] == "true" for row in rows)
     print(f"| **particles, mean ± std** | {phased} / {len(rows)} true | {plateau.mean():.1f} ± {plateau.std(ddof=1):.1f} "
           f"| | | final J {final.mean():.3f} ± {final.std(ddof=1):.3f} | {at_eulerian.mean():.3f} ± "
-          f"{at_eulerian.std(ddof=1):.3f} | **{displacement.mean():.3f} ± {displacement.std(ddof=1):.3f}** | |")
+          f"{at_eulerian.std(ddof=1):.3f} | {mean_field.mean():.3f} ± {mean_field.std(ddof=1):.3f} | "
+          f"**{displacement.mean():.3f} ± {displacement.std(ddof=1):.3f}** | |")
     for energy, row in eulerian.items():
         print(f"| Eulerian (lmax 24), phases on {energy} | {row['three_phase']} | {row['plateau']:.1f} | "
               f"{row['initial']:.1f} / {row['terminal']:.1f} | {row['lift']:.3f} | "
-              f"{row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | | {row['displacement']:.3f} | |")
+              f"{row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | | {row['loss'][1]:.3f} | {row['displacement']:.3f} | |")
     reference = eulerian["free_energy"]["displacement"]
     spread = displacement.std(ddof=1)
     gap = abs(displacement.mean() - reference)
@@ -147,7 +166,8 @@ def report(name, seeds):
           f"{sum(abs(d - reference) <= spread for d in displacement)} of {len(rows)} seeds lie within one std "
           f"of the Eulerian value.  The particle J at the Eulerian W is {at_eulerian.mean():.3f} against "
           f"{final.mean():.3f} at the particles' own trained W ({sum(at_eulerian < final)} of {len(rows)} seeds "
-          "lower at the Eulerian W).\n")
+          f"lower at the Eulerian W); the Eulerian (mean-field) J at the particle-trained W is {mean_field.mean():.3f} "
+          f"against {eulerian['free_energy']['loss'][1]:.3f} at the Eulerian W.\n")
     return displacement.mean(), spread
 
 
@@ -236,19 +256,23 @@ def main():
     parser.add_argument("--warm-n", type=int, nargs="+", default=[64, 256, 1024], help="N of the warm starts")
     parser.add_argument("--continue-iterations", type=int, default=50,
                         help="iterations of the bow case's continued Eulerian training (0: none)")
+    parser.add_argument("--converged-seeds", type=int, default=10,
+                        help="particle seeds of each case trained to convergence by L-BFGS (0: none)")
     parser.add_argument("--report-only", action="store_true", help="summarise the existing files, run nothing")
     parser.add_argument("--retrain", action="store_true", help="train again the runs whose files exist")
     args = parser.parse_args()
     jobs = {"seed004-align-l065": list(range(args.seeds)), "seed004-bow-k2": list(range(args.bow_seeds))}
+    converged = {name: list(range(args.converged_seeds)) for name in jobs}
     warm = ("seed004-bow-k2", list(range(args.warm_seeds)), args.warm_n)
     if not args.report_only:
         import torch
 
         torch.set_num_threads(1)
-        for name, seeds in jobs.items():
-            for seed in seeds:
-                if args.retrain or not os.path.exists(particle_path(name, seed)):
-                    train_particles(name, seed)
+        for training, cases in (("adam", jobs), ("lbfgs", converged)):
+            for name, seeds in cases.items():
+                for seed in seeds:
+                    if args.retrain or not os.path.exists(particle_path(name, seed, training=training)):
+                        train_particles(name, seed, training=training)
         start = torch.as_tensor(eulerian_rows(warm[0])["W"])
         for n in warm[2] if warm[1] else []:
             for seed in warm[1]:
@@ -260,16 +284,55 @@ def main():
     print("# Seed 004 through the particle system (issue 4, criterion 5)\n")
     print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_particles.py --seeds "
           f"{args.seeds} --bow-seeds {args.bow_seeds} --warm-seeds {args.warm_seeds} --warm-n "
-          f"{' '.join(map(str, args.warm_n))} --continue-iterations {args.continue_iterations} "
-          "> results/seed004_particles.md` (about 40 CPU minutes)\n")
+          f"{' '.join(map(str, args.warm_n))} --continue-iterations {args.continue_iterations} --converged-seeds "
+          f"{args.converged_seeds} > results/seed004_particles.md` (about 60 CPU minutes)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
-    print("Particle overrides: `" + " ".join(PARTICLE_OVERRIDES) + " particles.seed=s`.\n")
+    print("Particle overrides: `" + " ".join(particle_overrides()) + " particles.seed=s`.\n")
     particles = {name: report(name, seeds) for name, seeds in jobs.items() if seeds}
     if warm[1]:
         report_warm(*warm)
     if args.continue_iterations:
         report_continued(warm[0], CONTINUE_RATES, particles.get(warm[0]))
+    if args.converged_seeds:
+        print("# Both trainings to convergence (L-BFGS)\n")
+        print("The Eulerian runs and the particle runs trained by L-BFGS until the relative decrease of J per "
+              "iteration or max |dJ/dW| falls below 1e-7 (results/seed004_reduced.py's second training), so that "
+              "the displacements compared are those of optima, not of unfinished descents.  Particle overrides: `"
+              + " ".join(particle_overrides("lbfgs")) + " particles.seed=s`.\n")
+        for name, seeds in converged.items():
+            report(name, seeds, "lbfgs")
+        report_resolution("seed004-bow-k2", "lbfgs", converged["seed004-bow-k2"][:3])
     sys.stdout.flush()
+
+
+def report_resolution(name, training, seeds):
+    """The mean-field J at the Eulerian W and at particle-trained W's, on finer grids and steps than the
+    training's: is the Eulerian optimum a property of the mean-field cost or of the lmax-24 grid?"""
+    import torch
+    import xarray as xr
+
+    from solvers.adjoint import ControlledForward, evaluate_cost
+    from spherepde.initial import initial_density
+
+    with xr.open_dataset(path_of(name, T_END, training)) as dataset:
+        controls = {"Eulerian W": dataset["W"].values}
+    for seed in seeds:
+        with xr.open_dataset(particle_path(name, seed, training=training)) as dataset:
+            controls[f"particles' W, seed {seed}"] = dataset["W"].values
+    print(f"### {CASES[name]}: the mean-field J of these W on finer grids\n")
+    print("Each particle training minimises the cost of one sample path (common random numbers: one initial "
+          "sample, one noise path).  Where the loss has several minima, as the bow loss with its candidates "
+          "does, that path's optimum need not be the mean-field one; the mean-field J of each W, computed "
+          "again at higher resolution:\n")
+    print("| grid, step | " + " | ".join(controls) + " |")
+    print("|---|" + "---|" * len(controls))
+    base = TRAININGS[training][0] + [f"time.t_end={T_END}", f"control.layers={int(T_END)}"]
+    for lmax, dt in ((24, 0.1), (48, 0.05), (96, 0.02)):
+        forward = ControlledForward(load(name, base + [f"sphere.lmax={lmax}", f"time.dt={dt}"]))
+        c0 = initial_density(forward.case["initial"], forward.problem.basis)
+        costs = [evaluate_cost(forward, c0, torch.as_tensor(W)) for W in controls.values()]
+        print(f"| lmax {lmax}, dt {dt:g} | " + " | ".join(f"{cost:.4f}" for cost in costs) + " |")
+    print()
 
 
 if __name__ == "__main__":
