@@ -35,7 +35,7 @@ interface, chosen by ``default_layout`` from what benchmarks/sht_backends.py mea
 * sparse (``SparseLegendre``): the parity fold as one CSR matrix over (g, m, j) x (m, l), whose
   product takes the coefficients in their own layout (no gather or scatter) and streams the table
   through MKL's sparse kernel, where the batched matmul of the packed tables (4-row products) ran at
-  a third of the table's streaming rate; the CPU from lmax 48 to 256 (1.4-1.6x the packed speed).
+  a third of the table's streaming rate; the CPU from lmax 48 to 256 (1.25-1.9x the packed speed).
 """
 
 import warnings
@@ -193,12 +193,12 @@ class SparseLegendre:
     The parity fold of ``PackedLegendre`` without its packing: the table T_lm(x_j) on the northern nodes
     is one CSR matrix S with a row per (g, m, j) (g = (l + m) % 2, the parity group) and a column per
     (m, l), so that the sums of every order are S @ coefficients[(m, l), r] at once, and the analysis
-    is S^T (stored too: torch multiplies a transposed CSR, i.e. CSC, matrix ~50x slower on the CPU).
+    is S^T (stored too: torch multiplies a transposed CSR, i.e. CSC, matrix ~60x slower on the CPU).
     The coefficients' own [m, l] layout is the product's right-hand side, so no gather, scatter or
     zero padding is needed, and MKL's sparse product streams the table (about (lmax + 1)^2 nlat / 4
     values and int32 column indices per matrix: 12 bytes a value, 3x the packed layout's memory
-    with both S and S^T).  On one CPU thread this is 1.4-1.6x faster than the packed or dense layout
-    from lmax 48 to 256, slower below (benchmarks/sht_backends.py).  Same interface as ``PackedLegendre``;
+    with both S and S^T).  On one CPU thread this is 1.25-1.9x faster than the packed layout and
+    1.6-2.9x faster than the dense one from lmax 48 to 256, slower below (benchmarks/sht_backends.py).  Same interface as ``PackedLegendre``;
     the "table" is the pair (S, S^T).
     """
 
@@ -251,7 +251,7 @@ LAYOUTS = {"dense": DenseLegendre, "packed": PackedLegendre, "sparse": SparseLeg
 
 def default_layout(lmax: int, device: torch.device) -> str:
     """The Legendre-table layout measured fastest (benchmarks/sht_backends.py): on the CPU dense below
-    lmax = SPARSE_FROM_LMAX, sparse up to SPARSE_UP_TO_LMAX (its memory, 3x packed, is 0.46 GiB there in
+    lmax = SPARSE_FROM_LMAX, sparse up to SPARSE_UP_TO_LMAX (its memory, 3x packed, is 0.43 GiB there in
     float64), packed beyond; on CUDA dense below PACKED_FROM_LMAX, packed from there."""
     if torch.device(device).type != "cpu":
         return "packed" if lmax >= PACKED_FROM_LMAX else "dense"
