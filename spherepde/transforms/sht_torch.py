@@ -214,19 +214,19 @@ class SparseLegendre:
         j = np.arange(north)
         rows = ((((l + m) % 2) * nmode + m)[:, None] * north + j[None, :]).ravel()
         columns = np.repeat(m * nmode + l, north)
-        values = torch.as_tensor(table[m[:, None], l[:, None], j[None, :]].ravel(), dtype=dtype)
+        values = table[m[:, None], l[:, None], j[None, :]].ravel()
         shape = (2 * nmode * north, nmode * nmode)
 
-        def csr(coo: torch.Tensor) -> torch.Tensor:
-            full = coo.coalesce().to_sparse_csr()
-            return torch.sparse_csr_tensor(full.crow_indices().int(), full.col_indices().int(), full.values(),
-                                           full.shape, check_invariants=True).to(device)
+        def csr(rows: np.ndarray, columns: np.ndarray, shape: tuple) -> torch.Tensor:
+            order = np.lexsort((columns, rows))
+            starts = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=shape[0]))])
+            with warnings.catch_warnings():  # torch's notice that CSR support is "in beta", at every construction
+                warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+                return torch.sparse_csr_tensor(
+                    torch.as_tensor(starts, dtype=torch.int32), torch.as_tensor(columns[order], dtype=torch.int32),
+                    torch.as_tensor(values[order], dtype=dtype), shape, check_invariants=True).to(device)
 
-        with warnings.catch_warnings():  # torch's notice that CSR support is "in beta", at every construction
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            matrix = torch.sparse_coo_tensor(torch.as_tensor(np.stack([rows, columns])), values, shape,
-                                             check_invariants=True)
-            return csr(matrix), csr(matrix.t())
+        return csr(rows, columns, shape), csr(columns, rows, shape[::-1])
 
     def synthesis(self, coeffs: torch.Tensor, table: tuple, odd: bool) -> torch.Tensor:
         """sum_l coeffs[r, m, l] T_lm(x_j): real (R, M, lmax+1) -> (R, M, n); `odd` for dPbar/dtheta."""
