@@ -112,12 +112,10 @@ def initial_density(section: dict, basis) -> torch.Tensor:
 def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:
     """Coefficients of the density stored in an earlier output, re-expanded to `basis`.
 
-    The file's grid is rebuilt from its own lmax, the slice analysed there, and its
-    coefficients truncated or zero-padded to our lmax: spectral interpolation, exact
-    when the stored density is band-limited.
+    The file's basis is rebuilt from its own lmax and grid shape (``file_basis``), the slice
+    analysed there, and its coefficients truncated or zero-padded to our lmax: spectral
+    interpolation, exact when the stored density is band-limited.
     """
-    from .bases import make_basis
-
     try:
         with xr.open_dataset(path) as dataset:
             density = dataset["density"].isel(time=time_index).values
@@ -127,9 +125,17 @@ def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:
         raise CaseError(f"initial.path: cannot read a density from {path!r}: {error}") from None
     if dim != basis.dim:
         raise CaseError(f"initial.path: {path!r} holds a density on S^{dim - 1}, the case is on S^{basis.dim - 1}")
-    try:
-        source = make_basis(dim, lmax, basis.placement, grid_shape=density.shape)
-    except ValueError as error:
-        raise CaseError(f"initial.path: {path!r} has a grid {density.shape} that cannot hold lmax {lmax}: {error}") from None
+    source = file_basis(path, dim, lmax, density.shape, basis.placement)
     coefficients = source.analysis(basis.placement.tensor(np.ascontiguousarray(density)))
     return source.resize(coefficients, basis.lmax)
+
+
+def file_basis(path: str, dim: int, lmax: int, grid_shape: tuple, placement):
+    """The basis of degree `lmax` on an earlier output's own grid, or a CaseError naming the file."""
+    from .bases import make_basis
+
+    try:
+        return make_basis(dim, lmax, placement, grid_shape=tuple(grid_shape))
+    except ValueError as error:
+        raise CaseError(f"initial.path: {path!r} has a grid {tuple(grid_shape)} that cannot hold lmax {lmax}: "
+                        f"{error}") from None

@@ -138,9 +138,8 @@ class DensityFileSampler:
     """Exact sampling of max(rho, 0) for the density rho stored in an Eulerian output file (see module doc)."""
 
     def __init__(self, path: str, time_index: int, dim: int):
-        from .bases import make_basis
         from .device import placement
-        from .initial import density_from_file
+        from .initial import density_from_file, file_basis
 
         try:
             with xr.open_dataset(path) as dataset:
@@ -153,7 +152,7 @@ class DensityFileSampler:
             raise CaseError(f"initial.path: {path!r} holds a density on S^{file_dim - 1}, "
                             f"the case is on S^{dim - 1}")
         self.path, self.dim = path, dim
-        self.basis = make_basis(dim, lmax, placement("cpu", "float64"), grid_shape=grid_shape)
+        self.basis = file_basis(path, dim, lmax, grid_shape, placement("cpu", "float64"))
         self.coefficients = density_from_file(path, time_index, self.basis)
         self.lower, self.width = self._cells()
         self.envelope = self._envelope()

@@ -17,7 +17,7 @@ from spherepde.case import load_case_text
 from spherepde.device import placement
 from spherepde.errors import CaseError
 from spherepde.initial import RECURSION_SWITCH, density_from_file, initial_density, projected_gaussian_density
-from spherepde.sampling import initial_particles, projected_gaussian
+from spherepde.sampling import DensityFileSampler, initial_particles, projected_gaussian
 
 CPU64 = placement("cpu", "float64")
 
@@ -193,3 +193,5 @@ def test_density_saved_on_another_grid_is_read_back_exactly(tmp_path, dim, lmax,
     xr.Dataset({"density": (dims, values[None])}, attrs={"lmax": 2 * lmax}).to_netcdf(coarse)
     with pytest.raises(CaseError, match=f"cannot hold lmax {2 * lmax}"):
         density_from_file(str(coarse), 0, make_basis(dim, lmax, CPU64))
+    with pytest.raises(CaseError, match=f"cannot hold lmax {2 * lmax}"):
+        DensityFileSampler(str(coarse), 0, dim)
