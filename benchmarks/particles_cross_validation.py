@@ -149,8 +149,7 @@ def statistics(runs: dict) -> dict:
             # the verdict's tolerance, which for w2_projection includes the quantisation floor
             difference = np.concatenate([r[f"{name}_difference"].values.ravel() for r in reports])
             stderr = np.concatenate([r[f"{name}_stderr"].values.ravel() for r in reports])
-            with np.errstate(invalid="ignore", divide="ignore"):
-                z = np.where(np.abs(difference) <= reports[0].attrs["atol"], 0.0, difference / stderr)
+            z = standardised(difference, stderr, reports[0].attrs["atol"])
             floors = [r.attrs["w2_projection_floor"] if name == "w2_projection" else 0.0 for r in reports]
             rows.append({"n": n, "rms_error": math.sqrt(np.mean(final ** 2)), "mean_error": float(final.mean()),
                          "mean_se": float(np.mean([r[f"{name}_stderr"].values[-1] for r in reports])),
@@ -176,6 +175,12 @@ def statistics(runs: dict) -> dict:
     return table
 
 
+def standardised(difference: np.ndarray, stderr: np.ndarray, atol: float) -> np.ndarray:
+    """z = difference / stderr, and 0 where |difference| <= atol (agreement to round-off: 0 / 0 there)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(np.abs(difference) <= atol, 0.0, difference / stderr)
+
+
 def seed_spread_z(differences: list, atol: float, floors: list) -> dict:
     """z of each run's (particles - Eulerian) against the leave-one-out spread of the other runs (see
     ``statistics``): rms_z_spread, mean_z_spread, max_z_spread over runs, saves and components, and
@@ -185,8 +190,7 @@ def seed_spread_z(differences: list, atol: float, floors: list) -> dict:
     for i in range(len(values)):
         spread = np.std(np.delete(values, i, axis=0), axis=0, ddof=1)
         tolerance = 3 * spread + atol + floors[i]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            z.append(np.where(np.abs(values[i]) <= atol, 0.0, values[i] / spread).ravel())
+        z.append(standardised(values[i], spread, atol).ravel())
         agree += bool(np.all(np.abs(values[i]) <= tolerance))
     z = np.concatenate(z)
     return {"rms_z_spread": math.sqrt(np.mean(z ** 2)), "mean_z_spread": float(np.mean(z)),

@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from seed004_reduced import REDUCED, TRAININGS, member, path_of
+from seed004_reduced import TRAININGS, member, overrides_of, path_of
 
 T_END = 16.0
 N = 64
@@ -53,8 +53,16 @@ def load(name, overrides):
     return spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"), overrides)
 
 
-# The Eulerian training of results/seed004_reduced.py at T_END (its `member`).
-EULERIAN_OVERRIDES = REDUCED + [f"time.t_end={T_END}", f"control.layers={int(T_END)}"]
+def mean_field_cost(name, overrides):
+    """W (layers, d, d) -> the Eulerian (mean-field) J of cases/<name>.toml with `overrides`."""
+    import torch
+
+    from solvers.adjoint import ControlledForward, evaluate_cost
+    from spherepde.initial import initial_density
+
+    forward = ControlledForward(load(name, overrides))
+    c0 = initial_density(forward.case["initial"], forward.problem.basis)
+    return lambda W: evaluate_cost(forward, c0, torch.as_tensor(W))
 
 
 def particle_path(name, seed, warm_n=None, training="adam"):
@@ -124,20 +132,14 @@ def eulerian_rows(name, training="adam"):
 def report(name, seeds, training="adam"):
     print(f"## {CASES[name]} (cases/{name}.toml), N = {N} particles, {len(seeds)} seeds, "
           f"{TRAININGS[training][1]}\n")
-    import torch
-
-    from solvers.adjoint import ControlledForward, evaluate_cost
-    from spherepde.initial import initial_density
-
     print("| run | three phases | plateau | initial / terminal layer | terminal lift | J first -> last | "
           "J at the Eulerian W | Eulerian J at this W | terminal displacement (rad) | training (s, iterations) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     eulerian = eulerian_rows(name, training)
     eulerian_W = eulerian.pop("W")
     rows = [particle_row(name, seed, eulerian_W, training) for seed in seeds]
-    forward = ControlledForward(load(name, TRAININGS[training][0] + [f"time.t_end={T_END}", f"control.layers={int(T_END)}"]))
-    c0 = initial_density(forward.case["initial"], forward.problem.basis)
-    mean_field = np.array([evaluate_cost(forward, c0, torch.as_tensor(row["W"])) for row in rows])
+    cost_of = mean_field_cost(name, overrides_of(training, T_END))
+    mean_field = np.array([cost_of(row["W"]) for row in rows])
     for seed, row, cost in zip(seeds, rows, mean_field):
         print(f"| particles, seed {seed} | {row['three_phase']} | {row['plateau']:.1f} | {row['initial']:.1f} / "
               f"{row['terminal']:.1f} | {row['lift']:.3f} | {row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | "
@@ -182,8 +184,8 @@ def continue_eulerian(name, learning_rate, iterations):
     from solvers.training import run_training
     from spherepde.output import write_dataset
 
-    case = load(name, EULERIAN_OVERRIDES + [f"control.learning_rate={learning_rate}",
-                                            f"control.iterations={iterations}"])
+    case = load(name, overrides_of("adam", T_END) + [f"control.learning_rate={learning_rate}",
+                                                      f"control.iterations={iterations}"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         dataset = run_training(case, progress=False, start=torch.as_tensor(eulerian_rows(name)["W"]))
@@ -214,22 +216,16 @@ def report_continued(name, learning_rates, particles=None):
 def report_warm(name, seeds, sizes):
     """Particle training started at the Eulerian W (lr 0.01), N particles: does the particle cost have an optimum
     with the Eulerian displacement near the Eulerian W, and does it approach it as N grows?"""
-    import torch
     import xarray as xr
-
-    from solvers.adjoint import ControlledForward, evaluate_cost
-    from spherepde.initial import initial_density
 
     eulerian = eulerian_rows(name)
     reference = eulerian["free_energy"]["displacement"]
-    case = load(name, EULERIAN_OVERRIDES)
-    forward = ControlledForward(case)
-    c0 = initial_density(case["initial"], forward.problem.basis)
+    cost_of = mean_field_cost(name, overrides_of("adam", T_END))
     print(f"### {CASES[name]}: particle training started at the Eulerian W\n")
     print(f"Overrides as above, then `{' '.join(WARM_OVERRIDES)} particles.n=N`, and the optimizer starts from the "
           "Eulerian training's W (`run_particle_training(..., start=W)`) instead of W = 0.  The first J is the "
           "particle cost at the Eulerian W; 'Eulerian J' is the Eulerian cost at the particle-trained W, against "
-          f"{evaluate_cost(forward, c0, torch.as_tensor(eulerian['W'])):.3f} at the Eulerian W.\n")
+          f"{cost_of(eulerian['W']):.3f} at the Eulerian W.\n")
     print("| N | seeds | three phases | J first -> last (mean) | Eulerian J at the trained W (mean) | "
           "terminal displacement (mean ± std) | Eulerian displacement |")
     print("|---|---|---|---|---|---|---|")
@@ -239,7 +235,7 @@ def report_warm(name, seeds, sizes):
             with xr.open_dataset(particle_path(name, seed, n)) as dataset:
                 rows.append((dataset.attrs["three_phase"] == "true", dataset["loss"].values[[0, -1]],
                              dataset.attrs["terminal_displacement"],
-                             evaluate_cost(forward, c0, torch.as_tensor(dataset["W"].values))))
+                             cost_of(dataset["W"].values)))
         displacement = np.array([row[2] for row in rows])
         first, last = np.mean([row[1] for row in rows], axis=0)
         print(f"| {n} | {len(rows)} | {sum(row[0] for row in rows)} / {len(rows)} | {first:.3f} -> {last:.3f} | "
@@ -308,11 +304,7 @@ def main():
 def report_resolution(name, training, seeds):
     """The mean-field J at the Eulerian W and at particle-trained W's, on finer grids and steps than the
     training's: is the Eulerian optimum a property of the mean-field cost or of the lmax-24 grid?"""
-    import torch
     import xarray as xr
-
-    from solvers.adjoint import ControlledForward, evaluate_cost
-    from spherepde.initial import initial_density
 
     with xr.open_dataset(path_of(name, T_END, training)) as dataset:
         controls = {"Eulerian W": dataset["W"].values}
@@ -326,11 +318,9 @@ def report_resolution(name, training, seeds):
           "again at higher resolution:\n")
     print("| grid, step | " + " | ".join(controls) + " |")
     print("|---|" + "---|" * len(controls))
-    base = TRAININGS[training][0] + [f"time.t_end={T_END}", f"control.layers={int(T_END)}"]
     for lmax, dt in ((24, 0.1), (48, 0.05), (96, 0.02)):
-        forward = ControlledForward(load(name, base + [f"sphere.lmax={lmax}", f"time.dt={dt}"]))
-        c0 = initial_density(forward.case["initial"], forward.problem.basis)
-        costs = [evaluate_cost(forward, c0, torch.as_tensor(W)) for W in controls.values()]
+        cost_of = mean_field_cost(name, overrides_of(training, T_END) + [f"sphere.lmax={lmax}", f"time.dt={dt}"])
+        costs = [cost_of(W) for W in controls.values()]
         print(f"| lmax {lmax}, dt {dt:g} | " + " | ".join(f"{cost:.4f}" for cost in costs) + " |")
     print()
 

@@ -42,6 +42,11 @@ TRAININGS = {"adam": (REDUCED, "25 Adam iterations (lr 0.05, continuous adjoint)
              "lbfgs": (CONVERGED, "L-BFGS to convergence (tol 1e-7, exact discrete gradient)")}
 
 
+def overrides_of(training, t_end):
+    """The overrides of `training` (TRAININGS) for depth t_end, one layer per unit depth."""
+    return TRAININGS[training][0] + [f"time.t_end={t_end}", f"control.layers={int(t_end)}"]
+
+
 def member(job):
     """Run one case with the reduced overrides of `training` (TRAININGS) and write its NetCDF file."""
     name, t_end, training = job if len(job) == 3 else (*job, "adam")
@@ -50,7 +55,7 @@ def member(job):
     import spherepde
     from spherepde.output import write_dataset
 
-    overrides = TRAININGS[training][0] + [f"time.t_end={t_end}", f"control.layers={int(t_end)}"]
+    overrides = overrides_of(training, t_end)
     if name == "seed004-no-train":
         overrides.append("control.iterations=0")
     case = spherepde.load_case(os.path.join(os.path.dirname(__file__), "..", "cases", f"{name}.toml"), overrides)
