@@ -8,6 +8,8 @@ GPU path, is timed too).  Everything runs in this process on one thread (torch.s
 OMP_NUM_THREADS=1), spectral and dense interleaved, best of --repeats; on the CPU the time is the
 calling thread's CPU time (every method computes on it), which the load of other processes on a
 shared machine does not inflate as it does the wall time; on CUDA the synchronised wall time.  The dense quadrature is
+built as solver.field = "dense" builds it: where its kernel matrix fits DENSE_MATRIX_BYTES (S^2 to lmax ~22)
+it is kept and a whole call is timed (one matmul); otherwise it is
 timed on a block of --rows query rows and scaled by N / rows when N is larger (its cost is
 exactly linear in the rows; --full-dense times whole calls).  Exponents are least-squares
 slopes of log(time) against log(lmax) over lmax >= --fit-from.  The last column says which field
@@ -30,7 +32,8 @@ import torch  # noqa: E402
 
 from spherepde.bases import SphereBasis  # noqa: E402
 from spherepde.device import placement  # noqa: E402
-from spherepde.exp_kernel import DenseExpKernel, SpectralExpKernel, dense_exp_kernel, make_exp_kernel  # noqa: E402
+from spherepde.exp_kernel import (DENSE_MATRIX_BYTES, DenseExpKernel, SpectralExpKernel, dense_exp_kernel,  # noqa: E402
+                                  make_exp_kernel)
 
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])
 ROTATION = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]
@@ -53,10 +56,13 @@ def timed(function, repeats: int, device) -> float:
 
 
 def dense_time(kernel: DenseExpKernel, channels: torch.Tensor, rows: int, full: bool, repeats: int, device) -> float:
-    """Time of one dense call, from a block of `rows` query rows scaled by N / rows unless `full`."""
+    """Time of one dense call, from a block of `rows` query rows scaled by N / rows unless `full` or the kernel
+    keeps its matrix."""
     points = kernel.points
     flat = channels.reshape(-1, channels.shape[-1]) * kernel.weights[:, None]
     n = points.shape[0]
+    if kernel.matrix is not None:
+        return timed(lambda: kernel(channels), repeats, device)
     if full or rows >= n:
         return timed(lambda: kernel(channels), max(1, repeats // 3), device)
     block = points[:rows]
@@ -90,7 +96,7 @@ def main(argv=None):
         x = basis.points
         rho = torch.exp(2 * x[..., 0] + x[..., 2]) + 0.5 * torch.exp(-2 * x[..., 1])
         channels = torch.cat([rho[..., None], rho[..., None] * x], dim=-1)
-        dense = DenseExpKernel(basis, where.tensor(MATRICES["general"]), args.beta)
+        dense = DenseExpKernel(basis, where.tensor(MATRICES["general"]), args.beta, matrix_bytes=DENSE_MATRIX_BYTES)
         times["dense"].append(dense_time(dense, channels, args.rows, args.full_dense, args.repeats, where.device))
         for name in columns[1:]:
             matrix = MATRICES["general" if name.startswith("general") else name]

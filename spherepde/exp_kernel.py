@@ -13,8 +13,9 @@ and underflow all the weights.  Both
 implementations share one call signature, f (*grid, c) -> (scaled (*grid, c), log_scale (*grid)),
 and a `name`; `make_exp_kernel` picks one (solver.field).
 
-`DenseExpKernel` is the reference: quadrature over the grid, one block of rows at a time
-(memory O(N * chunk), never the N x N matrix), O(N^2) work.  It is literally an attention
+`DenseExpKernel` is the reference: quadrature over the grid, O(N^2) work.  A small grid keeps
+its N x N kernel matrix (at most DENSE_MATRIX_BYTES, computed once); a larger one recomputes it one
+block of rows at a time (memory O(N * chunk)).  It is literally an attention
 product, softmax weights having log(w_j rho_j) as bias.
 
 `SpectralExpKernel` is exact for band-limited channels (rho of degree lmax, y rho of degree
@@ -65,40 +66,60 @@ from .transforms.sht_torch import PackedLegendre, TorchSHT
 
 # Largest Chebyshev node count tried before a general C is declared out of reach of the spectral field.
 MAX_CHEBYSHEV_NODES = 64
+# Largest kernel matrix (bytes) the dense transform of a grid keeps between calls: 64 MiB holds
+# N = 2896 points in float64 (S^1 to lmax ~960, S^2 to lmax ~22), 4096 in float32.
+DENSE_MATRIX_BYTES = 64 * 2 ** 20
 
 
-def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch.Tensor, beta: float,
-                     chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum_j exp(beta <x_i, C y_j>) f_j for points x (Nx, d), y (Ny, d), channels f (Ny, c).
+def shifted_exp_kernel(x: torch.Tensor, y: torch.Tensor, C: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel matrix exp(beta <x_i, C y_j> - log_scale_i) (Nx, Ny) and log_scale (Nx,).
 
-    Quadrature weights are part of f.  Returns (scaled (Nx, c), log_scale (Nx,)) with
-    log_scale_i = max_j beta <x_i, C y_j> (log-sum-exp shift: the largest weight is exactly 1).
+    log_scale_i = max_j beta <x_i, C y_j> (log-sum-exp shift: the largest entry of each row is exactly 1).
     """
     u = x @ C  # rows are (C^T x_i)^T
     bound = beta * torch.linalg.vector_norm(u, dim=-1)
     # One matmul gives beta <C^T x_i, y_j> - bound_i <= 0: append the shift as an extra coordinate.
     queries = torch.cat([beta * u, -bound[:, None]], dim=1)
     keys = torch.cat([y, torch.ones_like(y[:, :1])], dim=1)
-    blocks, shifts = [], []
+    kernel = queries @ keys.T
+    # Detached: T_C f does not depend on the shift, so no gradient needs to flow through it.
+    shift = kernel.amax(dim=1, keepdim=True).detach()
+    return kernel.sub_(shift).exp_(), bound + shift[:, 0]
+
+
+def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch.Tensor, beta: float,
+                     chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sum_j exp(beta <x_i, C y_j>) f_j for points x (Nx, d), y (Ny, d), channels f (Ny, c).
+
+    Quadrature weights are part of f.  Returns (scaled (Nx, c), log_scale (Nx,)) as `shifted_exp_kernel`,
+    holding `chunk` rows of the kernel matrix at a time.
+    """
+    blocks, log_scales = [], []
     for start in range(0, x.shape[0], chunk):
-        kernel = queries[start:start + chunk] @ keys.T
-        # Detached: T_C f does not depend on the shift, so no gradient needs to flow through it.
-        shift = kernel.amax(dim=1, keepdim=True).detach()
-        blocks.append(kernel.sub_(shift).exp_() @ f)
-        shifts.append(shift[:, 0])
-    return torch.cat(blocks), bound + torch.cat(shifts)
+        kernel, log_scale = shifted_exp_kernel(x[start:start + chunk], y, C, beta)
+        blocks.append(kernel @ f)
+        log_scales.append(log_scale)
+    return torch.cat(blocks), torch.cat(log_scales)
 
 
 class DenseExpKernel:
-    """T_C on a basis grid by dense quadrature: the grid is both the x and the y points."""
+    """T_C on a basis grid by dense quadrature: the grid is both the x and the y points.
+
+    A grid whose N x N kernel matrix takes at most `matrix_bytes` keeps it (computed once: the points,
+    C and beta are fixed), so a call is one matmul instead of N^2 exponentials; otherwise each call
+    recomputes it `chunk` rows at a time.
+    """
 
     name = "dense"
 
-    def __init__(self, basis, C: torch.Tensor, beta: float, chunk: int = 4096):
+    def __init__(self, basis, C: torch.Tensor, beta: float, chunk: int = 4096, matrix_bytes: int = 0):
         self.points = basis.points.reshape(-1, basis.dim)
         self.weights = basis.weights.reshape(-1)
         self.grid_shape = basis.grid_shape
         self.C, self.beta, self.chunk = C, beta, chunk
+        n = self.points.shape[0]
+        keep = beta != 0 and n * n * self.points.element_size() <= matrix_bytes
+        self.matrix, self.log_scale = shifted_exp_kernel(self.points, self.points, C, beta) if keep else (None, None)
 
     def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """f: (*grid, c) grid values -> (scaled (*grid, c), log_scale (*grid))."""
@@ -107,15 +128,20 @@ class DenseExpKernel:
         if self.beta == 0:  # constant kernel: every point sees the plain integral
             integral = flat.sum(0).expand(*self.grid_shape, channels)
             return integral, torch.zeros(self.grid_shape, dtype=f.dtype, device=f.device)
-        scaled, log_scale = dense_exp_kernel(self.points, self.points, flat, self.C, self.beta, self.chunk)
+        if self.matrix is not None:
+            scaled, log_scale = self.matrix @ flat, self.log_scale
+        else:
+            scaled, log_scale = dense_exp_kernel(self.points, self.points, flat, self.C, self.beta, self.chunk)
         return scaled.reshape(*self.grid_shape, channels), log_scale.reshape(self.grid_shape)
 
     def cost(self, channels: int) -> float:
-        """Floating-point operations of one call: N^2 kernel entries (one exponential ~ 20 flops), or
-        the N c sum of the constant kernel at beta = 0."""
+        """Floating-point operations of one call: N^2 kernel entries (one exponential ~ 20 flops) unless
+        the matrix is kept, then the N^2 c product alone; the N c sum of the constant kernel at beta = 0."""
         n = self.points.shape[0]
         if self.beta == 0:
             return 2.0 * n * channels
+        if self.matrix is not None:
+            return 2.0 * n * n * channels
         return n * n * (2 * (self.points.shape[1] + 1) + 2 * channels + 20.0)
 
 
@@ -636,11 +662,13 @@ def make_exp_kernel(basis, C: torch.Tensor, beta: float, field: str, tol: float,
     rho, y rho) is below the dense quadrature's; else the dense one.  At beta = inf the model
     never calls the transform (m = B^T x / |B^T x|) and the dense one stands in.
     """
-    if field == "dense" or math.isinf(beta):
+    if math.isinf(beta):
         return DenseExpKernel(basis, C, beta, chunk)
+    if field == "dense":
+        return DenseExpKernel(basis, C, beta, chunk, DENSE_MATRIX_BYTES)
     if field == "spectral":
         return SpectralExpKernel(basis, C, beta, tol)
-    dense = DenseExpKernel(basis, C, beta, chunk)
+    dense = DenseExpKernel(basis, C, beta, chunk, DENSE_MATRIX_BYTES)
     try:
         spectral = SpectralExpKernel(basis, C, beta, tol)
     except CaseError:

@@ -42,12 +42,13 @@ def smooth_density(basis):
     return basis.synthesis(basis.analysis(rho.to(basis.placement.real)))
 
 
-def field_difference(basis, C, beta, tol=1e-10):
-    """max |m_spectral - m_dense| of the attention mean N / Z, and the max relative difference of T_C."""
+def field_difference(basis, C, beta, tol=1e-10, matrix_bytes=0):
+    """max |m_spectral - m_dense| of the attention mean N / Z, and the max relative difference of T_C
+    (the dense transform keeping its kernel matrix when it takes at most matrix_bytes)."""
     rho = smooth_density(basis)
     channels = torch.cat([rho[..., None], rho[..., None] * basis.points], dim=-1)
     C = torch.as_tensor(C, dtype=basis.placement.real, device=basis.placement.device)
-    dense, log_dense = DenseExpKernel(basis, C, beta)(channels)
+    dense, log_dense = DenseExpKernel(basis, C, beta, matrix_bytes=matrix_bytes)(channels)
     spectral, log_spectral = SpectralExpKernel(basis, C, beta, tol)(channels)
     assert bool((log_dense <= log_spectral * (1 + 10 * torch.finfo(log_dense.dtype).eps)).all())  # the bound
     dense = dense * torch.exp(log_dense - log_spectral)[..., None]  # both on the spectral field's scale
@@ -179,9 +180,10 @@ def test_circle_evaluator_matches_exact_series():
 
 @pytest.mark.parametrize("name", list(MATRICES))
 @pytest.mark.parametrize("beta", [1.0, 10.0, 30.0])
-def test_spectral_field_matches_dense_on_the_sphere(name, beta):
+@pytest.mark.parametrize("matrix_bytes", [0, 2 ** 30], ids=["row-blocks", "kept-matrix"])
+def test_spectral_field_matches_dense_on_the_sphere(name, beta, matrix_bytes):
     """lmax 24 >= what the resolution rule asks at beta = 30 (18): the dense quadrature is exact to ~1e-10."""
-    mean, transform = field_difference(SphereBasis(24, CPU64), MATRICES[name], beta)
+    mean, transform = field_difference(SphereBasis(24, CPU64), MATRICES[name], beta, matrix_bytes=matrix_bytes)
     assert mean <= 1e-10 and transform <= 1e-11
 
 
@@ -194,8 +196,9 @@ def test_spectral_field_with_the_shtns_backend(name):
 
 @pytest.mark.parametrize("C", [[[0.6, -0.8], [0.8, 0.6]], [[0.6, 0.8], [0.8, -0.6]], [[1.0, 0.3], [0.2, 0.7]]])
 @pytest.mark.parametrize("beta", [1.0, 30.0])
-def test_spectral_field_matches_dense_on_the_circle(C, beta):
-    mean, transform = field_difference(CircleBasis(48, CPU64), np.array(C), beta)
+@pytest.mark.parametrize("matrix_bytes", [0, 2 ** 30], ids=["row-blocks", "kept-matrix"])
+def test_spectral_field_matches_dense_on_the_circle(C, beta, matrix_bytes):
+    mean, transform = field_difference(CircleBasis(48, CPU64), np.array(C), beta, matrix_bytes=matrix_bytes)
     assert mean <= 1e-10 and transform <= 1e-11
 
 
