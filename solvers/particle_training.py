@@ -17,17 +17,23 @@ steps from knot to knot (the save times and the slice boundaries together, train
 each interval split into equal steps no longer than particles.dt, else time.dt, so that W is
 constant over every step.
 
-Common random numbers: the noise generator is seeded with the same seed (drawn from particles.seed
-after x_0) at the start of every forward run, so every evaluation of J sees the same Brownian
-increments, as if drawn once and stored.  J is then a deterministic, smooth function of W, and
-reverse-mode autograd through the whole trajectory (every step, attention sum and exponential map)
-gives its exact gradient dJ/dW: the gradient of the cost of this one noise path, not of E J
-(tests/test_particle_training.py checks it against central differences).  Memory: autograd keeps
-every step's graph, O(steps n^2) numbers (the attention kernels).
+Noise (control.noise).  "common", common random numbers: the noise generator is seeded with the same
+seed (drawn from particles.seed after x_0) at the start of every forward run, so every evaluation of J
+sees the same x_0 and Brownian increments, as if drawn once and stored.  J is then a deterministic,
+smooth function of W, and reverse-mode autograd through the whole trajectory (every step, attention
+sum and exponential map) gives its exact gradient dJ/dW: the gradient of the cost of this one noise
+path, not of E J (tests/test_particle_training.py checks it against central differences).  The
+optimum is then that path's: with few particles it can lie far from the mean-field one
+(results/seed004_particles.md, bow loss).  "fresh": evaluation k draws its own x_0 and noise, as
+particles.seed = the k-th child of numpy's SeedSequence(particles.seed) would, so dJ/dW is an unbiased
+estimate of dE[J]/dW, a stochastic gradient for Adam or gradient descent (tests: its mean is the
+mean-field gradient when the tokens do not interact).  Memory: autograd keeps every step's graph,
+O(steps n^2) numbers (the attention kernels).
 
 Optimizer: solvers.training.optimise (the same Adam / gradient descent, stopping rule and progress
 output as the Eulerian training).  The trained forward run is the same forward map (same noise) at
-the final W, recorded at the save times with the particle solver's diagnostics (ParticleRecorder).
+the final W, recorded at the save times with the particle solver's diagnostics (ParticleRecorder);
+with fresh noise, the path of particles.seed itself.
 
 Phases.  The entropy of an empirical measure is not defined, so the three-phase test
 (spherepde.turnpike.phases) runs on the interaction part of the seed's energy:
@@ -81,6 +87,8 @@ class ParticleControl:
         self.placement = make_placement(solver["device"], solver["dtype"])
         self.model = Model.from_case(case, self.placement)
         self.x0, self.noise_seed = initial_state(case, self.placement)
+        self.fresh_seeds = (np.random.SeedSequence(case["particles"]["seed"]) if control["noise"] == "fresh"
+                            else None)
         self.layers, self.t_end = control["layers"], timing["t_end"]
         self.saves, knots = step_knots(timing, self.layers)
         step = case["particles"].get("dt", timing["dt"])
@@ -100,9 +108,11 @@ class ParticleControl:
         self.lambda_reg = control["lambda_reg"]
         self.masses = torch.full((self.x0.shape[0],), 1 / self.x0.shape[0], dtype=self.x0.dtype, device=self.x0.device)
 
-    def run(self, x: torch.Tensor, controls: torch.Tensor, visit=None) -> torch.Tensor:
-        """X(T) from X(0) = x with W_t = controls[l] on slice l; visit(t, X(t)) at every save time, t = 0 too."""
-        noise = torch.Generator(self.placement.device).manual_seed(self.noise_seed)
+    def run(self, x: torch.Tensor, controls: torch.Tensor, visit=None, noise_seed: int | None = None) -> torch.Tensor:
+        """X(T) from X(0) = x with W_t = controls[l] on slice l, the Brownian path of noise_seed (None: the
+        case's); visit(t, X(t)) at every save time, t = 0 too."""
+        noise = torch.Generator(self.placement.device).manual_seed(
+            self.noise_seed if noise_seed is None else noise_seed)
         name = self.case["particles"]["integrator"]
         if visit is not None:
             visit(0.0, x)
@@ -118,11 +128,19 @@ class ParticleControl:
         loss = self.loss.value(x_end, self.masses)
         return loss + 0.5 * self.lambda_reg * (controls ** 2).sum() * (self.t_end / self.layers), loss
 
+    def sample(self) -> tuple[torch.Tensor, int | None]:
+        """(x_0, noise seed) of the next evaluation: the case's (common noise), or fresh draws."""
+        if self.fresh_seeds is None:
+            return self.x0, None
+        (seed,) = self.fresh_seeds.spawn(1)
+        return initial_state(self.case, self.placement, int(seed.generate_state(1, np.uint64)[0] >> 1))
+
     def gradient(self, controls: torch.Tensor) -> Gradient:
         """J and dJ/dW by autograd through the whole trajectory (no adjoint norms: Gradient.times is empty)."""
         controls = controls.detach().clone().requires_grad_(True)
+        x0, noise_seed = self.sample()
         with torch.enable_grad():
-            cost, loss = self.cost(self.run(self.x0, controls), controls)
+            cost, loss = self.cost(self.run(x0, controls, noise_seed=noise_seed), controls)
             (dW,) = torch.autograd.grad(cost, controls)
         return Gradient(float(cost.detach()), float(loss.detach()), dW, [], [])
 
@@ -151,7 +169,8 @@ def run_particle_training(case, progress: bool | None = None, start: torch.Tenso
     dataset = control_variables(recorder.dataset("completed"), case, result)
     dataset = dataset.assign(phase_variables(case, dataset))
     dataset.attrs.update({"training": "trained control through the particle system (solvers/particle_training.py)",
-                          "gradient": "autograd (common random numbers)", "optimizer": case["control"]["optimizer"],
+                          "gradient": f"autograd ({case['control']['noise']} noise)",
+                          "optimizer": case["control"]["optimizer"],
                           "iterations": len(result.costs) - 1, "training_seconds": training_seconds})
     return dataset
 

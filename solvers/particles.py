@@ -432,11 +432,11 @@ def step_bound(case, field: ParticleField, t: float, x: torch.Tensor, interval: 
     return interval if speed == 0 else min(interval, timing["cfl"] / (case["sphere"]["lmax"] * speed))
 
 
-def initial_state(case, placement) -> tuple[torch.Tensor, int]:
+def initial_state(case, placement, seed: int | None = None) -> tuple[torch.Tensor, int]:
     """(x_0, noise seed): particles.n draws from the [initial] measure by a CPU generator seeded with
-    particles.seed, then the seed of the noise generator drawn from the same generator."""
+    `seed` (None: particles.seed), then the seed of the noise generator drawn from the same generator."""
     section = case["particles"]
-    sampler = torch.Generator().manual_seed(section["seed"])
+    sampler = torch.Generator().manual_seed(section["seed"] if seed is None else seed)
     x = initial_particles(case["initial"], case.dim, section["n"], sampler, placement.real).to(placement.device)
     return x, int(torch.randint(2 ** 62, (1,), generator=sampler))
 

@@ -95,6 +95,10 @@ control.gradient           "discrete" (exact gradient of the           "discrete
 control.checkpoint_every   int >= 0: forward steps between stored      0: ceil(sqrt(steps))
                            states of the adjoint's recomputation;
                            Eulerian only
+control.noise              "common" (every evaluation of J sees the    "common"
+                           same x_0 and Brownian path) | "fresh" (new
+                           ones per evaluation: stochastic gradients;
+                           not with lbfgs or tol > 0); particles only
 control.kappa_cand         bow: real >= 0, vMF concentration of the    2.0
                            candidates
 control.tau                bow: real > 0, softmax temperature          1.0
@@ -619,6 +623,13 @@ def _eulerian_training_only(ctx) -> str | None:
     return None
 
 
+def _particle_training_only(ctx) -> str | None:
+    """Keys of [control] that only the particle training reads: a reason when training the Eulerian solver."""
+    if ctx.data["solver"]["method"] != "particles":
+        return "not used when solver.method is not 'particles' (it sets the particles' noise)"
+    return None
+
+
 def _control_rules(control: dict, ctx) -> None:
     if "dt" not in ctx.data["time"]:
         raise CaseError("control: a training run needs time.dt (one fixed step grid for the forward and "
@@ -626,6 +637,12 @@ def _control_rules(control: dict, ctx) -> None:
     if ctx.data["solver"]["method"] == "both":
         raise CaseError("control: training runs use solver.method = 'eulerian' or 'particles', not 'both' "
                         "(train each separately)")
+    if control.get("noise") == "fresh" and control["optimizer"] == "lbfgs":
+        raise CaseError("control.noise: 'fresh' noise makes J random, which the line search of 'lbfgs' cannot "
+                        "use (take 'adam' or 'gd')")
+    if control.get("noise") == "fresh" and control["tol"] > 0:
+        raise CaseError("control.tol: with 'fresh' noise J changes between iterations by chance, so the stopping "
+                        "rule would stop at random (set control.tol = 0 and a number of iterations)")
 
 
 _SCHEMA = (
@@ -700,6 +717,7 @@ _SCHEMA = (
         _Key("tol", _real(_NONNEGATIVE), 0.0),
         _Key("gradient", _choice("discrete", "continuous"), "discrete", unused=_eulerian_training_only),
         _Key("checkpoint_every", _integer(_NONNEGATIVE), 0, unused=_eulerian_training_only),
+        _Key("noise", _choice("common", "fresh"), "common", unused=_particle_training_only),
         _Key("kappa_cand", _real(_NONNEGATIVE), 2.0, unused=_only_for_losses("bow")),
         _Key("tau", _real(_POSITIVE), 1.0, unused=_only_for_losses("bow")),
         _Key("K", _integer(_Interval(1)), 16, unused=_only_for_losses("bow")),
