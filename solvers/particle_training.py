@@ -171,7 +171,8 @@ def run_particle_training(case, progress: bool | None = None, start: torch.Tenso
     dataset.attrs.update({"training": "trained control through the particle system (solvers/particle_training.py)",
                           "gradient": f"autograd ({case['control']['noise']} noise)",
                           "optimizer": case["control"]["optimizer"],
-                          "iterations": len(result.costs) - 1, "training_seconds": training_seconds})
+                          "iterations": len(result.costs) - 1, "optimizer_stop": result.stop,
+                          "training_seconds": training_seconds})
     return dataset
 
 

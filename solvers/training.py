@@ -23,7 +23,9 @@ Output: the Eulerian Dataset of the trained run plus `W` (layer, row, col), `los
 `terminal_loss` (iteration: l(mu_T)), `gradient_norm` (iteration: |dJ/dW|_F), `adjoint_norm` (time:
 |grad phi_t|_{L2(mu_t)} of the final gradient, linearly interpolated from its step times to the save
 times), `layer_time` (layer: start of each slice) and the seed-004 diagnostics of `turnpike_variables`
-(the escape rate from the first gradient's adjoint, at its step times).  Training runs are not
+(the escape rate from the first gradient's adjoint, at its step times), and the attribute optimizer_stop:
+why the optimizer stopped (iterations reached, which tolerance, or scipy's message with its count of
+evaluations and of failed trial runs).  Training runs are not
 checkpointed: they are deterministic, and a rerun repeats them.
 """
 
@@ -44,11 +46,13 @@ from .eulerian import Recorder, _check_finite, save_times
 
 
 class TrainingResult:
-    """The trained controls, the per-iteration history, and the first (at the initial control) and final gradients."""
+    """The trained controls, the per-iteration history, the first (at the initial control) and final gradients,
+    and why the optimizer stopped (`stop`, one line: the output's optimizer_stop attribute)."""
 
-    def __init__(self, controls, costs, losses, gradient_norms, first, final):
+    def __init__(self, controls, costs, losses, gradient_norms, first, final, stop):
         self.controls, self.costs, self.losses, self.gradient_norms, self.first, self.final = (
             controls, costs, losses, gradient_norms, first, final)
+        self.stop = stop
 
 
 class GradientDescent:
@@ -119,13 +123,18 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
         losses.append(gradient.loss)
         norms.append(float(gradient.dW.norm()))
         bar.update(float(iteration), J=gradient.cost, loss=gradient.loss, grad=norms[-1])
-        converged = control["tol"] > 0 and (norms[-1] <= control["tol"] or (
-            len(costs) > 1 and abs(costs[-1] - costs[-2]) <= control["tol"] * abs(costs[-1])))
-        if iteration == control["iterations"] or converged:
+        stop = None
+        if control["tol"] > 0 and norms[-1] <= control["tol"]:
+            stop = "converged: |dJ/dW|_F <= tol"
+        elif control["tol"] > 0 and len(costs) > 1 and abs(costs[-1] - costs[-2]) <= control["tol"] * abs(costs[-1]):
+            stop = "converged: |J_k - J_(k-1)| <= tol |J_k|"
+        elif iteration == control["iterations"]:
+            stop = "control.iterations reached"
+        if stop is not None:
             break
         parameter = optimizer.step(parameter, gradient.dW)
     bar.close()
-    return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient)
+    return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient, stop)
 
 
 def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: bool | None = None) -> TrainingResult:
@@ -139,10 +148,11 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
     from scipy.optimize import minimize
 
     shape, dtype, device = parameter.shape, parameter.dtype, parameter.device
-    evaluations, history = {}, []
+    evaluations, history, failures = {}, [], 0
     bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
 
     def evaluation(x):
+        nonlocal failures
         key = x.tobytes()
         if key not in evaluations:
             controls = torch.tensor(x.reshape(shape), dtype=dtype, device=device)  # a copy: scipy reuses x
@@ -151,7 +161,7 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
             except NumericalFailure:
                 if not history:
                     raise
-                gradient = None
+                gradient, failures = None, failures + 1
             if len(evaluations) >= 8:
                 evaluations.pop(next(iter(evaluations)))
             evaluations[key] = (controls, gradient)
@@ -173,14 +183,16 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
     tol, start = control["tol"], parameter.detach().double().cpu().numpy().ravel()
     if control["iterations"] == 0:  # scipy takes one step even at maxiter = 0
         objective(start)
+        stop = "control.iterations reached"
     else:
-        minimize(objective, start, jac=True, method="L-BFGS-B", callback=accept,
-                 options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
-                          "gtol": tol, "ftol": tol})
+        result = minimize(objective, start, jac=True, method="L-BFGS-B", callback=accept,
+                          options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
+                                   "gtol": tol, "ftol": tol})
+        stop = f"L-BFGS-B: {result.message} ({result.nfev} evaluations, {failures} of them failed runs)"
     bar.close()
     controls, final = history[-1]
     return TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],
-                          [float(g.dW.norm()) for _, g in history], history[0][1], final)
+                          [float(g.dW.norm()) for _, g in history], history[0][1], final, stop)
 
 
 def step_knots(timing: dict, layers: int) -> tuple[np.ndarray, np.ndarray]:
@@ -237,6 +249,7 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
     dataset = dataset.assign(turnpike_variables(forward, dataset, result.first))
     dataset.attrs.update({"training": "trained control (solvers/training.py)", "gradient": case["control"]["gradient"],
                           "optimizer": case["control"]["optimizer"], "iterations": len(result.costs) - 1,
+                          "optimizer_stop": result.stop,
                           "training_steps_per_layer": forward.steps_per_layer,
                           "training_dt": forward.dt, "training_seconds": training_seconds,
                           "adjoint_checkpoint_every": forward.checkpoint_every})

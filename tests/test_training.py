@@ -121,6 +121,7 @@ def test_lbfgs_backs_off_from_trial_points_where_the_run_fails():
     result = optimise(control, torch.zeros(2, 2, dtype=torch.float64), 2, gradient_of, progress=False)
     assert failures and float((result.controls - optimum).abs().max()) <= 1e-6
     assert np.all(np.diff(result.costs) <= 0)
+    assert result.stop.endswith(f"{len(failures)} of them failed runs)")  # the output's optimizer_stop
     with pytest.raises(NumericalFailure, match="iteration 0"):
         optimise(control, torch.full((2, 2), 10.0, dtype=torch.float64), 2, gradient_of, progress=False)
 
@@ -145,7 +146,7 @@ def test_tolerance_stops_early():
                          t_end=0.5, dt=0.1)
     forward = ControlledForward(case)
     result = train(forward, initial_density(case["initial"], forward.problem.basis), progress=False)
-    assert len(result.costs) < 31
+    assert len(result.costs) < 31 and result.stop.startswith("converged")
     last = abs(result.costs[-1] - result.costs[-2]) / abs(result.costs[-1])
     assert last <= 0.05 or result.gradient_norms[-1] <= 0.05
 
