@@ -1,12 +1,14 @@
 """Seed 004 through the particle system (issue 4, criterion 5), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_particles.py [--seeds 20] [--bow-seeds 10] [--converged-seeds 10] [--report-only] > results/seed004_particles.md
+    OMP_NUM_THREADS=1 python3 results/seed004_particles.py [--seeds 20] [--bow-seeds 10] [--converged-seeds 10] [--fresh-seeds 10] [--report-only] > results/seed004_particles.md
 
 The reduced-scale cases of results/seed004_reduced.py (its overrides: eps = 0.05, lmax 24 for the Gibbs
 minimum, dt = 0.1, T = 16, 16 layers; 25 Adam iterations at lr 0.05, and, in the last section, L-BFGS
 to convergence) trained through N = 64 particles
 with torch autograd (solvers/particle_training.py: common random numbers, the exact gradient of the
-sample-path cost), one run per particles.seed (the initial sample and the noise path).  The Eulerian
+sample-path cost), one run per particles.seed (the initial sample and the noise path); in the last
+section on fresh noise instead (control.noise = "fresh": a new sample and path per iteration, a
+stochastic gradient of the expected cost).  The Eulerian
 values are read from the runs of results/seed004_reduced.md ($SEED004_OUT, default /tmp/seed004_reduced;
 that script's `member` makes a missing one).  NetCDF outputs go to $SEED004_OUT/particles-*.nc; a run whose
 file is there is not trained again (unless --retrain).
@@ -32,12 +34,20 @@ N = 64
 
 
 def particle_overrides(training="adam"):
-    """The overrides of the Eulerian training `training` (seed004_reduced.TRAININGS) for N particles; the
-    particle training has no adjoint PDE: control.gradient is an Eulerian key (an error with particles)."""
-    return [o for o in TRAININGS[training][0] if not o.startswith("control.gradient")] + [
+    """The overrides of the training `training` (PARTICLE_TRAININGS) for N particles: those of the Eulerian
+    training of that name (seed004_reduced.TRAININGS; "fresh": of "adam") less control.gradient, an Eulerian
+    key (the particle training has no adjoint PDE), then FRESH for "fresh"."""
+    eulerian = "adam" if training == "fresh" else training
+    overrides = [o for o in TRAININGS[eulerian][0] if not o.startswith("control.gradient")] + [
         "solver.method='particles'", f"particles.n={N}", f"time.t_end={T_END}", f"control.layers={int(T_END)}"]
+    return overrides + FRESH if training == "fresh" else overrides
 
 CASES = {"seed004-align-l065": "align, lambda_2 = 0.65", "seed004-bow-k2": "bow, kappa_cand = 2"}
+# Training on fresh noise: J then is a sample of E J, so its optimum is that of the cost averaged over paths
+# rather than one path's; compared with the Eulerian training to convergence.
+FRESH = ["control.iterations=200", "control.noise='fresh'"]
+PARTICLE_TRAININGS = {name: title for name, (_, title) in TRAININGS.items()} | {
+    "fresh": "200 Adam iterations (lr 0.05) on fresh noise per iteration"}
 
 
 # Warm start: from the Eulerian W, with a smaller step (Adam at lr 0.05 climbs from there to J ~ 3.1).
@@ -129,16 +139,18 @@ def eulerian_rows(name, training="adam"):
     return rows
 
 
-def report(name, seeds, training="adam"):
+def report(name, seeds, training="adam", eulerian_training=None):
+    """The particle runs of `training` beside the Eulerian run of `eulerian_training` (default: the same)."""
+    eulerian_training = eulerian_training or training
     print(f"## {CASES[name]} (cases/{name}.toml), N = {N} particles, {len(seeds)} seeds, "
-          f"{TRAININGS[training][1]}\n")
+          f"{PARTICLE_TRAININGS[training]}\n")
     print("| run | three phases | plateau | initial / terminal layer | terminal lift | J first -> last | "
           "J at the Eulerian W | Eulerian J at this W | terminal displacement (rad) | training (s, iterations) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    eulerian = eulerian_rows(name, training)
+    eulerian = eulerian_rows(name, eulerian_training)
     eulerian_W = eulerian.pop("W")
     rows = [particle_row(name, seed, eulerian_W, training) for seed in seeds]
-    cost_of = mean_field_cost(name, overrides_of(training, T_END))
+    cost_of = mean_field_cost(name, overrides_of(eulerian_training, T_END))
     mean_field = np.array([cost_of(row["W"]) for row in rows])
     for seed, row, cost in zip(seeds, rows, mean_field):
         print(f"| particles, seed {seed} | {row['three_phase']} | {row['plateau']:.1f} | {row['initial']:.1f} / "
@@ -254,17 +266,20 @@ def main():
                         help="iterations of the bow case's continued Eulerian training (0: none)")
     parser.add_argument("--converged-seeds", type=int, default=10,
                         help="particle seeds of each case trained to convergence by L-BFGS (0: none)")
+    parser.add_argument("--fresh-seeds", type=int, default=10,
+                        help="particle seeds of the bow case trained on fresh noise (0: none)")
     parser.add_argument("--report-only", action="store_true", help="summarise the existing files, run nothing")
     parser.add_argument("--retrain", action="store_true", help="train again the runs whose files exist")
     args = parser.parse_args()
     jobs = {"seed004-align-l065": list(range(args.seeds)), "seed004-bow-k2": list(range(args.bow_seeds))}
     converged = {name: list(range(args.converged_seeds)) for name in jobs}
+    fresh = {"seed004-bow-k2": list(range(args.fresh_seeds))}
     warm = ("seed004-bow-k2", list(range(args.warm_seeds)), args.warm_n)
     if not args.report_only:
         import torch
 
         torch.set_num_threads(1)
-        for training, cases in (("adam", jobs), ("lbfgs", converged)):
+        for training, cases in (("adam", jobs), ("lbfgs", converged), ("fresh", fresh)):
             for name, seeds in cases.items():
                 for seed in seeds:
                     if args.retrain or not os.path.exists(particle_path(name, seed, training=training)):
@@ -281,7 +296,8 @@ def main():
     print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_particles.py --seeds "
           f"{args.seeds} --bow-seeds {args.bow_seeds} --warm-seeds {args.warm_seeds} --warm-n "
           f"{' '.join(map(str, args.warm_n))} --continue-iterations {args.continue_iterations} --converged-seeds "
-          f"{args.converged_seeds} > results/seed004_particles.md` (about 60 CPU minutes)\n")
+          f"{args.converged_seeds} --fresh-seeds {args.fresh_seeds} > results/seed004_particles.md` (about 90 CPU "
+          "minutes)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     print("Particle overrides: `" + " ".join(particle_overrides()) + " particles.seed=s`.\n")
     particles = {name: report(name, seeds) for name, seeds in jobs.items() if seeds}
@@ -298,6 +314,15 @@ def main():
         for name, seeds in converged.items():
             report(name, seeds, "lbfgs")
         report_resolution("seed004-bow-k2", "lbfgs", converged["seed004-bow-k2"][:3])
+    if args.fresh_seeds:
+        print("# Particle training on fresh noise\n")
+        print("Each iteration draws a new initial sample and noise path (control.noise = 'fresh'), so Adam follows "
+              "a stochastic gradient of the expected cost E J rather than the gradient of one path's cost, as "
+              "the seed's spread suggests it did; the trained run itself is the path of particles.seed.  Beside "
+              "the Eulerian run trained to convergence.  Particle overrides: `" + " ".join(particle_overrides("fresh"))
+              + " particles.seed=s`.\n")
+        for name, seeds in fresh.items():
+            report(name, seeds, "fresh", "lbfgs")
     sys.stdout.flush()
 
 

@@ -71,10 +71,15 @@ def path_of(name, t_end, training="adam"):
 
 
 def summary(name, t_end, training="adam"):
-    """The figures of one run from its file (attributes of solvers.training.turnpike_variables)."""
+    """(name, t_end, the figures of its run): `figures` of its file."""
+    return name, t_end, figures(path_of(name, t_end, training))
+
+
+def figures(path):
+    """The figures of one training run from its file (attributes of solvers.training.turnpike_variables)."""
     import xarray as xr
 
-    with xr.open_dataset(path_of(name, t_end, training)) as dataset:
+    with xr.open_dataset(path) as dataset:
         attrs = dict(dataset.attrs)
         row = {key: attrs.get(key) for key in ("three_phase", "plateau_width", "initial_width", "terminal_width",
                                                "plateau_relative_variance", "terminal_lift", "escape_rate",
@@ -84,7 +89,9 @@ def summary(name, t_end, training="adam"):
         row["adjoint_growth"] = float(dataset["adjoint_norm"].values[-1] / dataset["adjoint_norm"].values[0])
         row["iterations"] = dataset.sizes["iteration"] - 1
         row["gradient_norm"] = float(dataset["gradient_norm"].values[-1])
-    return name, t_end, row
+        row["training_seconds"] = float(attrs["training_seconds"])
+        row["optimizer_stop"] = attrs.get("optimizer_stop", "-")
+    return row
 
 
 def main():
