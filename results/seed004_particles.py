@@ -158,13 +158,16 @@ def report(name, seeds, training="adam", eulerian_training=None):
               f"{row['at_eulerian_W']:.3f} | {cost:.3f} | {row['displacement']:.3f} | {row['seconds']:.0f}, "
               f"{row['iterations']} |")
     displacement = np.array([row["displacement"] for row in rows])
+    failed = int(np.isnan(mean_field).sum())
+    unstable = f" (of {len(rows) - failed}; {failed} failed)" if failed else ""
     plateau = np.array([row["plateau"] for row in rows])
     final = np.array([row["loss"][1] for row in rows])
     at_eulerian = np.array([row["at_eulerian_W"] for row in rows])
     phased = sum(row["three_phase"] == "true" for row in rows)
     print(f"| **particles, mean ± std** | {phased} / {len(rows)} true | {plateau.mean():.1f} ± {plateau.std(ddof=1):.1f} "
           f"| | | final J {final.mean():.3f} ± {final.std(ddof=1):.3f} | {at_eulerian.mean():.3f} ± "
-          f"{at_eulerian.std(ddof=1):.3f} | {mean_field.mean():.3f} ± {mean_field.std(ddof=1):.3f} | "
+          f"{at_eulerian.std(ddof=1):.3f} | {np.nanmean(mean_field):.3f} ± {np.nanstd(mean_field, ddof=1):.3f}"
+          f"{unstable} | "
           f"**{displacement.mean():.3f} ± {displacement.std(ddof=1):.3f}** | |")
     for energy, row in eulerian.items():
         print(f"| Eulerian (lmax 24), phases on {energy} | {row['three_phase']} | {row['plateau']:.1f} | "
@@ -180,8 +183,10 @@ def report(name, seeds, training="adam", eulerian_training=None):
           f"{sum(abs(d - reference) <= spread for d in displacement)} of {len(rows)} seeds lie within one std "
           f"of the Eulerian value.  The particle J at the Eulerian W is {at_eulerian.mean():.3f} against "
           f"{final.mean():.3f} at the particles' own trained W ({sum(at_eulerian < final)} of {len(rows)} seeds "
-          f"lower at the Eulerian W); the Eulerian (mean-field) J at the particle-trained W is {mean_field.mean():.3f} "
-          f"against {eulerian['free_energy']['loss'][1]:.3f} at the Eulerian W.\n")
+          f"lower at the Eulerian W); the Eulerian (mean-field) J at the particle-trained W is "
+          f"{np.nanmean(mean_field):.3f} against {eulerian['free_energy']['loss'][1]:.3f} at the Eulerian W"
+          + (f" ({failed} of the particle-trained W make the Eulerian run fail: nan in the table)" if failed else "")
+          + ".\n")
     return displacement.mean(), spread
 
 
