@@ -106,13 +106,17 @@ def main():
             if not os.path.exists(path_of(COARSE_DEPTH, "coarse")):
                 member((COARSE_DEPTH, "coarse", None))
             list(pool.map(member, [(t_end, "fine", args.iterations) for t_end in depths]))
-        checks = dict(zip(depths, pool.map(resolution_check, depths)))
-    rows = {t_end: figures(path_of(t_end)) for t_end in depths}
+        trained = [t_end for t_end in depths if os.path.exists(path_of(t_end))]
+        checks = dict(zip(trained, pool.map(resolution_check, trained)))
+    rows = {t_end: figures(path_of(t_end)) for t_end in trained}
     print("# Seed 004 at the seed's scale: depth sweep (issue 4, criteria 2-3)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     print(f"Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_depth.py --workers 2 --iterations {args.iterations} "
           "> results/seed004_depth.md`.  Trained by: `" + " ".join(FINE[:-1]) + f" control.iterations={args.iterations}`"
           " on each case file, from the W of `" + " ".join(COARSE) + "`.\n")
+    missing = sorted(set(depths) - set(trained))
+    if missing:
+        print("**Not trained yet** (no file): T = " + ", ".join(f"{t_end:g}" for t_end in missing) + ".\n")
     print("## Three phases along depth, beside the seed (N = 64 particles, 20 seeds)\n")
     print("Widths in units of depth (spherepde/turnpike.py defines them); terminal displacement: angle of the "
           "mean at T from the plateau's (rad).\n")
