@@ -61,7 +61,7 @@ def dense_time(kernel: DenseExpKernel, channels: torch.Tensor, rows: int, full: 
     points = kernel.points
     flat = channels.reshape(-1, channels.shape[-1]) * kernel.weights[:, None]
     n = points.shape[0]
-    if kernel.matrix is not None:
+    if kernel.keeps_matrix:
         return timed(lambda: kernel(channels), repeats, device)
     if full or rows >= n:
         return timed(lambda: kernel(channels), max(1, repeats // 3), device)

@@ -12,8 +12,9 @@ removed or 20 zero layers inserted in its middle (the turnpike: the boundary lay
 and the plateau, where W ~ 0, changes length).  Why: the explicit transport at dt = 0.04 is stable only
 up to max |W| ~ 1.4 at the trained terminal layers, so L-BFGS stalls when its trial steps cross that
 limit (from W = 0 it stopped after 3, 4 and 14 iterations at T = 120, 40 and 80, far from converged);
-dt = 0.02 doubles the margin, as the case files' lmax 128, dt = 0.01 has it.  The report checks the resolution at each trained W: J on the
-case files' own grid and step beside J on the training's.  About 3 CPU hours in all.
+dt = 0.02 doubles the margin, as the case files' lmax 128, dt = 0.01 has it.  The report checks the
+resolution at each trained W: J on the case files' own grid and step beside J on the training's.  About
+2.5 CPU hours with --iterations 25 (the fine stages stop at that cap, not at tol); more with the default.
 NetCDF outputs go to $SEED004_OUT (default /tmp/seed004_reduced) as <case>-seed-scale-coarse.nc (stage 1)
 and <case>-seed-scale.nc.
 """
@@ -33,7 +34,8 @@ CASES = {40.0: ("seed004-align-T40", "32.0", "5.33"), 80.0: ("seed004-align-l065
          120.0: ("seed004-align-T120", "109.7", "7.62")}
 COARSE = ["sphere.lmax=64", "time.dt=0.04", "solver.field='dense'", "control.optimizer='lbfgs'",
           "control.gradient='discrete'", "control.tol=1e-7", "control.iterations=300"]
-FINE = [o if o != "time.dt=0.04" else "time.dt=0.02" for o in COARSE]
+# The fine stage's iteration cap is --iterations.
+FINE = [o if o != "time.dt=0.04" else "time.dt=0.02" for o in COARSE if not o.startswith("control.iterations")]
 CASE_RESOLUTION = ["control.iterations=0"]  # the case file's lmax 128 and dt = 0.01
 # The depth trained from W = 0 at dt = 0.04 first; every FINE training starts from its coarse W, resized.
 COARSE_DEPTH = 80.0
@@ -112,7 +114,7 @@ def main():
     print("# Seed 004 at the seed's scale: depth sweep (issue 4, criteria 2-3)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     print(f"Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_depth.py --workers 2 --iterations {args.iterations} "
-          "> results/seed004_depth.md`.  Trained by: `" + " ".join(FINE[:-1]) + f" control.iterations={args.iterations}`"
+          "> results/seed004_depth.md`.  Trained by: `" + " ".join(FINE) + f" control.iterations={args.iterations}`"
           " on each case file, from the W of `" + " ".join(COARSE) + "`.\n")
     missing = sorted(set(depths) - set(trained))
     if missing:

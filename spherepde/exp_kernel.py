@@ -105,9 +105,9 @@ def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch
 class DenseExpKernel:
     """T_C on a basis grid by dense quadrature: the grid is both the x and the y points.
 
-    A grid whose N x N kernel matrix takes at most `matrix_bytes` keeps it (computed once: the points,
-    C and beta are fixed), so a call is one matmul instead of N^2 exponentials; otherwise each call
-    recomputes it `chunk` rows at a time.
+    A grid whose N x N kernel matrix takes at most `matrix_bytes` keeps it (`keeps_matrix`; computed at
+    the first call, since the points, C and beta are fixed), so a call is one matmul instead of N^2
+    exponentials; otherwise each call recomputes it `chunk` rows at a time.
     """
 
     name = "dense"
@@ -118,8 +118,8 @@ class DenseExpKernel:
         self.grid_shape = basis.grid_shape
         self.C, self.beta, self.chunk = C, beta, chunk
         n = self.points.shape[0]
-        keep = beta != 0 and n * n * self.points.element_size() <= matrix_bytes
-        self.matrix, self.log_scale = shifted_exp_kernel(self.points, self.points, C, beta) if keep else (None, None)
+        self.keeps_matrix = beta != 0 and n * n * self.points.element_size() <= matrix_bytes
+        self._matrix = None
 
     def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """f: (*grid, c) grid values -> (scaled (*grid, c), log_scale (*grid))."""
@@ -128,8 +128,11 @@ class DenseExpKernel:
         if self.beta == 0:  # constant kernel: every point sees the plain integral
             integral = flat.sum(0).expand(*self.grid_shape, channels)
             return integral, torch.zeros(self.grid_shape, dtype=f.dtype, device=f.device)
-        if self.matrix is not None:
-            scaled, log_scale = self.matrix @ flat, self.log_scale
+        if self.keeps_matrix:
+            if self._matrix is None:
+                self._matrix = shifted_exp_kernel(self.points, self.points, self.C, self.beta)
+            matrix, log_scale = self._matrix
+            scaled = matrix @ flat
         else:
             scaled, log_scale = dense_exp_kernel(self.points, self.points, flat, self.C, self.beta, self.chunk)
         return scaled.reshape(*self.grid_shape, channels), log_scale.reshape(self.grid_shape)
@@ -140,7 +143,7 @@ class DenseExpKernel:
         n = self.points.shape[0]
         if self.beta == 0:
             return 2.0 * n * channels
-        if self.matrix is not None:
+        if self.keeps_matrix:
             return 2.0 * n * n * channels
         return n * n * (2 * (self.points.shape[1] + 1) + 2 * channels + 20.0)
 
