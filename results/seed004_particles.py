@@ -1,6 +1,6 @@
 """Seed 004 through the particle system (issue 4, criterion 5), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_particles.py [--seeds 20] [--bow-seeds 10] [--converged-seeds 10] [--fresh-seeds 10] [--report-only] > results/seed004_particles.md
+    OMP_NUM_THREADS=1 python3 results/seed004_particles.py [--seeds 20] [--bow-seeds 10] [--converged-seeds 10] [--fresh-seeds 10] [--finite-n 64 256 1024 4096] [--report-only] > results/seed004_particles.md
 
 The reduced-scale cases of results/seed004_reduced.py (its overrides: eps = 0.05, lmax 24 for the Gibbs
 minimum, dt = 0.1, T = 16, 16 layers; 25 Adam iterations at lr 0.05, and, in the last section, L-BFGS
@@ -8,7 +8,8 @@ to convergence) trained through N = 64 particles
 with torch autograd (solvers/particle_training.py: common random numbers, the exact gradient of the
 sample-path cost), one run per particles.seed (the initial sample and the noise path); in the last
 section on fresh noise instead (control.noise = "fresh": a new sample and path per iteration, a
-stochastic gradient of the expected cost).  The Eulerian
+stochastic gradient of the expected cost); and particle systems of growing N run at the Eulerian
+optimum, to see whether its cost is reached as N grows.  The Eulerian
 values are read from the runs of results/seed004_reduced.md ($SEED004_OUT, default /tmp/seed004_reduced;
 that script's `member` makes a missing one).  NetCDF outputs go to $SEED004_OUT/particles-*.nc; a run whose
 file is there is not trained again (unless --retrain).
@@ -54,6 +55,8 @@ PARTICLE_TRAININGS = {name: title for name, (_, title) in TRAININGS.items()} | {
 WARM_OVERRIDES = ["control.learning_rate=0.01"]
 # Learning rates of the continued Eulerian training (bow).
 CONTINUE_RATES = [0.01, 0.05]
+# Particle systems run (not trained) at the converged Eulerian W: their seeds start here, apart from the trainings'.
+FINITE_N_SEED = 1000
 
 
 def load(name, overrides):
@@ -261,6 +264,82 @@ def report_warm(name, seeds, sizes):
     print()
 
 
+def finite_n_path(name, n):
+    folder = os.environ.get("SEED004_OUT", "/tmp/seed004_reduced")
+    return os.path.join(folder, f"particles-{name}-T{int(T_END)}-at-eulerian-W-n{n}.nc")
+
+
+def run_at_eulerian_W(name, n, seeds):
+    """N = n particles, one run per seed (particles.seed = FINITE_N_SEED + seed), at the Eulerian W of the
+    L-BFGS training: their J and order parameter |int x dmu^n_t| at the save times, to finite_n_path."""
+    import torch
+    import xarray as xr
+
+    from solvers.particle_training import ParticleControl
+    from spherepde.output import write_dataset
+
+    W = torch.as_tensor(eulerian_rows(name, "lbfgs")["W"])
+    costs, orders = [], []
+    for seed in seeds:
+        control = ParticleControl(load(name, particle_overrides("lbfgs") + [
+            f"particles.n={n}", f"particles.seed={FINITE_N_SEED + seed}"]))
+        saves = {}
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            x_end = control.run(control.x0, W, visit=lambda t, x: saves.__setitem__(t, float(x.mean(0).norm())))
+            costs.append(float(control.cost(x_end, W)[0]))
+        orders.append(list(saves.values()))
+    write_dataset(xr.Dataset({"cost": ("seed", costs), "order_parameter": (("seed", "time"), orders)},
+                             coords={"seed": seeds, "time": list(saves)}), finite_n_path(name, n))
+
+
+def report_finite_n(name, sizes):
+    """Is the Eulerian optimum reachable by N particles?  The particle J at the Eulerian W as N grows, and
+    how far the particles' order parameter strays from the mean field's along depth."""
+    import xarray as xr
+
+    with xr.open_dataset(path_of(name, T_END, "lbfgs")) as dataset:
+        mean_field = float(dataset["loss"].values[-1])
+        mean_field_order = dataset["order_parameter"]
+        runs = {n: xr.load_dataset(finite_n_path(name, n)) for n in sizes}
+        print(f"### {CASES[name]}: N particles at the converged Eulerian W\n")
+        print("Particle systems (not trained) run at the W of the Eulerian L-BFGS training, one initial sample and "
+              f"noise path per seed (particles.seed = {FINITE_N_SEED} + s), overrides as in the L-BFGS section with "
+              "`particles.n=N`.  If the Eulerian optimum were a property of large particle systems, their J would "
+              f"approach the mean-field J = {mean_field:.3f} as N grows, with a spread shrinking like N^-1/2.\n")
+        print("| N | seeds | particle J at the Eulerian W (mean ± SE) | quartiles 25 / 50 / 75 % | "
+              "seeds within 0.2 of the mean-field J |")
+        print("|---|---|---|---|---|")
+        for n, run in runs.items():
+            cost = run["cost"].values
+            quartiles = np.percentile(cost, [25, 50, 75])
+            print(f"| {n} | {cost.size} | {cost.mean():.3f} ± {cost.std(ddof=1) / math.sqrt(cost.size):.3f} | "
+                  + " / ".join(f"{q:.3f}" for q in quartiles)
+                  + f" | {int((np.abs(cost - mean_field) <= 0.2).sum())} |")
+        n = max(sizes)
+        order = runs[n]["order_parameter"]
+        reference = mean_field_order.sel(time=order["time"], method="nearest").values
+        print(f"\nThe order parameter |int x dmu_t| along depth at N = {n} beside the Eulerian run's: the standard "
+              "deviation over seeds times sqrt(N) would stay of order one if the particles only carried their "
+              "initial sampling error; its growth is the amplification of that error by the dynamics.\n")
+        print("| t | Eulerian | particles (mean ± SE) | std over seeds x sqrt(N) |")
+        print("|---|---|---|---|")
+        spread = order.std("seed", ddof=1).values
+        for t, value, mean, deviation in zip(order["time"].values, reference, order.mean("seed").values, spread):
+            if t % 2 == 0 or t == order["time"].values[-1]:
+                print(f"| {t:g} | {value:.4f} | {mean:.4f} ± {deviation / math.sqrt(order.sizes['seed']):.4f} | "
+                      f"{deviation * math.sqrt(n):.2f} |")
+    costs = [float(runs[size]["cost"].mean()) for size in sizes]
+    growth = spread[-1] / spread[0]
+    print(f"\nReading: the particle J at the Eulerian W falls from {costs[0]:.3f} (N = {sizes[0]}) to {costs[-1]:.3f} "
+          f"(N = {sizes[-1]}), still {costs[-1] - mean_field:.3f} above the mean-field J.  The particles follow the "
+          f"mean field along depth, but the spread of their order parameter grows {growth:.1f}-fold from t = 0 to "
+          f"T (an amplification rate of {math.log(growth) / T_END:.2f} per unit depth): under the Eulerian optimum "
+          "the dynamics amplify finite-N fluctuations all along depth, and J at T depends on them (the quartiles "
+          "show seeds near the mean-field J beside seeds far above it).  A training on N particles "
+          "optimises the cost those fluctuations leave, which at small N has its optimum at another W.\n")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=20, help="particle seeds of the align case")
@@ -273,6 +352,9 @@ def main():
                         help="particle seeds of each case trained to convergence by L-BFGS (0: none)")
     parser.add_argument("--fresh-seeds", type=int, default=10,
                         help="particle seeds of the bow case trained on fresh noise (0: none)")
+    parser.add_argument("--finite-n", type=int, nargs="*", default=[64, 256, 1024, 4096],
+                        help="N of the particle systems run at the converged Eulerian bow W (none: skip)")
+    parser.add_argument("--finite-n-seeds", type=int, default=16, help="seeds of each of those N")
     parser.add_argument("--report-only", action="store_true", help="summarise the existing files, run nothing")
     parser.add_argument("--retrain", action="store_true", help="train again the runs whose files exist")
     args = parser.parse_args()
@@ -294,6 +376,9 @@ def main():
             for seed in warm[1]:
                 if args.retrain or not os.path.exists(particle_path(warm[0], seed, n)):
                     train_particles(warm[0], seed, n, start)
+        for n in args.finite_n:
+            if args.retrain or not os.path.exists(finite_n_path(warm[0], n)):
+                run_at_eulerian_W(warm[0], n, list(range(args.finite_n_seeds)))
         for learning_rate in CONTINUE_RATES if args.continue_iterations else []:
             if args.retrain or not os.path.exists(continued_path(warm[0], learning_rate)):
                 continue_eulerian(warm[0], learning_rate, args.continue_iterations)
@@ -301,8 +386,8 @@ def main():
     print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_particles.py --seeds "
           f"{args.seeds} --bow-seeds {args.bow_seeds} --warm-seeds {args.warm_seeds} --warm-n "
           f"{' '.join(map(str, args.warm_n))} --continue-iterations {args.continue_iterations} --converged-seeds "
-          f"{args.converged_seeds} --fresh-seeds {args.fresh_seeds} > results/seed004_particles.md` (about 90 CPU "
-          "minutes)\n")
+          f"{args.converged_seeds} --fresh-seeds {args.fresh_seeds} --finite-n {' '.join(map(str, args.finite_n))} "
+          f"--finite-n-seeds {args.finite_n_seeds} > results/seed004_particles.md` (about 2 CPU hours)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     print("Particle overrides: `" + " ".join(particle_overrides()) + " particles.seed=s`.\n")
     particles = {name: report(name, seeds) for name, seeds in jobs.items() if seeds}
@@ -319,6 +404,8 @@ def main():
         for name, seeds in converged.items():
             report(name, seeds, "lbfgs")
         report_resolution("seed004-bow-k2", "lbfgs", converged["seed004-bow-k2"][:3])
+    if args.finite_n:
+        report_finite_n(warm[0], args.finite_n)
     if args.fresh_seeds:
         print("# Particle training on fresh noise\n")
         print("Each iteration draws a new initial sample and noise path (control.noise = 'fresh'), so Adam follows "
