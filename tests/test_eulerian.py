@@ -46,14 +46,16 @@ def test_heat_equation_decay_is_exact_with_integrating_factor(dim, lmax):
     assert float(relative.max()) <= 1e-10
 
 
+@pytest.mark.parametrize("scheme, order", [("imex-ars443", 3), ("rk4", 4)])
 @pytest.mark.parametrize("dim", [2, 3])
-def test_heat_equation_decay_imex_third_order(dim):
+def test_heat_equation_decay_temporal_order(dim, scheme, order):
+    # rk4 steps the diffusion explicitly with the transport (lmax 8, eps 0.05: dt max|lam| <= 0.36, stable).
     errors = []
     for dt in (0.1, 0.05, 0.025):
-        relative, _ = heat_decay_error(heat_case(dim, 8, "imex-ars443", dt))
+        relative, _ = heat_decay_error(heat_case(dim, 8, scheme, dt))
         errors.append(float(relative.max()))
     orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
-    assert orders.min() >= 2.8, (errors, orders)
+    assert orders.min() >= order - 0.2, (errors, orders)
 
 
 def test_mass_after_1000_nonlinear_steps():
