@@ -16,15 +16,26 @@ left out of the resolved data when not given):
 =========================  ==========================================  =========================
 key                        type and check                              default
 =========================  ==========================================  =========================
-case.name                  string                                      file stem, else "case"
+case.name                  nonempty string without "/", the OS's       file stem (leading dots
+                           path separators or NUL, not starting with   dropped, separators made
+                           ".": it names the default output files      "_"), else "case"
 case.description           string                                      ""
-sphere.dim                 int >= 2 (the Eulerian solver takes 2, 3)   required
+sphere.dim                 int in [2, 2048) (the Eulerian solver       required
+                           takes 2, 3; the d x d matrices of the
+                           resolved case go into every output file)
 sphere.lmax                int in [2, 32768)                           32
 model.kernel               "softmax" | "unnormalized"                  "softmax"
 model.beta                 real >= 0, or "inf"/inf (softmax only)      1.0
-model.B, model.V           d x d real matrix                           identity
+model.B, model.V           d x d real matrix; B nonzero at beta = inf  identity
+                           (m = B^T x / |B^T x|; a singular B is
+                           allowed: 0/0 only on the null set where
+                           B^T x = 0, where m is taken as 0)
 model.W                    d x d real matrix                           zeros
-model.eps                  real >= 0                                   0.0
+model.eps                  real >= 0, with eps lmax (lmax + 1) h <=    0.0
+                           1e15 for the longest step h = min(t_end,
+                           save_every, time.dt): stiffer diffusion
+                           steps lose every digit (imex-ark436 grows
+                           rounding errors from ~1e17 in float32)
 initial.kind               "uniform" | "vmf" | "vmf_mixture" |         "uniform"
                            "projected_gaussian" | "file"
 initial.mean               vmf: nonzero length-d vector, made unit;    required
@@ -48,11 +59,14 @@ time.dt                    real > 0 (not together with time.cfl), at   absent
 time.cfl                   real > 0 (not together with time.dt)        0.5 when dt is absent
 time.save_every            real > 0, at most 1e6 saves up to t_end     t_end / 20
 time.scheme                "auto" | "imex-ark436" | "imex-ars443"  "auto": imex-ark436 when
-                           | "rk4" | "lawson-rk4"                      eps > 0, else rk4
+                           | "rk4" | "lawson-rk4" (rk4 is explicit     eps > 0, else rk4
+                           in the diffusion too: stable for
+                           dt eps lmax (lmax + 1) <= 2.78)
 time.max_steps             int >= 1 (safety limit on the step count)   absent (no limit)
 solver.method              "eulerian" | "particles" | "both"           "eulerian"
 solver.field               "auto" | "dense" | "spectral"               "auto"
-solver.backend             "auto" | "torch" | "shtns"                  "auto"
+solver.backend             "auto" | "torch" | "shtns" (S^2 only:       "auto"
+                           sphere.dim = 3)
 solver.device              "auto" | "cpu" | "cuda"                     "auto"
 solver.dtype               "float64" | "float32"                       "float64"
 solver.chunk               int >= 1: rows per block of dense attention 4096
@@ -60,8 +74,10 @@ solver.filter_order        int >= 0: exponential spectral filter       0 (no fil
                            order
 solver.kernel_tol          real in (0, 1): truncation tolerance of     1e-10
                            the kernel resolution rule
-particles.n                int >= 1                                    1000
-particles.seed             int >= 0                                    0
+particles.n                int in [1, 2**32) (more do not fit one      1000
+                           device: 2**32 x d states of 32 GiB+ each)
+particles.seed             int in [0, 2**63) (torch and numpy take     0
+                           < 2**64; stored as a 64-bit attribute)
 particles.integrator       "euler" | "rk4" | "heun"                    "heun"
 particles.save             int in [0, particles.n]: particles saved    min(n, 1000)
 particles.beta_inf_mode    "mean_field" | "hardmax"                    "mean_field"
@@ -70,7 +86,7 @@ particles.dt               real > 0: particle time step                absent: t
 particles.replicas         int >= 1 dividing particles.n, n / replicas 1
                            >= 2: independent systems of n / replicas
                            tokens (standard errors by batch means)
-diagnostics.lyapunov_p     list of reals > 0                           [0.25]
+diagnostics.lyapunov_p     list of distinct reals > 0 (a coordinate)   [0.25]
 diagnostics.tail_tol       real > 0                                    1e-06
 diagnostics.w2             bool                                        true
 diagnostics.w2_atoms       int >= 1: atoms above which a measure is    1000
@@ -81,8 +97,9 @@ control.loss               "align" | "bow" (spherepde.losses.LOSSES)   "align"
 control.target             nonzero length-d vector, made unit: align   e_2 = [0, 1, 0...]
                            target / bow vMF mean direction
 control.lambda_reg         real >= 0: L2 weight of int |W_t|_F^2 dt    0.01
-control.layers             int >= 1: W_t piecewise constant on equal   8
-                           slices of [0, time.t_end]
+control.layers             int in [1, 2**20): W_t piecewise constant   8
+                           on equal slices of [0, time.t_end] (the
+                           slice ends are step knots, like the saves)
 control.optimizer          "adam" | "gd" | "lbfgs" (solvers/training)  "adam"
 control.iterations         int >= 0 (0: the forward run of model.W)    100
 control.learning_rate      real > 0                                    0.05
@@ -102,8 +119,10 @@ control.noise              "common" (every evaluation of J sees the    "common"
 control.kappa_cand         bow: real >= 0, vMF concentration of the    2.0
                            candidates
 control.tau                bow: real > 0, softmax temperature          1.0
-control.K                  bow: int >= 1, number of candidates         16
-control.seed               bow: int >= 0, seed of the candidates       0
+control.K                  bow: int in [1, 2**20), number of           16
+                           candidates (scores: atoms x K)
+control.seed               bow: int in [0, 2**63), seed of the         0
+                           candidates
 =========================  ==========================================  =========================
 
 A ``[control]`` section makes the run a training run (``spherepde run`` trains W and writes
@@ -113,8 +132,10 @@ adjoint runs).  ``solver.method = "eulerian"`` trains the density (solvers.train
 "Eulerian only" are then errors); ``"both"`` is refused (train each separately).
 
 Types are strict: a bool is never a number, a real (even 64.0) is never an integer,
-a string is never a number (except ``beta = "inf"``), and every real is finite (except
-``beta``). Keys of ``[initial]`` that do not belong to ``initial.kind`` are errors.
+a string is never a number (except ``beta = "inf"``), every real is finite (except
+``beta``), and every integer fits in 64 bits, [-2**63, 2**63) (TOML's integers; torch
+sizes and NetCDF attributes take no more). Keys of ``[initial]`` that do not belong to
+``initial.kind`` are errors.
 A unit vector or a weight list already normalised to within 1e-12 is kept as given,
 so the resolved case is a fixed point of resolution (the round trip is exact).
 """
@@ -307,12 +328,24 @@ class _Interval:
 
     def __str__(self) -> str:
         if self.high < math.inf:
-            return f"in {'(' if self.strict else '['}{self.low:g}, {self.high:g})"
-        return f"{'>' if self.strict else '>='} {self.low:g}"
+            return f"in {'(' if self.strict else '['}{_bound(self.low)}, {_bound(self.high)})"
+        return f"{'>' if self.strict else '>='} {_bound(self.low)}"
+
+
+def _bound(x) -> str:
+    """An interval's end as a message shows it: large powers of two as 2**k, other ints exactly."""
+    if isinstance(x, int):
+        power = abs(x).bit_length() - 1
+        if abs(x) >= 2 ** 20 and abs(x) == 2 ** power:
+            return f"{'-' if x < 0 else ''}2**{power}"
+        return str(x)
+    return f"{x:g}"
 
 
 _NONNEGATIVE = _Interval(0)
 _POSITIVE = _Interval(0, strict=True)
+_INT64 = _Interval(-2 ** 63, high=2 ** 63)  # TOML's integers; torch and NetCDF attributes take no more
+_SEED = _Interval(0, high=2 ** 63)  # numpy's SeedSequence and torch's manual_seed take [0, 2**64); int64 to store
 _UNIT_TOLERANCE = 1e-12  # a norm or a sum this close to 1 is already normalised
 
 
@@ -373,11 +406,29 @@ def _reals(interval: _Interval):
     return lambda value, ctx: _each(value, lambda entry: interval.check(_finite(entry)))
 
 
+def _distinct(parse):
+    """A list parser whose entries must differ (they become the values of a coordinate)."""
+    def parsed(value, ctx) -> list:
+        entries = parse(value, ctx)
+        for i, entry in enumerate(entries):
+            if entry in entries[:i]:
+                raise _Invalid(f"entry [{i}] = {entry!r} repeats entry [{entries.index(entry)}] "
+                               "(the entries are coordinate values and must be distinct)")
+        return entries
+    return parsed
+
+
 def _integer(interval: _Interval | None = None):
+    """An int in ``interval`` (checked first, so its message names the key's own range), and a
+    64-bit one in any case: TOML's integers, what torch and a NetCDF attribute can take."""
     def parse(value, ctx) -> int:
         if not isinstance(value, numbers.Integral) or isinstance(value, bool):
             raise _Invalid(f"expected an integer, got {_describe(value)}")
-        return interval.check(int(value)) if interval else int(value)
+        if interval:
+            interval.check(int(value))
+        if not _INT64.low <= value < _INT64.high:
+            raise _Invalid(f"must be a 64-bit integer, {_INT64}, got {int(value)}")
+        return int(value)
     return parse
 
 
@@ -395,6 +446,30 @@ def _text(value, ctx) -> str:
     return value
 
 
+_NAME_FORBIDDEN = tuple(dict.fromkeys(("/", os.sep, os.altsep or "/", "\0")))  # what a file name cannot hold
+
+
+def _case_name(value, ctx) -> str:
+    """The case's name: it names the default output files, so a plain file name, not hidden."""
+    name = _text(value, ctx)
+    if not name:
+        raise _Invalid("must not be empty (it names the default output files)")
+    if any(char in name for char in _NAME_FORBIDDEN):
+        raise _Invalid(f"must be a file name without {' or '.join(map(repr, _NAME_FORBIDDEN))} "
+                       f"(it names the default output files), got {name!r}")
+    if name.startswith("."):
+        raise _Invalid(f"must not start with '.' (it names the default output files), got {name!r}")
+    return name
+
+
+def _default_case_name(ctx) -> str:
+    """The case file's stem made a valid case.name: separators to '_', leading dots dropped, else "case"."""
+    name = ctx.inputs.default_name
+    for char in _NAME_FORBIDDEN:
+        name = name.replace(char, "_")
+    return name.lstrip(".") or "case"
+
+
 def _boolean(value, ctx) -> bool:
     if not isinstance(value, bool):
         raise _Invalid(f"expected true or false, got {_describe(value)}")
@@ -410,6 +485,15 @@ def _beta(value, ctx) -> float:
     except _Invalid:
         raise _Invalid(f'expected a number >= 0 or "inf", got {_describe(value)}') from None
     return _NONNEGATIVE.check(beta)
+
+
+def _backend(value, ctx) -> str:
+    """The transform backend; shtns is the spherical-harmonic transform, for S^2 only."""
+    backend = _choice("auto", "torch", "shtns")(value, ctx)
+    if backend == "shtns" and ctx.dim != 3:
+        raise _Invalid(f"'shtns' is the S^2 transform and needs sphere.dim = 3, got sphere.dim = {ctx.dim} "
+                       "(take 'auto' or 'torch')")
+    return backend
 
 
 def _shape(value) -> str:
@@ -561,6 +645,9 @@ class _Section:
 def _model_rules(model: dict, ctx) -> None:
     if model["beta"] == math.inf and model["kernel"] != "softmax":
         raise CaseError(f'model.beta: "inf" needs model.kernel = "softmax", got {model["kernel"]!r}')
+    if model["beta"] == math.inf and not any(map(any, model["B"])):
+        raise CaseError('model.B: must be nonzero at model.beta = "inf" (the attention goes to '
+                        "B^T x / |B^T x|, which B = 0 leaves 0/0 at every x)")
 
 
 def _initial_rules(initial: dict, ctx) -> None:
@@ -575,6 +662,10 @@ def _initial_rules(initial: dict, ctx) -> None:
 
 _MAX_SAVES = 10 ** 6  # the save times are a list in memory
 _MAX_STEPS_PER_SAVE = 10 ** 12  # beyond this a run would never end
+# The stiffest diffusion mode over one step, dt eps lmax (lmax + 1): an IMEX step weighs terms
+# dt lam U_i of that size against O(1) coefficients, and imex-ark436 amplifies their rounding
+# error beyond ~1e17 in float32 (~1e35 in float64); float32's eps lmax^2 overflows near 3e38.
+_MAX_DIFFUSION_STIFFNESS = 1e15
 
 
 def _time_rules(time: dict, ctx) -> None:
@@ -585,6 +676,12 @@ def _time_rules(time: dict, ctx) -> None:
                         f"at most {_MAX_SAVES:.0e}")
     if "dt" in time and min(time["save_every"], time["t_end"]) / time["dt"] > _MAX_STEPS_PER_SAVE:
         raise CaseError(f"time.dt: {time['dt']!r} makes more than {_MAX_STEPS_PER_SAVE:.0e} steps per save")
+    eps, lmax = ctx.data["model"]["eps"], ctx.data["sphere"]["lmax"]
+    longest_step = min(time["save_every"], time["t_end"], time.get("dt", math.inf))
+    if eps * lmax * (lmax + 1) * longest_step > _MAX_DIFFUSION_STIFFNESS:
+        raise CaseError(f"model.eps: {eps:.3g} makes the stiffness dt eps lmax (lmax + 1) of a step up to "
+                        f"{eps * lmax * (lmax + 1) * longest_step:.3g} (dt <= min(t_end, save_every, time.dt)); "
+                        f"at most {_MAX_DIFFUSION_STIFFNESS:.0e}, beyond which a diffusion step loses every digit")
 
 
 def _particles_rules(particles: dict, ctx) -> None:
@@ -647,11 +744,11 @@ def _control_rules(control: dict, ctx) -> None:
 
 _SCHEMA = (
     _Section("case", (
-        _Key("name", _text, lambda ctx: ctx.inputs.default_name),
+        _Key("name", _case_name, _default_case_name),
         _Key("description", _text, ""),
     )),
     _Section("sphere", (
-        _Key("dim", _integer(_Interval(2))),
+        _Key("dim", _integer(_Interval(2, high=2 ** 11))),
         _Key("lmax", _integer(_Interval(2, high=2 ** 15)), 32),
     )),
     _Section("model", (
@@ -684,7 +781,7 @@ _SCHEMA = (
     _Section("solver", (
         _Key("method", _choice("eulerian", "particles", "both"), "eulerian"),
         _Key("field", _choice("auto", "dense", "spectral"), "auto"),
-        _Key("backend", _choice("auto", "torch", "shtns"), "auto"),
+        _Key("backend", _backend, "auto"),
         _Key("device", _choice("auto", "cpu", "cuda"), "auto"),
         _Key("dtype", _choice("float64", "float32"), "float64"),
         _Key("chunk", _integer(_Interval(1)), 4096),
@@ -692,8 +789,8 @@ _SCHEMA = (
         _Key("kernel_tol", _real(_Interval(0, strict=True, high=1)), 1e-10),
     )),
     _Section("particles", (
-        _Key("n", _integer(_Interval(1)), 1000),
-        _Key("seed", _integer(_NONNEGATIVE), 0),
+        _Key("n", _integer(_Interval(1, high=2 ** 32)), 1000),
+        _Key("seed", _integer(_SEED), 0),
         _Key("integrator", _choice("euler", "rk4", "heun"), "heun"),
         _Key("save", _integer(_NONNEGATIVE), lambda ctx: min(ctx.section["n"], 1000)),
         _Key("beta_inf_mode", _choice("mean_field", "hardmax"), "mean_field"),
@@ -701,7 +798,7 @@ _SCHEMA = (
         _Key("replicas", _integer(_Interval(1)), 1),
     ), _particles_rules),
     _Section("diagnostics", (
-        _Key("lyapunov_p", _reals(_POSITIVE), lambda ctx: [0.25]),
+        _Key("lyapunov_p", _distinct(_reals(_POSITIVE)), lambda ctx: [0.25]),
         _Key("tail_tol", _real(_POSITIVE), 1e-6),
         _Key("w2", _boolean, True),
         _Key("w2_atoms", _integer(_POSITIVE), 1000),
@@ -710,7 +807,7 @@ _SCHEMA = (
         _Key("loss", _loss_names, "align"),
         _Key("target", _direction, _second_axis),
         _Key("lambda_reg", _real(_NONNEGATIVE), 0.01),
-        _Key("layers", _integer(_Interval(1)), 8),
+        _Key("layers", _integer(_Interval(1, high=2 ** 20)), 8),
         _Key("optimizer", _choice("adam", "gd", "lbfgs"), "adam"),
         _Key("iterations", _integer(_NONNEGATIVE), 100),
         _Key("learning_rate", _real(_POSITIVE), 0.05),
@@ -720,8 +817,8 @@ _SCHEMA = (
         _Key("noise", _choice("common", "fresh"), "common", unused=_particle_training_only),
         _Key("kappa_cand", _real(_NONNEGATIVE), 2.0, unused=_only_for_losses("bow")),
         _Key("tau", _real(_POSITIVE), 1.0, unused=_only_for_losses("bow")),
-        _Key("K", _integer(_Interval(1)), 16, unused=_only_for_losses("bow")),
-        _Key("seed", _integer(_NONNEGATIVE), 0, unused=_only_for_losses("bow")),
+        _Key("K", _integer(_Interval(1, high=2 ** 20)), 16, unused=_only_for_losses("bow")),
+        _Key("seed", _integer(_SEED), 0, unused=_only_for_losses("bow")),
     ), _control_rules, optional=True),
 )
 

@@ -14,6 +14,7 @@ SPHERE = "[sphere]\ndim = 2\n"
 SPHERE3 = "[sphere]\ndim = 3\n"
 TIME = "[time]\nt_end = 2.0\n"
 MINIMAL = SPHERE + TIME
+TRAIN = SPHERE + "[time]\nt_end = 1\ndt = 0.1\n[control]\n"  # a training run, [control] open
 
 
 def reloaded(case: Case) -> Case:
@@ -264,7 +265,7 @@ BAD_CASES = [
     ("string for an integer", SPHERE + TIME.replace("[time]", "lmax = \"64\"\n[time]"), "sphere.lmax", "string"),
     ("real for an integer", SPHERE + TIME.replace("[time]", "lmax = 64.0\n[time]"), "sphere.lmax", "integer"),
     ("bool for a number", MINIMAL + "[model]\neps = true\n", "model.eps", "boolean"),
-    ("dimension 1", "[sphere]\ndim = 1\n" + TIME, "sphere.dim", ">= 2"),
+    ("dimension 1", "[sphere]\ndim = 1\n" + TIME, "sphere.dim", "in [2, 2048), got 1"),
     ("missing initial file", MINIMAL + "[initial]\nkind = 'file'\npath = 'no/such/run.nc'\n",
      "initial.path", "No such file"),
     ("kernel_tol out of (0, 1)", MINIMAL + "[solver]\nkernel_tol = 1\n", "solver.kernel_tol", "(0, 1)"),
@@ -273,6 +274,32 @@ BAD_CASES = [
     ("non-positive Lyapunov exponent", MINIMAL + "[diagnostics]\nlyapunov_p = [0.25, 0]\n",
      "diagnostics.lyapunov_p", "entry [1]"),
     ("control not a table", "control = 3\n" + MINIMAL, "control", "table"),
+    # integers that torch, numpy or NetCDF cannot take, or sizes that cannot be allocated
+    ("seed beyond 64 bits", MINIMAL + "[particles]\nseed = 99999999999999999999\n", "particles.seed",
+     "must be in [0, 2**63), got 99999999999999999999"),
+    ("seed of 2**63", MINIMAL + "[particles]\nseed = 9223372036854775808\n", "particles.seed", "[0, 2**63)"),
+    ("bow seed beyond torch's", TRAIN + "loss = 'bow'\nseed = 18446744073709551616\n",
+     "control.seed", "[0, 2**63)"),
+    ("absurd particle count", MINIMAL + "[particles]\nn = 1000000000000000000000000000000\n", "particles.n",
+     "[1, 2**32)"),
+    ("absurd dimension", "[sphere]\ndim = 100000\n" + TIME, "sphere.dim", "[2, 2048)"),
+    ("absurd filter order", MINIMAL + "[solver]\nfilter_order = 1000000000000000000000000000000\n",
+     "solver.filter_order", "64-bit integer, in [-2**63, 2**63)"),
+    ("absurd candidate count", TRAIN + "loss = 'bow'\nK = 1000000000000000000000000000000\n",
+     "control.K", "[1, 2**20)"),
+    ("absurd layer count", TRAIN + "layers = 1000000000000000000000000000000\n", "control.layers", "[1, 2**20)"),
+    ("absurd checkpoint interval", TRAIN + "checkpoint_every = 1000000000000000000000000000000\n",
+     "control.checkpoint_every", "64-bit integer"),
+    # values that ran to a wrong or meaningless result
+    ("repeated Lyapunov exponent", MINIMAL + "[diagnostics]\nlyapunov_p = [0.25, 0.1, 0.25]\n",
+     "diagnostics.lyapunov_p", "entry [2] = 0.25 repeats entry [0]"),
+    ("B = 0 at beta inf", MINIMAL + "[model]\nbeta = 'inf'\nB = [[0, 0], [0, -0.0]]\n", "model.B", "nonzero"),
+    ("shtns on the circle", MINIMAL + "[solver]\nbackend = 'shtns'\n", "solver.backend", "sphere.dim = 3"),
+    ("empty case name", "[case]\nname = ''\n" + MINIMAL, "case.name", "must not be empty"),
+    ("case name with a path", "[case]\nname = 'sub/dir/x'\n" + MINIMAL, "case.name", "without '/'"),
+    ("hidden case name", "[case]\nname = '.nc'\n" + MINIMAL, "case.name", "must not start with '.'"),
+    ("case name with NUL", '[case]\nname = "a\\u0000b"\n' + MINIMAL, "case.name", "'\\x00'"),
+    ("eps too stiff for a step", MINIMAL + "[model]\neps = 1e300\n", "model.eps", "at most 1e+15"),
 ]
 
 
@@ -319,6 +346,53 @@ def test_malformed_toml_names_file_and_line(tmp_path):
 def test_missing_case_file(tmp_path):
     with pytest.raises(CaseError, match=r"^cannot read case file '.*x\.toml': No such file or directory$"):
         load_case(tmp_path / "x.toml")
+
+
+def test_integer_limits_admit_the_values_below_them():
+    text = (SPHERE + "[time]\nt_end = 1\ndt = 0.1\n[particles]\nseed = 9223372036854775807\nn = 4294967295\n"
+            "[control]\nloss = 'bow'\nseed = 9223372036854775807\nlayers = 1048575\nK = 1048575\n")
+    case = load_case_text(text)
+    assert case["particles"]["seed"] == case["control"]["seed"] == 2 ** 63 - 1
+    assert (case["particles"]["n"], case["control"]["layers"], case["control"]["K"]) == (2 ** 32 - 1, 2 ** 20 - 1,
+                                                                                          2 ** 20 - 1)
+    assert_round_trip(case)
+    assert load_case_text(MINIMAL + "[solver]\nfilter_order = 9223372036854775807\n")["solver"]["filter_order"] \
+        == 2 ** 63 - 1
+
+
+def test_singular_B_at_beta_inf_and_shtns_on_the_sphere_are_allowed():
+    """B^T x = 0 on a null set only (here the line x_1 = 0) leaves m defined almost everywhere."""
+    case = load_case_text(MINIMAL + "[model]\nbeta = 'inf'\nB = [[1, 0], [0, 0]]\n")
+    assert case["model"]["B"] == [[1.0, 0.0], [0.0, 0.0]]
+    assert load_case_text(SPHERE3 + TIME + "[solver]\nbackend = 'shtns'\n")["solver"]["backend"] == "shtns"
+    assert load_case_text(MINIMAL + "[model]\nbeta = 2\nB = [[0, 0], [0, 0]]\n")["model"]["beta"] == 2.0
+
+
+def test_distinct_lyapunov_exponents_keep_their_order():
+    case = load_case_text(MINIMAL + "[diagnostics]\nlyapunov_p = [0.4, 0.1, 0.25]\n")
+    assert case["diagnostics"]["lyapunov_p"] == [0.4, 0.1, 0.25]
+
+
+@pytest.mark.parametrize("file, name", [
+    ("kuramoto-s1.toml", "kuramoto-s1"), ("a.b.toml", "a.b"), (".hidden.toml", "hidden"), (".toml", "toml"),
+    ("..toml", "case"), ("...toml", "case"), ("-.toml", "-"),
+])
+def test_default_case_name_is_a_valid_file_name(tmp_path, file, name):
+    """The file stem is made valid (leading dots dropped, else "case"), not refused."""
+    (tmp_path / file).write_text(MINIMAL)
+    case = load_case(tmp_path / file)
+    assert case.name == name
+    assert_round_trip(case)
+
+
+def test_eps_bound_is_on_the_stiffness_of_the_longest_step():
+    """dt eps lmax (lmax + 1) <= 1e15 with dt <= min(t_end, save_every, time.dt): lmax 32, save_every 0.1."""
+    assert load_case_text(MINIMAL + "[model]\neps = 9e12\n")["model"]["eps"] == 9e12
+    with pytest.raises(CaseError, match=r"model\.eps: 1e\+13 .* up to 1\.06e\+15"):
+        load_case_text(MINIMAL + "[model]\neps = 1e13\n")
+    assert load_case_text(MINIMAL + "[model]\neps = 1e13\n", ["time.dt=0.01"])["model"]["eps"] == 1e13
+    with pytest.raises(CaseError, match=r"model\.eps"):
+        load_case_text(MINIMAL + "[model]\neps = 1e300\n", ["time.dt=1e-12"])
 
 
 # --- documentation ---------------------------------------------------------------------------
