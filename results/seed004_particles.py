@@ -67,15 +67,23 @@ def load(name, overrides):
 
 
 def mean_field_cost(name, overrides):
-    """W (layers, d, d) -> the Eulerian (mean-field) J of cases/<name>.toml with `overrides`."""
+    """W (layers, d, d) -> the Eulerian (mean-field) J of cases/<name>.toml with `overrides` (NaN where the
+    forward run fails)."""
     import torch
 
     from solvers.adjoint import ControlledForward, evaluate_cost
+    from spherepde.errors import NumericalFailure
     from spherepde.initial import initial_density
 
     forward = ControlledForward(load(name, overrides))
     c0 = initial_density(forward.case["initial"], forward.problem.basis)
-    return lambda W: evaluate_cost(forward, c0, torch.as_tensor(W))
+
+    def cost(W):
+        try:
+            return evaluate_cost(forward, c0, torch.as_tensor(W))
+        except NumericalFailure:
+            return math.nan
+    return cost
 
 
 def particle_path(name, seed, warm_n=None, training="adam"):

@@ -53,12 +53,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from spherepde.errors import CaseError
+from spherepde.errors import CaseError, NumericalFailure
 from spherepde.exp_kernel import make_exp_kernel
 from spherepde.losses import make_loss
 from spherepde.model import attention, attention_mean, velocity
 
-from .eulerian import ForwardProblem
+from .eulerian import ForwardProblem, departure
 from .timesteppers import choose_scheme, make_stepper
 
 
@@ -142,7 +142,19 @@ class ControlledForward:
                 c = self.step(c, controls[self.layer_of_step(n)])
                 if (n + 1) % self.checkpoint_every == 0 or n + 1 == self.steps:
                     stored[n + 1] = c
+        self.check_density(c0, c)
         return stored
+
+    def check_density(self, c0: torch.Tensor, c: torch.Tensor) -> None:
+        """NumericalFailure when the terminal state c, stepped from c0, is not finite or no longer a density
+        (eulerian.departure): a W beyond the explicit transport's stability limit, caught even while finite,
+        so that a line search sees a failed trial rather than the J of a blown-up state."""
+        basis = self.problem.basis
+        weights = basis.weights.cpu().double().numpy()
+        reason = departure(basis.synthesis(c).cpu().double().numpy(), weights,
+                           float(basis.integrate(basis.synthesis(c0))), basis.placement.real)
+        if reason is not None:
+            raise NumericalFailure(f"numerical failure: {reason} at t = {self.t_end:g}: the forward run blew up")
 
     def segments(self, stored: dict, controls: torch.Tensor):
         """Backward over the segments: (n0, [c_n0, ..., c_n1]) from the last segment to the first."""
@@ -292,6 +304,7 @@ def evaluate_cost(forward: ControlledForward, c0: torch.Tensor, controls: torch.
     with torch.no_grad():
         for n in range(forward.steps):
             c = forward.step(c, controls[forward.layer_of_step(n)])
+        forward.check_density(c0, c)
         return float(forward.terminal_loss(c)) + float(forward.regulariser(controls))
 
 

@@ -32,6 +32,9 @@ from .timesteppers import choose_scheme, make_stepper
 
 
 MAX_STEPS_PER_SAVE = 1e12  # a CFL step asking for more means the velocity blew up
+# A finite state is no density any more when |rho| exceeds this many times the densest one the grid holds
+# (all the mass in the smallest cell; a truncated delta peaks at about that on S^1, below it on S^2).
+BLOW_UP_FACTOR = 10.0
 
 
 class ForwardProblem:
@@ -96,6 +99,13 @@ class Recorder:
         self.steps, self.wall_seconds = 0, 0.0
 
     def record(self, t: float, c: torch.Tensor) -> dict:
+        """Save the state c at time t: its density on the grid and its diagnostics row (returned)."""
+        density, row = self.measure(c)
+        self.keep(t, density, row)
+        return row
+
+    def measure(self, c: torch.Tensor) -> tuple[np.ndarray, dict]:
+        """(density on the grid, diagnostics row) of the coefficients c."""
         basis, problem = self.problem.basis, self.problem
         rho = basis.synthesis(c)
         density = rho.cpu().double().numpy()
@@ -119,6 +129,10 @@ class Recorder:
             "min_density": float(density.min()),
             "spectral_tail": float(basis.spectral_tail(c)),
         }
+        return density, row
+
+    def keep(self, t: float, density: np.ndarray, row: dict) -> None:
+        """Append a measured state to the saves, noting when the resolution is first lost."""
         if row["spectral_tail"] > self.tail_tol and self.resolved_until is None:
             self.resolved_until = self.times[-1] if self.times else 0.0
             message = (f"resolution lost at t = {t:.4g}: spectral tail {row['spectral_tail']:.2e} > "
@@ -129,7 +143,6 @@ class Recorder:
         self.times.append(t)
         self.densities.append(density)
         self.rows.append(row)
-        return row
 
     def _degree_sum(self, c: torch.Tensor):
         """(M, a) -> sum_l M[l] rho_l(a): the series of c at the point a, degree l weighted by M[l]."""
@@ -198,9 +211,10 @@ def save_times(t_end: float, save_every: float) -> np.ndarray:
 def run_eulerian(case, progress: bool | None = None, checkpoint=None):
     """Integrate the forward equation of `case`; returns the output xarray.Dataset.
 
-    Raises NumericalFailure (with `.dataset`, the run up to its last good save) on NaN.
-    Finiteness is checked at save times and checkpoints only, so that a GPU run never
-    waits on the host inside a save interval. With a `checkpoint`
+    Raises NumericalFailure (with `.dataset`, the run up to its last good save) on NaN, and
+    when a finite state stops being a density (`departure`: mass drift or |rho| beyond
+    what the grid can hold).  Finiteness is checked at save times and checkpoints only, so
+    that a GPU run never waits on the host inside a save interval. With a `checkpoint`
     (:class:`spherepde.checkpoint.Checkpoint`) the state is stored whenever one is due,
     and a checkpoint marked `resume` continues from its state: the result is bit for bit
     that of an uninterrupted run.
@@ -252,10 +266,10 @@ def run_eulerian(case, progress: bool | None = None, checkpoint=None):
                 checkpoint.write(recorder.checkpoint_state(candidate, t0 + (k + 1) * dt, interval, k + 1, dt,
                                                            substeps),
                                  recorder.unsaved(checkpoint.saves), recorder.steps + k + 1)
-        _check_finite(recorder, candidate, t0, t1, dt)
+        density, row = checked_state(recorder, candidate, t0, t1, dt)
         c = candidate
         recorder.steps += substeps
-        row = recorder.record(float(t1), c)
+        recorder.keep(float(t1), density, row)
         bar.update(float(t1), mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
     bar.close()
     recorder.wall_seconds += wallclock.perf_counter() - started
@@ -266,6 +280,33 @@ def _check_finite(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: fl
     """Stop the run (NumericalFailure) when the coefficients stepped from t0 to t1 are not all finite."""
     if not bool(torch.isfinite(torch.view_as_real(candidate)).all()):
         _fail(recorder, f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})")
+
+
+def checked_state(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: float,
+                  dt: float) -> tuple[np.ndarray, dict]:
+    """(density, diagnostics row) of the coefficients stepped from t0 to t1, or NumericalFailure when they
+    are not finite or no longer a density of the run (`departure`)."""
+    _check_finite(recorder, candidate, t0, t1, dt)
+    density, row = recorder.measure(candidate)
+    real = recorder.problem.basis.placement.real
+    reason = departure(density, recorder.weights, float(recorder.masses_0.sum()), real)
+    if reason is not None:
+        _fail(recorder, f"{reason} between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g}): the solution blew up")
+    return density, row
+
+
+def departure(density: np.ndarray, weights: np.ndarray, mass_0: float, real: torch.dtype) -> str | None:
+    """Why a finite grid density is no longer one of the run, or None: its mass int rho dsigma moved from
+    mass_0 by more than sqrt(machine epsilon of `real`) relative (the scheme conserves it to round-off:
+    module doc), or |rho| exceeds BLOW_UP_FACTOR times mass_0 over the smallest quadrature cell."""
+    mass = float(density.reshape(-1) @ weights.reshape(-1))
+    if not abs(mass - mass_0) <= math.sqrt(torch.finfo(real).eps) * abs(mass_0):
+        return f"the mass drifted from {mass_0:.6g} to {mass:.6g}"
+    bound = BLOW_UP_FACTOR * abs(mass_0) / weights.min()
+    if not np.abs(density).max() <= bound:
+        return (f"|rho| reached {np.abs(density).max():.3g}, above {bound:.3g} ({BLOW_UP_FACTOR:g} x all the "
+                "mass in one cell)")
+    return None
 
 
 def _fail(recorder: Recorder, reason: str):

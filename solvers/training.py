@@ -42,7 +42,7 @@ from spherepde.initial import initial_density
 from spherepde.progress import Progress
 
 from .adjoint import GRADIENTS, ControlledForward, Gradient
-from .eulerian import Recorder, _check_finite, save_times
+from .eulerian import Recorder, checked_state, save_times
 
 
 class TrainingResult:
@@ -223,8 +223,7 @@ def trained_run(forward: ControlledForward, c0: torch.Tensor, controls: torch.Te
                     c = c * problem.filter
             recorder.steps += substeps
             if np.any(np.abs(saves - t1) <= 1e-12 * max(1.0, forward.t_end)):
-                _check_finite(recorder, c, t0, t1, dt)
-                recorder.record(float(t1), c)
+                recorder.keep(float(t1), *checked_state(recorder, c, t0, t1, dt))
     recorder.wall_seconds = wallclock.perf_counter() - started
     return recorder
 

@@ -1,6 +1,7 @@
 """Command line (DESIGN §7).  Exit status: 0 success, 2 bad input, 3 numerical failure."""
 
 import argparse
+import math
 import os
 import sys
 import warnings
@@ -86,15 +87,15 @@ def _positive(kind):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected a finite positive {kind.__name__}, got {text!r}")
         return value
     return parse
 
 
 def command_run(args) -> int:
     from . import load_case, run
-    from .output import write_dataset
+    from .output import check_file, write_dataset
 
     overrides = list(args.set)
     if args.solver:
@@ -102,7 +103,11 @@ def command_run(args) -> int:
     if args.device:
         overrides.append(f"solver.device={args.device}")
     case = load_case(args.case, overrides)
-    output = args.output or f"{case.name}.nc"
+    output = f"{case.name}.nc" if args.output is None else args.output
+    check_file(output, "-o")
+    for role, source in (("the case file", args.case), ("initial.path", case["initial"].get("path"))):
+        if source and os.path.exists(output) and os.path.samefile(source, output):
+            raise CaseError(f"-o {output!r} is {role} of this run; choose another output file")
     checkpoint = _checkpoint(case, output, args)
     try:
         with warnings.catch_warnings():
@@ -135,10 +140,15 @@ def command_run(args) -> int:
 
 def command_compare(args) -> int:
     from .compare import compare, default_stem, load_pair, write_report
+    from .output import check_file
 
-    if args.k <= 0 or args.atol < 0 or args.atoms < 1:
-        raise CaseError("compare: --k must be > 0, --atol >= 0 and --atoms >= 1")
-    stem = (args.output or default_stem(args.a, args.b)).removesuffix(".nc")
+    if not (0 < args.k < math.inf and 0 <= args.atol < math.inf and args.atoms >= 1):
+        raise CaseError("compare: --k must be finite and > 0, --atol finite and >= 0, --atoms >= 1")
+    stem = (default_stem(args.a, args.b) if args.output is None else args.output).removesuffix(".nc")
+    if not os.path.basename(stem):
+        raise CaseError(f"compare -o: {args.output!r} names a folder; give a file stem such as {args.output}report")
+    for path in (f"{stem}.nc", f"{stem}.png"):
+        check_file(path, "compare -o")
     existing = [path for path in (f"{stem}.nc", f"{stem}.png") if os.path.exists(path)]
     if existing and not args.overwrite:
         raise CaseError(f"output {existing[0]!r} exists; pass --overwrite to replace it or -o to choose another name")
@@ -199,7 +209,7 @@ def command_sweep(args) -> int:
     from .sweep import run_sweep
 
     case = load_case(args.case, args.set)
-    folder = args.output or f"{case.name}-sweep"
+    folder = f"{case.name}-sweep" if args.output is None else args.output
     path = run_sweep(case, args.param, folder, seeds=args.seeds, scheduler=args.scheduler, workers=args.workers,
                      overwrite=args.overwrite, resume=args.resume)
     print(f"spherepde: wrote {path}", file=sys.stderr)
@@ -214,6 +224,17 @@ def main(argv=None) -> int:
     except (CaseError, NumericalFailure) as error:
         print(f"spherepde: error: {error}", file=sys.stderr)
         return error.exit_status
+    except OSError as error:  # a file we were told to read or write: the path is the bad input
+        print(f"spherepde: error: {error}", file=sys.stderr)
+        return CaseError.exit_status
+    except (MemoryError, RuntimeError) as error:
+        # torch reports a failed allocation as OutOfMemoryError (CUDA) or a RuntimeError naming its allocator.
+        if not (isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
+                or "can't allocate memory" in str(error)):
+            raise
+        print("spherepde: error: out of memory: the case is too large for this machine (reduce particles.n, "
+              "sphere.lmax or solver.chunk, or use a device with more memory)", file=sys.stderr)
+        return CaseError.exit_status
     except KeyboardInterrupt:
         print("spherepde: interrupted", file=sys.stderr)
         return 130

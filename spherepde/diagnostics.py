@@ -156,10 +156,13 @@ def wasserstein2(points_a, masses_a, points_b, masses_b, max_atoms: int = 1000) 
 
     Negative masses are floored to 0 and both measures normalised to probability.  A
     measure with more than `max_atoms` atoms is first quantised (see `quantise`).
-    Returns (W2, error bound from the quantisation; 0 when none was needed).
+    Returns (W2, error bound from the quantisation; 0 when none was needed); NaN when a
+    measure has no positive mass (a density the grid does not see: nothing to normalise).
     """
     a_points, a, a_bound = quantise(points_a, np.maximum(masses_a, DENSITY_FLOOR), max_atoms)
     b_points, b, b_bound = quantise(points_b, np.maximum(masses_b, DENSITY_FLOOR), max_atoms)
+    if not (a.sum() > 0 and b.sum() > 0):
+        return float("nan"), 0.0
     cost = ot.dist(a_points, b_points, metric="sqeuclidean")
     value = ot.emd2(a / a.sum(), b / b.sum(), cost, numItermax=10_000_000)
     return float(np.sqrt(max(value, 0.0))), a_bound + b_bound

@@ -9,6 +9,10 @@ class CaseError(ValueError):
 
     exit_status = 2
 
+    def __init__(self, message: str):
+        # Messages quoting other libraries' errors (xarray, netCDF, torch) may span lines: keep one.
+        super().__init__(" ".join(line.strip() for line in str(message).splitlines() if line.strip()))
+
 
 class NumericalFailure(RuntimeError):
     """The numerics broke down (NaN, blow-up, Z <= 0). Exit status 3; the last good state is kept."""

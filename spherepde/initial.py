@@ -91,8 +91,13 @@ def projected_gaussian_density(points: torch.Tensor, mean, covariance) -> torch.
     return torch.exp(exponent + log_constant) * scaled_radial_moment(dim - 1, tau)
 
 
+# Largest |quadrature mass - 1| of an analytic rho_0 on the grid: beyond it the grid does not represent rho_0
+# (a law narrower than the node spacing, falling between the nodes), and the run would start from another density.
+INITIAL_MASS_TOLERANCE = 1e-2
+
+
 def initial_density(section: dict, basis) -> torch.Tensor:
-    """Spectral coefficients of rho_0 on `basis`."""
+    """Spectral coefficients of rho_0 on `basis`; a CaseError when the grid cannot represent rho_0."""
     kind = section["kind"]
     if kind == "file":
         return density_from_file(section["path"], section["time"], basis)
@@ -106,6 +111,10 @@ def initial_density(section: dict, basis) -> torch.Tensor:
     else:
         rho = sum(w * vmf_density(points, m, k)
                   for m, k, w in zip(section["means"], section["kappas"], section["weights"]))
+    mass = float(basis.integrate(rho))
+    if not abs(mass - 1) <= INITIAL_MASS_TOLERANCE:
+        raise CaseError(f"initial: the grid of sphere.lmax = {basis.lmax} does not resolve this {kind} law (its "
+                        f"quadrature mass there is {mass:.3g}, not 1): raise sphere.lmax or widen the law")
     return basis.analysis(rho)
 
 

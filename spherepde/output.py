@@ -13,6 +13,8 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 import xarray as xr
 
+from .errors import CaseError
+
 DIAGNOSTIC_ATTRS = {
     "mass": ("total mass: int rho dsigma", "1"),
     "mean": ("mean position: int x drho", "1"),
@@ -192,12 +194,46 @@ def finish(dataset: xr.Dataset, case, attrs: dict) -> xr.Dataset:
     return dataset
 
 
+def _folder_problem(folder: str) -> str | None:
+    """Why files cannot be written in `folder` (made if missing), or None: the nearest part of it that
+    exists must be a folder with write access."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing!r} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"no write access to {existing!r}"
+    return None
+
+
+def check_folder(folder: str, what: str) -> None:
+    """A CaseError naming `what` unless `folder` is, or can be made, a folder we may write in."""
+    problem = "empty path" if not folder else _folder_problem(folder)
+    if problem:
+        raise CaseError(f"{what} {folder!r}: {problem}")
+
+
+def check_file(path: str, what: str) -> None:
+    """A CaseError naming `what` unless `path` can be written (made or replaced) as a regular file."""
+    if not path or path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
+        problem = "not a file name"
+    elif os.path.lexists(path) and not os.path.isfile(path):
+        problem = "exists and is not a regular file (a folder, device or broken link)"
+    else:
+        problem = _folder_problem(os.path.dirname(os.path.abspath(path)))
+    if problem:
+        raise CaseError(f"{what} {path!r}: {problem}")
+
+
 def write_dataset(dataset: xr.Dataset, path: str | os.PathLike) -> None:
     """Write NetCDF atomically: temporary file beside the target, then rename.
 
     Coordinates get no _FillValue (CF §2.5.1: coordinate variables have no missing values).
+    A target that exists and is not a regular file (a folder, a device) is refused, not replaced.
     """
     path = os.fspath(path)
+    check_file(path, "output")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)

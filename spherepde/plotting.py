@@ -34,7 +34,7 @@ from .bases import make_basis  # noqa: E402
 from .device import placement  # noqa: E402
 from .errors import CaseError  # noqa: E402
 from .initial import density_from_file  # noqa: E402
-from .output import BOTH_PREFIX  # noqa: E402
+from .output import BOTH_PREFIX, check_folder  # noqa: E402
 from .summary import open_result  # noqa: E402
 
 PROJECTIONS = ("orthographic", "mollweide")
@@ -61,8 +61,8 @@ def plot_result(path: str, folder: str | None = None, projection: str = "orthogr
     """Write <stem>.png (and <stem>.gif when `animate`); returns the paths written."""
     if projection not in PROJECTIONS:
         raise CaseError(f"plot: projection must be one of {', '.join(PROJECTIONS)}, got {projection!r}")
-    folder = folder or os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    folder = os.path.dirname(os.path.abspath(path)) if folder is None else folder
+    check_folder(folder, "plot -o")
     stem = os.path.splitext(os.path.basename(path))[0]
     with open_result(path) as dataset:
         if not ({"density", "particles"} & set(dataset.data_vars) or "member" in dataset.dims):
@@ -70,6 +70,7 @@ def plot_result(path: str, folder: str | None = None, projection: str = "orthogr
         if animate and ("member" in dataset.dims or not ("density" in dataset or _on_sphere(dataset))):
             raise CaseError(f"plot: --animate draws a single run's density, or its particles on S^2; {path!r} "
                             "has neither")
+        os.makedirs(folder, exist_ok=True)
         written = [_save(_overview(dataset, path, projection, snapshots), os.path.join(folder, f"{stem}.png"))]
         if animate:
             written.append(_animate(dataset, path, projection, os.path.join(folder, f"{stem}.gif")))

@@ -1,5 +1,7 @@
 """`spherepde info`: a plain-text summary of a result file."""
 
+import os
+
 import numpy as np
 import xarray as xr
 
@@ -10,11 +12,19 @@ SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projecti
 
 
 def open_result(path: str) -> xr.Dataset:
-    """Open a result file, or a one-line CaseError naming it."""
+    """Open a file that spherepde wrote (a run, a sweep, a comparison), or a one-line CaseError naming it."""
+    if os.path.isdir(path):
+        raise CaseError(f"cannot read result {path!r}: it is a folder")
     try:
-        return xr.open_dataset(path)
+        dataset = xr.open_dataset(path)
     except (OSError, ValueError) as error:
-        raise CaseError(f"cannot read result {path!r}: {error}") from None
+        reason = "not a NetCDF file" if "did not find a match" in str(error) else str(error)
+        raise CaseError(f"cannot read result {path!r}: {reason}") from None
+    source = str(dataset.attrs.get("source", ""))
+    if not source.startswith("spherepde"):
+        dataset.close()
+        raise CaseError(f"{path!r} is not a spherepde result (its 'source' attribute is {source or 'missing'!r})")
+    return dataset
 
 
 def describe(path: str) -> str:

@@ -34,6 +34,7 @@ import numpy as np
 
 from .case import Case, format_override, parse_override
 from .errors import CaseError, NumericalFailure
+from .output import check_folder
 
 GRID_DIMS = ("theta", "lat", "lon")
 COMBINED = "sweep.nc"
@@ -93,6 +94,9 @@ def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -
             member_case = case.with_overrides(overrides)
         except CaseError as error:
             raise CaseError(f"sweep member {index} ({', '.join(overrides)}): {error}") from None
+        if seed is not None and member_case["solver"]["method"] == "eulerian":
+            raise CaseError(f"--seeds: sweep member {index} is an Eulerian run, which has no random draws: its "
+                            "replicates would be identical (seeds vary particles.seed of particle runs)")
         path = os.path.abspath(os.path.join(folder, f"member-{index:0{width}d}.nc"))
         members.append(Member(index, values, seed, member_case, path))
     return members
@@ -193,13 +197,13 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
     Members that fail are reported at the end, after sweep.nc is written from the others:
     CaseError (exit 2) if one had bad input, else NumericalFailure (exit 3).
     """
+    check_folder(folder, "sweep -o")
     members = plan(case, params, folder, seeds)
     combined = os.path.join(folder, COMBINED)
     existing = [path for path in [m.path for m in members] + [combined] if os.path.exists(path)]
     if existing and not (overwrite or resume):
         raise CaseError(f"sweep folder {folder!r} holds an earlier sweep ({os.path.basename(existing[0])}); pass "
                         "--resume to keep its completed members or --overwrite to run them all again")
-    os.makedirs(folder, exist_ok=True)
     summaries = {}
     if resume:
         summaries = {m.index: s for m in members if (s := _completed(m)) is not None}

@@ -59,6 +59,7 @@ BAD_CASES = {
                              "initial.path"),
     "grid too coarse for beta": ("beta = 2.0", "beta = 500.0", "sphere.lmax"),
     "eulerian in d = 4": ("dim = 2", "dim = 4", "sphere.dim"),
+    "initial law between the nodes": ("kappa = 2.0", "kappa = 1e7", "sphere.lmax"),
 }
 
 
@@ -200,3 +201,72 @@ def test_info_and_plot(tmp_path, capsys):
     assert status == 0 and "order_parameter" in text and "small" in text
     status, err = run_cli(["info", tmp_path / "missing.nc"], capsys)
     assert status == 2 and "missing.nc" in err
+
+
+def test_finite_blow_up_exits_3_and_keeps_only_densities(tmp_path, capsys):
+    # Transport 50 times too strong for dt = 0.5: the first step overshoots to a finite state whose mass has
+    # moved (the scheme conserves it to round-off) before anything overflows.
+    unstable = SMALL_S1.replace('kernel = "softmax"\nbeta = 2.0', 'kernel = "unnormalized"\nbeta = 1.0\n'
+                                'V = [[50.0, 0.0], [0.0, 50.0]]').replace("eps = 0.1", "eps = 0.0")
+    case = write_case(tmp_path, unstable.replace("dt = 0.05", "dt = 0.5").replace("t_end = 0.5", "t_end = 1.0")
+                      .replace("save_every = 0.25", "save_every = 0.5"))
+    output = tmp_path / "out.nc"
+    status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
+    assert status == 3 and "blew up" in err, err
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["status"].startswith("failed")
+        np.testing.assert_allclose(dataset["mass"].values, 1.0, atol=1e-12)
+        assert np.abs(dataset["density"].values).max() < 10.0
+
+
+@pytest.mark.parametrize("target", ["folder", "inside a file", "empty", "the case file"])
+def test_unusable_output_path_exits_2_before_the_run(tmp_path, capsys, target):
+    case = write_case(tmp_path)
+    (tmp_path / "folder").mkdir()
+    output = {"folder": tmp_path / "folder", "inside a file": case / "out.nc", "empty": "", "the case file": case}[target]
+    before = sorted(os.listdir(tmp_path))
+    status, err = run_cli(["run", case, "-o", output, "--overwrite"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "-o" in err, err
+    assert sorted(os.listdir(tmp_path)) == before and os.listdir(tmp_path / "folder") == []
+    assert case.read_text() == SMALL_S1
+
+
+def test_files_that_are_not_results_exit_2_with_one_line(tmp_path, capsys):
+    case = write_case(tmp_path)
+    foreign = tmp_path / "foreign.nc"
+    xr.Dataset({"a": ("x", [1.0])}).to_netcdf(foreign)
+    for args in (["info", case], ["info", foreign], ["info", tmp_path], ["plot", foreign, "-o", tmp_path / "figures"],
+                 ["compare", case]):
+        status, err = run_cli(args, capsys)
+        assert status == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, (args, err)
+    assert not (tmp_path / "figures").exists()
+
+
+def test_compare_refuses_non_finite_verdict_options_and_a_folder_stem(tmp_path, capsys):
+    case = write_case(tmp_path)
+    output = tmp_path / "both.nc"
+    assert run_cli(["run", case, "-o", output, "--quiet", "--solver", "both", "--set", "particles.n=200"],
+                   capsys)[0] == 0
+    for option in (["--k", "nan"], ["--k", "inf"], ["--atol", "inf"], ["-o", f"{tmp_path}{os.sep}"]):
+        status, err = run_cli(["compare", output, *option], capsys)
+        assert status == 2 and len(err.strip().splitlines()) == 1, (option, err)
+    assert sorted(os.listdir(tmp_path)) == ["both.nc", "case.toml"]
+
+
+@pytest.mark.parametrize("failure", [MemoryError(), RuntimeError("[enforce fail at alloc_cpu.cpp:117] "
+                                                                  "DefaultCPUAllocator: can't allocate memory")])
+def test_out_of_memory_is_one_line_and_exit_2_and_other_errors_are_not_hidden(tmp_path, capsys, monkeypatch,
+                                                                              failure):
+    raised = [failure]
+
+    def run(*args, **kwargs):
+        raise raised[0]
+
+    monkeypatch.setattr(spherepde, "run", run)
+    case = write_case(tmp_path)
+    status, err = run_cli(["run", case, "-o", tmp_path / "out.nc"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "out of memory" in err
+    assert not (tmp_path / "out.nc").exists()
+    raised[0] = RuntimeError("a bug")
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["run", str(case), "-o", str(tmp_path / "out.nc")])

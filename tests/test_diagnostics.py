@@ -130,3 +130,13 @@ def test_pushforward_splits_grid_nodes_on_the_singular_set():
         tilted = masses * (1 + 0.5 * points[:, 0])
         results.append(diag.w2_projection(points, tilted / tilted.sum(), points, masses, e1)[0])
     assert results[0] == pytest.approx(results[1], rel=1e-6)
+
+
+def test_w2_of_a_measure_without_positive_mass_is_nan():
+    # A density the grid does not see (all nodes 0, or negative) has nothing to normalise into a probability.
+    points = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    masses = np.array([0.2, 0.5, 0.3])
+    assert np.isclose(diag.wasserstein2(points, masses, points, masses)[0], 0.0, atol=1e-7)
+    for empty in (np.zeros(3), -masses):
+        value, bound = diag.wasserstein2(points, empty, points, masses)
+        assert math.isnan(value) and bound == 0.0

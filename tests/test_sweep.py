@@ -77,7 +77,10 @@ def test_parameters_seeds_and_bad_members():
         with pytest.raises(CaseError, match="--param"):
             parse_param(bad)
 
-    case = spherepde.load_case_text(SMALL_S1 + "[particles]\nseed = 7\n")
+    eulerian = spherepde.load_case_text(SMALL_S1 + "[particles]\nseed = 7\n")
+    with pytest.raises(CaseError, match="--seeds: sweep member 0 is an Eulerian run"):
+        plan(eulerian, ["model.eps=0.1,0.2"], "folder", seeds=3)
+    case = eulerian.with_overrides(["solver.method='particles'"])
     seeds = derived_seeds(7, 3)
     assert seeds == derived_seeds(7, 3) and len(set(seeds)) == 3 and seeds != derived_seeds(8, 3)
     members = plan(case, ["model.eps=0.1,0.2"], "folder", seeds=3)
@@ -138,3 +141,4 @@ def test_unreachable_scheduler_is_one_line(tmp_path, capsys):
                        "-o", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert status == 2 and "cannot reach a Dask scheduler" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

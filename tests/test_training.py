@@ -259,6 +259,24 @@ def test_divergent_training_is_a_numerical_failure():
         train(forward, initial_density(case["initial"], forward.problem.basis), progress=False)
 
 
+def test_a_blown_up_forward_run_is_a_failure_not_a_cost():
+    # The strain W = s diag(1, -1) at dt = 0.25 is beyond the explicit transport's stability limit for s >= 10.
+    # Its terminal state is still finite at s = 10 and 30, and its J (3e52, -3e182) would be a line search's
+    # best trial point; the forward map refuses such a state (mass no longer conserved, |rho| unbounded).
+    from solvers.adjoint import evaluate_cost
+    from spherepde.errors import NumericalFailure
+
+    case = training_case(t_end=0.5, dt=0.25)
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    strain = torch.tensor([[1.0, 0.0], [0.0, -1.0]], dtype=torch.float64).expand(2, 2, 2)
+    assert 0 < evaluate_cost(forward, c0, strain) < 2
+    for scale in (10.0, 30.0):
+        for evaluate in (evaluate_cost, discrete_gradient):
+            with pytest.raises(NumericalFailure, match="blew up"):
+                evaluate(forward, c0, scale * strain)
+
+
 def test_adam_first_step_is_the_learning_rate_times_the_sign():
     from solvers.training import Adam
 
