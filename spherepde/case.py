@@ -16,9 +16,10 @@ left out of the resolved data when not given):
 =========================  ==========================================  =========================
 key                        type and check                              default
 =========================  ==========================================  =========================
-case.name                  nonempty string without "/", the OS's       file stem (leading dots
-                           path separators or NUL, not starting with   dropped, separators made
-                           ".": it names the default output files      "_"), else "case"
+case.name                  non-blank string of at most 240 bytes       file stem (leading dots
+                           without "/", the OS's path separators or    dropped, separators made
+                           NUL, not starting with ".": it names the    "_", cut to 240 bytes),
+                           default output files                        else "case"
 case.description           string                                      ""
 sphere.dim                 int in [2, 2048) (the Eulerian solver       required
                            takes 2, 3; the d x d matrices of the
@@ -446,14 +447,18 @@ def _text(value, ctx) -> str:
     return value
 
 
+_MAX_NAME_BYTES = 240  # file systems take 255-byte names; the outputs add suffixes such as "-sweep" and ".png"
 _NAME_FORBIDDEN = tuple(dict.fromkeys(("/", os.sep, os.altsep or "/", "\0")))  # what a file name cannot hold
 
 
 def _case_name(value, ctx) -> str:
     """The case's name: it names the default output files, so a plain file name, not hidden."""
     name = _text(value, ctx)
-    if not name:
-        raise _Invalid("must not be empty (it names the default output files)")
+    if not name.strip():
+        raise _Invalid("must not be empty or blank (it names the default output files)")
+    if len(name.encode()) > _MAX_NAME_BYTES:
+        raise _Invalid(f"must be at most {_MAX_NAME_BYTES} bytes (it names the default output files, "
+                       f"'<name>-sweep/sweep.nc' among them), got {len(name.encode())}")
     if any(char in name for char in _NAME_FORBIDDEN):
         raise _Invalid(f"must be a file name without {' or '.join(map(repr, _NAME_FORBIDDEN))} "
                        f"(it names the default output files), got {name!r}")
@@ -463,11 +468,12 @@ def _case_name(value, ctx) -> str:
 
 
 def _default_case_name(ctx) -> str:
-    """The case file's stem made a valid case.name: separators to '_', leading dots dropped, else "case"."""
+    """The case file's stem made a valid case.name: separators to '_', leading dots dropped, cut to
+    _MAX_NAME_BYTES, else "case"."""
     name = ctx.inputs.default_name
     for char in _NAME_FORBIDDEN:
         name = name.replace(char, "_")
-    return name.lstrip(".") or "case"
+    return name.lstrip(".").encode()[:_MAX_NAME_BYTES].decode(errors="ignore").strip() or "case"
 
 
 def _boolean(value, ctx) -> bool:

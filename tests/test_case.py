@@ -296,6 +296,8 @@ BAD_CASES = [
     ("B = 0 at beta inf", MINIMAL + "[model]\nbeta = 'inf'\nB = [[0, 0], [0, -0.0]]\n", "model.B", "nonzero"),
     ("shtns on the circle", MINIMAL + "[solver]\nbackend = 'shtns'\n", "solver.backend", "sphere.dim = 3"),
     ("empty case name", "[case]\nname = ''\n" + MINIMAL, "case.name", "must not be empty"),
+    ("blank case name", "[case]\nname = '   '\n" + MINIMAL, "case.name", "must not be empty or blank"),
+    ("case name too long", "[case]\nname = '" + "x" * 241 + "'\n" + MINIMAL, "case.name", "at most 240 bytes"),
     ("case name with a path", "[case]\nname = 'sub/dir/x'\n" + MINIMAL, "case.name", "without '/'"),
     ("hidden case name", "[case]\nname = '.nc'\n" + MINIMAL, "case.name", "must not start with '.'"),
     ("case name with NUL", '[case]\nname = "a\\u0000b"\n' + MINIMAL, "case.name", "'\\x00'"),
@@ -375,7 +377,7 @@ def test_distinct_lyapunov_exponents_keep_their_order():
 
 @pytest.mark.parametrize("file, name", [
     ("kuramoto-s1.toml", "kuramoto-s1"), ("a.b.toml", "a.b"), (".hidden.toml", "hidden"), (".toml", "toml"),
-    ("..toml", "case"), ("...toml", "case"), ("-.toml", "-"),
+    ("..toml", "case"), ("...toml", "case"), ("-.toml", "-"), ("é" * 125 + ".toml", "é" * 120),
 ])
 def test_default_case_name_is_a_valid_file_name(tmp_path, file, name):
     """The file stem is made valid (leading dots dropped, else "case"), not refused."""
