@@ -5,9 +5,9 @@
 The align cases of cases/ at their own scale: S^1, A = diag(1, 0.65), eps = 1e-2, W constant on slices of
 width 2 (seed004-align-T40, seed004-align-l065 at T = 80, seed004-align-T120), trained towards convergence by
 L-BFGS with the exact gradient of the discretised J (tol 1e-7; the last table says where each stopped) on
-lmax 64 where the case files ask for
-lmax 128 (the Gibbs cluster is resolved there: at T = 40 and a trained W, J agrees with lmax 128 to 2e-9;
-lmax 48 to 1e-6, lmax 32 to 1e-3).  Two stages: COARSE, dt = 0.04, from W = 0 at T = 80; then FINE,
+lmax 64 where the case files ask for lmax 128 (the Gibbs cluster is resolved there: at T = 40 and a
+trained W, J agrees with lmax 128 to 2e-9; lmax 48 to 1e-6, lmax 32 to 1e-3).  Two stages: COARSE,
+dt = 0.04, from W = 0 at T = 80; then FINE,
 dt = 0.02, at T = 80 from its coarse W, at T = 40 and 120 from the same W with its middle 20 layers
 removed or 20 zero layers inserted in its middle (the turnpike: the boundary layers keep their width
 and the plateau, where W ~ 0, changes length).  Why: the explicit transport at dt = 0.04 is stable only
@@ -217,7 +217,8 @@ def main():
         row, (trained, reference) = rows[t_end], checks[t_end]
         print(f"| {t_end:g} | {row['adjoint_growth']:.3g} | {row['adjoint_rate']:.3f} | "
               f"{row['loss'][0]:.4f} -> {row['loss'][1]:.6f} | "
-              f"{abs(reference - trained) / abs(reference):.1e} | {iteration_text(t_end, row['iterations'])}, {row['gradient_norm']:.1e} | "
+              f"{abs(reference - trained) / abs(reference):.1e} | {iteration_text(t_end, row['iterations'])}, "
+              f"{row['gradient_norm']:.1e} | "
               f"{row['training_seconds'] / 60:.0f} | {row['optimizer_stop']} |")
     print()
     sys.stdout.flush()
