@@ -3,6 +3,7 @@
 import copy
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,9 @@ SPHERE3 = "[sphere]\ndim = 3\n"
 TIME = "[time]\nt_end = 2.0\n"
 MINIMAL = SPHERE + TIME
 TRAIN = SPHERE + "[time]\nt_end = 1\ndt = 0.1\n[control]\n"  # a training run, [control] open
+
+
+SHIPPED_CASES = sorted((Path(__file__).resolve().parent.parent / "cases").glob("*.toml"))
 
 
 def reloaded(case: Case) -> Case:
@@ -410,3 +414,12 @@ def test_every_resolved_key_is_documented(tmp_path):
             for section, table in load_case_text(text, base_dir=tmp_path).data.items() for key in table}
     assert len(keys) == 43  # every key of every section, each initial kind included
     assert [key for key in keys if key not in case_module.__doc__] == []
+
+
+@pytest.mark.parametrize("path", SHIPPED_CASES, ids=lambda path: path.stem)
+def test_shipped_cases_are_valid_and_named_after_their_files(path):
+    """Each file of cases/ passes validation, round-trips, and writes <stem>.nc by default (case.name)."""
+    case = load_case(path)
+    assert case["case"]["name"] == path.stem
+    assert case["case"]["description"].strip()
+    assert_round_trip(case)
