@@ -54,6 +54,10 @@ initial.weights            vmf_mixture: reals >= 0, positive sum,      equal wei
 initial.path               file: readable file, made absolute          required
                            (relative to the case file's directory)
 initial.time               file: int index into its time axis          -1
+initial.sha256             file: the SHA-256 of the file's bytes (64   the file's
+                           hex digits); a run refuses a file that no   digest
+                           longer matches, so an output's stored case
+                           pins the density it started from
 time.t_end                 real > 0                                    required
 time.dt                    real > 0 (not together with time.cfl), at   absent
                            most 1e12 steps per save interval
@@ -146,6 +150,7 @@ from __future__ import annotations
 import copy
 import datetime
 import difflib
+import hashlib
 import math
 import numbers
 import os
@@ -602,6 +607,34 @@ def _readable_file(value, ctx) -> str:
     return str(path)
 
 
+def file_sha256(path: str) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _initial_file_digest(ctx) -> str:
+    try:
+        return file_sha256(ctx.section["path"])
+    except OSError as error:
+        raise CaseError(f"initial.path: cannot read {ctx.section['path']!r}: {error.strerror}") from None
+
+
+def _pinned_digest(value, ctx) -> str:
+    """A given initial.sha256 must be the file's: the file changed since the case was written otherwise."""
+    given = _text(value, ctx).strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{64}", given):
+        raise _Invalid(f"expected 64 hexadecimal digits, got {value!r}")
+    actual = _initial_file_digest(ctx)
+    if given != actual:
+        raise _Invalid(f"{ctx.section['path']!r} has SHA-256 {actual}, not {given}: the file changed since this "
+                       "case was written (restore it, or drop initial.sha256 to accept the new file)")
+    return given
+
+
 # ---------------------------------------------------------------------------------------
 # The schema: one declaration per key
 # ---------------------------------------------------------------------------------------
@@ -775,6 +808,7 @@ _SCHEMA = (
         _Key("weights", _weights, _equal_weights, unused=_only_for_kinds("vmf_mixture")),
         _Key("path", _readable_file, unused=_only_for_kinds("file")),
         _Key("time", _integer(), -1, unused=_only_for_kinds("file")),
+        _Key("sha256", _pinned_digest, _initial_file_digest, unused=_only_for_kinds("file")),
     ), _initial_rules),
     _Section("time", (
         _Key("t_end", _real(_POSITIVE)),

@@ -16,6 +16,7 @@ SPHERE3 = "[sphere]\ndim = 3\n"
 TIME = "[time]\nt_end = 2.0\n"
 MINIMAL = SPHERE + TIME
 TRAIN = SPHERE + "[time]\nt_end = 1\ndt = 0.1\n[control]\n"  # a training run, [control] open
+EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # of b"" (FIPS 180-4 test value)
 
 
 SHIPPED_CASES = sorted((Path(__file__).resolve().parent.parent / "cases").glob("*.toml"))
@@ -166,9 +167,28 @@ def test_initial_file_resolved_relative_to_case_file(tmp_path, monkeypatch):
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     case = load_case("../cases/c.toml")
-    assert case["initial"] == {"kind": "file", "path": str(tmp_path / "cases" / "data" / "run.nc"), "time": -1}
+    assert case["initial"] == {"kind": "file", "path": str(tmp_path / "cases" / "data" / "run.nc"), "time": -1,
+                               "sha256": EMPTY_SHA256}
     moved = case.with_overrides(["initial.path=data/other.nc", "initial.time=3"])
-    assert moved["initial"] == {"kind": "file", "path": str(tmp_path / "cases" / "data" / "other.nc"), "time": 3}
+    assert moved["initial"] == {"kind": "file", "path": str(tmp_path / "cases" / "data" / "other.nc"), "time": 3,
+                                "sha256": EMPTY_SHA256}
+
+
+def test_stored_case_pins_its_initial_file_by_sha256(tmp_path):
+    (tmp_path / "run.nc").write_bytes(b"abc")
+    case = load_case_text(MINIMAL + "[initial]\nkind = 'file'\npath = 'run.nc'\n", base_dir=tmp_path)
+    # SHA-256("abc"), the test vector of FIPS 180-4
+    assert case["initial"]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert load_case_text(case.text)["initial"] == case["initial"]
+    (tmp_path / "run.nc").write_bytes(b"abd")
+    with pytest.raises(CaseError, match=r"initial.sha256: .*run.nc' has SHA-256 a52d159f.*, not ba7816bf.*changed"):
+        load_case_text(case.text)
+    (tmp_path / "run.nc").write_bytes(b"abc")
+    assert load_case_text(case.text)["initial"] == case["initial"]
+    with pytest.raises(CaseError, match=r"initial.sha256: expected 64 hexadecimal digits, got 'abc'$"):
+        case.with_overrides(["initial.sha256=abc"])
+    with pytest.raises(CaseError, match=r"initial.sha256: not used when initial.kind = 'uniform'"):
+        load_case_text(MINIMAL + "[initial]\nsha256 = '" + "0" * 64 + "'\n")
 
 
 def test_initial_file_relative_to_base_dir_for_text(tmp_path):
@@ -412,7 +432,7 @@ def test_every_resolved_key_is_documented(tmp_path):
     texts += [MINIMAL + "[initial]\n" + initial + "\n" for initial in initials]
     keys = {f"{section}.{key}" for text in texts
             for section, table in load_case_text(text, base_dir=tmp_path).data.items() for key in table}
-    assert len(keys) == 43  # every key of every section, each initial kind included
+    assert len(keys) == 44  # every key of every section, each initial kind included
     assert [key for key in keys if key not in case_module.__doc__] == []
 
 
