@@ -102,6 +102,29 @@ def power_law(x, y) -> tuple[float, float]:
     return float(slope), float(np.exp(intercept))
 
 
+def two_cluster_alignment(V, B, beta: float, eps: float, axis: int = 0) -> float:
+    """Alignment int x_k^2 drho of the stationary pair of clusters at +-e_k under small noise, linearised in eps.
+
+    For diagonal V, B with B_kk < 0 a token x near e_k attends to the opposite cluster (weight e^{beta} against
+    e^{-beta} for its own).  If each tangent coordinate y_i of that cluster has variance s_i, the exponential tilt
+    exp(beta <x, B y>) shifts its mean to m = -e_k + beta sum_i B_ii s_i x_i e_i, and the velocity
+    P_x(V m) = V m - <x, V m> x restores x_i at the rate lambda_i = -V_kk - beta V_ii B_ii s_i.  An
+    Ornstein-Uhlenbeck coordinate with rate lambda_i and noise eps Lap has s_i = eps / lambda_i, so
+        lambda_i^2 + V_kk lambda_i + beta eps V_ii B_ii = 0,    int x_k^2 drho = 1 - eps sum_{i != k} 1 / lambda_i,
+    up to O(eps^2) and O(e^{-2 beta}).  Nondimensional."""
+    V, B = np.asarray(V, float), np.asarray(B, float)
+    if np.abs(V - np.diag(np.diag(V))).max() > 0 or np.abs(B - np.diag(np.diag(B))).max() > 0:
+        raise ValueError("two_cluster_alignment: V and B must be diagonal")
+    if not B[axis, axis] < 0 < -V[axis, axis]:
+        raise ValueError("two_cluster_alignment: needs B_kk < 0 (attention to the opposite cluster) and V_kk < 0")
+    others = [i for i in range(len(V)) if i != axis]
+    discriminant = V[axis, axis] ** 2 - 4 * beta * eps * V[others, others] * B[others, others]
+    if discriminant.min() <= 0:
+        raise ValueError("two_cluster_alignment: no stable linearised cluster at this beta eps")
+    rates = (-V[axis, axis] + np.sqrt(discriminant)) / 2
+    return float(1 - eps * np.sum(1 / rates))
+
+
 def shape_residuals(beta, values) -> dict:
     """RMS log-residual of the best one-constant fits values = C g(beta) for the two candidate shapes.
 
