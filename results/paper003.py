@@ -177,9 +177,12 @@ class Run:
         return out / f"{self.key}-{digest}.nc"
 
     def command(self, out: Path) -> list:
+        """`spherepde run`; it resumes an Eulerian run interrupted earlier (by a killed script, say) from its
+        checkpoint, which `spherepde run` writes every 5 minutes."""
         sets = [item for override in self.overrides for item in ("--set", override)]
+        interrupted = (self.path(out).parent / f"{self.path(out).name}.checkpoint" / "state.pt").exists()
         return [sys.executable, "-m", "spherepde", "run", str(ROOT / "cases" / f"{self.case}.toml"),
-                "-o", str(self.path(out)), "--overwrite", "--quiet", *sets]
+                "-o", str(self.path(out)), "--resume" if interrupted else "--overwrite", "--quiet", *sets]
 
     def cached(self, out: Path) -> bool:
         """The output of this resolved case exists and did not fail."""
