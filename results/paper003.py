@@ -453,11 +453,11 @@ def eulerian_eps_limit(data: dict) -> list:
     lines = ["", "Eulerian as eps -> 0, against the Eulerian run at eps = 0 (largest difference over the saves both "
              "have while both are resolved) and the particles at eps = 0 (at the time of their peak alignment with "
              "E, with their Monte Carlo standard error); last column: the alignment at t = 20 of the runs that "
-             "stay on E against the linearised stationary pair of clusters at +-e1 (spherepde/concentration.py, "
+             "stay on E against the stationary pair of clusters at +-e1 to first order in eps (spherepde/concentration.py, "
              "two_cluster_alignment):", "",
              "| beta | rho_0 | eps | max abs(align E - Eulerian eps = 0) (over t <=) | the same / eps | at t | "
              "align E: Eulerian / particles eps = 0 (s.e.) | difference / eps | at t = 20: 1 - align E, Eulerian / "
-             "linearised |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "theory |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for beta, law, eps, lmax in noise_rows(full=True):
         e, e0, p0 = (data.get(noisy_key("e", beta, law, eps)), data.get(main_key("e0", beta, law)),
                      data.get(main_key("p", beta, law)))

@@ -103,25 +103,33 @@ def power_law(x, y) -> tuple[float, float]:
 
 
 def two_cluster_alignment(V, B, beta: float, eps: float, axis: int = 0) -> float:
-    """Alignment int x_k^2 drho of the stationary pair of clusters at +-e_k under small noise, linearised in eps.
+    """Alignment int x_k^2 drho of the stationary pair of clusters at +-e_k under small noise: first order in eps,
+    every order in beta eps.
 
-    For diagonal V, B with B_kk < 0 a token x near e_k attends to the opposite cluster (weight e^{beta} against
-    e^{-beta} for its own).  If each tangent coordinate y_i of that cluster has variance s_i, the exponential tilt
-    exp(beta <x, B y>) shifts its mean to m = -e_k + beta sum_i B_ii s_i x_i e_i, and the velocity
-    P_x(V m) = V m - <x, V m> x restores x_i at the rate lambda_i = -V_kk - beta V_ii B_ii s_i.  An
-    Ornstein-Uhlenbeck coordinate with rate lambda_i and noise eps Lap has s_i = eps / lambda_i, so
-        lambda_i^2 + V_kk lambda_i + beta eps V_ii B_ii = 0,    int x_k^2 drho = 1 - eps sum_{i != k} 1 / lambda_i,
-    up to O(eps^2) and O(e^{-2 beta}).  Nondimensional."""
+    For diagonal V, B with B_kk < 0 a token x near e_k attends to the opposite cluster (weight e^{beta |B_kk|}
+    against e^{-beta |B_kk|} for its own).  Let that cluster's tangent coordinates y_i be Gaussian with variances
+    s_i.  On the sphere y_k = -(1 - |y_perp|^2 / 2) + ..., so the attention weight exp(beta <x, B y>) is, up to
+    a constant, exp(-beta |B_kk| |y_perp|^2 / 2 + beta sum_i B_ii x_i y_i): a Gaussian tilt that narrows each
+    y_i to variance s_i / (1 + beta |B_kk| s_i) and shifts its mean to beta B_ii x_i s_i / (1 + beta |B_kk| s_i).
+    The velocity P_x(V m) = V m - <x, V m> x then restores x_i at the rate
+        lambda_i = -V_kk - beta V_ii B_ii s_i / (1 + beta |B_kk| s_i),
+    and an Ornstein-Uhlenbeck coordinate with that rate and the noise eps Lap has s_i = eps / lambda_i, so
+        lambda_i^2 + (beta eps |B_kk| + V_kk) lambda_i + beta eps (V_kk |B_kk| + V_ii B_ii) = 0,
+        int x_k^2 drho = 1 - eps sum_{i != k} 1 / lambda_i,
+    up to relative O(eps) (the sphere's curvature in the noise and in <x, V m>) and O(e^{-2 beta |B_kk|}).
+    Nondimensional."""
     V, B = np.asarray(V, float), np.asarray(B, float)
     if np.abs(V - np.diag(np.diag(V))).max() > 0 or np.abs(B - np.diag(np.diag(B))).max() > 0:
         raise ValueError("two_cluster_alignment: V and B must be diagonal")
     if not B[axis, axis] < 0 < -V[axis, axis]:
         raise ValueError("two_cluster_alignment: needs B_kk < 0 (attention to the opposite cluster) and V_kk < 0")
     others = [i for i in range(len(V)) if i != axis]
-    discriminant = V[axis, axis] ** 2 - 4 * beta * eps * V[others, others] * B[others, others]
-    if discriminant.min() <= 0:
-        raise ValueError("two_cluster_alignment: no stable linearised cluster at this beta eps")
-    rates = (-V[axis, axis] + np.sqrt(discriminant)) / 2
+    linear = beta * eps * -B[axis, axis] + V[axis, axis]
+    constant = beta * eps * (V[axis, axis] * -B[axis, axis] + V[others, others] * B[others, others])
+    discriminant = linear ** 2 - 4 * constant
+    rates = (-linear + np.sqrt(np.maximum(discriminant, 0))) / 2
+    if discriminant.min() < 0 or rates.min() <= 0:
+        raise ValueError("two_cluster_alignment: no stable cluster pair at this beta eps")
     return float(1 - eps * np.sum(1 / rates))
 
 
