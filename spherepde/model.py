@@ -80,6 +80,11 @@ def zero_temperature_mean(model: Model, points: torch.Tensor) -> torch.Tensor:
     return torch.where(norm > 0, u / torch.where(norm > 0, norm, 1.0), 0.0)
 
 
+# Below this fraction of max |rho| the density is round-off of its transform or of a spectral undershoot: the
+# attention mean there does not enter the flux rho v to any digit the run keeps.
+NEGLIGIBLE_DENSITY = 1e-10
+
+
 def attention_mean(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
     """m[rho](x) on the grid: N / Z (softmax) or N (unnormalized); (*grid, d).
 
@@ -88,9 +93,26 @@ def attention_mean(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Te
     of its scale), so Z stays positive while the undershoot is small against the mass within a
     kernel width.  Where it does not, m is undefined: it is NaN there (not clipped), and the run's
     finiteness check turns that into a numerical failure at the next save, without a host round
-    trip per evaluation (which would stall a GPU at every Runge-Kutta stage).
+    trip per evaluation (which would stall a GPU at every Runge-Kutta stage).  The exception is
+    where rho itself is negligible (softmax_mean).
     """
     return attention(model, exp_kernel, points, rho)[0]
+
+
+def softmax_mean(N: torch.Tensor, Z: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """m = N / Z; where |rho(x)| <= NEGLIGIBLE_DENSITY max |rho|, bounded by |m| <= 1 (as the mean of a
+    probability measure on the sphere is) and 0 where Z <= 0.
+
+    At large beta Z(x) at a point far from all the mass is exp(-beta gap) of its scale, below the transform's
+    accuracy: N / Z there is round-off, and Z may reach 0 or below.  Such points carry no mass either (between
+    clusters, say), so bounding m there changes rho v only at the level of rho's own round-off, where an
+    unbounded or undefined m would end a resolved run (beta = 1000, eps = 1e-2: |m| up to 2 on a quarter of
+    the grid, then NaN).  Elsewhere Z <= 0 still gives NaN and the run fails: the density is under-resolved.
+    """
+    mean = torch.where(Z > 0, N / torch.where(Z > 0, Z, 1.0), torch.nan)
+    void = rho.abs()[..., None] <= NEGLIGIBLE_DENSITY * rho.abs().max()
+    bounded = mean / torch.linalg.vector_norm(mean, dim=-1, keepdim=True).clamp(min=1)
+    return torch.where(void, torch.nan_to_num(bounded, nan=0.0), mean)
 
 
 def attention(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Tensor):
@@ -104,7 +126,7 @@ def attention(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Tensor)
     Z, N = scaled[..., :1], scaled[..., 1:]
     if model.kernel == "unnormalized":
         return N * torch.exp(log_scale)[..., None], None
-    return torch.where(Z > 0, N / Z, torch.nan), rho * torch.exp(-log_scale) / Z[..., 0]
+    return softmax_mean(N, Z, rho), rho * torch.exp(-log_scale) / Z[..., 0]
 
 
 def velocity(model: Model, points: torch.Tensor, mean_field: torch.Tensor, t: float) -> torch.Tensor:
