@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import spherepde
 from spherepde import concentration as cc
+from spherepde.checkpoint import checkpoint_folder
 
 BETAS = ["10", "30", "1000", "inf"]
 # Rows of the main table: (beta, initial law); the uniform law at every beta, the projected Gaussian
@@ -87,7 +88,7 @@ SEED_ABLATIONS = {
     "gradient-min": ("at intermediate beta first E, then F", "second transition from the B-V spectral conflict"),
 }
 NOISE = [1e-2, 3e-3, 1e-3]
-# Reading of the small-noise runs (reduced set, seed 3); the table above it is regenerated, this text is not.
+# Reading of the small-noise runs (seed 3; the --full rows say so); the tables above it are regenerated, this text is not.
 NOISE_READING = [
     "Reading.", "",
     "- Symmetry. The uniform law, B = diag(-1, -1, 1) and V = diag(-1, 1, -2) are invariant under each reflection "
@@ -194,9 +195,10 @@ class Run:
         """`spherepde run`; it resumes an Eulerian run interrupted earlier (by a killed script, say) from its
         checkpoint, which `spherepde run` writes every 5 minutes."""
         sets = [item for override in self.overrides for item in ("--set", override)]
-        interrupted = (self.path(out).parent / f"{self.path(out).name}.checkpoint" / "state.pt").exists()
+        output = self.path(out)
+        interrupted = (Path(checkpoint_folder(output)) / "state.pt").exists()
         return [sys.executable, "-m", "spherepde", "run", str(ROOT / "cases" / f"{self.case}.toml"),
-                "-o", str(self.path(out)), "--resume" if interrupted else "--overwrite", "--quiet", *sets]
+                "-o", str(output), "--resume" if interrupted else "--overwrite", "--quiet", *sets]
 
     def cached(self, out: Path) -> bool:
         """The output of this resolved case exists and did not fail."""
@@ -477,14 +479,15 @@ def eulerian_eps_limit(data: dict) -> list:
                      data.get(main_key("p", beta, law)))
         if not lmax or e is None or e0 is None or p0 is None:
             continue
-        horizon = min(resolved_until(e), resolved_until(e0))
+        t_resolved = resolved_until(e)
+        horizon = min(t_resolved, resolved_until(e0))
         t, t0 = e["time"].values, e0["time"].values
         common = [(i, int(np.abs(t0 - ti).argmin())) for i, ti in enumerate(t)
                   if ti <= horizon and np.abs(t0 - ti).min() < 1e-9]
         limit = max(abs(float(e["alignment_E"][i] - e0["alignment_E"][j])) for i, j in common)
         peak = main_row(p0)["t_max_E"]
         at_peak = "- | - | -"
-        if peak <= resolved_until(e):
+        if peak <= t_resolved:
             ours, theirs = float(e["alignment_E"].sel(time=peak, method="nearest")), p0.sel(time=peak, method="nearest")
             at_peak = (f"{fmt(peak)} | {ours:.4f} / {float(theirs['alignment_E']):.4f} "
                        f"({float(theirs['alignment_E_stderr']):.1g}) | {(float(theirs['alignment_E']) - ours) / eps:.2g}")
@@ -493,7 +496,7 @@ def eulerian_eps_limit(data: dict) -> list:
             model = spherepde.load_case_text(e.attrs["case"])["model"]
             theory = cc.two_cluster_alignment(model["V"], model["B"], model["beta"], eps)
             stationary = f"{1 - float(e['alignment_E'][-1]):.6g} / {1 - theory:.6g}"
-            if resolved_until(e) < t[-1]:
+            if t_resolved < t[-1]:
                 stationary += f" (tail {float(e['spectral_tail'][-1]):.1e})"
         lines.append(f"| {beta} | {law} | {eps:g} | {limit:.2g} ({fmt(t[common[-1][0]])}) | {limit / eps:.2g} | "
                      f"{at_peak} | {stationary} |")
@@ -615,7 +618,8 @@ def figure_noise(data: dict, rows: list):
         e, p = data[noisy_key("e", beta, law, eps)], data[noisy_key("p", beta, law, eps)]
         p0 = data[main_key("p", beta, law)].sel(time=slice(0, float(e["time"].values[-1])))
         label = f"beta {beta}, {law}"
-        resolved, beyond = e.sel(time=slice(0, resolved_until(e))), e.sel(time=slice(resolved_until(e), None))
+        t_resolved = resolved_until(e)
+        resolved, beyond = e.sel(time=slice(0, t_resolved)), e.sel(time=slice(t_resolved, None))
         ax.plot(resolved["time"], resolved["alignment_E"], f"C{i}", label=f"Eulerian {label}, eps {eps:g}")
         ax.plot(beyond["time"], beyond["alignment_E"], f"C{i}", lw=0.6)
         ax.plot(p["time"], p["alignment_E"], f"C{i}", ls="--", label=f"particles {label}, eps {eps:g}")

@@ -196,20 +196,25 @@ def test_complex_ablation_keeps_oscillating():
 
 
 # ---------------------------------------------------------------------------------------
-# Small noise: the stationary pair of clusters on E against its linearised theory
+# Small noise: the stationary pair of clusters on E against its first-order theory
 # ---------------------------------------------------------------------------------------
 
 
-def test_two_cluster_alignment_at_small_noise_matches_linearised_theory():
+def two_clusters(beta: str, kappa: float, *overrides: str):
+    """The baseline case at `beta`, Eulerian, from vMF clusters of concentration kappa at +-e1."""
+    return load(f"seed003-baseline-beta{beta}", "solver.method='eulerian'", "initial.kind='vmf_mixture'",
+                "initial.means=[[1, 0, 0], [-1, 0, 0]]", f"initial.kappas=[{kappa}, {kappa}]", *overrides)
+
+
+def test_two_cluster_alignment_at_small_noise_matches_first_order_theory():
     """From clusters at +-e1 (the state the uniform law reaches at eps > 0, by its reflection symmetry), the
     Eulerian solution at beta = 10, eps = 1e-2 relaxes within t ~ 5 to 1 - alignment = 0.017855 (lmax 64, spectral
     tail 2e-4, hence tail_tol 1e-3: this degree-2 moment is the same to 8 digits at lmax 80, tail 3e-6); the
     theory of cc.two_cluster_alignment, first order in eps, gives 0.017851, 0.03% off.  Its neglected terms are
     relative O(eps); leaving out the sphere's curvature in the attention weight would be 0.9% off, a wrong noise
     strength or no tilt 10% or more."""
-    case = load("seed003-baseline-beta10", "solver.method='eulerian'", "model.eps=0.01", "sphere.lmax=64",
-                "initial.kind='vmf_mixture'", "initial.means=[[1, 0, 0], [-1, 0, 0]]", "initial.kappas=[50, 50]",
-                "time.t_end=5.0", "time.save_every=1.0", "diagnostics.tail_tol=1e-3")
+    case = two_clusters("10", 50, "model.eps=0.01", "sphere.lmax=64", "time.t_end=5.0", "time.save_every=1.0",
+                        "diagnostics.tail_tol=1e-3")
     run = spherepde.run(case, progress=False)
     assert float(run["spectral_tail"].max()) < 1e-3
     settled = run["alignment_E"].values[-2:]
@@ -218,18 +223,13 @@ def test_two_cluster_alignment_at_small_noise_matches_linearised_theory():
     assert abs((1 - settled[1]) / (1 - theory) - 1) < 2e-3
 
 
-def two_clusters(beta: str, *overrides: str):
-    return load(f"seed003-baseline-beta{beta}", "solver.method='eulerian'", "initial.kind='vmf_mixture'",
-                "initial.means=[[1, 0, 0], [-1, 0, 0]]", "initial.kappas=[100, 100]", *overrides)
-
-
 def test_attention_mean_between_sharp_clusters_at_beta_1000():
     """Between two clusters (vMF, kappa = 100, at +-e1) Z(x) is exp(-beta gap) of its scale at beta = 1000,
     below the transform's accuracy: the raw N / Z has |m| > 1 at 31381 of the 77600 nodes (up to 8e3) and is
     undefined at 166, and a run from this state used to fail at t = 0.  Where rho > 1e-3 max rho (3476 nodes)
     m agrees with a direct quadrature of the exact mixture with a log-sum-exp per point (no transform, no band
     limit) to 1.2e-13; elsewhere it is bounded (model.py, softmax_mean)."""
-    case = two_clusters("1000", "model.eps=0.01", "sphere.lmax=128")
+    case = two_clusters("1000", 100, "model.eps=0.01", "sphere.lmax=128")
     problem = ForwardProblem(case)
     basis, model = problem.basis, problem.model
     rho = basis.synthesis(initial_density(case["initial"], basis))
@@ -256,7 +256,7 @@ def test_two_cluster_alignment_at_beta_1000():
     """beta eps = 10, far outside any small-beta-eps expansion: the Eulerian run from two sharp clusters settles
     at 1 - alignment = 0.009313 (t = 2: 0.009314), the theory of cc.two_cluster_alignment 0.009285 (0.3%, its
     relative O(eps) terms).  Before softmax_mean bounded m between the clusters this run failed at t = 0 (NaN)."""
-    case = two_clusters("1000", "model.eps=0.01", "sphere.lmax=128", "time.t_end=2.0", "time.save_every=0.5")
+    case = two_clusters("1000", 100, "model.eps=0.01", "sphere.lmax=128", "time.t_end=2.0", "time.save_every=0.5")
     run = spherepde.run(case, progress=False)
     assert run.attrs["status"] == "completed" and float(run["spectral_tail"].max()) < 1e-6
     settled = 1 - float(run["alignment_E"][-1])
