@@ -97,12 +97,28 @@ NOISE_READING = [
     "beta = 10 and 0.984 at beta = 30; the particles at the same eps reach 0.983 and 0.985) and stays to t = 20, "
     "resolved throughout (largest tails 8e-9 and 1.1e-7). The particles leave (beta = 10: at t = 10; beta = 30: "
     "alignment down to 0.80 at t = 20): their sample breaks the symmetry by O(n^-1/2) and the fixed point is "
-    "unstable. The 0.53 gap of the first row is that, not a solver error: the two solve initial value problems "
+    "unstable (measured and explained below). The 0.53 gap of the first row is that, not a solver error: the two solve initial value problems "
     "that differ by the sampling noise, about an unstable state.",
     "- With the symmetry broken in the initial law, the Eulerian solution leaves E when the particles do: at "
     "t = 15.0 against 14.8 from the projected Gaussian law (beta = 30; alignment within 0.059 of the particles' "
     "while resolved), at 7.75 against 8.75 from the perturbed uniform law (beta = 10; its bump breaks the symmetry "
     "by about as much as sampling 2000 tokens does, and the particles' own sample adds a part of the same size).",
+    "- Why the pair on E is left, and where noise keeps it (the third table). spherepde/concentration.py "
+    "(two_cluster_stability) linearises the pair of clusters at +-e1 to first order in eps. Turned rigidly "
+    "towards e3 it grows at sigma = -lambda_3 + 2 / (1 + beta s_3) (V_33 = -2; lambda_3 and s_3 are the restoring "
+    "rate and variance of two_cluster_widths); shifted together towards e2 it decays. Point clusters (no noise) "
+    "give sigma = V_11 - V_33 = 1; the clusters' thermal width lowers it through the softmax's tilt, and it "
+    "changes sign at beta eps = 1/2 for the seed's V and B. The Eulerian runs grow at the predicted rate: 0.2763 "
+    "against 0.2776 from the projected Gaussian law, 0.6726 against 0.6823 from the perturbed law, and from the "
+    "uniform law, where only round-off (1e-18) breaks the symmetry, 0.6670, 0.8860 and 0.7015 against 0.6823, "
+    "0.8894 and 0.7087 (the theory's error is relative O(eps): 0.7% from two turned clusters at eps = 1e-2 in "
+    "tests/test_seed003.py). At that rate the uniform law's run at beta = 10, eps = 1e-2 (moment 1.4e-15 at "
+    "t = 20) would leave E near t = 65 by round-off alone. The particles agree in sign. At beta = 1000 (beta eps "
+    ">= 1 at all three eps, a stable pair) they stay on E to t = 20. At beta = 10 and 30 (beta eps <= 0.3) they "
+    "leave, earlier where sigma is larger: beta = 10 at t = 6.25, 7, 10 for sigma = 0.96, 0.89, 0.68; beta = 30 "
+    "at 8 and 11.2 for 0.89 and 0.71, while at sigma = 0.28 the alignment only falls to 0.80 by t = 20. Without "
+    "noise sigma = 1 at every beta, and the deterministic particles leave E at every beta, 1000 included "
+    "(t = 9.5).",
     "- Resolution in the transition. Leaving E, the clusters cross the zone of width ~ 1 / beta where the softmax "
     "switches from one cluster to the other, and the density sharpens: from the perturbed law the spectral tail "
     "jumps from 3e-8 (t = 7.5) to 1e-2 (t = 8.5) at lmax 96; a restart of that run from its t = 7.5 state at "
@@ -312,6 +328,22 @@ def resolved_until(dataset) -> float:
     return float(dataset["time"].values[good].max()) if good.any() else 0.0
 
 
+def rotation_rate(dataset, start: float = 3.0) -> float:
+    """Measured growth rate of the pair's rigid rotation from E = span(e1) towards e3, int x1 x3 drho, over the
+    resolved saves with t >= start (the clusters' widths have relaxed) where 1e-17 <= |int x1 x3 drho| <= 0.1
+    (above round-off, below the nonlinear range); NaN where that window is shorter than 2 time units or the
+    moment is no exponential there (RMS log-residual of the fit > 0.2: round-off about a stable pair).  From
+    the uniform law the moment starts at round-off (1e-18), which is what an unstable rotation then grows."""
+    t = dataset["time"].values
+    log_moment = np.log(np.abs(cc.second_moments(dataset)[:, 0, 2]))
+    keep = (t >= start) & (t <= resolved_until(dataset)) & (log_moment >= np.log(1e-17)) & (log_moment <= np.log(0.1))
+    if not keep.any() or np.ptp(t[keep]) < 2:
+        return math.nan
+    slope, intercept = np.polyfit(t[keep], log_moment[keep], 1)
+    residual = log_moment[keep] - (slope * t[keep] + intercept)
+    return float(slope) if np.sqrt(np.mean(residual ** 2)) <= 0.2 else math.nan
+
+
 def fmt(value, digits=3) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
@@ -445,7 +477,7 @@ def noise_section(data: dict) -> list:
                      f"{fmt(re['max_E'])} / {fmt(rp['max_E'])} / {fmt(r0['max_E'])} | {fmt(left_E(e))} / "
                      f"{fmt(left_E(p))} / {fmt(left_E(p0))} | {fmt(re['t_F'])} / {fmt(rp['t_F'])} / {fmt(r0['t_F'])} | "
                      f"{fmt(float(gap))} |")
-    lines += eulerian_eps_limit(data)
+    lines += eulerian_eps_limit(data) + stability_section(data)
     lines += ["", "Particles as eps -> 0: max over the window of |align E(eps) - align E(eps = 0)| and |W2 to the "
               "projection(eps) - (eps = 0)| (same seed, n = 2000), and when they leave E:", "",
               "| beta | rho_0 | eps | align E gap | W2 gap | leaves E: eps / eps = 0 |", "| --- | --- | --- | --- | --- | --- |"]
@@ -500,6 +532,32 @@ def eulerian_eps_limit(data: dict) -> list:
                 stationary += f" (tail {float(e['spectral_tail'][-1]):.1e})"
         lines.append(f"| {beta} | {law} | {eps:g} | {limit:.2g} ({fmt(t[common[-1][0]])}) | {limit / eps:.2g} | "
                      f"{at_peak} | {stationary} |")
+    return lines
+
+
+def stability_section(data: dict) -> list:
+    """The pair of clusters on E against cc.two_cluster_stability: its rotation towards e3 grows where
+    beta eps < 1/2 (for the seed's V, B) and decays beyond; the measured rate of the Eulerian runs (rotation_rate)
+    and whether the particles at the same eps leave E."""
+    lines = ["", "Stability of the pair of clusters at +-e1 (spherepde/concentration.py, two_cluster_stability, first "
+             "order in eps): growth rate of its rigid rotation towards e3 and of its shift towards e2 (< 0: decay), "
+             "against the Eulerian run's measured rotation rate (the growth of int x1 x3 drho while linear and "
+             "resolved, from t = 3; from the uniform law it grows from round-off) and the particles at the same "
+             "eps:", "",
+             "| beta | rho_0 | eps | beta eps | theory: rotation to e3 | theory: shift to e2 | Eulerian: rotation rate "
+             "(relative to theory) | particles eps: leave E at |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for beta, law, eps, _ in noise_rows(full=True):
+        e, p = data.get(noisy_key("e", beta, law, eps)), data.get(noisy_key("p", beta, law, eps))
+        if e is None and p is None:
+            continue
+        model = spherepde.load_case_text((e if e is not None else p).attrs["case"])["model"]
+        rates = cc.two_cluster_stability(model["V"], model["B"], model["beta"], eps)
+        rotation, shift = rates["rotation"][2], rates["shift"][1]
+        measured = math.nan if e is None else rotation_rate(e)
+        relative = "-" if math.isnan(measured) else f"{measured:.4f} ({measured / rotation - 1:+.1%})"
+        leaves = "-" if p is None else (fmt(left_E(p)) if not math.isnan(left_E(p)) else "stays to t = 20")
+        lines.append(f"| {beta} | {law} | {eps:g} | {model['beta'] * eps:.3g} | {rotation:.4f} | {shift:.4f} | "
+                     f"{relative} | {leaves} |")
     return lines
 
 

@@ -38,9 +38,25 @@ from solvers.particles import normalise, rk4_flow  # the characteristics are int
 
 
 def grid_points(dataset) -> np.ndarray:
-    """Ambient coordinates (nlat, nlon, 3) of an S^2 result's grid (lat, lon in degrees)."""
+    """Ambient coordinates of a result's grid: (ntheta, 2) on S^1 (theta in radians), (nlat, nlon, 3) on S^2
+    (lat, lon in degrees)."""
+    if "theta" in dataset.dims:
+        theta = dataset["theta"].values
+        return np.stack([np.cos(theta), np.sin(theta)], axis=-1)
     lat, lon = np.meshgrid(np.deg2rad(dataset["lat"].values), np.deg2rad(dataset["lon"].values), indexing="ij")
     return np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=-1)
+
+
+def second_moments(dataset) -> np.ndarray:
+    """int x x^T drho at every save, (time, d, d): the grid's quadrature for an Eulerian density (exact: the
+    integrand has degree L + 2 <= 2 L), the empirical average for particles."""
+    if "density" not in dataset:
+        x = dataset["particles"].values
+        return np.einsum("tni,tnj->tij", x, x) / x.shape[1]
+    x = grid_points(dataset)
+    mass = dataset["density"].values * dataset["cell_area"].values
+    grid = tuple(range(1, mass.ndim))
+    return np.tensordot(mass, x[..., :, None] * x[..., None, :], axes=(grid, tuple(g - 1 for g in grid)))
 
 
 def step_weights(lmax: int) -> np.ndarray:
@@ -102,9 +118,9 @@ def power_law(x, y) -> tuple[float, float]:
     return float(slope), float(np.exp(intercept))
 
 
-def two_cluster_alignment(V, B, beta: float, eps: float, axis: int = 0) -> float:
-    """Alignment int x_k^2 drho of the stationary pair of clusters at +-e_k under small noise: first order in eps,
-    every order in beta eps.
+def two_cluster_widths(V, B, beta: float, eps: float, axis: int = 0) -> tuple[list, np.ndarray, np.ndarray]:
+    """(the other axes i, restoring rates lambda_i, variances s_i) of the stationary pair of clusters at +-e_k under
+    small noise: first order in eps, every order in beta eps.
 
     For diagonal V, B with B_kk < 0 a token x near e_k attends to the opposite cluster (weight e^{beta |B_kk|}
     against e^{-beta |B_kk|} for its own).  Let that cluster's tangent coordinates y_i be Gaussian with variances
@@ -115,22 +131,49 @@ def two_cluster_alignment(V, B, beta: float, eps: float, axis: int = 0) -> float
         lambda_i = -V_kk - beta V_ii B_ii s_i / (1 + beta |B_kk| s_i),
     and an Ornstein-Uhlenbeck coordinate with that rate and the noise eps Lap has s_i = eps / lambda_i, so
         lambda_i^2 + (beta eps |B_kk| + V_kk) lambda_i + beta eps (V_kk |B_kk| + V_ii B_ii) = 0,
-        int x_k^2 drho = 1 - eps sum_{i != k} 1 / lambda_i,
-    up to relative O(eps) (the sphere's curvature in the noise and in <x, V m>) and O(e^{-2 beta |B_kk|}).
-    Nondimensional."""
+    up to relative O(eps) (the sphere's curvature in the noise and in <x, V m>) and O(e^{-2 beta |B_kk|})."""
     V, B = np.asarray(V, float), np.asarray(B, float)
     if np.abs(V - np.diag(np.diag(V))).max() > 0 or np.abs(B - np.diag(np.diag(B))).max() > 0:
-        raise ValueError("two_cluster_alignment: V and B must be diagonal")
+        raise ValueError("two_cluster_widths: V and B must be diagonal")
     if not B[axis, axis] < 0 < -V[axis, axis]:
-        raise ValueError("two_cluster_alignment: needs B_kk < 0 (attention to the opposite cluster) and V_kk < 0")
+        raise ValueError("two_cluster_widths: needs B_kk < 0 (attention to the opposite cluster) and V_kk < 0")
     others = [i for i in range(len(V)) if i != axis]
     linear = beta * eps * -B[axis, axis] + V[axis, axis]
     constant = beta * eps * (V[axis, axis] * -B[axis, axis] + V[others, others] * B[others, others])
     discriminant = linear ** 2 - 4 * constant
     rates = (-linear + np.sqrt(np.maximum(discriminant, 0))) / 2
     if discriminant.min() < 0 or rates.min() <= 0:
-        raise ValueError("two_cluster_alignment: no stable cluster pair at this beta eps")
+        raise ValueError("two_cluster_widths: no stationary cluster pair at this beta eps")
+    return others, rates, eps / rates
+
+
+def two_cluster_alignment(V, B, beta: float, eps: float, axis: int = 0) -> float:
+    """Alignment int x_k^2 drho = 1 - eps sum_{i != k} 1 / lambda_i of the stationary pair of clusters at +-e_k
+    (two_cluster_widths: first order in eps, every order in beta eps).  Nondimensional."""
+    _, rates, _ = two_cluster_widths(V, B, beta, eps, axis)
     return float(1 - eps * np.sum(1 / rates))
+
+
+def two_cluster_stability(V, B, beta: float, eps: float, axis: int = 0) -> dict:
+    """Growth rates (per unit time; < 0: decay) of the two ways the pair of clusters at +-e_k can move towards
+    each other axis e_i: {"rotation": {i: sigma}, "shift": {i: sigma}}.  First order in eps, like
+    two_cluster_widths; the reflection symmetry x_i -> -x_i of a symmetric initial law excites neither.
+
+    Move the cluster near +e_k to y_i = a and the one near -e_k to y_i = -a ("rotation": the pair stays
+    antipodal and turns rigidly) or to y_i = +a ("shift": both move alike, the pair bends).  A token of the
+    first cluster attends to the second through the Gaussian tilt of two_cluster_widths: its attention mean is
+    m_i = (-+a + beta B_ii x_i s_i) / (1 + beta |B_kk| s_i), and its velocity v_i = V_ii m_i + V_kk x_i averages
+    over the cluster (mean x_i = a) to sigma a with
+        sigma = -lambda_i -+ V_ii / (1 + beta |B_kk| s_i)        (upper sign: rotation; lower: shift).
+    The second cluster moves alike by symmetry.  Without noise (s_i = 0) the rotation grows at V_kk - V_ii
+    wherever V_ii < V_kk and the shift towards an axis with V_ii = -V_kk is neutral; the noise's width, through
+    the tilt, moves both.  The moments that follow them: int x_k x_i drho = a_rotation + (w_+ - w_-) a_shift
+    and int x_i drho = a_shift + (w_+ - w_-) a_rotation for clusters of masses w_+-."""
+    others, rates, variances = two_cluster_widths(V, B, beta, eps, axis)
+    V, B = np.asarray(V, float), np.asarray(B, float)
+    feedback = V[others, others] / (1 + beta * -B[axis, axis] * variances)
+    return {"rotation": {i: float(sigma) for i, sigma in zip(others, -rates - feedback)},
+            "shift": {i: float(sigma) for i, sigma in zip(others, -rates + feedback)}}
 
 
 def shape_residuals(beta, values) -> dict:

@@ -86,6 +86,27 @@ def eulerian_hemisphere_drift(beta: str) -> float:
     return float(np.abs(masses - masses[0]).max())
 
 
+def test_second_moments_are_exact_for_band_limited_densities():
+    """int x x^T drho by the grid's quadrature.  S^2, rho = (1 + x1 x2 + x3^2) / (4 pi): M_11 = M_22 = 2/5,
+    M_33 = 8/15, M_12 = 1/15 (from int x_i^2 = 4 pi / 3, int x_i^2 x_j^2 = 4 pi / 15, int x_i^4 = 4 pi / 5).
+    S^1, rho = (1 + cos theta sin theta) / (2 pi): M_11 = M_22 = 1/2, M_12 = 1/8.  Particles: their average."""
+    run = spherepde.run(load("seed003-baseline-betainf", "sphere.lmax=12", "time.t_end=0.01", "time.save_every=0.01",
+                             "solver.method='eulerian'", "diagnostics.w2=false"), progress=False)
+    x = cc.grid_points(run)
+    run["density"][:] = (1 + x[..., 0] * x[..., 1] + x[..., 2] ** 2) / (4 * math.pi)
+    exact = np.array([[6, 1, 0], [1, 6, 0], [0, 0, 8]]) / 15
+    assert np.abs(cc.second_moments(run) - exact).max() < 1e-15
+    circle = spherepde.run(load("kuramoto-s1", "sphere.lmax=8", "time.t_end=0.05", "time.save_every=0.05",
+                                "solver.method='eulerian'"), progress=False)
+    x = cc.grid_points(circle)
+    circle["density"][:] = (1 + x[..., 0] * x[..., 1]) / (2 * math.pi)
+    assert np.abs(cc.second_moments(circle) - np.array([[4, 1], [1, 4]]) / 8).max() < 1e-15
+    tokens = spherepde.run(load("seed003-baseline-betainf", "particles.n=4", "time.t_end=0.01",
+                                "time.save_every=0.01"), progress=False)
+    tokens["particles"][:] = [[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    assert np.abs(cc.second_moments(tokens) - np.diag([2, 1, 1]) / 4).max() == 0
+
+
 def test_eulerian_hemisphere_masses_invariant_at_beta_inf():
     """Resolved (lmax 32 until t ~ 0.3): the exact hemisphere mass moves by 3.4e-9 (the truncation error); at
     beta = 10 it moves by > 1e-3."""
@@ -200,27 +221,58 @@ def test_complex_ablation_keeps_oscillating():
 # ---------------------------------------------------------------------------------------
 
 
-def two_clusters(beta: str, kappa: float, *overrides: str):
-    """The baseline case at `beta`, Eulerian, from vMF clusters of concentration kappa at +-e1."""
+def two_clusters(beta: str, kappa: float, *overrides: str, turn: float = 0.0):
+    """The baseline case at `beta`, Eulerian, from vMF clusters of concentration kappa at +-e1, displaced by the
+    small angle `turn` in both of cc.two_cluster_stability's ways: rotated rigidly towards e3 and shifted
+    together towards e2 (0: the reflection-symmetric pair)."""
+    u = np.array([1.0, turn, turn]) / math.hypot(1.0, turn, turn)
+    means = [[float(u[0]), float(u[1]), float(u[2])], [float(-u[0]), float(u[1]), float(-u[2])]]
     return load(f"seed003-baseline-beta{beta}", "solver.method='eulerian'", "initial.kind='vmf_mixture'",
-                "initial.means=[[1, 0, 0], [-1, 0, 0]]", f"initial.kappas=[{kappa}, {kappa}]", *overrides)
+                f"initial.means={means}", f"initial.kappas=[{kappa}, {kappa}]", *overrides)
 
 
-def test_two_cluster_alignment_at_small_noise_matches_first_order_theory():
+def pair_rates(run, start: float) -> tuple[float, float]:
+    """Measured growth rates over t >= start of the pair's rotation towards e3 (int x1 x3 drho) and of its
+    shift towards e2 (int x2 drho)."""
+    t = run["time"].values
+    rotation = np.abs(cc.second_moments(run)[:, 0, 2])
+    shift = np.abs(run["mean"].values[:, 1])
+    return -cc.asymptotic_rate(t, rotation, start), -cc.asymptotic_rate(t, shift, start)
+
+
+@pytest.fixture(scope="module")
+def pair_beta10():
+    """Two clusters at +-e1, turned by 1e-5, at beta = 10, eps = 1e-2 (lmax 64, spectral tail 2e-4, hence
+    tail_tol 1e-3: the degree-2 moments are the same to 8 digits at lmax 80, tail 3e-6)."""
+    case = two_clusters("10", 50, "model.eps=0.01", "sphere.lmax=64", "time.t_end=5.0", "time.save_every=0.5",
+                        "diagnostics.tail_tol=1e-3", turn=1e-5)
+    return case, spherepde.run(case, progress=False)
+
+
+def test_two_cluster_alignment_at_small_noise_matches_first_order_theory(pair_beta10):
     """From clusters at +-e1 (the state the uniform law reaches at eps > 0, by its reflection symmetry), the
-    Eulerian solution at beta = 10, eps = 1e-2 relaxes within t ~ 5 to 1 - alignment = 0.017855 (lmax 64, spectral
-    tail 2e-4, hence tail_tol 1e-3: this degree-2 moment is the same to 8 digits at lmax 80, tail 3e-6); the
-    theory of cc.two_cluster_alignment, first order in eps, gives 0.017851, 0.03% off.  Its neglected terms are
-    relative O(eps); leaving out the sphere's curvature in the attention weight would be 0.9% off, a wrong noise
-    strength or no tilt 10% or more."""
-    case = two_clusters("10", 50, "model.eps=0.01", "sphere.lmax=64", "time.t_end=5.0", "time.save_every=1.0",
-                        "diagnostics.tail_tol=1e-3")
-    run = spherepde.run(case, progress=False)
+    Eulerian solution at beta = 10, eps = 1e-2 relaxes within t ~ 5 to 1 - alignment = 0.017855; the theory of
+    cc.two_cluster_alignment, first order in eps, gives 0.017851, 0.03% off.  Its neglected terms are relative
+    O(eps); leaving out the sphere's curvature in the attention weight would be 0.9% off, a wrong noise strength
+    or no tilt 10% or more.  (The turn of 1e-5 moves the alignment by 1e-7 at most.)"""
+    case, run = pair_beta10
     assert float(run["spectral_tail"].max()) < 1e-3
     settled = run["alignment_E"].values[-2:]
     assert abs(settled[1] - settled[0]) < 1e-5
     theory = cc.two_cluster_alignment(case["model"]["V"], case["model"]["B"], 10.0, 0.01)
     assert abs((1 - settled[1]) / (1 - theory) - 1) < 2e-3
+
+
+def test_two_cluster_pair_leaves_E_at_the_predicted_rate(pair_beta10):
+    """The pair on E is unstable at beta eps = 0.1: its rigid rotation towards e3 grows at 0.67746 per unit time
+    (t in [3, 5]; theory, cc.two_cluster_stability: 0.68226), while its shift towards e2 decays at 0.16751
+    (theory 0.16886).  Both are 0.7-0.8% off, the theory's relative O(eps); without the tilt (point clusters)
+    they would be 1 and 0, and without the curvature's narrowing 0.83 and 0.18."""
+    case, run = pair_beta10
+    rates = cc.two_cluster_stability(case["model"]["V"], case["model"]["B"], 10.0, 0.01)
+    rotation, shift = pair_rates(run, start=3.0)
+    assert abs(rotation / rates["rotation"][2] - 1) < 2e-2
+    assert abs(shift / rates["shift"][1] - 1) < 2e-2
 
 
 def test_attention_mean_between_sharp_clusters_at_beta_1000():
@@ -252,13 +304,22 @@ def test_attention_mean_between_sharp_clusters_at_beta_1000():
 
 
 @pytest.mark.slow
-def test_two_cluster_alignment_at_beta_1000():
+def test_two_cluster_pair_at_beta_1000():
     """beta eps = 10, far outside any small-beta-eps expansion: the Eulerian run from two sharp clusters settles
     at 1 - alignment = 0.009313 (t = 2: 0.009314), the theory of cc.two_cluster_alignment 0.009285 (0.3%, its
-    relative O(eps) terms).  Before softmax_mean bounded m between the clusters this run failed at t = 0 (NaN)."""
-    case = two_clusters("1000", 100, "model.eps=0.01", "sphere.lmax=128", "time.t_end=2.0", "time.save_every=0.5")
+    relative O(eps) terms).  The noise's width now stabilises the pair (beta eps > 1/2 for these V, B): its
+    rotation towards e3 decays at -2.1663 (theory, cc.two_cluster_stability: -2.1774), its shift towards e2 at
+    -1.6757 (-1.6886), t in [1, 2]: 0.5% and 0.8% off.
+    Before softmax_mean bounded m between the clusters this run failed at t = 0 (NaN)."""
+    case = two_clusters("1000", 100, "model.eps=0.01", "sphere.lmax=128", "time.t_end=2.0", "time.save_every=0.5",
+                        turn=1e-4)
     run = spherepde.run(case, progress=False)
     assert run.attrs["status"] == "completed" and float(run["spectral_tail"].max()) < 1e-6
     settled = 1 - float(run["alignment_E"][-1])
-    theory = 1 - cc.two_cluster_alignment(case["model"]["V"], case["model"]["B"], 1000.0, 0.01)
+    V, B = case["model"]["V"], case["model"]["B"]
+    theory = 1 - cc.two_cluster_alignment(V, B, 1000.0, 0.01)
     assert abs(settled / theory - 1) < 1e-2
+    rates = cc.two_cluster_stability(V, B, 1000.0, 0.01)
+    rotation, shift = pair_rates(run, start=1.0)
+    assert abs(rotation / rates["rotation"][2] - 1) < 2e-2
+    assert abs(shift / rates["shift"][1] - 1) < 2e-2
