@@ -49,7 +49,7 @@ per stage).
 """
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -64,13 +64,15 @@ from .timesteppers import choose_scheme, make_stepper
 
 @dataclass
 class Gradient:
-    """J, dJ/dW (layers, d, d) and |grad phi_t|_{L2(mu_t)} at the step times (ascending)."""
+    """J, dJ/dW (layers, d, d), |grad phi_t|_{L2(mu_t)} at the step times (ascending) and, at the steps asked
+    for, the adjoint's coefficients {step: phi}."""
 
     cost: float
     loss: float
     dW: torch.Tensor
     times: list
     adjoint_norm: list
+    phi: dict = field(default_factory=dict)
 
 
 class ControlledForward:
@@ -184,8 +186,10 @@ def coefficients_to_field(basis, a: torch.Tensor) -> torch.Tensor:
     return torch.where(multiplicity > 0, a / torch.where(multiplicity > 0, multiplicity, 1.0), 0.0)
 
 
-def discrete_gradient(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor) -> Gradient:
-    """Exact dJ/dW of the discretised J by reverse-mode differentiation, one step at a time."""
+def discrete_gradient(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor,
+                      keep: frozenset = frozenset()) -> Gradient:
+    """Exact dJ/dW of the discretised J by reverse-mode differentiation, one step at a time; the adjoint's
+    coefficients are kept at the steps in `keep`."""
     stored = forward.checkpoints(c0, controls)
     basis = forward.problem.basis
     c_end = stored[forward.steps].detach().requires_grad_(True)
@@ -194,7 +198,15 @@ def discrete_gradient(forward: ControlledForward, c0: torch.Tensor, controls: to
         (a,) = torch.autograd.grad(loss, c_end)
     loss = loss.detach()
     dW = forward.lambda_reg * (forward.t_end / forward.layers) * controls.detach().clone()
-    norms = {forward.steps: forward.adjoint_norm(coefficients_to_field(basis, a), stored[forward.steps])}
+    norms, kept = {}, {}
+
+    def record(n, c):
+        phi = coefficients_to_field(basis, a)
+        norms[n] = forward.adjoint_norm(phi, c)
+        if n in keep:
+            kept[n] = phi.detach().clone()
+
+    record(forward.steps, stored[forward.steps])
     for n0, states in forward.segments(stored, controls):
         for n in reversed(range(n0, n0 + len(states) - 1)):
             layer = forward.layer_of_step(n)
@@ -203,10 +215,10 @@ def discrete_gradient(forward: ControlledForward, c0: torch.Tensor, controls: to
                 W = controls[layer].detach().requires_grad_(True)
                 a, dW_step = torch.autograd.grad(forward.step(c, W), (c, W), grad_outputs=a)
             dW[layer] += dW_step
-            norms[n] = forward.adjoint_norm(coefficients_to_field(basis, a), states[n - n0])
+            record(n, states[n - n0])
     cost = float(loss) + float(forward.regulariser(controls))
     times = sorted(norms)
-    return Gradient(cost, float(loss), dW, [forward.time(n) for n in times], [norms[n] for n in times])
+    return Gradient(cost, float(loss), dW, [forward.time(n) for n in times], [norms[n] for n in times], kept)
 
 
 class AdjointOperator:
@@ -246,8 +258,10 @@ class AdjointOperator:
         return basis.analysis(value), integrand
 
 
-def continuous_gradient(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor) -> Gradient:
-    """dJ/dW from the adjoint PDE stepped backward with the case's scheme (module docstring)."""
+def continuous_gradient(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor,
+                        keep: frozenset = frozenset()) -> Gradient:
+    """dJ/dW from the adjoint PDE stepped backward with the case's scheme (module docstring); the adjoint's
+    coefficients are kept at the steps in `keep`."""
     problem, basis = forward.problem, forward.problem.basis
     operator = AdjointOperator(forward)
     stored = forward.checkpoints(c0, controls)
@@ -257,6 +271,7 @@ def continuous_gradient(forward: ControlledForward, c0: torch.Tensor, controls: 
                          .reshape(basis.grid_shape))
     dW = forward.lambda_reg * (forward.t_end / forward.layers) * controls.detach().clone()
     norms = {forward.steps: forward.adjoint_norm(phi, c_end)}
+    kept = {forward.steps: phi.clone()} if forward.steps in keep else {}
     shape, size = phi.shape, phi.numel()
     d = basis.dim
     # The packed state (phi coefficients, int grad phi x^T rho over the step): the integral has no linear part.
@@ -283,9 +298,11 @@ def continuous_gradient(forward: ControlledForward, c0: torch.Tensor, controls: 
                 phi = phi * problem.filter
             dW[layer] += packed[size:].real.reshape(d, d)
             norms[n] = forward.adjoint_norm(phi, c_start)
+            if n in keep:
+                kept[n] = phi.clone()
     cost = float(loss) + float(forward.regulariser(controls))
     times = sorted(norms)
-    return Gradient(cost, float(loss), dW, [forward.time(n) for n in times], [norms[n] for n in times])
+    return Gradient(cost, float(loss), dW, [forward.time(n) for n in times], [norms[n] for n in times], kept)
 
 
 def _hermite(theta: float, dt: float, c0, f0, c1, f1):

@@ -241,7 +241,9 @@ def run_eulerian(case, progress: bool | None = None, checkpoint=None):
         if interval != first or done == 0:
             speed = problem.max_speed(t0, c)
             dt_max = timing["dt"] if "dt" in timing else _cfl_step(problem, speed, timing["cfl"], t1 - t0)
-            if not (math.isfinite(speed) and (t1 - t0) / dt_max <= MAX_STEPS_PER_SAVE):
+            if not math.isfinite(speed):
+                _fail(recorder, f"the velocity became non-finite (max |v| = {speed}) at t = {t0:.6g}")
+            if not (t1 - t0) / dt_max <= MAX_STEPS_PER_SAVE:
                 _fail(recorder, f"max |v| = {speed:.3g} at t = {t0:.6g} asks for steps of {dt_max:.3g}: too many "
                                 f"(more than {MAX_STEPS_PER_SAVE:.0e}) before the next save")
             substeps = max(1, math.ceil((t1 - t0) / dt_max - 1e-9))
@@ -300,8 +302,9 @@ def departure(density: np.ndarray, weights: np.ndarray, mass_0: float, real: tor
     mass_0 by more than sqrt(machine epsilon of `real`) relative (the scheme conserves it to round-off:
     module doc), or |rho| exceeds BLOW_UP_FACTOR times mass_0 over the smallest quadrature cell."""
     mass = float(density.reshape(-1) @ weights.reshape(-1))
-    if not abs(mass - mass_0) <= math.sqrt(torch.finfo(real).eps) * abs(mass_0):
-        return f"the mass drifted from {mass_0:.6g} to {mass:.6g}"
+    tolerance = math.sqrt(torch.finfo(real).eps)
+    if not abs(mass - mass_0) <= tolerance * abs(mass_0):
+        return f"the mass drifted from {mass_0:.6g} by {mass - mass_0:.3g} (relative tolerance {tolerance:.2g})"
     bound = BLOW_UP_FACTOR * abs(mass_0) / weights.min()
     if not np.abs(density).max() <= bound:
         return (f"|rho| reached {np.abs(density).max():.3g}, above {bound:.3g} ({BLOW_UP_FACTOR:g} x all the "

@@ -22,7 +22,8 @@ A case with a [control] section is a training run (`spherepde run CASE.toml`, `s
 Output: the Eulerian Dataset of the trained run plus `W` (layer, row, col), `loss` (iteration: J),
 `terminal_loss` (iteration: l(mu_T)), `gradient_norm` (iteration: |dJ/dW|_F), `adjoint_norm` (time:
 |grad phi_t|_{L2(mu_t)} of the final gradient, linearly interpolated from its step times to the save
-times), `layer_time` (layer: start of each slice) and the seed-004 diagnostics of `turnpike_variables`
+times), with control.save_adjoint `phi` (adjoint_time, grid: the adjoint at the trained W, `adjoint_variables`),
+`layer_time` (layer: start of each slice) and the seed-004 diagnostics of `turnpike_variables`
 (the escape rate from the first gradient's adjoint, at its step times), and the attribute optimizer_stop:
 why the optimizer stopped (iterations reached, which tolerance, or scipy's message with its count of
 evaluations and of failed trial runs).  Training runs are not
@@ -245,6 +246,8 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
     norms = np.interp(dataset["time"].values, result.final.times, result.final.adjoint_norm)
     dataset["adjoint_norm"] = (("time",), norms,
                                {"long_name": "|grad phi_t|_{L2(mu_t)} of the adjoint at the trained W", "units": "1"})
+    if case["control"]["save_adjoint"]:
+        dataset = dataset.assign(adjoint_variables(forward, c0, result.controls, dataset))
     dataset = dataset.assign(turnpike_variables(forward, dataset, result.first))
     dataset.attrs.update({"training": "trained control (solvers/training.py)", "gradient": case["control"]["gradient"],
                           "optimizer": case["control"]["optimizer"], "iterations": len(result.costs) - 1,
@@ -253,6 +256,22 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
                           "training_dt": forward.dt, "training_seconds": training_seconds,
                           "adjoint_checkpoint_every": forward.checkpoint_every})
     return dataset
+
+
+def adjoint_variables(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor,
+                      dataset: xr.Dataset) -> dict:
+    """`phi` (adjoint_time, grid): the adjoint phi_t of one more gradient evaluation at the trained controls, on
+    the density's grid, at the step of the training's grid nearest each save time (`adjoint_time`, within half
+    a training step of it)."""
+    steps = sorted({int(round(t / forward.dt)) for t in dataset["time"].values})
+    gradient = GRADIENTS[forward.case["control"]["gradient"]](forward, c0, controls, keep=frozenset(steps))
+    basis = forward.problem.basis
+    grid = dataset["density"].dims[1:]
+    values = np.stack([basis.synthesis(gradient.phi[n]).real.cpu().double().numpy() for n in steps])
+    return {"phi": (("adjoint_time",) + grid, values,
+                    {"long_name": "adjoint phi_t = dJ / dmu_t at the trained W (first variation)", "units": "1"}),
+            "adjoint_time": ("adjoint_time", [forward.time(n) for n in steps],
+                             {"long_name": "step time of phi nearest each save", "units": "1"})}
 
 
 def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.Dataset:

@@ -17,7 +17,9 @@ def run(case: Case, progress: bool | None = None, checkpoint=None):
     "both" runs the Eulerian solver and then the particles, and returns one Dataset: the
     Eulerian run's variables and attributes as they are, the particle run's diagnostics and
     attributes prefixed with "particles_", and the positions `particles` (see
-    `spherepde.output.both_dataset`; `spherepde.output.split_both` undoes it).
+    `spherepde.output.both_dataset`; `spherepde.output.split_both` undoes it).  When one of the two fails
+    numerically the other still runs, and the NumericalFailure carries the combined Dataset (the failed run's
+    saves up to its failure, NaN after).
 
     `checkpoint` (a :class:`spherepde.checkpoint.Checkpoint`) stores the state of a long run
     now and then and, when marked `resume`, continues the run from it.
@@ -46,11 +48,28 @@ def run(case: Case, progress: bool | None = None, checkpoint=None):
         return run_particles(case, progress=progress)
     from solvers.eulerian import run_eulerian
 
-    eulerian = run_eulerian(case, progress=progress, checkpoint=checkpoint)
     if method == "eulerian":
-        return eulerian
+        return run_eulerian(case, progress=progress, checkpoint=checkpoint)
     from solvers.particles import run_particles
 
     from .output import both_dataset
 
-    return both_dataset(eulerian, run_particles(case, progress=progress))
+    # each solver's failure keeps its last good state, and the other solver still runs
+    eulerian, eulerian_failure = _kept_on_failure(lambda: run_eulerian(case, progress=progress, checkpoint=checkpoint))
+    particles, particle_failure = _kept_on_failure(lambda: run_particles(case, progress=progress))
+    combined = both_dataset(eulerian, particles)
+    failure = eulerian_failure or particle_failure
+    if failure is not None:
+        failure.dataset = combined
+        raise failure
+    return combined
+
+
+def _kept_on_failure(solve):
+    """(dataset, None) from solve(), or (its last good state, the NumericalFailure) when it fails with one."""
+    try:
+        return solve(), None
+    except NumericalFailure as failure:
+        if failure.dataset is None:
+            raise
+        return failure.dataset, failure

@@ -79,7 +79,7 @@ solver.filter_order        int >= 0: exponential spectral filter       0 (no fil
                            order
 solver.kernel_tol          real in (0, 1): truncation tolerance of     1e-10
                            the kernel resolution rule
-particles.n                int in [1, 2**32) (more do not fit one      1000
+particles.n                int in [2, 2**32) (more do not fit one      1000
                            device: 2**32 x d states of 32 GiB+ each)
 particles.seed             int in [0, 2**63) (torch and numpy take     0
                            < 2**64; stored as a 64-bit attribute)
@@ -117,6 +117,10 @@ control.gradient           "discrete" (exact gradient of the           "discrete
 control.checkpoint_every   int >= 0: forward steps between stored      0: ceil(sqrt(steps))
                            states of the adjoint's recomputation;
                            Eulerian only
+control.save_adjoint       bool: also write phi_t, the adjoint at the    false
+                           trained W, at the steps nearest the saves
+                           (variable `phi`, coordinate adjoint_time;
+                           one more gradient evaluation); Eulerian only
 control.noise              "common" (every evaluation of J sees the    "common"
                            same x_0 and Brownian path) | "fresh" (new
                            ones per evaluation: stochastic gradients;
@@ -130,8 +134,9 @@ control.seed               bow: int in [0, 2**63), seed of the         0
                            candidates
 =========================  ==========================================  =========================
 
-A ``[control]`` section makes the run a training run (``spherepde run`` trains W and writes
-the trained forward run); it needs ``time.dt`` (one fixed step grid shared by the forward and
+A ``[control]`` section with at least one key makes the run a training run (``spherepde run``
+trains W and writes the trained forward run; an empty ``[control]``, as every plain run's stored
+case has, trains nothing: give e.g. ``loss = "align"`` to train with the defaults); it needs ``time.dt`` (one fixed step grid shared by the forward and
 adjoint runs).  ``solver.method = "eulerian"`` trains the density (solvers.training),
 ``"particles"`` the particle system by autograd (solvers.particle_training; the keys marked
 "Eulerian only" are then errors); ``"both"`` is refused (train each separately).
@@ -161,6 +166,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
+import xarray as xr
 
 from .errors import CaseError
 
@@ -623,6 +629,21 @@ def _initial_file_digest(ctx) -> str:
         raise CaseError(f"initial.path: cannot read {ctx.section['path']!r}: {error.strerror}") from None
 
 
+def _time_index(value, ctx) -> int:
+    """An index into the initial file's time axis (negative from its end), checked against that axis's length
+    when the file is a readable NetCDF file (otherwise initial.path's own check names the problem)."""
+    index = _integer()(value, ctx)
+    try:
+        with xr.open_dataset(ctx.section["path"]) as stored:
+            saves = stored.sizes.get("time")
+    except Exception:  # not NetCDF: reported when the density is read
+        return index
+    if saves is not None and not -saves <= index < saves:
+        raise _Invalid(f"{index} is out of range for the {saves} saves of {ctx.section['path']!r} "
+                       f"(use {-saves} .. {saves - 1})")
+    return index
+
+
 def _pinned_digest(value, ctx) -> str:
     """A given initial.sha256 must be the file's: the file changed since the case was written otherwise."""
     given = _text(value, ctx).strip().lower()
@@ -672,7 +693,8 @@ class _Key:
 class _Section:
     """One [section]: its keys in resolution order and cross-key rules.
 
-    An ``optional`` section resolves to {} when the case does not give it (no defaults filled in).
+    An ``optional`` section resolves to {} when the case does not give it or gives it empty (no defaults filled
+    in): the resolved text of every plain run holds an empty [control], which must stay a plain run.
     """
 
     name: str
@@ -715,6 +737,10 @@ def _time_rules(time: dict, ctx) -> None:
                         f"at most {_MAX_SAVES:.0e}")
     if "dt" in time and min(time["save_every"], time["t_end"]) / time["dt"] > _MAX_STEPS_PER_SAVE:
         raise CaseError(f"time.dt: {time['dt']!r} makes more than {_MAX_STEPS_PER_SAVE:.0e} steps per save")
+    if "dt" in time and "max_steps" in time and math.ceil(time["t_end"] / time["dt"] - 1e-9) > time["max_steps"]:
+        # at least t_end / dt steps with a fixed dt (each save interval is cut into whole steps): known now
+        raise CaseError(f"time.max_steps: {time['max_steps']} steps cannot reach t_end = {time['t_end']:g} with "
+                        f"dt = {time['dt']:g} (at least {math.ceil(time['t_end'] / time['dt'] - 1e-9)} steps)")
     eps, lmax = ctx.data["model"]["eps"], ctx.data["sphere"]["lmax"]
     longest_step = min(time["save_every"], time["t_end"], time.get("dt", math.inf))
     if eps * lmax * (lmax + 1) * longest_step > _MAX_DIFFUSION_STIFFNESS:
@@ -807,7 +833,7 @@ _SCHEMA = (
         _Key("kappas", _reals(_NONNEGATIVE), unused=_only_for_kinds("vmf_mixture")),
         _Key("weights", _weights, _equal_weights, unused=_only_for_kinds("vmf_mixture")),
         _Key("path", _readable_file, unused=_only_for_kinds("file")),
-        _Key("time", _integer(), -1, unused=_only_for_kinds("file")),
+        _Key("time", _time_index, -1, unused=_only_for_kinds("file")),
         _Key("sha256", _pinned_digest, _initial_file_digest, unused=_only_for_kinds("file")),
     ), _initial_rules),
     _Section("time", (
@@ -829,7 +855,7 @@ _SCHEMA = (
         _Key("kernel_tol", _real(_Interval(0, strict=True, high=1)), 1e-10),
     )),
     _Section("particles", (
-        _Key("n", _integer(_Interval(1, high=2 ** 32)), 1000),
+        _Key("n", _integer(_Interval(2, high=2 ** 32)), 1000),
         _Key("seed", _integer(_SEED), 0),
         _Key("integrator", _choice("euler", "rk4", "heun"), "heun"),
         _Key("save", _integer(_NONNEGATIVE), lambda ctx: min(ctx.section["n"], 1000)),
@@ -854,6 +880,7 @@ _SCHEMA = (
         _Key("tol", _real(_NONNEGATIVE), 0.0),
         _Key("gradient", _choice("discrete", "continuous"), "discrete", unused=_eulerian_training_only),
         _Key("checkpoint_every", _integer(_NONNEGATIVE), 0, unused=_eulerian_training_only),
+        _Key("save_adjoint", _boolean, False, unused=_eulerian_training_only),
         _Key("noise", _choice("common", "fresh"), "common", unused=_particle_training_only),
         _Key("kappa_cand", _real(_NONNEGATIVE), 2.0, unused=_only_for_losses("bow")),
         _Key("tau", _real(_POSITIVE), 1.0, unused=_only_for_losses("bow")),

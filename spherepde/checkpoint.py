@@ -93,8 +93,7 @@ class Checkpoint:
         except FileNotFoundError:
             raise CaseError(f"--resume: no checkpoint {self.folder!r} to resume from; run without --resume") from None
         except Exception as error:  # a damaged file: pickle, zip and torch errors alike
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise CaseError(f"--resume: cannot read the checkpoint {self.state_path!r}: {reason}; "
+            raise CaseError(f"--resume: cannot read the checkpoint {self.state_path!r}: {_first_line(error)}; "
                             "pass --overwrite to start again") from None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise CaseError(f"--resume: {self.state_path!r} is not a checkpoint of this spherepde version; "
@@ -108,15 +107,26 @@ class Checkpoint:
             raise CaseError(f"--resume: the checkpoint {self.folder!r} was written for another case "
                             f"({_difference(state['case'], case.text)}); resume with the same case file "
                             "and --set options, or pass --overwrite to start again")
+        self.read_segments(state)  # before the run announces its resumption
         return state
+
+    def read_segments(self, state: dict) -> list[xr.Dataset]:
+        """The segments `state` lists, in memory (a one-line CaseError if one is missing or damaged)."""
+        segments = []
+        for name in state["segments"]:
+            path = os.path.join(self.folder, name)
+            try:
+                with xr.open_dataset(path) as segment:
+                    segments.append(segment.load())
+            except Exception as error:  # missing or damaged: netCDF, HDF5 and xarray errors alike
+                raise CaseError(f"--resume: cannot read the checkpoint segment {path!r}: {_first_line(error)}; "
+                                "pass --overwrite to start again") from None
+        return segments
 
     def load(self, case) -> tuple[dict, list[xr.Dataset]]:
         """The state and the saved segments (in memory), after checking they belong to `case`."""
         state = self.verify(case)
-        segments = []
-        for name in state["segments"]:
-            with xr.open_dataset(os.path.join(self.folder, name)) as segment:
-                segments.append(segment.load())
+        segments = self.read_segments(state)
         self.segments, self.saves = list(state["segments"]), state["saves"]
         self.last_steps, self.last_clock = state["steps"], time.monotonic()
         return state, segments
@@ -131,6 +141,12 @@ class Checkpoint:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _first_line(error: Exception) -> str:
+    """The first line of an exception's message, or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _difference(stored: str, current: str) -> str:

@@ -3,6 +3,7 @@
 import argparse
 import math
 import os
+import signal
 import sys
 import warnings
 
@@ -224,6 +225,11 @@ def main(argv=None) -> int:
     except (CaseError, NumericalFailure) as error:
         print(f"spherepde: error: {error}", file=sys.stderr)
         return error.exit_status
+    except BrokenPipeError:
+        # the reader of our stdout stopped (`spherepde info RUN.nc | head`): end as a command killed by SIGPIPE
+        # does, silently, with stdout on /dev/null so that the interpreter's final flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as error:  # a file we were told to read or write: the path is the bad input
         print(f"spherepde: error: {error}", file=sys.stderr)
         return CaseError.exit_status

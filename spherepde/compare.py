@@ -158,13 +158,18 @@ def w2_between(points_a, masses_a, points_b, masses_b, atoms: int) -> tuple[floa
 def load_pair(path_a: str, path_b: str | None = None):
     """(A, B, label A, label B): two result files, or the two halves of one "both" file."""
     first = open_result(path_a).load()
+    second = None if path_b is None else open_result(path_b).load()
+    for path, run in ((path_a, first), (path_b, second)):
+        if run is not None and "member" in run.dims:
+            raise CaseError(f"compare: {path!r} is a sweep ({run.sizes['member']} members); compare two of its "
+                            "member-*.nc files, or one member with another run")
     if path_b is None:
         if first.attrs.get("solver") != "both":
             raise CaseError(f"compare: {path_a!r} is a single {first.attrs.get('solver')!r} run; give two files "
                             "or one written with --solver both")
         eulerian, particles = split_both(first)
         return eulerian, particles, f"{path_a} (eulerian)", f"{path_a} (particles)"
-    return first, open_result(path_b).load(), path_a, path_b
+    return first, second, path_a, path_b
 
 
 def common_times(a: xr.Dataset, b: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -253,13 +258,20 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         "w2_projection_floor": _w2_floor(a, b),
     }
     attrs.update({f"verdict_{name}": verdict for name, verdict in verdicts.items()})
-    header = (f"{'diagnostic':<20} {'A(t_end)':>13} {'B(t_end)':>13} {'B-A':>11} {'stderr':>10} "
+    last = f"t={a['time'].values[-1]:g}"
+    header = (f"{'diagnostic':<20} {'A(' + last + ')':>13} {'B(' + last + ')':>13} {'B-A':>11} {'stderr':>10} "
               f"{'max|z|':>8} {'at t':>7}  verdict (|B-A| <= {k:g} stderr + {atol:g})")
+    # a failed run keeps the saves before its failure: say so, or its verdicts read as agreement to t_end
+    unfinished = [f"{label}: {run.attrs['status']}; compared over the saves it has (t <= {run['time'].values[-1]:g})"
+                  for label, run in (("A", a), ("B", b)) if run.attrs.get("status", "completed") != "completed"]
     if w2:
         times = a["time"].values
         lines.append(f"W2(A, B): t = {times[0]:g}: {distances[0]:.4g}, t = {times[-1]:g}: {distances[-1]:.4g}, "
                      f"max {max(distances):.4g}, bound {max(bounds):.2g} [{attrs['w2_method']}]")
-    attrs["report"] = "\n".join([f"A: {labels[0]}", f"B: {labels[1]}", header] + lines)
+    if "w2_projection" in verdicts:
+        lines.append(f"w2_projection: differences below {attrs['w2_projection_floor']:.2g} (the runs' quantisation "
+                     "bounds + round-off) are not resolved and count as agreement")
+    attrs["report"] = "\n".join([f"A: {labels[0]}", f"B: {labels[1]}"] + unfinished + [header] + lines)
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 

@@ -165,17 +165,27 @@ def funk_hecke(dim: int, kappa, degree) -> np.ndarray:
                     np.where(degree == 0, 4 * np.pi, 0.0))
 
 
-def kernel_degree(kappa: float, dim: int, tol: float) -> int:
+def kernel_degree(kappa: float, dim: int, tol: float, limit: int = 2 ** 16) -> int:
     """Smallest degree l at which exp(kappa <u, y>) on S^{dim-1} has relative Funk-Hecke weight < tol.
 
     The ratio mu_l(kappa) / mu_0(kappa) = lambda_l / lambda_0 of `funk_hecke`: computed with
-    exponentially scaled Bessel functions, so large kappa neither overflows nor loses digits.
+    exponentially scaled Bessel functions, so large kappa neither overflows nor loses digits.  The weights
+    fall like exp(-l^2 / (2 kappa)), so the search doubles its range from 64 degrees; ValueError when no
+    degree up to `limit` qualifies (kappa above ~ 1e8 at tol 1e-14, far beyond any grid).
     """
     if kappa == 0:
         return 1
-    degrees = np.arange(0, 20 * int(math.sqrt(kappa) + 10) + int(2 * kappa) + 50)
-    weights = funk_hecke(dim, kappa, degrees)
-    return int(degrees[np.argmax(weights / weights[0] < tol)])
+    if not math.isfinite(kappa):
+        raise ValueError(f"kernel_degree: kappa = {kappa} is not finite")
+    size = 64
+    while size <= 2 * limit:
+        degrees = np.arange(0, min(size, limit + 1))
+        weights = funk_hecke(dim, kappa, degrees)
+        small = weights / weights[0] < tol
+        if small.any():
+            return int(degrees[np.argmax(small)])
+        size *= 2
+    raise ValueError(f"kernel_degree: the kernel exp({kappa:g} <u, y>) needs a degree beyond {limit}")
 
 
 # --- the map x -> C^T x / |C^T x| -------------------------------------------------------------------

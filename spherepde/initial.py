@@ -127,11 +127,17 @@ def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:
     """
     try:
         with xr.open_dataset(path) as dataset:
-            density = dataset["density"].isel(time=time_index).values
-            lmax = int(dataset.attrs["lmax"])
-            dim = 2 if "theta" in dataset["density"].dims else 3
+            if "density" not in dataset or "lmax" not in dataset.attrs:
+                dim = None
+            else:
+                density = dataset["density"].isel(time=time_index).values
+                lmax = int(dataset.attrs["lmax"])
+                dim = 2 if "theta" in dataset["density"].dims else 3
     except (OSError, KeyError, IndexError, ValueError) as error:
         raise CaseError(f"initial.path: cannot read a density from {path!r}: {error}") from None
+    if dim is None:
+        raise CaseError(f"initial.path: {path!r} holds no Eulerian density (a particle run, or not a spherepde "
+                        "result)")
     if dim != basis.dim:
         raise CaseError(f"initial.path: {path!r} holds a density on S^{dim - 1}, the case is on S^{basis.dim - 1}")
     source = file_basis(path, dim, lmax, density.shape, basis.placement)

@@ -175,7 +175,11 @@ def check_resolution(model: Model, basis, tol: float) -> None:
     if model.zero_temperature or model.beta == 0:
         return
     sigma_max = float(torch.linalg.matrix_norm(model.B.double(), ord=2))
-    needed = kernel_degree(model.beta * sigma_max, basis.dim, tol)
+    try:
+        needed = kernel_degree(model.beta * sigma_max, basis.dim, tol)
+    except ValueError:
+        raise CaseError(f"model.beta: beta |B| = {model.beta * sigma_max:g} makes the kernel narrower than any "
+                        f"grid can carry; lower model.beta or model.B, or use beta = \"inf\"") from None
     if needed + basis.lmax <= basis.quadrature_degree(basis.lmax):
         return
     lmax = basis.lmax

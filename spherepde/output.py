@@ -158,7 +158,8 @@ def both_dataset(eulerian: xr.Dataset, particles: xr.Dataset) -> xr.Dataset:
     """One Dataset for solver.method = "both": the Eulerian variables and attributes unchanged,
     the particle diagnostics and attributes prefixed with BOTH_PREFIX, positions as `particles`."""
     renamed = particles.rename({name: BOTH_PREFIX + name for name in particles.data_vars if name != "particles"})
-    combined = xr.merge([eulerian, renamed], combine_attrs="override")
+    # outer join: a failed run's saves stop early, and the other run's later saves are kept (NaN-padded)
+    combined = xr.merge([eulerian, renamed], join="outer", combine_attrs="override")
     combined.attrs.update({BOTH_PREFIX + key: value for key, value in particles.attrs.items()
                            if key not in _SHARED_ATTRS})
     combined.attrs["solver"] = "both"

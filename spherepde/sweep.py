@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .case import Case, format_override, parse_override
+from .device import placement
 from .errors import CaseError, NumericalFailure
 from .output import check_folder
 
@@ -199,6 +200,12 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
     """
     check_folder(folder, "sweep -o")
     members = plan(case, params, folder, seeds)
+    if scheduler is None:  # the local workers see this machine's devices; a remote cluster's may differ
+        for member in members:
+            try:
+                placement(member.case["solver"]["device"], member.case["solver"]["dtype"])
+            except CaseError as error:
+                raise CaseError(f"sweep member {member.index} ({member.label()}): {error}") from None
     combined = os.path.join(folder, COMBINED)
     existing = [path for path in [m.path for m in members] + [combined] if os.path.exists(path)]
     if existing and not (overwrite or resume):

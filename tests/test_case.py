@@ -305,7 +305,10 @@ BAD_CASES = [
     ("bow seed beyond torch's", TRAIN + "loss = 'bow'\nseed = 18446744073709551616\n",
      "control.seed", "[0, 2**63)"),
     ("absurd particle count", MINIMAL + "[particles]\nn = 1000000000000000000000000000000\n", "particles.n",
-     "[1, 2**32)"),
+     "[2, 2**32)"),
+    ("too few steps", SPHERE + "[time]\nt_end = 1\ndt = 0.1\nmax_steps = 9\n", "time.max_steps",
+     "9 steps cannot reach t_end = 1 with dt = 0.1 (at least 10 steps)"),
+    ("a single token", MINIMAL + "[particles]\nn = 1\n", "particles.n", "must be in [2, 2**32), got 1"),
     ("absurd dimension", "[sphere]\ndim = 100000\n" + TIME, "sphere.dim", "[2, 2048)"),
     ("absurd filter order", MINIMAL + "[solver]\nfilter_order = 1000000000000000000000000000000\n",
      "solver.filter_order", "64-bit integer, in [-2**63, 2**63)"),
@@ -443,3 +446,4 @@ def test_shipped_cases_are_valid_and_named_after_their_files(path):
     assert case["case"]["name"] == path.stem
     assert case["case"]["description"].strip()
     assert_round_trip(case)
+

@@ -173,6 +173,16 @@ def test_initial_density_from_file_interpolates_spectrally(tmp_path, capsys):
         # same initial law on a finer grid; the band-limited continuation agrees with the first run
         assert abs(float(a["mass"][0]) - float(b["mass"][0])) < 1e-14
         assert abs(float(a["order_parameter"][-1]) - float(b["order_parameter"][-1])) < 1e-9
+        saves = a.sizes["time"]
+    # an index beyond the file's time axis is refused when the case is read, naming initial.time
+    status, err = run_cli(["run", case2, "-o", tmp_path / "third.nc", "--set", f"initial.time={saves}"], capsys)
+    assert status == 2 and f"initial.time: {saves} is out of range" in err and len(err.strip().splitlines()) == 1
+    assert run_cli(["run", case2, "-o", tmp_path / "third.nc", "--quiet", "--set", f"initial.time={-saves}"],
+                   capsys)[0] == 0
+    xr.Dataset({"mass": ("time", [1.0])}).to_netcdf(tmp_path / "no_density.nc")
+    status, err = run_cli(["run", case2, "-o", tmp_path / "fourth.nc", "--set", "initial.path='no_density.nc'"],
+                          capsys)
+    assert status == 2 and "initial.path" in err and "holds no Eulerian density" in err
 
 
 def test_numerical_failure_exits_3_and_keeps_last_good_state(tmp_path, capsys):
@@ -201,6 +211,11 @@ def test_info_and_plot(tmp_path, capsys):
     assert status == 0 and "order_parameter" in text and "small" in text
     status, err = run_cli(["info", tmp_path / "missing.nc"], capsys)
     assert status == 2 and "missing.nc" in err
+    # a reader that stops early (`| head`) ends info as SIGPIPE ends a command: no error message, status 141
+    reader_gone = subprocess.Popen([sys.executable, "-m", "spherepde", "info", str(output)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader_gone.stdout.close()
+    assert reader_gone.wait(timeout=120) == 141 and reader_gone.stderr.read() == b""
 
 
 def test_finite_blow_up_exits_3_and_keeps_only_densities(tmp_path, capsys):
@@ -217,6 +232,17 @@ def test_finite_blow_up_exits_3_and_keeps_only_densities(tmp_path, capsys):
         assert dataset.attrs["status"].startswith("failed")
         np.testing.assert_allclose(dataset["mass"].values, 1.0, atol=1e-12)
         assert np.abs(dataset["density"].values).max() < 10.0
+    # with --solver both the particle run is kept beside the Eulerian run's last good state; the particles'
+    # Heun steps stay bounded (on the circle) and reach t_end
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--overwrite", "--solver", "both"], capsys)
+    assert status == 3 and "blew up" in err, err
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["solver"] == "both" and dataset.attrs["particles_status"] == "completed"
+        assert dataset.attrs["status"].startswith("failed")
+        assert list(dataset["time"].values) == [0.0, 0.5, 1.0]
+        assert np.isfinite(dataset["particles_order_parameter"].values).all()
+        np.testing.assert_allclose(dataset["mass"].values[:1], 1.0, atol=1e-12)
+        assert np.isnan(dataset["mass"].values[-1])
 
 
 @pytest.mark.parametrize("target", ["folder", "inside a file", "empty", "the case file"])

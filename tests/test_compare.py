@@ -163,6 +163,22 @@ def test_cli_compare_bad_input(tmp_path, capsys):
     write_dataset(spherepde.run(other, progress=False).isel(time=[1]), tmp_path / "later.nc")
     assert main(["compare", str(tmp_path / "alone.nc"), str(tmp_path / "later.nc")]) == 2
     assert "share no save time" in capsys.readouterr().err
+    sweep = xr.open_dataset(tmp_path / "alone.nc").load().expand_dims(member=2)
+    write_dataset(sweep, tmp_path / "sweep.nc")
+    assert main(["compare", str(tmp_path / "sweep.nc"), str(tmp_path / "alone.nc")]) == 2
+    err = capsys.readouterr().err
+    assert "is a sweep (2 members)" in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_names_a_failed_run_and_the_times_it_covers(tmp_path):
+    """A failed run keeps its saves before the failure; agreement over those must not read as agreement to
+    t_end."""
+    case = make_case(2, 8, time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1})
+    complete = spherepde.run(case, progress=False)
+    failed = complete.isel(time=[0]).assign_attrs(status="failed: the density became non-finite")
+    report = compare(failed, complete).attrs["report"]
+    assert "A: failed: the density became non-finite; compared over the saves it has (t <= 0)" in report
+    assert "A(t=0)" in report and "B:" not in report.split("\n", 2)[2]
 
 
 @pytest.mark.parametrize("difference, bound, verdict", [(5e-9, 0.0, "agrees"), (1e-6, 0.0, "disagrees"),

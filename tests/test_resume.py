@@ -90,26 +90,29 @@ def test_sigkill_midway_then_resume_is_bit_identical(tmp_path, capsys):
     assert not os.path.exists(checkpoint_folder(output))
 
 
+def interrupt(case, output, checkpoints: int) -> None:
+    """Run `case`, checkpointing every 2 steps, and stop it at its `checkpoints`-th checkpoint, as a kill would."""
+    checkpoint = Checkpoint(output, every_steps=2)
+    written = []
+
+    def stop(state, segment, steps):
+        Checkpoint.write(checkpoint, state, segment, steps)
+        written.append(steps)
+        if len(written) == checkpoints:
+            raise KeyboardInterrupt
+
+    checkpoint.write = stop
+    with pytest.raises(KeyboardInterrupt):
+        spherepde.run(spherepde.load_case(case), progress=False, checkpoint=checkpoint)
+
+
 def test_existing_checkpoint_is_named_and_never_replaced_silently(tmp_path, capsys):
     case = write_case(tmp_path, SMALL_S1)  # 10 steps of 0.05
     output = tmp_path / "out.nc"
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     assert status == 2 and "no checkpoint" in err and len(err.strip().splitlines()) == 1
 
-    # An interrupted run: stop it at its third checkpoint, as a kill would.
-    checkpoint = Checkpoint(output, every_steps=2)
-    written = []
-
-    def stop_after_three(state, segment, steps):
-        Checkpoint.write(checkpoint, state, segment, steps)
-        written.append(steps)
-        if len(written) == 3:
-            raise KeyboardInterrupt
-
-    checkpoint.write = stop_after_three
-    with pytest.raises(KeyboardInterrupt):
-        spherepde.run(spherepde.load_case(case), progress=False, checkpoint=checkpoint)
-
+    interrupt(case, output, checkpoints=3)
     status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
     assert status == 2 and "--resume" in err and "--overwrite" in err and "step 6" in err
     assert len(err.strip().splitlines()) == 1
@@ -140,6 +143,18 @@ def test_overwrite_discards_the_checkpoint_and_a_damaged_one_is_one_line(tmp_pat
     assert status == 2 and "unreadable" in err and "--overwrite" in err
     assert run_cli(["run", case, "-o", output, "--quiet", "--overwrite", "--checkpoint-steps", "3"], capsys)[0] == 0
     assert output.exists() and not os.path.exists(folder)
+
+
+def test_a_damaged_checkpoint_segment_is_one_line(tmp_path, capsys):
+    case = write_case(tmp_path, SMALL_S1)
+    output = tmp_path / "out.nc"
+    interrupt(case, output, checkpoints=2)
+    segment = os.path.join(checkpoint_folder(output), "segment-00000.nc")
+    with open(segment, "wb") as handle:
+        handle.write(b"not a netCDF file")
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 2 and "segment-00000.nc" in err and "--overwrite" in err
+    assert len(err.strip().splitlines()) == 1 and not output.exists()
 
 
 def test_blow_up_with_checkpoints_exits_3_keeps_the_last_good_state_and_no_checkpoint(tmp_path, capsys):

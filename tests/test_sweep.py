@@ -142,3 +142,14 @@ def test_unreachable_scheduler_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert status == 2 and "cannot reach a Dask scheduler" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_member_asking_for_an_absent_device_fails_before_anything_runs(tmp_path, capsys):
+    case = tmp_path / "case.toml"
+    case.write_text(SMALL_S1)
+    status = main(["sweep", str(case), "--param", "solver.device='cpu','cuda'", "--workers", "1",
+                   "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 2 and "sweep member 1" in err and "solver.device" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

@@ -184,6 +184,31 @@ def test_training_run_writes_the_control_variables(tmp_path):
         assert "control" in dataset.attrs["case"]
 
 
+@pytest.mark.parametrize("gradient", ["discrete", "continuous"])
+def test_saved_adjoint_ends_at_the_first_variation_of_the_loss(tmp_path, gradient):
+    """control.save_adjoint writes phi_t.  At T it is dl/dmu of the align loss l = 1 - <int x dmu, e2>, i.e.
+    -sin(theta), and |grad phi_T|^2_{L2(mu_T)} = int cos^2 theta dmu_T is the adjoint_norm at T squared (saves
+    every 0.5: the trained run then steps on the training's grid, so mu_T is the same).  With saves every 0.25
+    phi is written at the nearest steps of 0.1."""
+    path = tmp_path / "train.toml"
+    path.write_text(CASE)
+    output = tmp_path / "train.nc"
+    options = ["--quiet", "--set", "control.save_adjoint=true", "--set", f"control.gradient='{gradient}'"]
+    assert main(["run", str(path), "-o", str(output), *options]) == 0
+    with xr.open_dataset(output) as dataset:
+        assert dataset["phi"].dims == ("adjoint_time", "theta")
+        assert np.allclose(dataset["adjoint_time"].values, [0.0, 0.2, 0.5, 0.8, 1.0])
+    assert main(["run", str(path), "-o", str(output), "--overwrite", "--set", "time.save_every=0.5", *options]) == 0
+    with xr.open_dataset(output) as dataset:
+        assert np.allclose(dataset["adjoint_time"].values, dataset["time"].values)
+        theta = dataset["theta"].values
+        assert np.abs(dataset["phi"].values[-1] + np.sin(theta)).max() < 1e-13
+        weights, density = dataset["cell_area"].values, dataset["density"].values[-1]
+        norm_squared = float(np.sum(weights * density * np.cos(theta) ** 2))
+        assert abs(norm_squared - float(dataset["adjoint_norm"][-1]) ** 2) < 1e-13
+        assert np.abs(dataset["phi"].values[0]).max() > 0.1  # the adjoint went back to t = 0
+
+
 def test_trained_run_matches_the_training_forward_map():
     """The output run (save times and slice boundaries as knots) ends where the training's forward map does."""
     from solvers.training import trained_run
