@@ -6,6 +6,7 @@ import numpy as np
 import xarray as xr
 
 from .errors import CaseError
+from .output import BOTH_PREFIX
 
 SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projection", "entropy",
            "interaction_energy", "free_energy", "min_density", "spectral_tail"]
@@ -32,6 +33,8 @@ def describe(path: str) -> str:
         attrs = dataset.attrs
         lines = [f"{path}: {attrs.get('title', '(no title)')}",
                  f"  solver {attrs.get('solver')}, status {attrs.get('status')}, source {attrs.get('source')}"]
+        if BOTH_PREFIX + "status" in attrs:
+            lines.append(f"  particles: status {attrs[BOTH_PREFIX + 'status']}")
         lines.append("  " + ", ".join(f"{name} = {attrs[name]}" for name in
                                       ("backend", "grid", "grid_shape", "lmax", "dtype", "device", "field", "scheme",
                                        "steps", "wall_seconds", "resolved_until") if name in attrs))
@@ -41,11 +44,13 @@ def describe(path: str) -> str:
         elif "time" in dataset.coords and dataset.sizes["time"]:
             times = dataset["time"].values
             lines.append(f"  time: {times[0]:g} .. {times[-1]:g} ({len(times)} saves)")
-            lines.append(f"  {'diagnostic':<20} {'first':>14} {'last':>14}")
-            for name in SCALARS:
+            lines.append(f"  {'diagnostic':<28} {'first':>14} {'last':>14}  (last: the last save that has it)")
+            for name in SCALARS + [BOTH_PREFIX + name for name in SCALARS]:  # a "both" file holds both runs'
                 if name in dataset:
                     values = np.asarray(dataset[name].values)
-                    lines.append(f"  {name:<20} {values[0]:>14.8g} {values[-1]:>14.8g}")
+                    present = values[~np.isnan(values)]  # a failed run of a "both" file stops early
+                    last = present[-1] if len(present) else np.nan
+                    lines.append(f"  {name:<28} {values[0]:>14.8g} {last:>14.8g}")
         if attrs.get("notes"):
             lines.append(f"  notes: {attrs['notes']}")
         return "\n".join(lines)

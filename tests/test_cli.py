@@ -243,6 +243,11 @@ def test_finite_blow_up_exits_3_and_keeps_only_densities(tmp_path, capsys):
         assert np.isfinite(dataset["particles_order_parameter"].values).all()
         np.testing.assert_allclose(dataset["mass"].values[:1], 1.0, atol=1e-12)
         assert np.isnan(dataset["mass"].values[-1])
+        last_good = float(dataset["order_parameter"].values[0])
+    assert main(["info", str(output)]) == 0
+    text = capsys.readouterr().out
+    assert "particles: status completed" in text and "particles_order_parameter" in text
+    assert f"{last_good:.8g}" in text.split("order_parameter", 1)[1].splitlines()[0]  # its last save, not NaN
 
 
 @pytest.mark.parametrize("target", ["folder", "inside a file", "empty", "the case file"])
