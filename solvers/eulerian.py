@@ -97,6 +97,17 @@ class Recorder:
         self.resolved_until = None
         self.notes = []
         self.steps, self.wall_seconds = 0, 0.0
+        self._clock = wallclock.perf_counter()
+
+    def start_clock(self) -> None:
+        """Time stepping starts (or resumes) now: wall_seconds counts from here."""
+        self._clock = wallclock.perf_counter()
+
+    def tick(self) -> None:
+        """Add the wall time since the clock started, or since the last tick, to wall_seconds."""
+        now = wallclock.perf_counter()
+        self.wall_seconds += now - self._clock
+        self._clock = now
 
     def record(self, t: float, c: torch.Tensor) -> dict:
         """Save the state c at time t: its density on the grid and its diagnostics row (returned)."""
@@ -235,7 +246,7 @@ def run_eulerian(case, progress: bool | None = None, checkpoint=None):
         recorder.record(0.0, c)
         first, done, t_start = 0, 0, 0.0
     bar = Progress(timing["t_end"], enabled=progress, start=t_start)
-    started = wallclock.perf_counter()
+    recorder.start_clock()
     for interval in range(first, len(times) - 1):
         t0, t1 = times[interval], times[interval + 1]
         if interval != first or done == 0:
@@ -263,8 +274,7 @@ def run_eulerian(case, progress: bool | None = None, checkpoint=None):
             bar.update(t0 + (k + 1) * dt, dt=dt)
             if checkpoint is not None and checkpoint.due(recorder.steps + k + 1):
                 _check_finite(recorder, candidate, t0, t0 + (k + 1) * dt, dt)
-                recorder.wall_seconds += wallclock.perf_counter() - started
-                started = wallclock.perf_counter()
+                recorder.tick()
                 checkpoint.write(recorder.checkpoint_state(candidate, t0 + (k + 1) * dt, interval, k + 1, dt,
                                                            substeps),
                                  recorder.unsaved(checkpoint.saves), recorder.steps + k + 1)
@@ -274,7 +284,7 @@ def run_eulerian(case, progress: bool | None = None, checkpoint=None):
         recorder.keep(float(t1), density, row)
         bar.update(float(t1), mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
     bar.close()
-    recorder.wall_seconds += wallclock.perf_counter() - started
+    recorder.tick()
     return recorder.dataset("completed")
 
 
@@ -315,6 +325,7 @@ def departure(density: np.ndarray, weights: np.ndarray, mass_0: float, real: tor
 def _fail(recorder: Recorder, reason: str):
     """Stop the run: the failure carries the dataset up to the last good save."""
     recorder.notes.append(reason)
+    recorder.tick()
     raise NumericalFailure(f"numerical failure: {reason}; the last good state (t = {recorder.times[-1]:.6g}) "
                            "is kept", recorder.dataset(f"failed: {reason}"))
 

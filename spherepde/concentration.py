@@ -49,7 +49,7 @@ def grid_points(dataset) -> np.ndarray:
 
 def second_moments(dataset) -> np.ndarray:
     """int x x^T drho at every save, (time, d, d): the grid's quadrature for an Eulerian density (exact: the
-    integrand has degree L + 2 <= 2 L), the empirical average for particles."""
+    integrand has degree L + 2 <= 2 L), the empirical average of the saved particles (particles.save of them)."""
     if "density" not in dataset:
         x = dataset["particles"].values
         return np.einsum("tni,tnj->tij", x, x) / x.shape[1]
