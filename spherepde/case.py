@@ -136,8 +136,8 @@ control.seed               bow: int in [0, 2**63), seed of the         0
 
 A ``[control]`` section with at least one key makes the run a training run (``spherepde run``
 trains W and writes the trained forward run; an empty ``[control]``, as every plain run's stored
-case has, trains nothing: give e.g. ``loss = "align"`` to train with the defaults); it needs ``time.dt`` (one fixed step grid shared by the forward and
-adjoint runs).  ``solver.method = "eulerian"`` trains the density (solvers.training),
+case has, trains nothing: give e.g. ``loss = "align"`` to train with the defaults); it needs
+``time.dt`` (one fixed step grid shared by the forward and adjoint runs).  ``solver.method = "eulerian"`` trains the density (solvers.training),
 ``"particles"`` the particle system by autograd (solvers.particle_training; the keys marked
 "Eulerian only" are then errors); ``"both"`` is refused (train each separately).
 
