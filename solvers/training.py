@@ -212,7 +212,8 @@ def trained_run(forward: ControlledForward, c0: torch.Tensor, controls: torch.Te
     saves, knots = step_knots(timing, forward.layers)
     recorder = Recorder(problem, case, problem.basis.synthesis(c0).cpu().double().numpy(), forward.stepper.scheme)
     recorder.record(0.0, c0)
-    c, started = c0, wallclock.perf_counter()
+    c = c0
+    recorder.start_clock()
     with torch.no_grad():
         for t0, t1 in zip(knots[:-1], knots[1:]):
             W = controls[forward.layer_at(0.5 * (t0 + t1))]
@@ -225,7 +226,7 @@ def trained_run(forward: ControlledForward, c0: torch.Tensor, controls: torch.Te
             recorder.steps += substeps
             if np.any(np.abs(saves - t1) <= 1e-12 * max(1.0, forward.t_end)):
                 recorder.keep(float(t1), *checked_state(recorder, c, t0, t1, dt))
-    recorder.wall_seconds = wallclock.perf_counter() - started
+    recorder.tick()
     return recorder
 
 

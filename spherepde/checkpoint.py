@@ -107,17 +107,19 @@ class Checkpoint:
             raise CaseError(f"--resume: the checkpoint {self.folder!r} was written for another case "
                             f"({_difference(state['case'], case.text)}); resume with the same case file "
                             "and --set options, or pass --overwrite to start again")
-        self.read_segments(state)  # before the run announces its resumption
+        self.read_segments(state, load=False)  # before the run announces its resumption: headers only
         return state
 
-    def read_segments(self, state: dict) -> list[xr.Dataset]:
-        """The segments `state` lists, in memory (a one-line CaseError if one is missing or damaged)."""
+    def read_segments(self, state: dict, load: bool = True) -> list[xr.Dataset]:
+        """The segments `state` lists, in memory (`load`; else each is only opened, which reads its header);
+        a one-line CaseError if one is missing or damaged."""
         segments = []
         for name in state["segments"]:
             path = os.path.join(self.folder, name)
             try:
                 with xr.open_dataset(path) as segment:
-                    segments.append(segment.load())
+                    if load:
+                        segments.append(segment.load())
             except Exception as error:  # missing or damaged: netCDF, HDF5 and xarray errors alike
                 raise CaseError(f"--resume: cannot read the checkpoint segment {path!r}: {_first_line(error)}; "
                                 "pass --overwrite to start again") from None
