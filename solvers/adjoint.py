@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from spherepde.ambient import inner
 from spherepde.errors import CaseError, NumericalFailure
 from spherepde.exp_kernel import make_exp_kernel
 from spherepde.losses import make_loss
@@ -243,17 +244,17 @@ class AdjointOperator:
         mean_field, rho_over_Z = attention(model, self.problem.exp_kernel, points, rho)
         v = velocity(replace(model, W=W, controls=None), points, mean_field, 0.0)
         grad_phi = basis.gradient(phi)
-        value = (v * grad_phi).sum(-1)
+        value = inner(v, grad_phi)
         if self.transpose_kernel is not None:
             pulled = grad_phi @ model.V  # V^T grad phi, row-wise
             if rho_over_Z is None:
                 scaled, log_scale = self.transpose_kernel(rho[..., None] * grad_phi)
-                value = value + (points @ model.V.T * scaled).sum(-1) * torch.exp(log_scale)
+                value = value + inner(points @ model.V.T, scaled) * torch.exp(log_scale)
             else:
                 channels = torch.cat([rho_over_Z[..., None] * pulled,
-                                      (rho_over_Z * (mean_field * pulled).sum(-1))[..., None]], dim=-1)
+                                      (rho_over_Z * inner(mean_field, pulled))[..., None]], dim=-1)
                 scaled, log_scale = self.transpose_kernel(channels)
-                value = value + ((points * scaled[..., :-1]).sum(-1) - scaled[..., -1]) * torch.exp(log_scale)
+                value = value + (inner(points, scaled[..., :-1]) - scaled[..., -1]) * torch.exp(log_scale)
         integrand = torch.einsum("...i,...j,...->ij", grad_phi, points, rho * basis.weights)
         return basis.analysis(value), integrand
 

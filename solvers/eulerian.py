@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from spherepde import diagnostics as diag
+from spherepde.ambient import norm
 from spherepde.bases import make_basis
 from spherepde.device import placement as make_placement
 from spherepde.errors import CaseError, NumericalFailure
@@ -67,7 +68,7 @@ class ForwardProblem:
         return -self.basis.divergence(rho[..., None] * self.velocity(t, rho))
 
     def max_speed(self, t: float, c: torch.Tensor) -> float:
-        return float(torch.linalg.vector_norm(self.velocity(t, self.basis.synthesis(c)), dim=-1).max())
+        return float(norm(self.velocity(t, self.basis.synthesis(c))).max())
 
 
 def spectral_filter(basis, order: int) -> torch.Tensor | None:

@@ -48,8 +48,9 @@ import torch.nn.functional as F
 from spherepde import diagnostics as diag
 from spherepde.device import placement as make_placement
 from spherepde.errors import CaseError
-from spherepde.exp_kernel import DenseExpKernel
-from spherepde.model import Model, attention_mean, principal_subspace, tangent_projection, velocity, zero_temperature_mean
+from spherepde.exp_kernel import DenseExpKernel, block_rows
+from spherepde.ambient import tangent_projection
+from spherepde.model import Model, attention_mean, principal_subspace, velocity, zero_temperature_mean
 from spherepde.output import particle_dataset
 from spherepde.progress import Progress
 from spherepde.sampling import initial_particles
@@ -81,16 +82,19 @@ class EmpiricalMeasure:
                           device=self.points.device)
 
 
-def hardmax_mean(model: Model, points: torch.Tensor, chunk: int) -> torch.Tensor:
-    """m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j> = argmax_j <B^T x_i, x_j> (blocks of `chunk` rows)."""
+def hardmax_mean(model: Model, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
+    """m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j> = argmax_j <B^T x_i, x_j> (blocks of `block_rows(chunk)` rows)."""
+    chunk = block_rows(chunk, points.shape[0], points.dtype, points.device)
     queries = points @ model.B
     index = torch.cat([(queries[start:start + chunk] @ points.T).argmax(1)
                        for start in range(0, points.shape[0], chunk)])
     return points[index]
 
 
-def fused_softmax_mean(model: Model, points: torch.Tensor, chunk: int) -> torch.Tensor:
-    """m(x_i) = sum_j softmax_j(beta <B^T x_i, x_j>) x_j by fused attention, `chunk` query rows per call."""
+def fused_softmax_mean(model: Model, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
+    """m(x_i) = sum_j softmax_j(beta <B^T x_i, x_j>) x_j by fused attention, `block_rows(chunk)` query rows per
+    call."""
+    chunk = block_rows(chunk, points.shape[0], points.dtype, points.device)
     queries = model.beta * (points @ model.B)
     keys = points[None]
     return torch.cat([F.scaled_dot_product_attention(queries[start:start + chunk][None], keys, keys, scale=1.0)[0]
@@ -104,7 +108,7 @@ class ParticleField:
     each token attends to the tokens of its own block only.
     """
 
-    def __init__(self, model: Model, attention: str, chunk: int, replicas: int = 1):
+    def __init__(self, model: Model, attention: str, chunk: int | str, replicas: int = 1):
         self.model, self.attention, self.chunk, self.replicas = model, attention, chunk, replicas
 
     @classmethod

@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from .ambient import inner
 from .device import Placement
 from .transforms.fourier import FourierTransform
 from .transforms.legendre import gauss_legendre
@@ -154,7 +155,7 @@ class CircleBasis(_SpectralBasis):
 
     def divergence(self, field: torch.Tensor) -> torch.Tensor:
         """Coefficients of div F = d/dtheta <F, t> for a tangent field F (..., n, 2)."""
-        return self.fourier.derivative(self.analysis((field * self.tangent).sum(-1)))
+        return self.fourier.derivative(self.analysis(inner(field, self.tangent)))
 
     def coordinates(self) -> dict:
         return {"theta": self.theta}
@@ -225,9 +226,7 @@ class SphereBasis(_SpectralBasis):
         return v_theta.to(self.placement.device)[..., None] * self.e_theta + v_phi.to(self.placement.device)[..., None] * self.e_phi
 
     def divergence(self, field: torch.Tensor) -> torch.Tensor:
-        v_theta = (field * self.e_theta).sum(-1)
-        v_phi = (field * self.e_phi).sum(-1)
-        return self.sht.divergence(v_theta, v_phi).to(self.placement.device)
+        return self.sht.divergence(inner(field, self.e_theta), inner(field, self.e_phi)).to(self.placement.device)
 
     def coordinates(self) -> dict:
         return {"lat": self.latitude, "lon": self.longitude}

@@ -74,7 +74,8 @@ solver.backend             "auto" | "torch" | "shtns" (S^2 only:       "auto"
                            sphere.dim = 3)
 solver.device              "auto" | "cpu" | "cuda"                     "auto"
 solver.dtype               "float64" | "float32"                       "float64"
-solver.chunk               int >= 1: rows per block of dense attention 4096
+solver.chunk               "auto" | int >= 1: rows per block of dense  "auto": a 1 MiB block on
+                           attention                                   the CPU, 4096 rows on CUDA
 solver.filter_order        int >= 0: exponential spectral filter       0 (no filter)
                            order
 solver.kernel_tol          real in (0, 1): truncation tolerance of     1e-10
@@ -504,6 +505,15 @@ def _beta(value, ctx) -> float:
     return _NONNEGATIVE.check(beta)
 
 
+def _chunk(value, ctx) -> str | int:
+    """Rows per block of the dense kernel matrix: "auto" (exp_kernel.block_rows) or an int >= 1."""
+    if value == "auto":
+        return value
+    if isinstance(value, str):
+        raise _Invalid(f'expected "auto" or an integer >= 1, got {_describe(value)}')
+    return _integer(_Interval(1))(value, ctx)
+
+
 def _backend(value, ctx) -> str:
     """The transform backend; shtns is the spherical-harmonic transform, for S^2 only."""
     backend = _choice("auto", "torch", "shtns")(value, ctx)
@@ -850,7 +860,7 @@ _SCHEMA = (
         _Key("backend", _backend, "auto"),
         _Key("device", _choice("auto", "cpu", "cuda"), "auto"),
         _Key("dtype", _choice("float64", "float32"), "float64"),
-        _Key("chunk", _integer(_Interval(1)), 4096),
+        _Key("chunk", _chunk, "auto"),
         _Key("filter_order", _integer(_NONNEGATIVE), 0),
         _Key("kernel_tol", _real(_Interval(0, strict=True, high=1)), 1e-10),
     )),

@@ -29,7 +29,7 @@ from .case import load_case_text
 from .device import placement as make_placement
 from .exp_kernel import dense_exp_kernel
 from .initial import initial_density
-from .model import tangent_projection
+from .ambient import tangent_projection
 from solvers.particles import normalise, rk4_flow  # the characteristics are integrated like particles
 
 # ---------------------------------------------------------------------------------------

@@ -59,11 +59,20 @@ import torch
 from scipy.linalg import eigh_tridiagonal
 from scipy.special import ive
 
+from .ambient import norm
 from .errors import CaseError
 from .transforms.fourier import FourierTransform
 from .transforms.legendre import gauss_legendre, legendre_tables
 from .transforms.sht_torch import PackedLegendre, TorchSHT
 
+# solver.chunk = "auto": a block of the dense kernel matrix of about this size stays in a CPU core's cache
+# through the six passes over it (logits, row maximum, shift, floor, exponential, product with f).  Measured
+# with benchmarks/dense_blocks.py for n = 1000 to 16000 points: 0.7-0.9 of the time of 4 MiB blocks, a third of
+# that of 64 MiB ones (4096 rows at n = 2000 to 8000, the former default); at least CPU_BLOCK_MIN_ROWS rows, so
+# that the per-block overhead stays small at large n.  A GPU wants large blocks instead.
+CPU_BLOCK_BYTES = 2 ** 20
+CPU_BLOCK_MIN_ROWS = 8
+GPU_BLOCK_ROWS = 4096
 # Largest Chebyshev node count tried before a general C is declared out of reach of the spectral field.
 MAX_CHEBYSHEV_NODES = 64
 # Largest kernel matrix (bytes) the dense transform of a grid keeps between calls: 64 MiB holds
@@ -76,27 +85,58 @@ def shifted_exp_kernel(x: torch.Tensor, y: torch.Tensor, C: torch.Tensor, beta: 
 
     log_scale_i = max_j beta <x_i, C y_j> (log-sum-exp shift: the largest entry of each row is exactly 1).
     """
+    return _shifted_block(*_logit_operands(x, y, C, beta))
+
+
+def _logit_operands(x: torch.Tensor, y: torch.Tensor, C: torch.Tensor, beta: float):
+    """(queries (Nx, d + 1), keys (Ny, d + 1), bound (Nx,)) with queries @ keys.T = beta <C^T x_i, y_j> - bound_i
+    <= 0, bound_i = beta |C^T x_i|: the shift rides along as an extra coordinate, so one matmul gives the logits."""
     u = x @ C  # rows are (C^T x_i)^T
-    bound = beta * torch.linalg.vector_norm(u, dim=-1)
-    # One matmul gives beta <C^T x_i, y_j> - bound_i <= 0: append the shift as an extra coordinate.
-    queries = torch.cat([beta * u, -bound[:, None]], dim=1)
-    keys = torch.cat([y, torch.ones_like(y[:, :1])], dim=1)
+    bound = beta * norm(u)
+    return torch.cat([beta * u, -bound[:, None]], dim=1), torch.cat([y, torch.ones_like(y[:, :1])], dim=1), bound
+
+
+def _shifted_block(queries: torch.Tensor, keys: torch.Tensor, bound: torch.Tensor):
+    """shifted_exp_kernel for the rows of `queries`, from `_logit_operands`."""
     kernel = queries @ keys.T
     # Detached: T_C f does not depend on the shift, so no gradient needs to flow through it.
     shift = kernel.amax(dim=1, keepdim=True).detach()
-    return kernel.sub_(shift).exp_(), bound + shift[:, 0]
+    return kernel.sub_(shift).clamp_(min=exponent_floor(kernel.dtype)).exp_(), bound + shift[:, 0]
+
+
+def exponent_floor(dtype: torch.dtype) -> float:
+    """Lower bound of the shifted exponents: log of e^4 (55) times the smallest normal number of `dtype` (-704 in
+    float64, -83 in float32).
+
+    An exponential that underflows (most entries at beta = 1000) takes the CPU's slow path, 20 times the
+    cost of the others; the floor keeps every entry a normal number.  It adds at most 1e-306 (float64;
+    3e-37 in float32) of the row's largest entry, which is 1, per entry: hundreds of orders below round-off.
+    """
+    return math.log(torch.finfo(dtype).tiny) + 4.0
+
+
+def block_rows(chunk: int | str, columns: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Rows per block of a dense kernel matrix with `columns` columns: solver.chunk, or for "auto" the rows of
+    CPU_BLOCK_BYTES on the CPU (at least CPU_BLOCK_MIN_ROWS) and GPU_BLOCK_ROWS on a GPU."""
+    if chunk != "auto":
+        return chunk
+    if device.type != "cpu":
+        return GPU_BLOCK_ROWS
+    return max(CPU_BLOCK_MIN_ROWS, CPU_BLOCK_BYTES // (columns * (torch.finfo(dtype).bits // 8)))
 
 
 def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch.Tensor, beta: float,
-                     chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk: int | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Sum_j exp(beta <x_i, C y_j>) f_j for points x (Nx, d), y (Ny, d), channels f (Ny, c).
 
     Quadrature weights are part of f.  Returns (scaled (Nx, c), log_scale (Nx,)) as `shifted_exp_kernel`,
-    holding `chunk` rows of the kernel matrix at a time.
+    holding `block_rows(chunk, ...)` rows of the kernel matrix at a time.
     """
+    rows = block_rows(chunk, y.shape[0], y.dtype, y.device)
+    queries, keys, bound = _logit_operands(x, y, C, beta)
     blocks, log_scales = [], []
-    for start in range(0, x.shape[0], chunk):
-        kernel, log_scale = shifted_exp_kernel(x[start:start + chunk], y, C, beta)
+    for start in range(0, x.shape[0], rows):
+        kernel, log_scale = _shifted_block(queries[start:start + rows], keys, bound[start:start + rows])
         blocks.append(kernel @ f)
         log_scales.append(log_scale)
     return torch.cat(blocks), torch.cat(log_scales)
@@ -107,12 +147,12 @@ class DenseExpKernel:
 
     A grid whose N x N kernel matrix takes at most `matrix_bytes` keeps it (`keeps_matrix`; computed at
     the first call, since the points, C and beta are fixed), so a call is one matmul instead of N^2
-    exponentials; otherwise each call recomputes it `chunk` rows at a time.
+    exponentials; otherwise each call recomputes it in blocks of `block_rows(chunk, N)` rows.
     """
 
     name = "dense"
 
-    def __init__(self, basis, C: torch.Tensor, beta: float, chunk: int = 4096, matrix_bytes: int = 0):
+    def __init__(self, basis, C: torch.Tensor, beta: float, chunk: int | str = "auto", matrix_bytes: int = 0):
         self.points = basis.points.reshape(-1, basis.dim)
         self.weights = basis.weights.reshape(-1)
         self.grid_shape = basis.grid_shape
@@ -667,7 +707,7 @@ class DegreeRaisedTransform:
 # --- selection -------------------------------------------------------------------------------------
 
 
-def make_exp_kernel(basis, C: torch.Tensor, beta: float, field: str, tol: float, chunk: int = 4096):
+def make_exp_kernel(basis, C: torch.Tensor, beta: float, field: str, tol: float, chunk: int | str = "auto"):
     """The exponential-kernel transform for solver.field = "dense" | "spectral" | "auto".
 
     "auto" takes the spectral transform when it reaches tol (a general C may need too many

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .ambient import norm, tangent_projection
 from .device import Placement
 from .errors import CaseError
 from .exp_kernel import kernel_degree
@@ -68,16 +69,11 @@ class Model:
         return self.W if self.controls is None else self.controls[self.layer(t)]
 
 
-def tangent_projection(points: torch.Tensor, field: torch.Tensor) -> torch.Tensor:
-    """P_x(y) = y - <x, y> x, pointwise over the last axis."""
-    return field - (field * points).sum(-1, keepdim=True) * points
-
-
 def zero_temperature_mean(model: Model, points: torch.Tensor) -> torch.Tensor:
     """m(x) = B^T x / |B^T x| (0 where B^T x = 0)."""
     u = points @ model.B
-    norm = torch.linalg.vector_norm(u, dim=-1, keepdim=True)
-    return torch.where(norm > 0, u / torch.where(norm > 0, norm, 1.0), 0.0)
+    length = norm(u)[..., None]
+    return torch.where(length > 0, u / torch.where(length > 0, length, 1.0), 0.0)
 
 
 # Below this fraction of max |rho| the density is round-off of its transform or of a spectral undershoot: the
@@ -111,7 +107,7 @@ def softmax_mean(N: torch.Tensor, Z: torch.Tensor, rho: torch.Tensor) -> torch.T
     """
     mean = torch.where(Z > 0, N / torch.where(Z > 0, Z, 1.0), torch.nan)
     void = rho.abs()[..., None] <= NEGLIGIBLE_DENSITY * rho.abs().max()
-    bounded = mean / torch.linalg.vector_norm(mean, dim=-1, keepdim=True).clamp(min=1)
+    bounded = mean / norm(mean)[..., None].clamp(min=1)
     return torch.where(void, torch.nan_to_num(bounded, nan=0.0), mean)
 
 

@@ -44,7 +44,7 @@ def test_minimal_case_fills_every_default():
     assert data["initial"] == {"kind": "uniform"}
     assert data["time"] == {"t_end": 2.0, "cfl": 0.5, "save_every": 0.1, "scheme": "auto"}
     assert data["solver"] == {"method": "eulerian", "field": "auto", "backend": "auto", "device": "auto",
-                              "dtype": "float64", "chunk": 4096, "filter_order": 0, "kernel_tol": 1e-10}
+                              "dtype": "float64", "chunk": "auto", "filter_order": 0, "kernel_tol": 1e-10}
     assert data["particles"] == {"n": 1000, "seed": 0, "integrator": "heun", "save": 1000,
                                  "beta_inf_mode": "mean_field", "replicas": 1}
     assert data["diagnostics"] == {"lyapunov_p": [0.25], "tail_tol": 1e-6, "w2": True, "w2_atoms": 1000}
@@ -329,6 +329,9 @@ BAD_CASES = [
     ("hidden case name", "[case]\nname = '.nc'\n" + MINIMAL, "case.name", "must not start with '.'"),
     ("case name with NUL", '[case]\nname = "a\\u0000b"\n' + MINIMAL, "case.name", "'\\x00'"),
     ("eps too stiff for a step", MINIMAL + "[model]\neps = 1e300\n", "model.eps", "at most 1e+15"),
+    ("chunk neither auto nor a count", MINIMAL + "[solver]\nchunk = 'big'\n", "solver.chunk",
+     "expected \"auto\" or an integer >= 1, got"),
+    ("chunk of no rows", MINIMAL + "[solver]\nchunk = 0\n", "solver.chunk", "got 0"),
 ]
 
 

@@ -332,3 +332,24 @@ def test_dense_kernel_over_scattered_points_does_not_underflow():
     expected = torch.logsumexp(beta * (x @ C @ y.T) + torch.log(f[:, 0]), dim=1)
     assert float((beta * (x @ C).norm(dim=1) - expected).min()) > 100  # the old shift underflowed here
     assert float((torch.log(scaled[:, 0]) + log_scale - expected).abs().max()) <= 1e-12 * float(expected.abs().max())
+
+
+def test_dense_kernel_at_beta_1000_where_most_entries_underflow():
+    """At beta = 1000 most shifted exponents lie below log(smallest normal) (the CPU's slow path, hence
+    exp_kernel.exponent_floor): Z must still equal an independent log-sum-exp and N / Z the softmax mean
+    to round-off, in blocks of any size (`solver.chunk` "auto" and 7 rows)."""
+    generator = torch.Generator().manual_seed(11)
+    points = torch.nn.functional.normalize(torch.randn(600, 3, generator=generator, dtype=torch.float64), dim=1)
+    weights = torch.rand(600, generator=generator, dtype=torch.float64) + 0.5
+    C, beta = torch.diag(torch.tensor([-1.0, -1.0, 1.0], dtype=torch.float64)), 1000.0
+    logits = beta * (points @ C @ points.T)
+    floor = math.log(torch.finfo(torch.float64).tiny)
+    assert float(((logits - logits.amax(1, keepdim=True)) < floor).double().mean()) > 0.5
+    channels = torch.cat([weights[:, None], weights[:, None] * points], dim=1)
+    expected_log_z = torch.logsumexp(logits + torch.log(weights), dim=1)
+    expected_mean = torch.softmax(logits + torch.log(weights), dim=1) @ points
+    for chunk in ("auto", 7):
+        scaled, log_scale = dense_exp_kernel(points, points, channels, C, beta, chunk)
+        log_z = torch.log(scaled[:, 0]) + log_scale
+        assert float((log_z - expected_log_z).abs().max()) <= 1e-13 * float(expected_log_z.abs().max())
+        assert float((scaled[:, 1:] / scaled[:, :1] - expected_mean).abs().max()) <= 1e-13
