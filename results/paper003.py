@@ -2,10 +2,13 @@
 
     python results/paper003.py [--full] [--jobs N] [--out results/paper003]
 
-runs the seed003-*.toml cases (cases/) with both solvers, caches each run as NetCDF under
---out, named by its key and a digest of its resolved case text (a run is redone only when that text
-changes; the reduced and --full variants of a key sit side by side), and writes
-results/paper003.md with the figures results/paper003_*.png.  Without --full it runs the
+runs the seed003-*.toml cases (cases/) with both solvers and writes results/paper003.md with the figures
+results/paper003_*.png.  Each run's output goes to --out (not committed: Eulerian outputs at lmax 224 hold
+hundreds of MB of densities), and its summary, everything the report reads (the diagnostics, the attributes
+with the full case, int x x^T drho at each save, the temperature-coupling bounds), to results/paper003_runs/,
+which is committed.  Both are named by the run's key and a digest of its resolved case text: a run is redone
+only when it has no summary for that text (the reduced and --full variants of a key sit side by side), so a
+fresh checkout regenerates the report from the summaries and runs only what they lack.  Without --full it runs the
 reduced set that fits two CPU cores in about two hours, most of it the Eulerian runs to t = 20 at
 eps = 1e-2, lmax 96 (about 9 CPU minutes each) and eps = 3e-3, lmax 160 (about 45); what is reduced
 is listed in REDUCED and printed in the report.  --full runs everything the issue asks for (its
@@ -23,6 +26,7 @@ import hashlib
 import math
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +44,11 @@ sys.path.insert(0, str(ROOT))
 import spherepde
 from spherepde import concentration as cc
 from spherepde.checkpoint import checkpoint_folder
+from spherepde.output import write_dataset
 
+SUMMARIES = ROOT / "results" / "paper003_runs"
+# Dimensions of the fields a summary leaves out (densities, particles), and of its second moments.
+FIELD_DIMS = ("lat", "lon", "theta", "particle")
 BETAS = ["10", "30", "1000", "inf"]
 # Rows of the main table: (beta, initial law); the uniform law at every beta, the projected Gaussian
 # (cases/seed003-baseline-gaussian.toml, the seed's second law) at beta = 30, and the uniform law with a small
@@ -200,10 +208,16 @@ class Run:
     case: str
     overrides: list = field(default_factory=list)
 
+    @property
+    def coupling(self) -> bool:
+        """A temperature-coupling run (theorem 3): its summary holds cc.temperature_coupling's bounds."""
+        return self.key.startswith("coupling-")
+
     def resolved(self):
         return spherepde.load_case(ROOT / "cases" / f"{self.case}.toml", self.overrides)
 
     def path(self, out: Path) -> Path:
+        """The run's output under `out` (or its summary, with `out` = SUMMARIES)."""
         digest = hashlib.sha256(self.resolved().text.encode()).hexdigest()[:10]
         return out / f"{self.key}-{digest}.nc"
 
@@ -216,20 +230,42 @@ class Run:
         return [sys.executable, "-m", "spherepde", "run", str(ROOT / "cases" / f"{self.case}.toml"),
                 "-o", str(output), "--resume" if interrupted else "--overwrite", "--quiet", *sets]
 
-    def cached(self, out: Path) -> bool:
-        """The output of this resolved case exists and did not fail."""
-        if not self.path(out).exists():
+    def cached(self, summaries: Path) -> bool:
+        """The summary of this resolved case exists and its run did not fail."""
+        if not self.path(summaries).exists():
             return False
-        with xr.open_dataset(self.path(out)) as dataset:
+        with xr.open_dataset(self.path(summaries)) as dataset:
             return "failed" not in dataset.attrs.get("status", "")
 
 
-def plan(full: bool, smoke: bool = False) -> list:
+def summarise(output: Path, target: Path, coupling: bool) -> None:
+    """Write the summary of a run's output to `target`: the output without its fields on the grid or the
+    particles, plus `second_moment` (time, row, col) = int x x^T drho (cc.second_moments) and, for a finite-beta
+    Eulerian run from the ablation's vMF law (the temperature coupling), the bounds of cc.temperature_coupling
+    as `coupling_upper`, `coupling_lower` over `coupling_time` when `coupling`."""
+    dataset = xr.load_dataset(output)
+    summary = dataset.drop_dims([dim for dim in FIELD_DIMS if dim in dataset.dims])
+    summary["second_moment"] = (("time", "row", "col"), cc.second_moments(dataset))
+    summary["second_moment"].attrs = {"long_name": "int x x^T drho", "units": "1"}
+    if coupling:
+        bounds = cc.temperature_coupling(dataset, quadrature_lmax=12)
+        summary = summary.assign_coords(coupling_time=bounds["time"])
+        for name in ("upper", "lower"):
+            summary[f"coupling_{name}"] = ("coupling_time", bounds[name])
+    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    summary.attrs["summary_of"] = f"{output.name}, summarised at commit {commit or 'unknown'}"
+    write_dataset(summary, target)
+
+
+def plan(full: bool, smoke: bool = False, backend: str = "shtns") -> list:
     """Every run of the report, reduced unless `full`; `smoke`: each cut to t <= 0.4, n = 200, lmax 32 (no
-    Eulerian run at beta >= 100), to check the pipeline in a few minutes."""
+    Eulerian run at beta >= 100), to check the pipeline in a few minutes.  The Eulerian runs use the transform
+    `backend`: shtns, 1.6-1.8x faster per step than torch on a CPU core at lmax 160-224 (and equal to it to
+    round-off), or torch, which runs them on a GPU where there is one."""
     runs = []
     particles = "solver.method='particles'"
-    eulerian = ["solver.method='eulerian'"]
+    eulerian = ["solver.method='eulerian'", f"solver.backend='{backend}'"]
     for beta, law in MAIN_ROWS:
         case = main_case(beta, law)
         # Pi_# rho_0 has two atoms (+-e_1), so exact OT against all n particles is cheap: no quantisation.
@@ -252,7 +288,7 @@ def plan(full: bool, smoke: bool = False) -> list:
     for beta in ["10", "30", "100", "300"] + (["1000"] if full else []):
         lmax = 128 if beta == "1000" else 64
         runs.append(Run(f"coupling-beta{beta}", "seed003-ablation-symmetric",
-                        ["solver.device='cpu'", "solver.method='eulerian'", f"model.beta={beta}.0", f"sphere.lmax={lmax}", "time.t_end=0.3",
+                        eulerian + [f"model.beta={beta}.0", f"sphere.lmax={lmax}", "time.t_end=0.3",
                          "time.save_every=0.025", "diagnostics.w2=false"]))
     runs.append(Run("lyapunov-baseline", "seed003-baseline-betainf",
                     [particles, "particles.integrator='rk4'", "time.t_end=12.0", "time.save_every=0.1"]))
@@ -267,31 +303,39 @@ def plan(full: bool, smoke: bool = False) -> list:
     return runs
 
 
-def execute(runs: list, out: Path, jobs: int) -> None:
-    """Run what is not cached (`jobs` at a time, each a `spherepde run` process)."""
-    todo = [run for run in runs if not run.cached(out)]
+def execute(runs: list, out: Path, summaries: Path, jobs: int) -> None:
+    """Run what has no summary (`jobs` at a time, each a `spherepde run` process) and summarise it; an output
+    already under `out` (from a run of this script before summaries existed) is summarised, not rerun."""
+    for run in runs:
+        if run.path(out).exists() and not run.path(summaries).exists():
+            summarise(run.path(out), run.path(summaries), run.coupling)
+    todo = [run for run in runs if not run.cached(summaries)]
+    netcdf = threading.Lock()  # the HDF5 library under netCDF4 is not thread-safe (two summaries at once crash)
 
     def one(run):
         print(f"running {run.key}: {' '.join(run.command(out)[2:])}", flush=True)
         result = subprocess.run(run.command(out), capture_output=True, text=True, check=False)
         if result.returncode != 0:
             print(f"  {run.key} exited {result.returncode}: {result.stderr.strip()[-400:]}", flush=True)
+        if run.path(out).exists():
+            with netcdf:
+                summarise(run.path(out), run.path(summaries), run.coupling)
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(one, todo))
 
 
-def load(runs: list, out: Path, fallback: list) -> tuple:
-    """({key: Dataset} of the cached runs, keys whose run is not cached and which use the run of the same key in
-    `fallback` instead (the reduced plan, for a --full report made before all its runs are done), keys with
-    neither)."""
+def load(runs: list, summaries: Path, fallback: list) -> tuple:
+    """({key: summary Dataset} of the summarised runs, keys whose run has no summary and which use the summary of
+    the run of the same key in `fallback` instead (the reduced plan, for a --full report made before all its
+    runs are done), keys with neither)."""
     others = {run.key: run for run in fallback}
     data, substituted, absent = {}, [], []
     for run in runs:
-        if run.path(out).exists():
-            data[run.key] = xr.load_dataset(run.path(out))
-        elif run.key in others and others[run.key].path(out).exists():
-            data[run.key] = xr.load_dataset(others[run.key].path(out))
+        if run.path(summaries).exists():
+            data[run.key] = xr.load_dataset(run.path(summaries))
+        elif run.key in others and others[run.key].path(summaries).exists():
+            data[run.key] = xr.load_dataset(others[run.key].path(summaries))
             substituted.append(run.key)
         else:
             absent.append(run.key)
@@ -335,7 +379,7 @@ def rotation_rate(dataset, start: float = 3.0) -> float:
     moment is no exponential there (RMS log-residual of the fit > 0.2: round-off about a stable pair).  From
     the uniform law the moment starts at round-off (1e-18), which is what an unstable rotation then grows."""
     t = dataset["time"].values
-    log_moment = np.log(np.abs(cc.second_moments(dataset)[:, 0, 2]))
+    log_moment = np.log(np.abs(dataset["second_moment"].values[:, 0, 2]))
     keep = (t >= start) & (t <= resolved_until(dataset)) & (log_moment >= np.log(1e-17)) & (log_moment <= np.log(0.1))
     if not keep.any() or np.ptp(t[keep]) < 2:
         return math.nan
@@ -357,13 +401,14 @@ def fmt(value, digits=3) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def report(data: dict, full: bool, out: Path, substituted: list, absent: list) -> str:
+def report(data: dict, full: bool, summaries: Path, substituted: list, absent: list) -> str:
     """The markdown report; `substituted` and `absent` (see `load`) are listed at its top."""
+    shown = summaries.relative_to(ROOT) if summaries.is_relative_to(ROOT) else summaries
     lines = ["# Seed 003 reproduction: low-temperature concentration on S^2", "",
              "Regenerate: `OMP_NUM_THREADS=1 python results/paper003.py --jobs 2` (reduced set) or "
              "`python results/paper003.py --full --jobs N` (everything the issue asks for). "
-             f"Runs are cached in `{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}/` "
-             "and redone only when their case changes. "
+             f"It reads the runs' summaries in `{shown}/` (diagnostics, second moments, the full case) and runs "
+             "only the runs that have none for their current case. "
              f"This file was made with{'' if full else 'out'} `--full`.", ""]
     if not full:
         lines += ["**Reduced run.** What was cut (the command above with `--full` restores it):", ""]
@@ -390,7 +435,7 @@ def report(data: dict, full: bool, out: Path, substituted: list, absent: list) -
     lines += DIFFERENCES
     lines += noise_section(data)
     lines += ablation_section(data)
-    lines += theorem_section(data, out)
+    lines += theorem_section(data)
     return "\n".join(lines) + "\n"
 
 
@@ -439,7 +484,6 @@ def main_section(data: dict) -> list:
                      f"{fmt(float(e['alignment_E'].values[-1]), 5)} | {fmt(float(ps['alignment_E']), 5)} | "
                      f"{fmt(float(e['w2_projection'].values[-1]), 4)} | {fmt(float(ps['w2_projection']), 4)} |")
     lines += ["", "![alignment](paper003_main.png)", ""]
-    figure_main(data)
     return lines
 
 
@@ -453,10 +497,16 @@ def left_E(dataset, threshold: float = 0.75):
     return cc.first_time(t, (align_e < threshold) & (t >= t[peak]))
 
 
+def eulerian_noise_rows(data: dict) -> list:
+    """(beta, initial law, eps) of the small-noise rows whose Eulerian run and both particle runs are there."""
+    rows = [(beta, law, eps) for beta, law, eps, _ in noise_rows(full=True)]
+    return [row for row in rows if noisy_key("e", *row) in data and noisy_key("p", *row) in data
+            and main_key("p", *row[:2]) in data]
+
+
 def noise_section(data: dict) -> list:
     rows = [(beta, law, eps) for beta, law, eps, _ in noise_rows(full=True)]
-    eulerian = [row for row in rows if noisy_key("e", *row) in data and noisy_key("p", *row) in data
-                and main_key("p", *row[:2]) in data]
+    eulerian = eulerian_noise_rows(data)
     if not eulerian:
         return []
     lines = ["## Small noise: Eulerian (eps > 0) vs particles (same eps, and eps = 0), t <= 20", "",
@@ -489,7 +539,6 @@ def noise_section(data: dict) -> list:
         gaps = [float(np.nanmax(np.abs(p[name].values - ref[name].values))) for name in ("alignment_E", "w2_projection")]
         lines.append(f"| {beta} | {law} | {eps:g} | {gaps[0]:.3g} | {gaps[1]:.3g} | {fmt(left_E(p))} / {fmt(left_E(p0))} |")
     lines += ["", "![noise](paper003_noise.png)", ""] + NOISE_READING
-    figure_noise(data, eulerian)
     return lines
 
 
@@ -572,7 +621,7 @@ def ablation_section(data: dict) -> list:
             continue
         dataset = data[key]
         t = dataset["time"].values
-        x1 = (dataset["particles"].values[..., 0] ** 2).mean(-1)
+        x1 = dataset["second_moment"].values[:, 0, 0]
         row = main_row(dataset) if ablation != "complex" else None
         mean = dataset["mean"].values[-1]
         ours_e = f"{fmt(row['max_E'])} ({fmt(row['t_max_E'])})" if row else "E undefined (eigenvalues +-i)"
@@ -581,22 +630,10 @@ def ablation_section(data: dict) -> list:
                      f"{fmt(cc.oscillation(t, x1, 2, 8))} / {fmt(cc.oscillation(t, x1, 14, 20))} | "
                      f"({', '.join(f'{v:.2f}' for v in mean)}) |")
     lines += ["", "![ablations](paper003_ablations.png)", ""]
-    figure_ablations(data)
     return lines
 
 
-def coupling(dataset, cache: Path) -> dict:
-    """cc.temperature_coupling of a run, cached in `cache` (an .npz keyed by the run's case text)."""
-    if cache.exists():
-        stored = np.load(cache)
-        if str(stored["case"]) == dataset.attrs["case"]:
-            return {name: stored[name] for name in ("time", "upper", "lower")}
-    result = cc.temperature_coupling(dataset, quadrature_lmax=12)
-    np.savez(cache, case=dataset.attrs["case"], **result)
-    return result
-
-
-def theorem_section(data: dict, out: Path) -> list:
+def theorem_section(data: dict) -> list:
     lines = ["## Theorems, measured", ""]
     for key, bound, near, label in [("lyapunov-baseline", 4.0, 4.0, "baseline, B orthogonal: bound 2 p gamma / "
                                      "sigma_max(B) = 4p"),
@@ -614,13 +651,9 @@ def theorem_section(data: dict, out: Path) -> list:
             late = cc.asymptotic_rate(t, values, t[-1] * 0.75)
             lines.append(f"  p = {p:g}: smallest local rate {rates.min() / p:.4f} p (bound {bound:g} p), asymptotic "
                          f"{late / p:.4f} p (expected {near:g} p)")
-    keys = [key for key in data if key.startswith("coupling-beta")]
-    if keys:
-        betas = np.array(sorted(float(key.removeprefix("coupling-beta")) for key in keys))
-        results = [coupling(data[f"coupling-beta{int(b)}"], out / f"coupling-beta{int(b)}.npz") for b in betas]
-        upper = np.array([r["upper"][-1] for r in results])
-        lower = np.array([r["lower"][-1] for r in results])
-        lines += ["", f"- W2(rho_t^beta, rho_t^inf) at t = {results[0]['time'][-1]:g} (Eulerian lmax 64/128, vMF rho_0); "
+    betas, upper, lower, t = coupling_bounds(data)
+    if len(betas):
+        lines += ["", f"- W2(rho_t^beta, rho_t^inf) at t = {t:g} (Eulerian lmax 64/128, vMF rho_0); "
                   "upper = L2(rho_0) distance of the two flows, lower = largest component of the mean difference:", "",
                   "| beta | lower | upper | upper / sqrt(log(beta+1)/beta) | upper * beta |", "| --- | --- | --- | --- | --- |"]
         for b, lo, up in zip(betas, lower, upper):
@@ -632,12 +665,20 @@ def theorem_section(data: dict, out: Path) -> list:
                          f"1/beta {residuals['first_order']:.3f}, sqrt(log(beta+1)/beta) "
                          f"{residuals['laplace_bound']:.3f}.")
         ratio = (upper / np.sqrt(np.log(betas + 1) / betas)).max()
-        t = results[0]["time"][-1]
         lines.append(f"\nThe theorem's shape holds with C0 = 0 and any C1 >= log(1 + {ratio:.3g} / 2) / {t:g} = "
                      f"{math.log(1 + ratio / 2) / t:.3f} (largest upper / sqrt(log(beta+1)/beta) over the betas).")
-        figure_coupling(betas, upper, lower)
         lines += ["", "![coupling](paper003_coupling.png)", ""]
     return lines
+
+
+def coupling_bounds(data: dict) -> tuple:
+    """(betas, upper, lower, t) of the temperature-coupling runs: their bounds on W2(rho_t^beta, rho_t^inf) at
+    their last save t (empty arrays when there is none)."""
+    betas = np.array(sorted(float(key.removeprefix("coupling-beta")) for key in data if key.startswith("coupling-beta")))
+    results = [data[f"coupling-beta{int(b)}"] for b in betas]
+    upper = np.array([float(r["coupling_upper"][-1]) for r in results])
+    lower = np.array([float(r["coupling_lower"][-1]) for r in results])
+    return betas, upper, lower, float(results[0]["coupling_time"][-1]) if results else math.nan
 
 
 # ---------------------------------------------------------------------------------------
@@ -645,10 +686,14 @@ def theorem_section(data: dict, out: Path) -> list:
 # ---------------------------------------------------------------------------------------
 
 
-def save(fig, name: str):
-    fig.tight_layout()
-    fig.savefig(ROOT / "results" / f"paper003_{name}.png", dpi=90)
-    plt.close(fig)
+def write_figures(data: dict, folder: Path) -> None:
+    """The report's figures, paper003_{main, noise, ablations, coupling}.png in `folder`."""
+    for name, figure in (("main", figure_main), ("noise", figure_noise), ("ablations", figure_ablations),
+                         ("coupling", figure_coupling)):
+        fig = figure(data)
+        fig.tight_layout()
+        fig.savefig(folder / f"paper003_{name}.png", dpi=90)
+        plt.close(fig)
 
 
 def figure_main(data: dict):
@@ -667,12 +712,12 @@ def figure_main(data: dict):
     axes[1].set(xlabel="t", ylabel="W2(rho_t, Pi_# rho_0)", title="W2 to the projection; dotted: t = log beta")
     axes[0].legend(fontsize=7, ncol=2)
     axes[1].legend(fontsize=7)
-    save(fig, "main")
+    return fig
 
 
-def figure_noise(data: dict, rows: list):
+def figure_noise(data: dict):
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (beta, law, eps) in enumerate(rows):
+    for i, (beta, law, eps) in enumerate(eulerian_noise_rows(data)):
         e, p = data[noisy_key("e", beta, law, eps)], data[noisy_key("p", beta, law, eps)]
         p0 = data[main_key("p", beta, law)].sel(time=slice(0, float(e["time"].values[-1])))
         label = f"beta {beta}, {law}"
@@ -684,7 +729,7 @@ def figure_noise(data: dict, rows: list):
         ax.plot(p0["time"], p0["alignment_E"], f"C{i}", ls=":", label=f"particles {label}, eps 0")
     ax.set(xlabel="t", ylabel="alignment with E", title="Eulerian (solid; thin: under-resolved), particles (dashed; dotted: eps = 0)")
     ax.legend(fontsize=6)
-    save(fig, "noise")
+    return fig
 
 
 def figure_ablations(data: dict):
@@ -692,44 +737,52 @@ def figure_ablations(data: dict):
     for i, ablation in enumerate(SEED_ABLATIONS):
         dataset = data.get(f"ablation-{ablation}")
         if dataset is not None:
-            ax.plot(dataset["time"], (dataset["particles"].values[..., 0] ** 2).mean(-1), f"C{i}", label=ablation)
+            ax.plot(dataset["time"], dataset["second_moment"].values[:, 0, 0], f"C{i}", label=ablation)
     ax.set(xlabel="t", ylabel="int x1^2 drho", title="ablations at beta = 30 (particles)")
     ax.legend(fontsize=7)
-    save(fig, "ablations")
+    return fig
 
 
-def figure_coupling(betas, upper, lower):
+def figure_coupling(data: dict):
+    betas, upper, lower, t = coupling_bounds(data)
     fig, ax = plt.subplots(figsize=(6, 4))
+    if not len(betas):
+        return fig
     ax.loglog(betas, upper, "o-", label="upper: flow distance")
     ax.loglog(betas, lower, "s-", label="lower: mean difference")
     ax.loglog(betas, upper[0] * betas[0] / betas, "k:", label="1 / beta")
     shape = np.sqrt(np.log(betas + 1) / betas)
     ax.loglog(betas, upper[0] * shape / shape[0], "k--", label="sqrt(log(beta+1)/beta)")
-    ax.set(xlabel="beta", ylabel="W2(rho_t^beta, rho_t^inf) bounds", title="temperature error at t = 0.3")
+    ax.set(xlabel="beta", ylabel="W2(rho_t^beta, rho_t^inf) bounds", title=f"temperature error at t = {t:g}")
     ax.legend(fontsize=7)
-    save(fig, "coupling")
+    return fig
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="every run the issue asks for (hours on a CPU)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
-    parser.add_argument("--out", default=str(ROOT / "results" / "paper003"), help="folder of the cached runs")
-    parser.add_argument("--smoke", action="store_true", help="tiny runs, to check the pipeline")
+    parser.add_argument("--out", default=str(ROOT / "results" / "paper003"),
+                        help="folder of the runs' full outputs (not committed)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny runs, to check the pipeline (summaries, report and figures in --out)")
     parser.add_argument("--runs-only", action="store_true", help="run (the --only keys), write no report")
     parser.add_argument("--only", default="", help="comma-separated run keys to run now (the report uses all cached)")
+    parser.add_argument("--backend", choices=["shtns", "torch"], default="shtns",
+                        help="transform of the Eulerian runs: shtns (CPU) or torch (on a GPU where there is one)")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    runs = plan(args.full, args.smoke)
+    summaries, folder = (out / "summaries", out) if args.smoke else (SUMMARIES, ROOT / "results")
+    summaries.mkdir(parents=True, exist_ok=True)
+    runs = plan(args.full, args.smoke, args.backend)
     chosen = [run for run in runs if not args.only or run.key in args.only.split(",")]
-    execute(chosen, out, args.jobs)
+    execute(chosen, out, summaries, args.jobs)
     if args.runs_only:
         return
-    data, substituted, absent = load(runs, out, plan(False, args.smoke) if args.full else [])
-    text = report(data, args.full, out, substituted, absent)
-    (ROOT / "results" / "paper003.md").write_text(text)
-    print(f"wrote {ROOT / 'results' / 'paper003.md'}")
+    data, substituted, absent = load(runs, summaries, plan(False, args.smoke, args.backend) if args.full else [])
+    (folder / "paper003.md").write_text(report(data, args.full, summaries, substituted, absent))
+    write_figures(data, folder)
+    print(f"wrote {folder / 'paper003.md'}")
 
 
 if __name__ == "__main__":
