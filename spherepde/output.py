@@ -205,6 +205,11 @@ def _folder_problem(folder: str) -> str | None:
         return f"{existing!r} is not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return f"no write access to {existing!r}"
+    # os.access answers yes to root everywhere, /proc and read-only mounts included: make and remove an entry.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".spherepde-probe-", dir=existing))
+    except OSError as error:
+        return f"cannot create files in {existing!r} ({error.strerror or error})"
     return None
 
 
