@@ -11,7 +11,10 @@ at the other run's value, which decides near |m| = 0: `_stderr`).  Verdict per d
 round-off where both are exact), "disagrees" otherwise, "n/a" when either run lacks the
 diagnostic or a standard error does not exist.  For w2_projection the tolerance also holds
 both runs' quantisation bounds (attribute `w2_projection_floor`), and z is 0 below it: where
-that floor exceeds the standard errors, difference / stderr is the sharper test.
+that floor exceeds the standard errors, difference / stderr is the sharper test.  Each row also
+gives P(max|z|) of M, the probability that M independent standard normal errors reach its worst
+|z| (`max_z_probability`; attributes max_z_probability_<name>): a verdict over many values fails
+by chance alone now and then, and a "disagrees" with a large P is what chance gives.
 
 W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
 density (Eulerian) or 1/n for the saved particles:
@@ -240,7 +243,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
             coords[name] = a[name]
     if "lyapunov_p" in a.coords and not np.array_equal(a["lyapunov_p"].values, b["lyapunov_p"].values):
         raise CaseError("compare: the two runs use different diagnostics.lyapunov_p")
-    data, verdicts, lines = {}, {}, []
+    data, verdicts, probabilities, lines = {}, {}, {}, []
     for name in DIAGNOSTIC_ATTRS:
         if name not in a or name not in b:
             continue
@@ -259,6 +262,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         data[f"{name}_stderr"] = (dims, stderr, {"long_name": f"combined standard error of {name}"})
         data[f"{name}_z"] = (dims, z, {"long_name": f"(B - A) / stderr of {name}"})
         verdicts[name] = _verdict(va, vb, stderr, k, tolerance)
+        probabilities[name] = max_z_probability(z)
         lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, verdicts[name]))
     distances, bounds, methods = [], [], set()
     for i in range(a.sizes["time"] if w2 else 0):
@@ -280,9 +284,10 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         "w2_projection_floor": _w2_floor(a, b),
     }
     attrs.update({f"verdict_{name}": verdict for name, verdict in verdicts.items()})
+    attrs.update({f"max_z_probability_{name}": value for name, value in probabilities.items()})
     last = f"t={a['time'].values[-1]:g}"
     header = (f"{'diagnostic':<20} {'A(' + last + ')':>13} {'B(' + last + ')':>13} {'B-A':>11} {'stderr':>10} "
-              f"{'max|z|':>8} {'at t':>7}  verdict (|B-A| <= {k:g} stderr + {atol:g})")
+              f"{'max|z|':>8} {'at t':>7} {'P(max|z|) of M':>14}  verdict (|B-A| <= {k:g} stderr + {atol:g})")
     # a failed run keeps the saves before its failure: say so, or its verdicts read as agreement to t_end
     unfinished = [f"{label}: {run.attrs['status']}; compared over the saves it has (t <= {run['time'].values[-1]:g})"
                   for label, run in (("A", a), ("B", b)) if run.attrs.get("status", "completed") != "completed"]
@@ -297,19 +302,37 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
+def max_z_probability(z: np.ndarray) -> float:
+    """P(max |Z_i| >= max |z|) for independent standard normal Z_i, one per value of z that is not NaN: how
+    often errors of the stated size alone would reach the worst z of the comparison (NaN if there is none).
+
+    The verdict asks |z| <= k at every time and component, so over M values a run that agrees fails it by
+    chance with probability 1 - (1 - P(|Z| > k))^M (at k = 3: 10% for M = 41, 20% for M = 81 independent
+    values; saves of one particle run are correlated, which makes it less).  This says how surprising the
+    worst value is, not whether the two agree."""
+    values = np.abs(z[~np.isnan(z)])
+    if values.size == 0:
+        return math.nan
+    one = math.erfc(float(values.max()) / math.sqrt(2))  # P(|Z| >= max |z|)
+    return 0.0 - math.expm1(values.size * math.log1p(-one)) if one < 1 else 1.0
+
+
 def _table_row(name, times, va, vb, difference, stderr, z, verdict) -> str:
-    """One line of the text table: the last shared time, and the largest |z| over times and components."""
+    """One line of the text table: the last shared time, the largest |z| over times and components, and how
+    probable so large a |z| is among that many values (max_z_probability)."""
     last = (slice(-1, None),) + (slice(None),) * (va.ndim - 1)
     with np.errstate(invalid="ignore"):
         magnitude = np.where(np.isnan(z), -1.0, np.abs(z))
     worst = np.unravel_index(np.argmax(magnitude), z.shape)
     worst_z = f"{magnitude[worst]:8.2f}" if magnitude[worst] >= 0 else f"{'-':>8}"
+    probability = max_z_probability(z)
+    chance = f"{'-':>14}" if math.isnan(probability) else f"{probability:7.2g} of {np.count_nonzero(~np.isnan(z)):<4d}"
 
     def first(values):
         return float(np.ravel(values[last])[0])
 
     return (f"{name:<20} {first(va):>13.6g} {first(vb):>13.6g} {first(difference):>11.3g} {first(stderr):>10.3g} "
-            f"{worst_z} {times[worst[0]]:>7.3g}  {verdict}")
+            f"{worst_z} {times[worst[0]]:>7.3g} {chance}  {verdict}")
 
 
 # ---------------------------------------------------------------------------------------

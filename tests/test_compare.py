@@ -11,7 +11,7 @@ import xarray as xr
 import spherepde
 from conftest import make_case
 from spherepde.cli import main
-from spherepde.compare import circle_w2, compare, measure, refined_circle_measure, w2_between
+from spherepde.compare import circle_w2, compare, max_z_probability, measure, refined_circle_measure, w2_between
 from spherepde.output import split_both, write_dataset
 from spherepde.sampling import von_mises_fisher
 
@@ -238,3 +238,15 @@ def test_order_parameter_verdict_allows_the_bias_of_a_disordered_phase_and_keeps
     assert np.abs(report["order_parameter_stderr"].values / delta - 1).max() <= 0.05
     shifted = compare(exact_order(saves // 4, 3, radius - 5 * float(delta.mean())), ordered, k=3.0, w2=False)
     assert shifted.attrs["verdict_order_parameter"] == "disagrees"
+
+
+def test_max_z_probability_is_uniform_for_standard_normal_errors():
+    """P(max |Z| >= max |z|) over M values is a p-value: for z drawn as M independent standard normals it is
+    uniform on [0, 1] (checked at 5%, 50%, 95% over 4000 draws, 4 binomial standard errors)."""
+    generator = np.random.default_rng(8)
+    for count in (1, 81):
+        p = np.array([max_z_probability(generator.standard_normal(count)) for _ in range(4000)])
+        for level in (0.05, 0.5, 0.95):
+            assert abs((p <= level).mean() - level) <= 4 * math.sqrt(level * (1 - level) / 4000)
+    assert math.isnan(max_z_probability(np.array([np.nan])))
+    assert max_z_probability(np.array([np.inf, 0.0])) == 0.0
