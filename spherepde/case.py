@@ -75,7 +75,8 @@ solver.backend             "auto" | "torch" | "shtns" (S^2 only:       "auto"
 solver.device              "auto" | "cpu" | "cuda"                     "auto"
 solver.dtype               "float64" | "float32"                       "float64"
 solver.chunk               "auto" | int >= 1: rows per block of dense  "auto": a 1 MiB block on
-                           attention                                   the CPU, 4096 rows on CUDA
+                           attention                                   the CPU; on CUDA 4096 rows,
+                                                                       at most 1 GiB
 solver.filter_order        int >= 0: exponential spectral filter       0 (no filter)
                            order
 solver.kernel_tol          real in (0, 1): truncation tolerance of     1e-10

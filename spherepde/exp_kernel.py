@@ -69,10 +69,12 @@ from .transforms.sht_torch import PackedLegendre, TorchSHT
 # through the six passes over it (logits, row maximum, shift, floor, exponential, product with f).  Measured
 # with benchmarks/dense_blocks.py for n = 1000 to 16000 points: 0.7-0.9 of the time of 4 MiB blocks, a third of
 # that of 64 MiB ones (4096 rows at n = 2000 to 8000, the former default); at least CPU_BLOCK_MIN_ROWS rows, so
-# that the per-block overhead stays small at large n.  A GPU wants large blocks instead.
+# that the per-block overhead stays small at large n.  A GPU wants large blocks instead: GPU_BLOCK_ROWS, fewer
+# where a block would exceed GPU_BLOCK_BYTES (n = 10^6 particles: 134 rows, not 32 GB).
 CPU_BLOCK_BYTES = 2 ** 20
 CPU_BLOCK_MIN_ROWS = 8
 GPU_BLOCK_ROWS = 4096
+GPU_BLOCK_BYTES = 2 ** 30
 # Largest Chebyshev node count tried before a general C is declared out of reach of the spectral field.
 MAX_CHEBYSHEV_NODES = 64
 # Largest kernel matrix (bytes) the dense transform of a grid keeps between calls: 64 MiB holds
@@ -117,12 +119,14 @@ def exponent_floor(dtype: torch.dtype) -> float:
 
 def block_rows(chunk: int | str, columns: int, dtype: torch.dtype, device: torch.device) -> int:
     """Rows per block of a dense kernel matrix with `columns` columns: solver.chunk, or for "auto" the rows of
-    CPU_BLOCK_BYTES on the CPU (at least CPU_BLOCK_MIN_ROWS) and GPU_BLOCK_ROWS on a GPU."""
+    CPU_BLOCK_BYTES on the CPU (at least CPU_BLOCK_MIN_ROWS) and on a GPU GPU_BLOCK_ROWS, at most those of
+    GPU_BLOCK_BYTES (at least one)."""
     if chunk != "auto":
         return chunk
+    row_bytes = columns * (torch.finfo(dtype).bits // 8)
     if device.type != "cpu":
-        return GPU_BLOCK_ROWS
-    return max(CPU_BLOCK_MIN_ROWS, CPU_BLOCK_BYTES // (columns * (torch.finfo(dtype).bits // 8)))
+        return max(1, min(GPU_BLOCK_ROWS, GPU_BLOCK_BYTES // row_bytes))
+    return max(CPU_BLOCK_MIN_ROWS, CPU_BLOCK_BYTES // row_bytes)
 
 
 def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch.Tensor, beta: float,
