@@ -78,10 +78,30 @@ def spectral_filter(basis, order: int) -> torch.Tensor | None:
     return torch.exp(-36.0 * (basis.degree / basis.lmax).to(basis.placement.real) ** order)
 
 
-class Recorder:
+class WallClock:
+    """wall_seconds of a run (an output attribute), a failed one included: counted from `start_clock`, added up
+    at each `tick` (checkpoints, the end, a failure)."""
+
+    def __init__(self):
+        self.wall_seconds = 0.0
+        self._clock = wallclock.perf_counter()
+
+    def start_clock(self) -> None:
+        """Time stepping starts (or resumes) now: wall_seconds counts from here."""
+        self._clock = wallclock.perf_counter()
+
+    def tick(self) -> None:
+        """Add the wall time since the clock started, or since the last tick, to wall_seconds."""
+        now = wallclock.perf_counter()
+        self.wall_seconds += now - self._clock
+        self._clock = now
+
+
+class Recorder(WallClock):
     """Density snapshots and diagnostics at save times, on the host."""
 
     def __init__(self, problem: ForwardProblem, case, rho0: np.ndarray, scheme: str):
+        super().__init__()
         basis, model = problem.basis, problem.model
         self.problem, self.case, self.scheme = problem, case, scheme
         self.points = basis.points.reshape(-1, basis.dim).cpu().double().numpy()
@@ -97,18 +117,7 @@ class Recorder:
         self.times, self.densities, self.rows = [], [], []
         self.resolved_until = None
         self.notes = []
-        self.steps, self.wall_seconds = 0, 0.0
-        self._clock = wallclock.perf_counter()
-
-    def start_clock(self) -> None:
-        """Time stepping starts (or resumes) now: wall_seconds counts from here."""
-        self._clock = wallclock.perf_counter()
-
-    def tick(self) -> None:
-        """Add the wall time since the clock started, or since the last tick, to wall_seconds."""
-        now = wallclock.perf_counter()
-        self.wall_seconds += now - self._clock
-        self._clock = now
+        self.steps = 0
 
     def record(self, t: float, c: torch.Tensor) -> dict:
         """Save the state c at time t: its density on the grid and its diagnostics row (returned)."""
@@ -323,12 +332,18 @@ def departure(density: np.ndarray, weights: np.ndarray, mass_0: float, real: tor
     return None
 
 
-def _fail(recorder: Recorder, reason: str):
-    """Stop the run: the failure carries the dataset up to the last good save."""
+def _fail(recorder: WallClock, reason: str):
+    """Stop the run: the failure carries the dataset up to the last good save.  When the run had lost its
+    resolution before, the message says so: an under-resolved density undershoots, and that is the usual cause."""
     recorder.notes.append(reason)
     recorder.tick()
+    resolution = ""
+    if isinstance(recorder, Recorder) and recorder.resolved_until is not None:  # particles have no resolution
+        last = f"spectral tail {recorder.rows[-1]['spectral_tail']:.2g} at the last save, " if recorder.rows else ""
+        resolution = (f"; it was under-resolved after t = {recorder.resolved_until:.4g} ({last}diagnostics.tail_tol = "
+                      f"{recorder.tail_tol:.0e}): increase sphere.lmax or eps")
     raise NumericalFailure(f"numerical failure: {reason}; the last good state (t = {recorder.times[-1]:.6g}) "
-                           "is kept", recorder.dataset(f"failed: {reason}"))
+                           f"is kept{resolution}", recorder.dataset(f"failed: {reason}"))
 
 
 def _cfl_step(problem: ForwardProblem, speed: float, cfl: float, interval: float) -> float:

@@ -37,7 +37,6 @@ for bit on the CPU.
 """
 
 import math
-import time as wallclock
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +54,7 @@ from spherepde.output import particle_dataset
 from spherepde.progress import Progress
 from spherepde.sampling import initial_particles
 
-from .eulerian import _fail, save_times
+from .eulerian import WallClock, _fail, save_times
 
 # ---------------------------------------------------------------------------------------
 # The drift: the model's velocity with the empirical measure
@@ -270,7 +269,7 @@ def paired_w2(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[
     return w2, (error / (2 * w2) if w2 > 0 else math.nan), a_bound + b_bound
 
 
-class ParticleRecorder:
+class ParticleRecorder(WallClock):
     """Diagnostics of DESIGN §4 as empirical averages with standard errors, and saved particles.
 
     Standard errors (`<name>_stderr` in the output), particles.replicas = 1: the i.i.d. formulas
@@ -305,7 +304,8 @@ class ParticleRecorder:
             self.projected_0 = diag.projection(x0.cpu().double().numpy(), self.subspace_E)
         self.saved = case["particles"]["save"]
         self.times, self.rows, self.positions, self.notes = [], [], [], []
-        self.steps, self.dt, self.wall_seconds, self.w2_error_bound = 0, math.nan, 0.0, 0.0
+        super().__init__()
+        self.steps, self.dt, self.w2_error_bound = 0, math.nan, 0.0
 
     def record(self, t: float, x: torch.Tensor) -> dict:
         points = x.cpu().double().numpy()
@@ -469,7 +469,7 @@ def run_particles(case, progress: bool | None = None):
     recorder.record(0.0, x)
     times = save_times(timing["t_end"], timing["save_every"])
     bar = Progress(timing["t_end"], enabled=progress)
-    started = wallclock.perf_counter()
+    recorder.start_clock()
     for t0, t1 in zip(times[:-1], times[1:]):
         substeps = max(1, math.ceil((t1 - t0) / step_bound(case, field, t0, x, t1 - t0) - 1e-9))
         if "max_steps" in timing and recorder.steps + substeps > timing["max_steps"]:
@@ -484,5 +484,5 @@ def run_particles(case, progress: bool | None = None):
         row = recorder.record(float(t1), x)
         bar.update(float(t1), dt=recorder.dt, order_parameter=row["order_parameter"])
     bar.close()
-    recorder.wall_seconds = wallclock.perf_counter() - started
+    recorder.tick()
     return recorder.dataset("completed")

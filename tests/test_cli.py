@@ -199,6 +199,21 @@ def test_numerical_failure_exits_3_and_keeps_last_good_state(tmp_path, capsys):
         assert dataset.attrs["status"].startswith("failed")
         assert np.isfinite(dataset["density"].values).all()
         assert dataset.sizes["time"] >= 1
+    # eps = 0 concentrates beyond lmax 16 (tail 8e-6 at t = 1, 0.29 at t = 4), then undershoots and fails: the
+    # message says the run had lost its resolution, and what to change
+    concentrating = SMALL_S1.replace("beta = 2.0", "beta = 8.0").replace("eps = 0.1", "eps = 0.0").replace(
+        "t_end = 0.5\ndt = 0.05\nsave_every = 0.25", "t_end = 40.0\ncfl = 0.5\nsave_every = 1.0")
+    status, err = run_cli(["run", write_case(tmp_path, concentrating), "-o", output, "--quiet", "--overwrite"], capsys)
+    assert status == 3 and len(err.strip().splitlines()) == 1, err
+    assert "it was under-resolved after t = 0 (spectral tail 0.29 at the last save" in err
+    assert err.strip().endswith("increase sphere.lmax or eps")
+    # the particle solver stops the same way (it raised AttributeError: its recorder had no clock), and says
+    # nothing of a resolution it does not have
+    status, err = run_cli(["run", write_case(tmp_path, concentrating), "-o", output, "--quiet", "--overwrite",
+                           "--solver", "particles", "--set", "particles.n=100", "--set", "time.max_steps=3"], capsys)
+    assert status == 3 and "time.max_steps = 3 would be exceeded before t = 1" in err and "resolved" not in err, err
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["status"].startswith("failed: time.max_steps") and dataset.attrs["wall_seconds"] > 0
 
 
 def test_info_and_plot(tmp_path, capsys):
