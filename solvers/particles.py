@@ -45,10 +45,10 @@ import torch
 import torch.nn.functional as F
 
 from spherepde import diagnostics as diag
+from spherepde.ambient import tangent_projection
 from spherepde.device import placement as make_placement
 from spherepde.errors import CaseError
 from spherepde.exp_kernel import DenseExpKernel, block_rows
-from spherepde.ambient import tangent_projection
 from spherepde.model import Model, attention_mean, principal_subspace, velocity, zero_temperature_mean
 from spherepde.output import particle_dataset
 from spherepde.progress import Progress

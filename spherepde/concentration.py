@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from scipy.special import eval_legendre
 
+from .ambient import tangent_projection
 from .bases import make_basis
 from .case import load_case_text
 from .device import placement as make_placement
 from .exp_kernel import dense_exp_kernel
 from .initial import initial_density
-from .ambient import tangent_projection
 from solvers.particles import normalise, rk4_flow  # the characteristics are integrated like particles
 
 # ---------------------------------------------------------------------------------------
