@@ -129,12 +129,15 @@ NOISE_READING = [
     "towards e3 it grows at sigma = -lambda_3 + 2 / (1 + beta s_3) (V_33 = -2; lambda_3 and s_3 are the restoring "
     "rate and variance of two_cluster_widths); shifted together towards e2 it decays. Point clusters (no noise) "
     "give sigma = V_11 - V_33 = 1; the clusters' thermal width lowers it through the softmax's tilt, and it "
-    "changes sign at beta eps = 1/2 for the seed's V and B. The Eulerian runs grow at the predicted rate: 0.2763 "
-    "against 0.2776 from the projected Gaussian law, 0.6726 against 0.6823 from the perturbed law, and from the "
-    "uniform law, where only round-off (1e-18) breaks the symmetry, 0.6670, 0.8860 and 0.7015 against 0.6823, "
-    "0.8894 and 0.7087 (the theory's error is relative O(eps): 0.7% from two turned clusters at eps = 1e-2 in "
-    "tests/test_seed003.py). At that rate the uniform law's run at beta = 10, eps = 1e-2 (moment 1.4e-15 at "
-    "t = 20) would leave E near t = 65 by round-off alone. The particles agree in sign. At beta = 1000 (beta eps "
+    "changes sign at beta eps = 1/2 for the seed's V and B. The Eulerian runs grow at the predicted rate from the "
+    "two laws that break the symmetry (the third table; the theory's error is relative O(eps): 0.7% from two "
+    "turned clusters at eps = 1e-2 in tests/test_seed003.py). From the uniform law only round-off breaks the "
+    "symmetry, and the shtns transforms break it far less than the torch ones did: int x1 x3 drho sits at its "
+    "1e-18 floor to t = 20 at beta = 10, eps = 1e-2 (sigma = 0.68) and at beta = 30 (0.28, 0.71), so no rate is "
+    "shown there; at beta = 10, eps = 3e-3 (0.89) it leaves the floor near t = 11, reaches 1e-14 at t = 20 and "
+    "grows at 0.8891. (In the previous version of this report, made with the torch transforms, it grew from "
+    "t = 3 at 0.6670, 0.8860 and 0.7015 against the theory's 0.6823, 0.8894 and 0.7087 at beta = 10, eps = 1e-2 "
+    "and 3e-3, and beta = 30, eps = 3e-3.) The particles agree in sign. At beta = 1000 (beta eps "
     ">= 1 at all three eps, a stable pair) they stay on E to t = 20. At beta = 10 and 30 (beta eps <= 0.3) they "
     "leave, earlier where sigma is larger: beta = 10 at t = 6.25, 7, 10 for sigma = 0.96, 0.89, 0.68; beta = 30 "
     "at 8 and 11.2 for 0.89 and 0.71, while at sigma = 0.28 the alignment only falls to 0.80 by t = 20. Without "
@@ -253,9 +256,9 @@ class Run:
 
 def summarise(output: Path, target: Path, coupling: bool) -> None:
     """Write the summary of a run's output to `target`: the output without its fields on the grid or the
-    particles, plus `second_moment` (time, row, col) = int x x^T drho (cc.second_moments) and, for a finite-beta
-    Eulerian run from the ablation's vMF law (the temperature coupling), the bounds of cc.temperature_coupling
-    as `coupling_upper`, `coupling_lower` over `coupling_time` when `coupling`."""
+    particles, plus `second_moment` (time, row, col) = int x x^T drho (cc.second_moments) and, when `coupling`
+    (a temperature-coupling run), the bounds of cc.temperature_coupling as `coupling_upper`, `coupling_lower`
+    over `coupling_time`."""
     dataset = xr.load_dataset(output)
     summary = dataset.drop_dims([dim for dim in FIELD_DIMS if dim in dataset.dims])
     summary["second_moment"] = (("time", "row", "col"), cc.second_moments(dataset))
