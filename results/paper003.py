@@ -9,10 +9,11 @@ with the full case, int x x^T drho at each save, the temperature-coupling bounds
 which is committed.  Both are named by the run's key and a digest of its resolved case text: a run is redone
 only when it has no summary for that text (the reduced and --full variants of a key sit side by side), so a
 fresh checkout regenerates the report from the summaries and runs only what they lack.  Without --full it runs the
-reduced set that fits two CPU cores in about two hours, most of it the Eulerian runs to t = 20 at
-eps = 1e-2, lmax 96 (about 9 CPU minutes each) and eps = 3e-3, lmax 160 (about 45); what is reduced
-is listed in REDUCED and printed in the report.  --full runs everything the issue asks for (its
-Eulerian runs at lmax 224 take hours each on a CPU core).
+reduced set, about 45 CPU minutes, most of it the Eulerian runs to t = 20 at eps = 1e-2, lmax 96 (about 3 CPU
+minutes each) and eps = 3e-3, lmax 160 (about 15); what is reduced is listed in REDUCED and printed in the
+report.  --full runs everything the issue asks for: its small-noise Eulerian runs take 1.5 (lmax 224) to 2
+(lmax 256) CPU hours each, and about 5 at lmax 336 (beta = 1000, eps = 1e-3), the particle runs at n = 8000
+about 15 minutes each; the other 42 runs of the set together about 1.1 CPU hours.
 Set OMP_NUM_THREADS to the cores each of the --jobs processes may use.
 
 Model (DESIGN §2, softmax kernel, W = 0): d_t rho = eps Lap rho - div(rho P_x(V m[rho])),
@@ -124,18 +125,20 @@ NOISE_READING = [
     "t = 15.0 against 14.8 from the projected Gaussian law (beta = 30; alignment within 0.059 of the particles' "
     "while resolved), at 7.75 against 8.75 from the perturbed uniform law (beta = 10; its bump breaks the symmetry "
     "by about as much as sampling 2000 tokens does, and the particles' own sample adds a part of the same size).",
-    "- Why the pair on E is left, and where noise keeps it (the third table). spherepde/concentration.py "
+    "- Why the pair on E is left, and where noise keeps it (the fourth table). spherepde/concentration.py "
     "(two_cluster_stability) linearises the pair of clusters at +-e1 to first order in eps. Turned rigidly "
     "towards e3 it grows at sigma = -lambda_3 + 2 / (1 + beta s_3) (V_33 = -2; lambda_3 and s_3 are the restoring "
     "rate and variance of two_cluster_widths); shifted together towards e2 it decays. Point clusters (no noise) "
     "give sigma = V_11 - V_33 = 1; the clusters' thermal width lowers it through the softmax's tilt, and it "
     "changes sign at beta eps = 1/2 for the seed's V and B. The Eulerian runs grow at the predicted rate from the "
-    "two laws that break the symmetry (the third table; the theory's error is relative O(eps): 0.7% from two "
+    "two laws that break the symmetry (the fourth table; the theory's error is relative O(eps): 0.7% from two "
     "turned clusters at eps = 1e-2 in tests/test_seed003.py). From the uniform law only round-off breaks the "
     "symmetry, and the shtns transforms break it far less than the torch ones did: int x1 x3 drho sits at its "
     "1e-18 floor to t = 20 at beta = 10, eps = 1e-2 (sigma = 0.68) and at beta = 30 (0.28, 0.71), so no rate is "
-    "shown there; at beta = 10, eps = 3e-3 (0.89) it leaves the floor near t = 11, reaches 1e-14 at t = 20 and "
-    "grows at 0.8891. (In the previous version of this report, made with the torch transforms, it grew from "
+    "shown there. Where sigma is larger it leaves the floor and grows at the predicted rate: at beta = 10, "
+    "eps = 3e-3 (theory 0.8894) from t = 11, at 0.8891; at beta = 10, eps = 1e-3 (0.9611) from t = 6 to 1.8e-12 "
+    "at t = 20, at 0.9610; at beta = 30, eps = 1e-3 (0.8894) from t = 8 to 1e-13, at 0.8885. (In the previous "
+    "version of this report, made with the torch transforms, it grew from "
     "t = 3 at 0.6670, 0.8860 and 0.7015 against the theory's 0.6823, 0.8894 and 0.7087 at beta = 10, eps = 1e-2 "
     "and 3e-3, and beta = 30, eps = 3e-3.) The particles agree in sign. At beta = 1000 (beta eps "
     ">= 1 at all three eps, a stable pair) they stay on E to t = 20. At beta = 10 and 30 (beta eps <= 0.3) they "
@@ -146,23 +149,30 @@ NOISE_READING = [
     "- Resolution in the transition. Leaving E, the clusters cross the zone of width ~ 1 / beta where the softmax "
     "switches from one cluster to the other, and the density sharpens: from the perturbed law the spectral tail "
     "jumps from 3e-8 (t = 7.5) to 1e-2 (t = 8.5) at lmax 96; a restart of that run from its t = 7.5 state at "
-    "lmax 160 keeps it below 1e-4 over t in [7.5, 9] (about two decades per 64 degrees: lmax ~ 224, the --full "
-    "setting for eps = 1e-3, would be needed for 1e-6). The low-degree diagnostics do not notice: over that "
+    "lmax 160 keeps it below 1e-4 over t in [7.5, 9] (about two decades per 64 degrees: lmax ~ 224 would be "
+    "needed for 1e-6). The low-degree diagnostics do not notice: over that "
     "interval alignment_E and the interaction energy of the lmax 96 and 160 runs agree within 1e-11, W2 to the "
     "projection and the entropy within 2e-3. (The attention velocity is smooth, so the degree <= 2 moments of rho "
     "evolve by low-degree products only.) The reported 'resolved until' is therefore conservative for the "
     "alignment columns. From the projected Gaussian law at beta = 30, lmax 96 loses resolution at t = 15.5 and the "
     "run fails at t = 16.75 (exit 3, its last good state kept); its row uses the saves up to the failure.",
-    "- eps -> 0, Eulerian (the second table). Against the Eulerian run at eps = 0, while that is resolved "
-    "(t <= 0.5), the alignment differs by 0.37 eps at beta = 10 for eps = 1e-2 and 3e-3 alike: first-order "
-    "convergence in eps. Against the deterministic particles at their peak alignment (t = 3.25) it differs by "
-    "1.5 eps and 1.3 eps. On E the stationary 1 - alignment is the clusters' thermal variance, which "
+    "- eps -> 0, Eulerian (the second and third tables). Against the Eulerian run at eps = 0, while that is "
+    "resolved (t <= 0.5), the alignment differs by 0.37 eps at beta = 10, 0.12 eps at beta = 30 and 0.4 eps at "
+    "beta = 1000, the same at every eps: first-order convergence in eps. Extrapolated to eps = 0 at the "
+    "deterministic particles' peak, the Eulerian runs give 0.99714 (beta = 10, t = 3.25) and 0.99856 (beta = 30, "
+    "t = 3.75) linearly, 0.99718 and 0.99864 quadratically, against 0.99713 +- 0.0001 and 0.99861 +- 0.0002 from "
+    "the particles at n = 8000: the Eulerian runs approach the deterministic mean field. The particles at n = 2000 "
+    "lie below it by 1.6e-3 and 2.4e-4, more than their standard error, which is that of the particle average over "
+    "one sample and not the spread of the trajectory over samples. (So at beta = 10 the eps = 1e-3 run, 1.8e-3 "
+    "below its limit, happens to come within 0.22 eps of the n = 2000 particles, against 1.5 and 1.3 eps at the "
+    "larger eps.) At beta = 1000 only two eps are there and beta eps >= 3: the linear extrapolation, 0.99939, is "
+    "5e-4 below the particles at n = 8000. On E the stationary 1 - alignment is the clusters' thermal variance, which "
     "spherepde/concentration.py (two_cluster_alignment) derives to first order in eps and every order in beta eps: "
     "each token attends to the opposite cluster through a Gaussian tilt that the sphere's curvature narrows. The "
-    "Eulerian runs match it to 3e-5 - 4e-4 relative at beta = 10 and 30, to 5e-6 at eps = 1e-3 (--full, lmax 224: "
-    "1 - alignment 0.00197124 against 0.00197123, although its stationary tail 1.6e-5 is above tail_tol from "
-    "t = 3, short of the lmax ~ 280 the issue estimates), and to 3e-3 at beta = 1000, eps = 1e-2 (--full; beta eps "
-    "= 10, where neglecting the tilt, 1 - alignment = 2 eps, is off by a factor 2.2).",
+    "Eulerian runs match it at t = 20 to a relative 2.5e-4, 3.3e-5, 5e-6 at beta = 10 and 4.3e-4, 6.8e-5, 1e-5 at "
+    "beta = 30 (eps = 1e-2, 3e-3, 1e-3: faster than eps), and to 2.9e-3 and 5.2e-4 at beta = 1000 (eps = 1e-2, "
+    "3e-3; beta eps = 10 and 3, where neglecting the tilt, 1 - alignment = 2 eps, is off by a factor 2.2 at "
+    "eps = 1e-2).",
     "- eps -> 0, particles: at eps = 1e-2, 3e-3, 1e-3 they approach the deterministic ones (beta = 10, uniform law): "
     "the largest gap in alignment with E falls 0.56, 0.37, 0.18 (about as eps^(1/2)), and the time they leave E "
     "10, 7, 6.25 against 6 at eps = 0 (beta = 30: never, 11.25, 8 against 6.75). Noise delays the departure from "
@@ -170,8 +180,11 @@ NOISE_READING = [
     "with the deterministic ones.",
     "- beta = 1000 (--full). With noise the particles stay on E to t = 20 at every eps (alignment 0.991, 0.997, "
     "0.999 at the end for eps = 1e-2, 3e-3, 1e-3); without, they leave at t = 9.5 and F wins at 17.75 (the seed: "
-    "mass moves to F after t = 15). The Eulerian run at eps = 1e-2 (lmax 128) stays on E, resolved (tail 4e-7). "
-    "It needs the bounded attention mean of spherepde/model.py (softmax_mean). Between the sharp clusters Z is "
+    "mass moves to F after t = 15; with n = 8000 they too leave E at t = 10, but F only reaches 0.16 by t = 20). "
+    "The Eulerian runs at eps = 1e-2 (lmax 128) and 3e-3 (lmax 224) stay on E, resolved (tails 4e-7 and 9.5e-8), "
+    "with 1 - alignment 0.0093124 and 0.0032120 at t = 20 against the theory's 0.0092851 and 0.0032103 (beta eps "
+    "= 10 and 3). At eps = 1e-3 the clusters need lmax 336 (resolving_lmax), about 5 CPU hours: not run here. "
+    "They need the bounded attention mean of spherepde/model.py (softmax_mean). Between the sharp clusters Z is "
     "exp(-beta gap) of its scale, below the transform's accuracy. The raw N / Z there reached |m| = 2 on a quarter "
     "of the grid, and then NaN at t = 8 (exit 3). The density there is round-off too, so bounding m by 1 changes "
     "rho v only at that level.",
@@ -204,7 +217,14 @@ DIFFERENCES = [
     "the pair is a fixed point. The tokens leave it for +-e2 later (the figure's plateau).",
     "- beta = 1000: the transition comes at t = 17.8, consistent with the seed's 't > 15' (the run behind the "
     "previous version of this table stopped at t = 10.5 with non-finite particle positions; rerun with the current "
-    "code, whose particle attention shifts each row of exponents by its maximum, it completes). beta = inf: no transition, and W2(rho_t, Pi_# rho_0) -> 0, as in the seed.",
+    "code, whose particle attention shifts each row of exponents by its maximum, it completes). With n = 8000 "
+    "it starts at about the same time but is not complete at t = 20 (alignment_F 0.16, alignment_E 0.42). More "
+    "tokens delay every transition (n = 8000 against 2000: 15 against 13 at beta = 10, 16.2 against 14.5 at "
+    "beta = 30): the states the tokens leave, the pair on E and the plateau of the previous item, are unstable "
+    "fixed points of the mean-field flow, and the sample's O(n^-1/2) asymmetry is what the flow amplifies away "
+    "from them, so each is left later by about log(8000 / 2000) / (2 sigma) = 0.69 / sigma at growth rate sigma "
+    "(leaving E at beta = 1000: 10 against 9.5). beta = inf: no transition, and W2(rho_t, Pi_# rho_0) -> 0, as in "
+    "the seed.",
     "- The initial law matters for the timing: at beta = 30 the projected Gaussian law moves to F at t = 9.25, close "
     "to the seed's ~8, against 14.5 from the uniform law, whose tokens first stall on the two-cluster fixed point "
     "above. Its maximum alignment with E (0.991) is as far above the seed's 0.89 as the uniform law's (0.998).",
@@ -543,7 +563,7 @@ def noise_section(data: dict) -> list:
                      f"{fmt(re['max_E'])} / {fmt(rp['max_E'])} / {fmt(r0['max_E'])} | {fmt(left_E(e))} / "
                      f"{fmt(left_E(p))} / {fmt(left_E(p0))} | {fmt(re['t_F'])} / {fmt(rp['t_F'])} / {fmt(r0['t_F'])} | "
                      f"{fmt(float(gap))} |")
-    lines += eulerian_eps_limit(data) + stability_section(data)
+    lines += eulerian_eps_limit(data) + eulerian_extrapolation(data) + stability_section(data)
     lines += ["", "Particles as eps -> 0: max over the window of |align E(eps) - align E(eps = 0)| and |W2 to the "
               "projection(eps) - (eps = 0)| (same seed, n = 2000), and when they leave E:", "",
               "| beta | rho_0 | eps | align E gap | W2 gap | leaves E: eps / eps = 0 |", "| --- | --- | --- | --- | --- | --- |"]
@@ -597,6 +617,41 @@ def eulerian_eps_limit(data: dict) -> list:
                 stationary += f" (tail {float(e['spectral_tail'][-1]):.1e})"
         lines.append(f"| {beta} | {law} | {eps:g} | {limit:.2g} ({fmt(t[common[-1][0]])}) | {limit / eps:.2g} | "
                      f"{at_peak} | {stationary} |")
+    return lines
+
+
+def eulerian_extrapolation(data: dict) -> list:
+    """The deterministic mean-field alignment with E from the small-noise Eulerian runs (uniform law), where the
+    n = 2000 particles at eps = 0 peak: extrapolated to eps = 0 linearly through the two smallest eps and
+    quadratically through three (the first-order convergence of eulerian_eps_limit), against the particles at
+    eps = 0 with n = 2000 and 8000."""
+    lines = ["", "The Eulerian runs extrapolated to eps = 0, at the time t of the n = 2000 deterministic particles' "
+             "peak alignment with E: linear in eps through the two smallest eps, quadratic through three; against the "
+             "particles at eps = 0 (in brackets the standard error of the particle average of that one sample):", "",
+             "| beta | t | Eulerian align E at eps = 1e-3 / 3e-3 / 1e-2 | extrapolated to eps = 0: linear / "
+             "quadratic | particles eps = 0, n = 2000 | n = 8000 |", "| --- | --- | --- | --- | --- | --- |"]
+    for beta in BETAS:
+        p0 = data.get(main_key("p", beta, "uniform"))
+        if p0 is None:
+            continue
+        peak = main_row(p0)["t_max_E"]
+        runs = [(eps, data.get(noisy_key("e", beta, "uniform", eps))) for eps in sorted(NOISE)]
+        runs = [(eps, e) for eps, e in runs if e is not None and resolved_until(e) >= peak]
+        if len(runs) < 2:
+            continue
+        eps = np.array([eps for eps, _ in runs])
+        align = np.array([float(e["alignment_E"].sel(time=peak, method="nearest")) for _, e in runs])
+        linear = float(np.polyval(np.polyfit(eps[:2], align[:2], 1), 0.0))
+        quadratic = f"{np.polyval(np.polyfit(eps, align, 2), 0.0):.5f}" if len(eps) > 2 else "-"
+        by_eps = dict(zip(eps, align))
+        at_eps = " / ".join(f"{by_eps[value]:.5f}" if value in by_eps else "-" for value in sorted(NOISE))
+        particles = []
+        for dataset in (p0, data.get(main_key("p8000", beta, "uniform"))):
+            at = None if dataset is None else dataset.sel(time=peak, method="nearest")
+            particles.append("-" if at is None else
+                             f"{float(at['alignment_E']):.5f} ({float(at['alignment_E_stderr']):.1g})")
+        lines.append(f"| {beta} | {fmt(peak)} | {at_eps} | {linear:.5f} / {quadratic} | {particles[0]} | "
+                     f"{particles[1]} |")
     return lines
 
 
@@ -732,19 +787,36 @@ def figure_main(data: dict):
 
 
 def figure_noise(data: dict):
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for i, (beta, law, eps) in enumerate(eulerian_noise_rows(data)):
-        e, p = data[noisy_key("e", beta, law, eps)], data[noisy_key("p", beta, law, eps)]
-        p0 = data[main_key("p", beta, law)].sel(time=slice(0, float(e["time"].values[-1])))
-        label = f"beta {beta}, {law}"
-        t_resolved = resolved_until(e)
-        resolved, beyond = e.sel(time=slice(0, t_resolved)), e.sel(time=slice(t_resolved, None))
-        ax.plot(resolved["time"], resolved["alignment_E"], f"C{i}", label=f"Eulerian {label}, eps {eps:g}")
-        ax.plot(beyond["time"], beyond["alignment_E"], f"C{i}", lw=0.6)
-        ax.plot(p["time"], p["alignment_E"], f"C{i}", ls="--", label=f"particles {label}, eps {eps:g}")
-        ax.plot(p0["time"], p0["alignment_E"], f"C{i}", ls=":", label=f"particles {label}, eps 0")
-    ax.set(xlabel="t", ylabel="alignment with E", title="Eulerian (solid; thin: under-resolved), particles (dashed; dotted: eps = 0)")
-    ax.legend(fontsize=6)
+    """One panel per (beta, initial law): alignment with E of the Eulerian runs and the particles at each eps
+    (colour), and of the deterministic particles."""
+    rows = eulerian_noise_rows(data)
+    panels = list(dict.fromkeys((beta, law) for beta, law, _ in rows))
+    if not panels:
+        return plt.figure()
+    columns = min(3, len(panels))
+    lines = -(-len(panels) // columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.2 * lines), sharex=True, sharey=True,
+                             squeeze=False)
+    colours = {eps: f"C{i}" for i, eps in enumerate(NOISE)}
+    for ax, (beta, law) in zip(axes.flat, panels):
+        p0 = data[main_key("p", beta, law)]
+        ax.plot(p0["time"], p0["alignment_E"], "k:", label="particles, eps = 0")
+        for eps in [eps for row_beta, row_law, eps in rows if (row_beta, row_law) == (beta, law)]:
+            e, p = data[noisy_key("e", beta, law, eps)], data[noisy_key("p", beta, law, eps)]
+            t_resolved = resolved_until(e)
+            resolved, beyond = e.sel(time=slice(0, t_resolved)), e.sel(time=slice(t_resolved, None))
+            ax.plot(resolved["time"], resolved["alignment_E"], colours[eps], label=f"Eulerian, eps = {eps:g}")
+            ax.plot(beyond["time"], beyond["alignment_E"], colours[eps], lw=0.6)
+            ax.plot(p["time"], p["alignment_E"], colours[eps], ls="--", label=f"particles, eps = {eps:g}")
+        ax.set(title=f"beta = {beta}, {law} rho_0", xlabel="t")
+        ax.legend(fontsize=6, loc="lower left")
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax in axes.flat[:len(panels)]:
+        ax.tick_params(labelbottom=True)  # sharex hides them above an empty panel
+    for ax in axes[:, 0]:
+        ax.set(ylabel="alignment with E")
+    fig.suptitle("Eulerian (solid; thin: under-resolved), particles (dashed; dotted: eps = 0)", fontsize=10)
     return fig
 
 
