@@ -110,6 +110,7 @@ SEED_ABLATIONS = {
     "gradient-min": ("at intermediate beta first E, then F", "second transition from the B-V spectral conflict"),
 }
 NOISE = [1e-2, 3e-3, 1e-3]
+BACKENDS = ["shtns", "torch"]  # the Eulerian runs' transforms (plan's `backend`)
 # Reading of the small-noise runs (seed 3; the --full rows say so); the tables above it are regenerated, this text is not.
 NOISE_READING = [
     "Reading.", "",
@@ -361,6 +362,18 @@ def execute(runs: list, out: Path, summaries: Path, jobs: int) -> None:
         list(pool.map(one, todo))
 
 
+def summarised(plans: list, summaries: Path) -> list:
+    """The runs of plans[0], each replaced by the run of the same key in a later plan where only that one has a
+    summary.  The plans differ in the Eulerian transform (plan's `backend`): its solution is the same to
+    round-off, so a run summarised with either needs no rerun with the other."""
+    alternatives = [{run.key: run for run in other} for other in plans[1:]]
+    chosen = []
+    for run in plans[0]:
+        found = [other[run.key] for other in alternatives if run.key in other and other[run.key].cached(summaries)]
+        chosen.append(found[0] if found and not run.cached(summaries) else run)
+    return chosen
+
+
 def load(runs: list, summaries: Path, fallback: list) -> tuple:
     """({key: summary Dataset} of the summarised runs, keys whose run has no summary and which use the summary of
     the run of the same key in `fallback` instead (the reduced plan, for a --full report made before all its
@@ -454,6 +467,12 @@ def report(data: dict, full: bool, summaries: Path, substituted: list, absent: l
                   + (f"Reduced variant used for: {', '.join(f'`{key}`' for key in substituted)}. " if substituted else "")
                   + (f"Not run yet (left out of the tables): {', '.join(f'`{key}`' for key in absent)}. " if absent else "")
                   + "`--only KEY --runs-only` adds one run at a time.", ""]
+    cases = {key: spherepde.load_case_text(dataset.attrs["case"]) for key, dataset in data.items()}
+    by_torch = sorted(key for key, case in cases.items()
+                      if case["solver"]["method"] == "eulerian" and case["solver"]["backend"] == "torch")
+    if by_torch:
+        lines += [f"Eulerian runs made with the torch transform (the others with shtns): "
+                  f"{', '.join(f'`{key}`' for key in by_torch)}.", ""]
     lines += ["## Our choices where the seed is silent", "",
               "- Initial law: uniform for the main table, plus one row (beta = 30) from the Gaussian projected to the "
               "sphere, X / |X| with X ~ N((0.3, 0.2, 0.5), 0.5 I) (`cases/seed003-baseline-gaussian.toml`), and one (beta = 10) from the "
@@ -856,18 +875,21 @@ def main(argv=None):
                         help="tiny runs, to check the pipeline (summaries, report and figures in --out)")
     parser.add_argument("--runs-only", action="store_true", help="run (the --only keys), write no report")
     parser.add_argument("--only", default="", help="comma-separated run keys to run now (the report uses all cached)")
-    parser.add_argument("--backend", choices=["shtns", "torch"], default="shtns",
-                        help="transform of the Eulerian runs: shtns (CPU) or torch (on a GPU where there is one)")
+    parser.add_argument("--backend", choices=BACKENDS, default="shtns",
+                        help="transform of the Eulerian runs still to run: shtns (CPU) or torch (on a GPU where there "
+                             "is one); a run summarised with the other is not rerun")
     args = parser.parse_args(argv)
     out = Path(args.out).resolve()
     summaries, folder = (out / "summaries", out) if args.smoke else (SUMMARIES, ROOT / "results")
     summaries.mkdir(parents=True, exist_ok=True)
-    runs = plan(args.full, args.smoke, args.backend)
+    backends = [args.backend] + [backend for backend in BACKENDS if backend != args.backend]
+    runs = summarised([plan(args.full, args.smoke, backend) for backend in backends], summaries)
     chosen = [run for run in runs if not args.only or run.key in args.only.split(",")]
     execute(chosen, out, summaries, args.jobs)
     if args.runs_only:
         return
-    data, substituted, absent = load(runs, summaries, plan(False, args.smoke, args.backend) if args.full else [])
+    reduced = summarised([plan(False, args.smoke, backend) for backend in backends], summaries) if args.full else []
+    data, substituted, absent = load(runs, summaries, reduced)
     (folder / "paper003.md").write_text(report(data, args.full, summaries, substituted, absent))
     write_figures(data, folder)
     print(f"wrote {folder / 'paper003.md'}")
