@@ -139,25 +139,30 @@ class ControlledForward:
 
     def checkpoints(self, c0: torch.Tensor, controls: torch.Tensor) -> dict:
         """Forward run storing c at the steps n = 0, K, 2K, ... and at the end; {n: c_n}."""
-        stored, c = {0: c0}, c0
+        stored, c, check = {0: c0}, c0, self.density_check(c0)
         with torch.no_grad():
             for n in range(self.steps):
                 c = self.step(c, controls[self.layer_of_step(n)])
+                check(c, n + 1)
                 if (n + 1) % self.checkpoint_every == 0 or n + 1 == self.steps:
                     stored[n + 1] = c
-        self.check_density(c0, c)
         return stored
 
-    def check_density(self, c0: torch.Tensor, c: torch.Tensor) -> None:
-        """NumericalFailure when the terminal state c, stepped from c0, is not finite or no longer a density
-        (eulerian.departure): a W beyond the explicit transport's stability limit, caught even while finite,
-        so that a line search sees a failed trial rather than the J of a blown-up state."""
+    def density_check(self, c0: torch.Tensor):
+        """check(c, n): NumericalFailure when the state c after step n, stepped from c0, is not finite or no
+        longer a density (eulerian.departure).  A W beyond the explicit transport's stability limit is caught
+        at every step, even while finite: a blow-up can pass and leave a terminal state that looks like a
+        density, and the trained run, which checks each save, would then fail at the W a line search accepted."""
         basis = self.problem.basis
         weights = basis.weights.cpu().double().numpy()
-        reason = departure(basis.synthesis(c).cpu().double().numpy(), weights,
-                           float(basis.integrate(basis.synthesis(c0))), basis.placement.real)
-        if reason is not None:
-            raise NumericalFailure(f"numerical failure: {reason} at t = {self.t_end:g}: the forward run blew up")
+        mass_0 = float(basis.integrate(basis.synthesis(c0)))
+
+        def check(c: torch.Tensor, n: int) -> None:
+            reason = departure(basis.synthesis(c).cpu().double().numpy(), weights, mass_0, basis.placement.real)
+            if reason is not None:
+                raise NumericalFailure(f"numerical failure: {reason} at t = {self.time(n):g}: the forward run "
+                                       "blew up")
+        return check
 
     def segments(self, stored: dict, controls: torch.Tensor):
         """Backward over the segments: (n0, [c_n0, ..., c_n1]) from the last segment to the first."""
@@ -318,11 +323,11 @@ GRADIENTS = {"discrete": discrete_gradient, "continuous": continuous_gradient}
 
 def evaluate_cost(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor) -> float:
     """J(W) of the discretised forward map (no adjoint): for finite differences and line searches."""
-    c = c0
+    c, check = c0, forward.density_check(c0)
     with torch.no_grad():
         for n in range(forward.steps):
             c = forward.step(c, controls[forward.layer_of_step(n)])
-        forward.check_density(c0, c)
+            check(c, n + 1)
         return float(forward.terminal_loss(c)) + float(forward.regulariser(controls))
 
 

@@ -302,6 +302,26 @@ def test_a_blown_up_forward_run_is_a_failure_not_a_cost():
                 evaluate(forward, c0, scale * strain)
 
 
+def test_a_blow_up_that_passes_is_still_a_failure():
+    # A state that is no density at one step and looks like one again at T (injected here: one step scales it
+    # by 1e6, the next back) must fail the forward map too: a line search accepted such a W (bow loss, reduced
+    # scale, control.seed = 6), and its trained run, which checks every save, then failed with exit 3.
+    from solvers.adjoint import evaluate_cost
+    from spherepde.errors import NumericalFailure
+
+    case = training_case(t_end=0.5, dt=0.1)
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    controls = torch.zeros(2, 2, 2, dtype=torch.float64)
+    for evaluate in (evaluate_cost, discrete_gradient):
+        calls = iter(range(forward.steps))
+        forward.step = lambda c, W: c * {1: 1e6, 2: 1e-6}.get(next(calls), 1.0)
+        with pytest.raises(NumericalFailure, match=f"at t = {forward.time(2):g}: the forward run blew up"):
+            evaluate(forward, c0, controls)
+    forward.step = lambda c, W: c  # the same states without the excursion pass
+    assert math.isfinite(evaluate_cost(forward, c0, controls))
+
+
 def test_adam_first_step_is_the_learning_rate_times_the_sign():
     from solvers.training import Adam
 
