@@ -369,8 +369,10 @@ def summarised(plans: list, summaries: Path) -> list:
     alternatives = [{run.key: run for run in other} for other in plans[1:]]
     chosen = []
     for run in plans[0]:
-        found = [other[run.key] for other in alternatives if run.key in other and other[run.key].cached(summaries)]
-        chosen.append(found[0] if found and not run.cached(summaries) else run)
+        if not run.cached(summaries):
+            run = next((other[run.key] for other in alternatives
+                        if run.key in other and other[run.key].cached(summaries)), run)
+        chosen.append(run)
     return chosen
 
 
