@@ -75,7 +75,7 @@ from spherepde.model import Model, interaction_energy
 from .adjoint import Gradient
 from .eulerian import ForwardProblem
 from .particles import Integrator, ParticleField, ParticleRecorder, check_noise_step, initial_state
-from .training import control_variables, optimise, step_knots
+from .training import control_variables, finished, optimise, step_knots
 
 
 class ParticleControl:
@@ -173,7 +173,7 @@ def run_particle_training(case, progress: bool | None = None, start: torch.Tenso
                           "optimizer": case["control"]["optimizer"],
                           "iterations": len(result.costs) - 1, "optimizer_stop": result.stop,
                           "training_seconds": training_seconds})
-    return dataset
+    return finished(dataset, result)
 
 
 def phase_variables(case, dataset: xr.Dataset) -> dict:

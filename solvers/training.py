@@ -7,7 +7,9 @@ A case with a [control] section is a training run (`spherepde run CASE.toml`, `s
    or "adam" (Adam with the default moments), lr = control.learning_rate.
    It stops after control.iterations steps, or earlier when |J_k - J_{k-1}| <= tol |J_k| or
    |dJ/dW|_F <= tol (control.tol > 0).  The cost and the gradient at the final W are evaluated too,
-   so the history holds iterations + 1 values of J.
+   so the history holds iterations + 1 values of J.  A step to a W whose run fails (J or dJ/dW not
+   finite, or the forward run blew up) ends the training at the last W whose run passed: its trained
+   run is made and returned as the last good state of a NumericalFailure (exit status 3).
    "lbfgs" (scipy's L-BFGS-B without bounds, learning_rate unused) chooses its steps by a Wolfe line
    search, so J decreases at every iteration; an iteration may evaluate J and dJ/dW several times
    (at most 4 iterations + 1 evaluations in all; a trial W whose run fails is rejected, see
@@ -48,12 +50,14 @@ from .eulerian import Recorder, checked_state, save_times
 
 class TrainingResult:
     """The trained controls, the per-iteration history, the first (at the initial control) and final gradients,
-    and why the optimizer stopped (`stop`, one line: the output's optimizer_stop attribute)."""
+    why the optimizer stopped (`stop`, one line: the output's optimizer_stop attribute) and, when a numerical
+    failure stopped it, that failure's message (`failure`; the controls are then the last good ones)."""
 
-    def __init__(self, controls, costs, losses, gradient_norms, first, final, stop):
+    def __init__(self, controls, costs, losses, gradient_norms, first, final, stop, failure=None):
         self.controls, self.costs, self.losses, self.gradient_norms, self.first, self.final = (
             controls, costs, losses, gradient_norms, first, final)
         self.stop = stop
+        self.failure = failure  # the numerical failure that ended the training early, or None
 
 
 class GradientDescent:
@@ -114,10 +118,19 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
     if control["optimizer"] == "lbfgs":
         return quasi_newton(control, parameter, gradient_of, progress)
     optimizer = OPTIMIZERS[control["optimizer"]](control["learning_rate"])
-    costs, losses, norms, first = [], [], [], None
+    costs, losses, norms, first, failure, good = [], [], [], None, None, None
     bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
     for iteration in range(control["iterations"] + 1):
-        gradient = _checked(gradient_of(parameter.detach()), iteration)
+        try:
+            gradient = _checked(gradient_of(parameter.detach()), iteration)
+        except NumericalFailure as error:
+            if good is None:
+                raise
+            parameter, gradient = good
+            failure = str(error)
+            stop = f"numerical failure at iteration {iteration}: the controls of iteration {iteration - 1} are kept"
+            break
+        good = (parameter, gradient)
         if first is None:
             first = gradient
         costs.append(gradient.cost)
@@ -135,7 +148,7 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
             break
         parameter = optimizer.step(parameter, gradient.dW)
     bar.close()
-    return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient, stop)
+    return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient, stop, failure)
 
 
 def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: bool | None = None) -> TrainingResult:
@@ -241,7 +254,11 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
     started = wallclock.perf_counter()
     result = train(forward, c0, progress, start)
     training_seconds = wallclock.perf_counter() - started
-    recorder = trained_run(forward, c0, result.controls)
+    try:
+        recorder = trained_run(forward, c0, result.controls)
+    except NumericalFailure as failure:  # its steps differ from the training's: keep W and the history
+        raise NumericalFailure(f"{failure} (the trained run; W and the loss history are kept)",
+                               control_variables(failure.dataset, case, result)) from None
     dataset = recorder.dataset("completed")
     dataset = control_variables(dataset, case, result)
     norms = np.interp(dataset["time"].values, result.final.times, result.final.adjoint_norm)
@@ -256,7 +273,18 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
                           "training_steps_per_layer": forward.steps_per_layer,
                           "training_dt": forward.dt, "training_seconds": training_seconds,
                           "adjoint_checkpoint_every": forward.checkpoint_every})
-    return dataset
+    return finished(dataset, result)
+
+
+def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
+    """The Dataset of a training that ran its course, or, when a numerical failure ended it early, that
+    failure raised with `dataset` (the run at the last good controls) as the state the output keeps."""
+    if result.failure is None:
+        return dataset
+    dataset.attrs["status"] = f"failed: {result.failure}"
+    kept = len(result.costs) - 1
+    raise NumericalFailure(f"{result.failure}; the training stopped at iteration {kept + 1}, and the output keeps "
+                           f"the controls of iteration {kept} and their run", dataset)
 
 
 def adjoint_variables(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor,

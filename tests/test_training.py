@@ -1,6 +1,7 @@
 """Training (solvers/training.py): the loss decreases, the known first-order optimum, the output."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -8,7 +9,9 @@ import torch
 import xarray as xr
 
 from solvers.adjoint import ControlledForward, discrete_gradient
+from solvers.eulerian import checked_state
 from solvers.training import train
+import spherepde
 from spherepde.cli import main
 from spherepde.initial import initial_density
 
@@ -275,13 +278,78 @@ def test_piecewise_constant_feed_forward():
     assert model.feed_forward(1.0) is model.W
 
 
-def test_divergent_training_is_a_numerical_failure():
-    from spherepde.errors import NumericalFailure
+@pytest.mark.parametrize("optimizer", ["gd", "adam"])
+def test_a_divergent_step_ends_the_training_at_the_last_good_controls(tmp_path, capsys, optimizer):
+    # lr 1e4 (gd) or 100 (adam) at dt = 0.1: the first step leaves the explicit transport's stability region.
+    # The training stops there with the controls, J and gradient of iteration 0, whose run passed; the command
+    # line exits 3 and its output holds that W, that J and the run with that W to t_end (DESIGN §7).
+    from solvers.adjoint import evaluate_cost
 
-    case = training_case(control={"optimizer": "gd", "learning_rate": 1e6, "iterations": 1}, t_end=0.2, dt=0.1)
+    rate = {"gd": 1e4, "adam": 100.0}[optimizer]
+    case = training_case(control={"optimizer": optimizer, "learning_rate": rate, "iterations": 3}, t_end=0.2, dt=0.1)
     forward = ControlledForward(case)
-    with pytest.raises(NumericalFailure):
-        train(forward, initial_density(case["initial"], forward.problem.basis), progress=False)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    result = train(forward, c0, progress=False)
+    assert result.stop == "numerical failure at iteration 1: the controls of iteration 0 are kept", result.stop
+    assert "iteration 1" in result.failure or "blew up" in result.failure, result.failure
+    zero = torch.zeros(forward.layers, 2, 2, dtype=torch.float64)
+    assert len(result.costs) == 1 and torch.equal(result.controls, zero)
+    assert abs(result.costs[0] - evaluate_cost(forward, c0, zero)) <= 1e-14
+    path = tmp_path / "train.toml"
+    path.write_text(CASE)
+    output = tmp_path / "train.nc"
+    options = ["--set", f"control.optimizer='{optimizer}'", "--set", f"control.learning_rate={rate}"]
+    assert main(["run", str(path), "-o", str(output), "--quiet", *options]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith("stopped at iteration 1, and the output keeps the controls of iteration 0 and their run"), err
+    untrained = ControlledForward(spherepde.load_case(path, ["control.iterations=0"]))
+    c0 = initial_density(untrained.case["initial"], untrained.problem.basis)
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["status"].startswith("failed: numerical failure")
+        assert dataset.attrs["optimizer_stop"].startswith("numerical failure at iteration 1")
+        assert float(np.abs(dataset["W"].values).max()) == 0 and dataset.sizes["iteration"] == 1
+        assert abs(float(dataset["loss"][0]) - evaluate_cost(untrained, c0, 0 * untrained.problem.model.W.expand(
+            untrained.layers, 2, 2))) <= 1e-14
+        assert float(dataset["time"][-1]) == 1.0 and np.allclose(dataset["mass"].values, 1.0, rtol=1e-12)
+    # the particle training shares the optimiser and stops the same way, at the iteration that failed (their
+    # positions stay on the circle, so the first step may still pass), keeping the iterations before it
+    particles = ["--set", "solver.method='particles'", "--set", "particles.n=32", "--overwrite"]
+    assert main(["run", str(path), "-o", str(output), "--quiet", *options, *particles]) == 3
+    with xr.open_dataset(output) as dataset:
+        failed = int(re.search(r"iteration (\d+)", dataset.attrs["optimizer_stop"]).group(1))
+        assert dataset.attrs["status"].startswith("failed: numerical failure") and failed >= 1
+        assert dataset.sizes["iteration"] == failed and np.isfinite(dataset["loss"].values).all()
+        assert np.isfinite(dataset["W"].values).all() and float(dataset["time"][-1]) == 1.0
+
+
+def test_a_trained_run_that_fails_keeps_the_training(tmp_path, capsys, monkeypatch):
+    # The trained run steps between save times and layer boundaries, not on the training's grid, so it can fail
+    # where the training passed (injected here at its third save): the output keeps W and the loss history
+    # beside the saves before the failure.
+    import solvers.training
+    from solvers.eulerian import _fail
+
+    saves = []
+
+    def failing_at_the_third_save(recorder, candidate, t0, t1, dt):
+        saves.append(t1)
+        if len(saves) == 3:
+            _fail(recorder, f"injected at t = {t1:g}")
+        return checked_state(recorder, candidate, t0, t1, dt)
+
+    path = tmp_path / "train.toml"
+    path.write_text(CASE)
+    output = tmp_path / "train.nc"
+    assert main(["run", str(path), "-o", str(output), "--quiet"]) == 0
+    with xr.open_dataset(output) as trained:
+        W, loss = trained["W"].values, trained["loss"].values
+    monkeypatch.setattr(solvers.training, "checked_state", failing_at_the_third_save)
+    assert main(["run", str(path), "-o", str(output), "--quiet", "--overwrite"]) == 3
+    assert capsys.readouterr().err.strip().endswith("(the trained run; W and the loss history are kept)")
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["status"] == "failed: injected at t = 0.75"
+        assert np.allclose(dataset["time"].values, [0, 0.25, 0.5])
+        assert np.array_equal(dataset["W"].values, W) and np.array_equal(dataset["loss"].values, loss)
 
 
 def test_a_blown_up_forward_run_is_a_failure_not_a_cost():
