@@ -1,7 +1,7 @@
 """Seed 004, bow kappa_cand = 2: redrawn candidates and the conditioning of the terminal displacement (issue 4,
 criterion 5), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_candidates.py [--draws 7] [--seeds 3] [--starts 1e-12 1e-9 1e-6] [--workers 2] [--report-only] > results/seed004_candidates.md
+    OMP_NUM_THREADS=1 python3 results/seed004_candidates.py [--draws 7] [--seeds 3] [--starts 1e-12 1e-9 1e-6] [--finite-n 64 256 1024 4096] [--workers 2] [--report-only] > results/seed004_candidates.md
 
 The seed's bow displacement 0.763 +- 0.343 has a spread seven times that of our particle seeds at one draw of
 the K candidates (results/seed004_particles.md, +- 0.047 over 10 seeds).  This script asks whether the
@@ -19,7 +19,10 @@ displacement is the angle of the mean at T minus at the save nearest the plateau
 rho in degrees above 2 lmax / 3) says how far lmax 24 resolves it: the summary leaves out a draw whose
 tail exceeds UNRESOLVED = 0.1, where the grid no longer holds the density at all.  results/seed004_reduced.md and
 results/seed004_particles.md, made at an earlier commit, print 0.773 for the displacement of draw 0's
-Eulerian run; the starts show why a change in round-off can move that figure.
+Eulerian run; the starts show why a change in round-off can move that figure.  Last, particle systems of
+growing N (not trained; --finite-n, particles.seed = 1000 + s) run at draw 0's two optima, the Eulerian W and
+the W of the particle training of seed 0: their J beside the mean-field J of the same W, and how much the
+dynamics amplify the sampling error of the order parameter along depth under each.
 """
 
 import argparse
@@ -30,7 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from seed004_particles import T_END, load, particle_overrides
+from seed004_particles import N, T_END, load, mean_field_cost, particle_overrides, run_particles_at
 from seed004_reduced import overrides_of
 
 NAME = "seed004-bow-k2"
@@ -43,6 +46,26 @@ def path_of(kind, draw, seed=None):
     (seed: the index of delta in the starts)."""
     folder = os.environ.get("SEED004_OUT", "/tmp/seed004_reduced")
     return os.path.join(folder, f"candidates-{NAME}-{kind}-c{draw}" + ("" if seed is None else f"-{seed}") + ".nc")
+
+
+def finite_n_path(optimum, n):
+    """The file of the particle systems of size n at draw 0's optimum `optimum` (OPTIMA)."""
+    folder = os.environ.get("SEED004_OUT", "/tmp/seed004_reduced")
+    return os.path.join(folder, f"candidates-{NAME}-c0-at-{optimum}-W-n{n}.nc")
+
+
+# Draw 0's two optima: their title, and the path_of arguments of the run whose W the particle systems run at.
+OPTIMA = {"eulerian": ("Eulerian W", ("eulerian", 0)), "particles": ("particle W (seed 0)", ("particles", 0, 0))}
+
+
+def run_finite_n(job):
+    """N particles at one optimum of draw 0 (run_particles_at), `job` = (optimum, n, seeds)."""
+    import xarray as xr
+
+    optimum, n, seeds = job
+    with xr.open_dataset(path_of(*OPTIMA[optimum][1])) as dataset:
+        W = dataset["W"].values
+    run_particles_at(NAME, W, n, seeds, finite_n_path(optimum, n), ["control.seed=0"])
 
 
 def job_overrides(kind, draw, seed):
@@ -96,7 +119,7 @@ def mean_std(values):
 def report(draws, seeds, starts):
     print("# Seed 004, bow kappa_cand = 2: redrawn candidates, and how well J fixes the displacement\n")
     print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_candidates.py --workers 2 > "
-          "results/seed004_candidates.md` (about 70 CPU minutes)\n")
+          "results/seed004_candidates.md` (about 85 CPU minutes)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     print("Overrides (Eulerian): `" + " ".join(job_overrides("eulerian", "c", None)) + "`; particles: `"
           + " ".join(job_overrides("particles", "c", "s")) + "`.\n")
@@ -149,17 +172,55 @@ def report(draws, seeds, starts):
     sys.stdout.flush()
 
 
+def report_finite_n(sizes):
+    """N particles at draw 0's two optima: J beside the mean-field J, and the amplification of sampling error."""
+    import torch
+    import xarray as xr
+
+    from solvers.particle_training import ParticleControl
+
+    print("## N particles at draw 0's two optima\n")
+    print("Sampling error amplification: the std over seeds of the order parameter |int x dmu^N_t| at T over that "
+          "at t = 0 (at the largest N; an error carried along without amplification keeps the ratio near 1).\n")
+    print("| W | mean-field J | J on the training path of particle seed 0 (N = 64) | "
+          + " | ".join(f"particle J, N = {n} (mean ± SE)" for n in sizes) + f" | amplification to T, N = {max(sizes)} |")
+    print("|---|---|---|" + "---|" * len(sizes) + "---|")
+    mean_field = mean_field_cost(NAME, job_overrides("eulerian", 0, None))
+    training_path = ParticleControl(load(NAME, job_overrides("particles", 0, 0)))
+    reading = {}
+    for optimum, (title, run) in OPTIMA.items():
+        with xr.open_dataset(path_of(*run)) as dataset:
+            W = dataset["W"].values
+        runs = {n: xr.load_dataset(finite_n_path(optimum, n)) for n in sizes}
+        costs = [run["cost"].values for run in runs.values()]
+        spread = runs[max(sizes)]["order_parameter"].std("seed", ddof=1).values
+        on_path = training_path.cost_of(torch.as_tensor(W))
+        reading[optimum] = (costs[-1].mean(), spread[-1] / spread[0], on_path,
+                            runs[N]["cost"].values.mean() if N in runs else np.nan)
+        print(f"| {title} | {mean_field(W):.4f} | {on_path:.3f} | " + " | ".join(
+            f"{c.mean():.3f} ± {c.std(ddof=1) / np.sqrt(c.size):.3f}" for c in costs)
+            + f" | {spread[-1] / spread[0]:.1f} |")
+    (eulerian, amplified, _, _), (particle, damped, trained, fresh) = reading["eulerian"], reading["particles"]
+    print(f"\nAt N = {max(sizes)} the particle J is {eulerian:.3f} at the Eulerian W and {particle:.3f} at the particle "
+          f"W; the sampling error is amplified {amplified:.1f}-fold under the first and {damped:.1f}-fold under the "
+          "second." + (f"  The particle W gives J = {trained:.3f} on the path it was trained on and {fresh:.3f} on "
+                        f"fresh paths of the same N = {N}." if N in runs else "") + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--draws", type=int, default=7, help="candidate draws control.seed = 0 .. draws - 1")
     parser.add_argument("--seeds", type=int, default=3, help="particle seeds per draw")
     parser.add_argument("--starts", type=float, nargs="*", default=[1e-12, 1e-9, 1e-6],
                         help="scales delta of the perturbed starts of draw 0 (none: skip)")
+    parser.add_argument("--finite-n", type=int, nargs="*", default=[64, 256, 1024, 4096],
+                        help="N of the particle systems at draw 0's optima (none: skip)")
+    parser.add_argument("--finite-n-seeds", type=int, default=16, help="seeds of each of those N")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--report-only", action="store_true", help="summarise the existing files, run nothing")
     args = parser.parse_args()
-    if args.draws < 1 or args.seeds < 1:
-        parser.error("--draws and --seeds must be >= 1")
+    if args.draws < 1 or args.seeds < 1 or args.finite_n_seeds < 2 or any(n < 2 for n in args.finite_n):
+        parser.error("--draws and --seeds must be >= 1, --finite-n-seeds and each --finite-n >= 2")
     draws, seeds = list(range(args.draws)), list(range(args.seeds))
     if not args.report_only:
         jobs = ([("eulerian", draw, None, None) for draw in draws]
@@ -168,7 +229,12 @@ def main():
         jobs = [job for job in jobs if not os.path.exists(path_of(*job[:3]))]
         with ProcessPoolExecutor(args.workers) as pool:
             list(pool.map(train, jobs))
+            finite = [(optimum, n, list(range(args.finite_n_seeds))) for n in sorted(args.finite_n, reverse=True)
+                      for optimum in OPTIMA if not os.path.exists(finite_n_path(optimum, n))]
+            list(pool.map(run_finite_n, finite))
     report(draws, seeds, args.starts)
+    if args.finite_n:
+        report_finite_n(args.finite_n)
 
 
 if __name__ == "__main__":

@@ -278,18 +278,24 @@ def finite_n_path(name, n):
 
 
 def run_at_eulerian_W(name, n, seeds):
-    """N = n particles, one run per seed (particles.seed = FINITE_N_SEED + seed), at the Eulerian W of the
-    L-BFGS training: their J and order parameter |int x dmu^n_t| at the save times, to finite_n_path."""
+    """N = n particles at the Eulerian W of the L-BFGS training (run_particles_at), to finite_n_path."""
+    run_particles_at(name, eulerian_rows(name, "lbfgs")["W"], n, seeds, finite_n_path(name, n))
+
+
+def run_particles_at(name, W, n, seeds, path, overrides=()):
+    """N = n particles, one run per seed (particles.seed = FINITE_N_SEED + seed), at the controls W, with the
+    overrides of the L-BFGS particle training and `overrides`: their J and order parameter |int x dmu^n_t| at
+    the save times, to `path`."""
     import torch
     import xarray as xr
 
     from solvers.particle_training import ParticleControl
     from spherepde.output import write_dataset
 
-    W = torch.as_tensor(eulerian_rows(name, "lbfgs")["W"])
+    W = torch.as_tensor(W)
     costs, orders = [], []
     for seed in seeds:
-        control = ParticleControl(load(name, particle_overrides("lbfgs") + [
+        control = ParticleControl(load(name, particle_overrides("lbfgs") + list(overrides) + [
             f"particles.n={n}", f"particles.seed={FINITE_N_SEED + seed}"]))
         saves = {}
         with torch.no_grad(), warnings.catch_warnings():
@@ -298,7 +304,7 @@ def run_at_eulerian_W(name, n, seeds):
             costs.append(float(control.cost(x_end, W)[0]))
         orders.append(list(saves.values()))
     write_dataset(xr.Dataset({"cost": ("seed", costs), "order_parameter": (("seed", "time"), orders)},
-                             coords={"seed": seeds, "time": list(saves)}), finite_n_path(name, n))
+                             coords={"seed": seeds, "time": list(saves)}), path)
 
 
 def report_finite_n(name, sizes):
