@@ -103,12 +103,18 @@ def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = 
     return optimise(control, initial, forward.layers, lambda controls: gradient_of(forward, c0, controls), progress)
 
 
-def _checked(gradient, iteration: int):
-    """The gradient, or NumericalFailure when J or dJ/dW is not finite."""
-    if not (math.isfinite(gradient.cost) and bool(torch.isfinite(gradient.dW).all())):
-        raise NumericalFailure(f"numerical failure: J or dJ/dW is not finite at training iteration {iteration} "
-                               "(reduce time.dt or control.learning_rate)")
-    return gradient
+def _checked(gradient, iteration: int, loss: str | None):
+    """The gradient, or NumericalFailure when J or dJ/dW is not finite; the message gives J and l(mu_T)
+    (`loss`: control.loss, for its advice)."""
+    finite_dW = bool(torch.isfinite(gradient.dW).all())
+    if math.isfinite(gradient.cost) and finite_dW:
+        return gradient
+    advice = "reduce time.dt" + (" or control.learning_rate" if iteration else "")
+    if loss == "bow" and (not math.isfinite(gradient.loss) or math.isfinite(gradient.cost)):  # the loss's doing
+        advice += ("; a bow candidate with p_k(mu_T) <= 0, or scores softmax(tau <x, c_k>) saturated to 0 and 1, "
+                   "make l(mu_T) or its gradient non-finite: lower control.tau")
+    raise NumericalFailure(f"numerical failure at training iteration {iteration}: J = {gradient.cost:g}, l(mu_T) = "
+                           f"{gradient.loss:g}{'' if finite_dW else ', dJ/dW not finite'} ({advice})")
 
 
 def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None) -> TrainingResult:
@@ -122,7 +128,7 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
     bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
     for iteration in range(control["iterations"] + 1):
         try:
-            gradient = _checked(gradient_of(parameter.detach()), iteration)
+            gradient = _checked(gradient_of(parameter.detach()), iteration, control.get("loss"))
         except NumericalFailure as error:
             if good is None:
                 raise
@@ -171,7 +177,7 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
         if key not in evaluations:
             controls = torch.tensor(x.reshape(shape), dtype=dtype, device=device)  # a copy: scipy reuses x
             try:
-                gradient = _checked(gradient_of(controls), len(history))
+                gradient = _checked(gradient_of(controls), len(history), control.get("loss"))
             except NumericalFailure:
                 if not history:
                     raise

@@ -322,6 +322,21 @@ def test_a_divergent_step_ends_the_training_at_the_last_good_controls(tmp_path, 
         assert np.isfinite(dataset["W"].values).all() and float(dataset["time"][-1]) == 1.0
 
 
+@pytest.mark.parametrize("method", ["eulerian", "particles"])
+def test_a_loss_that_is_not_finite_at_the_start_names_its_key(tmp_path, capsys, method):
+    # tau = 1e6: the bow scores are indicators of each candidate's cell, and cells that no grid point's mass
+    # (Eulerian: five p_k <= 0 from the density's undershoots) or no particle (p_k = 0) reaches give a
+    # non-finite l(mu_T) at the initial controls: exit 3, no output (there is no good state to keep)
+    path = tmp_path / "train.toml"
+    path.write_text(CASE)
+    output = tmp_path / "train.nc"
+    options = ["--set", "control.loss='bow'", "--set", "control.tau=1e6", "--set", f"solver.method='{method}'"]
+    assert main(["run", str(path), "-o", str(output), "--quiet", *options]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "training iteration 0" in err and "lower control.tau" in err, err
+    assert "learning_rate" not in err and not output.exists()
+
+
 def test_a_trained_run_that_fails_keeps_the_training(tmp_path, capsys, monkeypatch):
     # The trained run steps between save times and layer boundaries, not on the training's grid, so it can fail
     # where the training passed (injected here at its third save): the output keeps W and the loss history
