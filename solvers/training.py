@@ -19,7 +19,8 @@ A case with a [control] section is a training run (`spherepde run CASE.toml`, `s
 2. The trained forward run: the forward equation with the final W, each interval between
    consecutive save times and slice boundaries split into equal steps no longer than time.dt (so
    every save time is hit and W is constant over every step), recorded with the Eulerian solver's
-   diagnostics.
+   diagnostics.  Should it fail where the training's steps passed, its last good state (exit status 3)
+   holds W and the training's history beside the saves before the failure.
 
 Output: the Eulerian Dataset of the trained run plus `W` (layer, row, col), `loss` (iteration: J),
 `terminal_loss` (iteration: l(mu_T)), `gradient_norm` (iteration: |dJ/dW|_F), `adjoint_norm` (time:
