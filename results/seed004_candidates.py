@@ -1,7 +1,7 @@
 """Seed 004, bow kappa_cand = 2: redrawn candidates and the conditioning of the terminal displacement (issue 4,
 criterion 5), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_candidates.py [--draws 7] [--seeds 3] [--starts 1e-12 1e-9 1e-6] [--finite-n 64 256 1024 4096] [--workers 2] [--report-only] > results/seed004_candidates.md
+    OMP_NUM_THREADS=1 python3 results/seed004_candidates.py [--draws 7] [--seeds 3] [--starts 1e-12 1e-9 1e-6] [--finite-n 64 256 1024 4096 8192] [--workers 2] [--report-only] > results/seed004_candidates.md
 
 The seed's bow displacement 0.763 +- 0.343 has a spread seven times that of our particle seeds at one draw of
 the K candidates (results/seed004_particles.md, +- 0.047 over 10 seeds).  This script asks whether the
@@ -119,7 +119,7 @@ def mean_std(values):
 def report(draws, seeds, starts):
     print("# Seed 004, bow kappa_cand = 2: redrawn candidates, and how well J fixes the displacement\n")
     print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_candidates.py --workers 2 > "
-          "results/seed004_candidates.md` (about 85 CPU minutes)\n")
+          "results/seed004_candidates.md` (about 2 CPU hours)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     print("Overrides (Eulerian): `" + " ".join(job_overrides("eulerian", "c", None)) + "`; particles: `"
           + " ".join(job_overrides("particles", "c", "s")) + "`.\n")
@@ -213,7 +213,7 @@ def main():
     parser.add_argument("--seeds", type=int, default=3, help="particle seeds per draw")
     parser.add_argument("--starts", type=float, nargs="*", default=[1e-12, 1e-9, 1e-6],
                         help="scales delta of the perturbed starts of draw 0 (none: skip)")
-    parser.add_argument("--finite-n", type=int, nargs="*", default=[64, 256, 1024, 4096],
+    parser.add_argument("--finite-n", type=int, nargs="*", default=[64, 256, 1024, 4096, 8192],
                         help="N of the particle systems at draw 0's optima (none: skip)")
     parser.add_argument("--finite-n-seeds", type=int, default=16, help="seeds of each of those N")
     parser.add_argument("--workers", type=int, default=1)
