@@ -76,7 +76,8 @@ def job_overrides(kind, draw, seed):
 
 def train(job):
     """Train one run of `job` = (kind, draw, seed, delta) to its file (the module docstring)."""
-    import spherepde
+    from solvers.particle_training import run_particle_training
+    from solvers.training import run_training
     from spherepde.output import write_dataset
 
     kind, draw, seed, delta = job
@@ -85,14 +86,10 @@ def train(job):
     if kind == "start":
         d, layers = case.dim, case["control"]["layers"]
         start = delta * np.random.default_rng(0).standard_normal((layers, d, d))
+    training = run_particle_training if kind == "particles" else run_training
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        if start is None:
-            dataset = spherepde.run(case, progress=False)
-        else:
-            from solvers.training import run_training
-
-            dataset = run_training(case, progress=False, start=start)
+        dataset = training(case, progress=False, start=start)
     write_dataset(dataset, path_of(kind, draw, seed))
 
 
