@@ -53,12 +53,24 @@ def _beta_symmetric(n: int, dof: int, generator: torch.Generator, dtype) -> torc
     return squares[:, 0] / squares.sum(1)
 
 
+def _wood_b(kappa: float, m1: int) -> tuple[float, float]:
+    """Wood's b = m1 / (2 kappa + sqrt(4 kappa^2 + m1^2)) and kappa b, finite for every finite kappa >= 0."""
+    if kappa <= 1:
+        b = m1 / (2 * kappa + math.hypot(2 * kappa, m1))
+        return b, kappa * b
+    kappa_b = m1 / (2 + math.hypot(2, m1 / kappa))
+    return kappa_b / kappa, kappa_b
+
+
 def _wood_components(n: int, dim: int, kappa: float, generator: torch.Generator, dtype):
-    """n draws of (w, 1 - w^2) for w = <mu, x>, x ~ vMF(mu, kappa) on S^{dim-1} (Wood 1994)."""
+    """n draws of (w, 1 - w^2) for w = <mu, x>, x ~ vMF(mu, kappa) on S^{dim-1} (Wood 1994).
+
+    Wood's acceptance test, kappa w + m log(1 - x0 w) - c >= log u with x0 = (1 - b) / (1 + b), is written
+    in differences from x0 that carry a factor b and cancel it: as printed it takes log(1 - x0^2) = -inf
+    once x0 rounds to 1 (kappa ~ 1e16), and kappa w - kappa x0 loses digits as kappa grows before that.
+    """
     m1 = dim - 1
-    b = m1 / (2 * kappa + math.sqrt(4 * kappa ** 2 + m1 ** 2))
-    x0 = (1 - b) / (1 + b)
-    c = kappa * x0 + m1 * math.log1p(-x0 * x0)
+    b, kappa_b = _wood_b(kappa, m1)
     accepted_w, accepted_s = [], []
     count = 0
     while count < n:
@@ -68,7 +80,11 @@ def _wood_components(n: int, dim: int, kappa: float, generator: torch.Generator,
         denominator = 1 - (1 - b) * z
         w = (1 - (1 + b) * z) / denominator
         one_minus_w_squared = 4 * b * z * (1 - z) / denominator ** 2  # (1 - w)(1 + w) without cancellation
-        keep = kappa * w + m1 * torch.log1p(-x0 * w) - c >= torch.log(u)
+        # w - x0 = 2 b (1 / (1 + b) - z / denominator),
+        # (1 - x0 w) / (1 - x0^2) = (1 + b)^2 / 2 (z / denominator + w / (1 + b))
+        excess = 2 * kappa_b * (1 / (1 + b) - z / denominator)
+        ratio = (1 + b) ** 2 / 2 * (z / denominator + w / (1 + b))
+        keep = excess + m1 * torch.log(ratio) >= torch.log(u)
         accepted_w.append(w[keep])
         accepted_s.append(one_minus_w_squared[keep])
         count += int(keep.sum())

@@ -9,7 +9,7 @@ import torch
 from scipy import stats
 from scipy.integrate import quad
 from scipy.linalg import expm
-from scipy.special import i0, iv
+from scipy.special import i0, iv, ive
 
 import spherepde
 from conftest import identity, make_case
@@ -62,6 +62,18 @@ def test_vmf_sampler_law_of_the_component_along_the_mean(dim, kappa):
     assert abs(w.mean() - iv(dim / 2, kappa) / iv(dim / 2 - 1, kappa)) <= 4 * w.std() / math.sqrt(len(w))
     orthogonal = x - w[:, None] * mean
     assert np.all(np.abs(orthogonal.mean(0)) <= 4 * orthogonal.std(0) / math.sqrt(len(w)) + 1e-15)
+
+
+@pytest.mark.parametrize("dim", [2, 3, 5])
+@pytest.mark.parametrize("kappa", [50.0, 1e16, 1e300, 1.7e308])
+def test_vmf_sampler_keeps_its_law_at_any_finite_concentration(dim, kappa):
+    """kappa E|x - <mu, x> mu|^2 = kappa (1 - E w^2) = (d - 1) A_d(kappa), A_d = I_{d/2} / I_{d/2 - 1}: exact at
+    every kappa, and -> d - 1 as kappa -> inf.  Wood's test as printed takes log 0 from kappa ~ 1e16 and
+    overflows from 1e154; at mu = e_1 the sample's orthogonal part holds all digits of 1 - w^2."""
+    x = von_mises_fisher(20000, np.eye(dim)[0], kappa, generator(4)).numpy()
+    scaled = kappa * (x[:, 1:] ** 2).sum(1)
+    ratio = ive(dim / 2, kappa) / ive(dim / 2 - 1, kappa) if kappa < 1e10 else 1 - (dim - 1) / (2 * kappa)
+    assert abs(scaled.mean() - (dim - 1) * ratio) <= 4 * scaled.std() / math.sqrt(len(scaled))
 
 
 def test_vmf_sampler_is_rotation_symmetric_about_its_mean():
