@@ -288,6 +288,8 @@ def run_eulerian(case, progress: bool | None = None, checkpoint=None):
                 checkpoint.write(recorder.checkpoint_state(candidate, t0 + (k + 1) * dt, interval, k + 1, dt,
                                                            substeps),
                                  recorder.unsaved(checkpoint.saves), recorder.steps + k + 1)
+                if checkpoint.interrupted:
+                    raise KeyboardInterrupt
         density, row = checked_state(recorder, candidate, t0, t1, dt)
         c = candidate
         recorder.steps += substeps

@@ -10,13 +10,16 @@ A run writing OUT.nc keeps its checkpoint in the folder OUT.nc.checkpoint/:
                             solvers that draw random numbers, plus the list of segments it covers.
 
 Every file is written atomically (temporary file, then rename), a segment before the state
-that names it, so a kill at any instant leaves a consistent checkpoint. The folder is removed
-once the output is written.
+that names it, so a kill at any instant leaves a consistent checkpoint. An interrupt (SIGINT,
+`Checkpoint.interrupt`) asks for a checkpoint at the end of the current step and then stops the
+run, so Ctrl-C loses nothing either. Once the output is written the checkpoint's own files are
+removed, and the folder with them unless it holds files of someone else.
 """
 
+import glob
 import os
-import shutil
 import time
+import sys
 import tomllib
 import uuid
 
@@ -49,6 +52,16 @@ class Checkpoint:
         self.segments: list[str] = []  # the segment files written so far, in order
         self.saves = 0  # how many saves those segments hold
         self.last_steps, self.last_clock = 0, time.monotonic()
+        self.interrupted = False  # an interrupt asked for a checkpoint and then a stop
+
+    def interrupt(self, signum=None, frame=None) -> None:
+        """A SIGINT handler: the first interrupt asks the run to checkpoint at the end of its current step and
+        stop (KeyboardInterrupt); a second one stops it at once."""
+        if self.interrupted:
+            raise KeyboardInterrupt
+        self.interrupted = True
+        print("spherepde: interrupted: checkpointing at the end of this step (interrupt again to stop at once)",
+              file=sys.stderr)
 
     @property
     def state_path(self) -> str:
@@ -59,6 +72,8 @@ class Checkpoint:
 
     def due(self, steps: int) -> bool:
         """Whether a checkpoint should be written now, `steps` steps into the run."""
+        if self.interrupted:
+            return True
         if self.every_steps is not None and steps - self.last_steps >= self.every_steps:
             return True
         return self.every_minutes is not None and time.monotonic() - self.last_clock >= 60 * self.every_minutes
@@ -142,7 +157,18 @@ class Checkpoint:
         return f"t = {state['t']:.6g} of {state['t_end']:.6g}, step {state['steps']}"
 
     def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        """Delete the files a checkpoint writes, and the folder if nothing else is left in it."""
+        ours = [self.state_path] + [path for pattern in ("segment-*.nc", "segment-*.nc.*.tmp", "state.pt.*.tmp")
+                                    for path in glob.glob(os.path.join(glob.escape(self.folder), pattern))]
+        for path in ours:
+            try:
+                os.remove(path)
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+        try:
+            os.rmdir(self.folder)
+        except OSError:  # absent, or holding files that are not ours
+            pass
 
 
 def _first_line(error: Exception) -> str:

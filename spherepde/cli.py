@@ -110,6 +110,7 @@ def command_run(args) -> int:
         if source and os.path.exists(output) and os.path.samefile(source, output):
             raise CaseError(f"-o {output!r} is {role} of this run; choose another output file")
     checkpoint = _checkpoint(case, output, args)
+    previous_handler = signal.signal(signal.SIGINT, checkpoint.interrupt) if checkpoint is not None else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -125,6 +126,9 @@ def command_run(args) -> int:
             print(f"spherepde: the run is checkpointed ({checkpoint.describe()}); continue it with --resume",
                   file=sys.stderr)
         raise
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
     write_dataset(dataset, output)
     if checkpoint is not None:
         checkpoint.remove()
@@ -166,12 +170,18 @@ def _checkpoint(case, output: str, args):
     an existing output or checkpoint is replaced or resumed only when asked to."""
     from .checkpoint import Checkpoint
 
-    if case["solver"]["method"] == "particles":
-        if args.resume:
-            raise CaseError("--resume: particle runs are not checkpointed (a rerun reproduces them from their seed)")
+    unsaved = ("training runs" if case["control"] else "particle runs" if case["solver"]["method"] == "particles"
+               else None)
+    if unsaved is not None:
+        for flag, given in (("--resume", args.resume), ("--checkpoint-steps", args.checkpoint_steps is not None)):
+            if given:
+                raise CaseError(f"{flag}: {unsaved} are not checkpointed (a rerun reproduces them bit for bit)")
         checkpoint = None
     else:
         checkpoint = Checkpoint(output, args.checkpoint_steps, args.checkpoint_minutes, resume=args.resume)
+        if os.path.lexists(checkpoint.folder) and not os.path.isdir(checkpoint.folder):
+            raise CaseError(f"{checkpoint.folder!r} exists and is not a folder: the run keeps its checkpoint "
+                            "there; move it away or choose another output file")
     stored = checkpoint is not None and checkpoint.exists()
     if args.resume:
         if not stored:

@@ -169,3 +169,67 @@ def test_blow_up_with_checkpoints_exits_3_keeps_the_last_good_state_and_no_check
         assert dataset.attrs["status"].startswith("failed")
         assert np.isfinite(dataset["density"].values).all() and dataset.sizes["time"] >= 1
     assert not os.path.exists(checkpoint_folder(output))
+
+
+def test_sigint_checkpoints_the_step_it_lands_in_and_the_resumed_run_is_bit_identical(tmp_path, capsys):
+    """Ctrl-C loses nothing: the interrupt writes a checkpoint at the end of the step it lands in, later
+    than the last periodic one, and the run resumed from it ends as an uninterrupted one."""
+    case = write_case(tmp_path)
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    process = subprocess.Popen([sys.executable, "-m", "spherepde", "run", str(case), "-o", str(output), "--quiet",
+                                "--checkpoint-steps", "50"], stderr=subprocess.PIPE, text=True)
+    state, deadline = None, time.monotonic() + 120
+    while process.poll() is None and state is None and time.monotonic() < deadline:
+        state = state_of(output)  # the first periodic checkpoint: the run and its handler have started
+        time.sleep(0.001)
+    assert process.poll() is None, f"the run ended before it could be interrupted: {process.stderr.read()}"
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 130, err
+    assert "checkpointing at the end of this step" in err and "continue it with --resume" in err
+    interrupted = state_of(output)
+    assert state["steps"] < interrupted["steps"] < STEPS and not output.exists()
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 0, err
+    assert f"step {interrupted['steps']}" in err
+    assert_same_result(output, reference)
+
+
+def test_a_second_interrupt_stops_at_once(tmp_path, capsys):
+    checkpoint = Checkpoint(tmp_path / "out.nc")
+    assert not checkpoint.due(1)
+    checkpoint.interrupt(signal.SIGINT, None)
+    assert checkpoint.due(1) and "checkpointing" in capsys.readouterr().err
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.interrupt(signal.SIGINT, None)
+
+
+def test_a_checkpoint_path_holding_other_files_is_not_deleted(tmp_path, capsys):
+    case = write_case(tmp_path, SMALL_S1)
+    output = tmp_path / "out.nc"
+    folder = checkpoint_folder(output)
+    os.makedirs(folder)
+    notes = os.path.join(folder, "notes.txt")
+    with open(notes, "w") as handle:
+        handle.write("mine")
+    assert run_cli(["run", case, "-o", output, "--quiet", "--checkpoint-steps", "3"], capsys)[0] == 0
+    assert output.exists() and os.listdir(folder) == ["notes.txt"]
+    output.unlink()
+    os.remove(notes)
+    os.rmdir(folder)
+    with open(folder, "w") as handle:
+        handle.write("a file where the checkpoint folder goes")
+    status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
+    assert status == 2 and "is not a folder" in err and len(err.strip().splitlines()) == 1
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("flag", [["--resume"], ["--checkpoint-steps", "5"]])
+def test_checkpoint_flags_of_runs_that_are_not_checkpointed_are_refused(tmp_path, capsys, flag):
+    case = write_case(tmp_path, SMALL_S1)
+    for extra, what in ((["--set", "solver.method='particles'", "--set", "particles.n=20"], "particle runs"),
+                        (["--set", "control.loss='align'", "--set", "control.target=[0.0, 1.0]",
+                          "--set", "control.iterations=1"], "training runs")):
+        status, err = run_cli(["run", case, "-o", tmp_path / "out.nc", "--quiet", *extra, *flag], capsys)
+        assert status == 2 and what in err and flag[0] in err and len(err.strip().splitlines()) == 1, err
