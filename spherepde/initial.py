@@ -140,9 +140,16 @@ def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:
                         "result)")
     if dim != basis.dim:
         raise CaseError(f"initial.path: {path!r} holds a density on S^{dim - 1}, the case is on S^{basis.dim - 1}")
+    if not np.isfinite(density).all():
+        raise CaseError(f"initial.path: the density at initial.time = {time_index} of {path!r} is not finite "
+                        "everywhere (a save after a failure?)")
     source = file_basis(path, dim, lmax, density.shape, basis.placement)
-    coefficients = source.analysis(basis.placement.tensor(np.ascontiguousarray(density)))
-    return source.resize(coefficients, basis.lmax)
+    rho = basis.placement.tensor(np.ascontiguousarray(density))
+    mass = float(source.integrate(rho))
+    if not abs(mass - 1) <= INITIAL_MASS_TOLERANCE:
+        raise CaseError(f"initial.path: the density at initial.time = {time_index} of {path!r} has mass {mass:.6g} "
+                        "on its grid, not 1: not a probability density of a spherepde run")
+    return source.resize(source.analysis(rho), basis.lmax)
 
 
 def file_basis(path: str, dim: int, lmax: int, grid_shape: tuple, placement):

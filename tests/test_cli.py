@@ -185,6 +185,34 @@ def test_initial_density_from_file_interpolates_spectrally(tmp_path, capsys):
     assert status == 2 and "initial.path" in err and "holds no Eulerian density" in err
 
 
+@pytest.mark.parametrize("method", ["eulerian", "particles"])
+def test_an_initial_file_whose_density_is_not_a_probability_density_is_refused(tmp_path, capsys, method):
+    """NaN, a negated, zero or rescaled density, or a grid cut short (its quadrature mass 0.72): exit 2 naming
+    initial.path and what is wrong, no output; before, the runs went on with mass 0 or 3 or ended in exit 3 or
+    a traceback from the particle sampler."""
+    case = write_case(tmp_path)
+    first = tmp_path / "first.nc"
+    assert run_cli(["run", case, "-o", first, "--quiet", "--set", "time.t_end=0.25"], capsys)[0] == 0
+    with xr.open_dataset(first) as dataset:
+        good = dataset.load()
+    nan = good["density"].values.copy()
+    nan[-1, 3] = np.nan
+    doctored = {"nan": (good.assign(density=(good["density"].dims, nan)), "not finite"),
+                "negated": (good.assign(density=-good["density"]), "mass -1"),
+                "zero": (good.assign(density=0 * good["density"]), "mass 0"),
+                "tripled": (good.assign(density=3 * good["density"]), "mass 3"),
+                "cut": (good.isel(theta=slice(0, 4 * good.sizes["theta"] // 5)), "mass 0.7")}
+    restart = SMALL_S1.replace('kind = "vmf"\nmean = [1.0, 0.0]\nkappa = 2.0', 'kind = "file"\npath = "bad.nc"')
+    restarted = write_case(tmp_path, restart, "restart.toml")
+    for name, (dataset, problem) in doctored.items():
+        dataset.to_netcdf(tmp_path / "bad.nc")
+        output = tmp_path / f"{name}.nc"
+        status, err = run_cli(["run", restarted, "-o", output, "--quiet", "--set", f"solver.method='{method}'",
+                               "--set", "particles.n=50"], capsys)
+        assert status == 2 and "initial.path" in err and problem in err, (name, err)
+        assert len(err.strip().splitlines()) == 1 and not output.exists()
+
+
 def test_numerical_failure_exits_3_and_keeps_last_good_state(tmp_path, capsys):
     # Explicit transport far beyond its stability limit blows up; the saves before it are kept.
     unstable = SMALL_S1.replace("dt = 0.05", "dt = 0.5").replace("t_end = 0.5", "t_end = 200.0").replace(
