@@ -54,7 +54,7 @@ from spherepde.output import particle_dataset
 from spherepde.progress import Progress
 from spherepde.sampling import initial_particles
 
-from .eulerian import WallClock, _fail, save_times
+from .eulerian import MAX_STEPS_PER_SAVE, WallClock, _fail, save_times
 
 # ---------------------------------------------------------------------------------------
 # The drift: the model's velocity with the empirical measure
@@ -471,7 +471,11 @@ def run_particles(case, progress: bool | None = None):
     bar = Progress(timing["t_end"], enabled=progress)
     recorder.start_clock()
     for t0, t1 in zip(times[:-1], times[1:]):
-        substeps = max(1, math.ceil((t1 - t0) / step_bound(case, field, t0, x, t1 - t0) - 1e-9))
+        bound = step_bound(case, field, t0, x, t1 - t0)
+        if not (t1 - t0) / bound <= MAX_STEPS_PER_SAVE:
+            _fail(recorder, f"the CFL rule asks for steps of {bound:.3g} at t = {t0:.6g}: too many (more than "
+                            f"{MAX_STEPS_PER_SAVE:.0e}) before the next save")
+        substeps = max(1, math.ceil((t1 - t0) / bound - 1e-9))
         if "max_steps" in timing and recorder.steps + substeps > timing["max_steps"]:
             _fail(recorder, f"time.max_steps = {timing['max_steps']} would be exceeded before t = {t1:.6g}")
         recorder.dt = (t1 - t0) / substeps

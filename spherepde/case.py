@@ -130,8 +130,9 @@ control.noise              "common" (every evaluation of J sees the    "common"
 control.kappa_cand         bow: real >= 0, vMF concentration of the    2.0
                            candidates
 control.tau                bow: real > 0, softmax temperature          1.0
-control.K                  bow: int in [1, 2**20), number of           16
-                           candidates (scores: atoms x K)
+control.K                  bow: int in [2, 2**20), number of           16
+                           candidates (scores: atoms x K; one
+                           candidate has probability 1 whatever mu)
 control.seed               bow: int in [0, 2**63), seed of the         0
                            candidates
 =========================  ==========================================  =========================
@@ -477,15 +478,17 @@ def _case_name(value, ctx) -> str:
                        f"(it names the default output files), got {name!r}")
     if name.startswith("."):
         raise _Invalid(f"must not start with '.' (it names the default output files), got {name!r}")
+    if not name.isprintable():
+        raise _Invalid(f"must not hold control characters such as newlines (it names the default output files and "
+                       f"appears in one-line messages), got {name!r}")
     return name
 
 
 def _default_case_name(ctx) -> str:
-    """The case file's stem made a valid case.name: separators to '_', leading dots dropped, cut to
-    _MAX_NAME_BYTES, else "case"."""
-    name = ctx.inputs.default_name
-    for char in _NAME_FORBIDDEN:
-        name = name.replace(char, "_")
+    """The case file's stem made a valid case.name: separators and control characters to '_', leading dots
+    dropped, cut to _MAX_NAME_BYTES, else "case"."""
+    name = "".join(char if char.isprintable() and char not in _NAME_FORBIDDEN else "_"
+                   for char in ctx.inputs.default_name)
     return name.lstrip(".").encode()[:_MAX_NAME_BYTES].decode(errors="ignore").strip() or "case"
 
 
@@ -741,17 +744,15 @@ _MAX_DIFFUSION_STIFFNESS = 1e15
 
 
 def _time_rules(time: dict, ctx) -> None:
+    if not time["save_every"] > 0:
+        raise CaseError(f"time.t_end: {time['t_end']!r} is too small: its default save_every, t_end / 20, rounds to 0")
     if "dt" in time and "cfl" in time:
         raise CaseError("time.dt: give either time.dt or time.cfl, not both")
     if time["t_end"] / time["save_every"] > _MAX_SAVES:
         raise CaseError(f"time.save_every: t_end / save_every = {time['t_end'] / time['save_every']:.3g} saves; "
                         f"at most {_MAX_SAVES:.0e}")
-    if "dt" in time and min(time["save_every"], time["t_end"]) / time["dt"] > _MAX_STEPS_PER_SAVE:
-        raise CaseError(f"time.dt: {time['dt']!r} makes more than {_MAX_STEPS_PER_SAVE:.0e} steps per save")
-    if "dt" in time and "max_steps" in time and math.ceil(time["t_end"] / time["dt"] - 1e-9) > time["max_steps"]:
-        # at least t_end / dt steps with a fixed dt (each save interval is cut into whole steps): known now
-        raise CaseError(f"time.max_steps: {time['max_steps']} steps cannot reach t_end = {time['t_end']:g} with "
-                        f"dt = {time['dt']:g} (at least {math.ceil(time['t_end'] / time['dt'] - 1e-9)} steps)")
+    if "dt" in time:
+        _fixed_step_rules(time, time["dt"], "time.dt")
     eps, lmax = ctx.data["model"]["eps"], ctx.data["sphere"]["lmax"]
     longest_step = min(time["save_every"], time["t_end"], time.get("dt", math.inf))
     if eps * lmax * (lmax + 1) * longest_step > _MAX_DIFFUSION_STIFFNESS:
@@ -760,7 +761,20 @@ def _time_rules(time: dict, ctx) -> None:
                         f"at most {_MAX_DIFFUSION_STIFFNESS:.0e}, beyond which a diffusion step loses every digit")
 
 
+def _fixed_step_rules(time: dict, dt: float, key: str) -> None:
+    """A fixed step dt (given as `key`) must end: at most _MAX_STEPS_PER_SAVE steps per save, and within
+    time.max_steps when there is one."""
+    if min(time["save_every"], time["t_end"]) / dt > _MAX_STEPS_PER_SAVE:
+        raise CaseError(f"{key}: {dt!r} makes more than {_MAX_STEPS_PER_SAVE:.0e} steps per save")
+    if "max_steps" in time and math.ceil(time["t_end"] / dt - 1e-9) > time["max_steps"]:
+        # at least t_end / dt steps with a fixed dt (each save interval is cut into whole steps): known now
+        raise CaseError(f"time.max_steps: {time['max_steps']} steps cannot reach t_end = {time['t_end']:g} with "
+                        f"{key} = {dt:g} (at least {math.ceil(time['t_end'] / dt - 1e-9)} steps)")
+
+
 def _particles_rules(particles: dict, ctx) -> None:
+    if "dt" in particles and ctx.data["solver"]["method"] in ("particles", "both"):
+        _fixed_step_rules(ctx.data["time"], particles["dt"], "particles.dt")
     if particles["save"] > particles["n"]:
         raise CaseError(f"particles.save: must be <= particles.n = {particles['n']}, got {particles['save']}")
     n, replicas = particles["n"], particles["replicas"]
@@ -895,7 +909,7 @@ _SCHEMA = (
         _Key("noise", _choice("common", "fresh"), "common", unused=_particle_training_only),
         _Key("kappa_cand", _real(_NONNEGATIVE), 2.0, unused=_only_for_losses("bow")),
         _Key("tau", _real(_POSITIVE), 1.0, unused=_only_for_losses("bow")),
-        _Key("K", _integer(_Interval(1, high=2 ** 20)), 16, unused=_only_for_losses("bow")),
+        _Key("K", _integer(_Interval(2, high=2 ** 20)), 16, unused=_only_for_losses("bow")),
         _Key("seed", _integer(_SEED), 0, unused=_only_for_losses("bow")),
     ), _control_rules, optional=True),
 )

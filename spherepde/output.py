@@ -250,7 +250,9 @@ def write_dataset(dataset: xr.Dataset, path: str | os.PathLike) -> None:
         os.umask(umask)
         os.chmod(temporary, 0o666 & ~umask)  # mkstemp made it private; give it a normal file's mode
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(temporary):
             os.remove(temporary)
+        if isinstance(error, RuntimeError):  # how netCDF4 reports a failed write: a full disk, a quota
+            raise OSError(f"cannot write {path!r}: {error} (is the disk full?)") from None
         raise

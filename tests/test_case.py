@@ -307,13 +307,19 @@ BAD_CASES = [
     ("absurd particle count", MINIMAL + "[particles]\nn = 1000000000000000000000000000000\n", "particles.n",
      "[2, 2**32)"),
     ("too few steps", SPHERE + "[time]\nt_end = 1\ndt = 0.1\nmax_steps = 9\n", "time.max_steps",
-     "9 steps cannot reach t_end = 1 with dt = 0.1 (at least 10 steps)"),
+     "9 steps cannot reach t_end = 1 with time.dt = 0.1 (at least 10 steps)"),
+    ("too few particle steps", SPHERE + "[time]\nt_end = 1\ndt = 0.1\nmax_steps = 10\n[solver]\nmethod = 'particles'"
+     "\n[particles]\ndt = 0.05\n", "time.max_steps", "10 steps cannot reach t_end = 1 with particles.dt = 0.05"),
+    ("endless particle step", SPHERE + "[time]\nt_end = 1\ndt = 0.1\n[solver]\nmethod = 'both'\n[particles]\n"
+     "dt = 1e-300\n", "particles.dt", "more than 1e+12 steps per save"),
+    ("t_end below its default saves", SPHERE + "[time]\nt_end = 5e-324\n", "time.t_end", "rounds to 0"),
     ("a single token", MINIMAL + "[particles]\nn = 1\n", "particles.n", "must be in [2, 2**32), got 1"),
     ("absurd dimension", "[sphere]\ndim = 100000\n" + TIME, "sphere.dim", "[2, 2048)"),
     ("absurd filter order", MINIMAL + "[solver]\nfilter_order = 1000000000000000000000000000000\n",
      "solver.filter_order", "64-bit integer, in [-2**63, 2**63)"),
     ("absurd candidate count", TRAIN + "loss = 'bow'\nK = 1000000000000000000000000000000\n",
-     "control.K", "[1, 2**20)"),
+     "control.K", "[2, 2**20)"),
+    ("one candidate", TRAIN + "loss = 'bow'\nK = 1\n", "control.K", "must be in [2, 2**20), got 1"),
     ("absurd layer count", TRAIN + "layers = 1000000000000000000000000000000\n", "control.layers", "[1, 2**20)"),
     ("absurd checkpoint interval", TRAIN + "checkpoint_every = 1000000000000000000000000000000\n",
      "control.checkpoint_every", "64-bit integer"),
@@ -328,6 +334,7 @@ BAD_CASES = [
     ("case name with a path", "[case]\nname = 'sub/dir/x'\n" + MINIMAL, "case.name", "without '/'"),
     ("hidden case name", "[case]\nname = '.nc'\n" + MINIMAL, "case.name", "must not start with '.'"),
     ("case name with NUL", '[case]\nname = "a\\u0000b"\n' + MINIMAL, "case.name", "'\\x00'"),
+    ("case name with a newline", '[case]\nname = "a\\nb"\n' + MINIMAL, "case.name", "control characters"),
     ("eps too stiff for a step", MINIMAL + "[model]\neps = 1e300\n", "model.eps", "at most 1e+15"),
     ("chunk neither auto nor a count", MINIMAL + "[solver]\nchunk = 'big'\n", "solver.chunk",
      "expected \"auto\" or an integer >= 1, got"),
@@ -408,6 +415,7 @@ def test_distinct_lyapunov_exponents_keep_their_order():
 @pytest.mark.parametrize("file, name", [
     ("kuramoto-s1.toml", "kuramoto-s1"), ("a.b.toml", "a.b"), (".hidden.toml", "hidden"), (".toml", "toml"),
     ("..toml", "case"), ("...toml", "case"), ("-.toml", "-"), ("é" * 125 + ".toml", "é" * 120),
+    ("a\nb.toml", "a_b"),
 ])
 def test_default_case_name_is_a_valid_file_name(tmp_path, file, name):
     """The file stem is made valid (leading dots dropped, else "case"), not refused."""

@@ -2,6 +2,7 @@
 
 import math
 import os
+import resource
 import subprocess
 import sys
 
@@ -211,6 +212,22 @@ def test_an_initial_file_whose_density_is_not_a_probability_density_is_refused(t
                                "--set", "particles.n=50"], capsys)
         assert status == 2 and "initial.path" in err and problem in err, (name, err)
         assert len(err.strip().splitlines()) == 1 and not output.exists()
+
+
+def test_a_write_that_fails_for_want_of_space_is_one_line_and_leaves_no_file(tmp_path):
+    """A file-size limit of 10 kB (as a full disk): netCDF4 raises RuntimeError ("HDF error"), which ended
+    in a traceback; now exit 2, one line naming the file, and neither it nor its temporary file left."""
+    case = write_case(tmp_path, SMALL_S1.replace("lmax = 16", "lmax = 64"))
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, 10_000))  # Python ignores SIGXFSZ: writes fail instead
+
+    result = subprocess.run([sys.executable, "-m", "spherepde", "run", str(case), "-o", str(tmp_path / "out.nc"),
+                             "--quiet"], capture_output=True, text=True, preexec_fn=limit_file_size, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "cannot write" in result.stderr and "out.nc" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert sorted(os.listdir(tmp_path)) == ["case.toml"]
 
 
 def test_numerical_failure_exits_3_and_keeps_last_good_state(tmp_path, capsys):
