@@ -1,7 +1,7 @@
 """Seed 004, bow kappa_cand = 2: redrawn candidates and the conditioning of the terminal displacement (issue 4,
 criterion 5), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_candidates.py [--draws 7] [--seeds 3] [--starts 1e-12 1e-9 1e-6] [--finite-n 64 256 1024 4096 8192] [--workers 2] [--report-only] > results/seed004_candidates.md
+    OMP_NUM_THREADS=1 python3 results/seed004_candidates.py [--draws 7] [--seeds 3] [--starts 1e-12 1e-9 1e-6] [--no-cross] [--finite-n 64 256 1024 4096 8192] [--workers 2] [--report-only] > results/seed004_candidates.md
 
 The seed's bow displacement 0.763 +- 0.343 has a spread seven times that of our particle seeds at one draw of
 the K candidates (results/seed004_particles.md, +- 0.047 over 10 seeds).  This script asks whether the
@@ -19,7 +19,11 @@ displacement is the angle of the mean at T minus at the save nearest the plateau
 rho in degrees above 2 lmax / 3) says how far lmax 24 resolves it: the summary leaves out a draw whose
 tail exceeds UNRESOLVED = 0.1, where the grid no longer holds the density at all.  results/seed004_reduced.md and
 results/seed004_particles.md, made at an earlier commit, print 0.773 for the displacement of draw 0's
-Eulerian run; the starts show why a change in round-off can move that figure.  Last, particle systems of
+Eulerian run; the starts show why a change in round-off can move that figure.  Then each particle optimum
+is handed to the Eulerian solver: its training at the same draw is started from the particle-trained W
+(start = that W), which shows whether the two trainings disagree about the mean field or only land in
+different minima of the same J, and the Eulerian J is printed along the straight segment between draw 0's
+two Eulerian optima (a barrier between them makes them separate minima).  Last, particle systems of
 growing N (not trained; --finite-n, particles.seed = 1000 + s) run at draw 0's two optima, the Eulerian W and
 the W of the particle training of seed 0: their J beside the mean-field J of the same W, and how much the
 dynamics amplify the sampling error of the order parameter along depth under each.
@@ -42,8 +46,9 @@ SEED_DISPLACEMENT = (0.763, 0.343)
 
 
 def path_of(kind, draw, seed=None):
-    """The file of one run: kind "eulerian" (seed: None), "particles" (seed: particles.seed) or "start"
-    (seed: the index of delta in the starts)."""
+    """The file of one run: kind "eulerian" (seed: None), "particles" (seed: particles.seed), "start"
+    (seed: the index of delta in the starts) or "cross" (the Eulerian training started at the W of the
+    particle run of that draw and seed)."""
     folder = os.environ.get("SEED004_OUT", "/tmp/seed004_reduced")
     return os.path.join(folder, f"candidates-{NAME}-{kind}-c{draw}" + ("" if seed is None else f"-{seed}") + ".nc")
 
@@ -60,12 +65,9 @@ OPTIMA = {"eulerian": ("Eulerian W", ("eulerian", 0)), "particles": ("particle W
 
 def run_finite_n(job):
     """N particles at one optimum of draw 0 (run_particles_at), `job` = (optimum, n, seeds)."""
-    import xarray as xr
-
     optimum, n, seeds = job
-    with xr.open_dataset(path_of(*OPTIMA[optimum][1])) as dataset:
-        W = dataset["W"].values
-    run_particles_at(NAME, W, n, seeds, finite_n_path(optimum, n), ["control.seed=0"])
+    run_particles_at(NAME, trained_W(path_of(*OPTIMA[optimum][1])), n, seeds, finite_n_path(optimum, n),
+                     ["control.seed=0"])
 
 
 def job_overrides(kind, draw, seed):
@@ -86,11 +88,20 @@ def train(job):
     if kind == "start":
         d, layers = case.dim, case["control"]["layers"]
         start = delta * np.random.default_rng(0).standard_normal((layers, d, d))
+    if kind == "cross":
+        start = trained_W(path_of("particles", draw, seed))
     training = run_particle_training if kind == "particles" else run_training
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         dataset = training(case, progress=False, start=start)
     write_dataset(dataset, path_of(kind, draw, seed))
+
+
+def trained_W(path):
+    import xarray as xr
+
+    with xr.open_dataset(path) as dataset:
+        return dataset["W"].values
 
 
 def figures(path):
@@ -116,7 +127,7 @@ def mean_std(values):
 def report(draws, seeds, starts):
     print("# Seed 004, bow kappa_cand = 2: redrawn candidates, and how well J fixes the displacement\n")
     print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_candidates.py --workers 2 > "
-          "results/seed004_candidates.md` (about 2 CPU hours)\n")
+          "results/seed004_candidates.md` (about 2.5 CPU hours)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     print("Overrides (Eulerian): `" + " ".join(job_overrides("eulerian", "c", None)) + "`; particles: `"
           + " ".join(job_overrides("particles", "c", "s")) + "`.\n")
@@ -169,6 +180,73 @@ def report(draws, seeds, starts):
     sys.stdout.flush()
 
 
+def report_cross(draws, seeds, profile_points=11):
+    """The Eulerian trainings started at the particle optima beside both, and the Eulerian J along the segment
+    between draw 0's Eulerian optimum from W = 0 and the one from the particle W of seed 0."""
+    print("## Eulerian training from the particle optima\n")
+    print("The Eulerian training of each draw started at the W of each particle training of that draw (L-BFGS as "
+          "above).  'Eulerian, W = 0' is the training of the first table; 'particles' the particle training the "
+          "start came from.\n")
+    print("| control.seed | particle seed | Eulerian from the particle W: J | its displacement (rad) | largest tail | "
+          "L-BFGS iterations | particle displacement (rad) | difference | Eulerian, W = 0: J | its displacement |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    differences, excess, basin_gaps, left_out, unresolved_rows = [], [], [], set(), []
+    for draw in draws:
+        from_zero = figures(path_of("eulerian", draw))
+        for seed in seeds:
+            cross, particles = figures(path_of("cross", draw, seed)), figures(path_of("particles", draw, seed))
+            if not from_zero["tail"] <= UNRESOLVED:
+                unresolved_rows.append((draw, cross, from_zero))
+            difference = cross["displacement"] - particles["displacement"]
+            print(f"| {draw} | {seed} | {cross['J']:.4f} | {cross['displacement']:.3f} | {cross['tail']:.2g} | "
+                  f"{cross['iterations']} | {particles['displacement']:.3f} | {difference:+.3f} | "
+                  f"{from_zero['J']:.4f} | {from_zero['displacement']:.3f} |")
+            if not (from_zero["tail"] <= UNRESOLVED and cross["tail"] <= UNRESOLVED):
+                left_out.add(draw)
+                continue
+            differences.append(difference)
+            excess.append(cross["J"] - from_zero["J"])
+            basin_gaps.append(cross["displacement"] - from_zero["displacement"])
+    if differences:
+        differences, excess = np.array(differences), np.array(excess)
+        unresolved = (f" (left out: draw {', '.join(map(str, sorted(left_out)))}, largest tail above {UNRESOLVED:g})"
+                      if left_out else "")
+        print(f"\nOver the {len(differences)} runs at resolved draws{unresolved}: Eulerian displacement from the "
+              f"particle W minus the particle displacement {mean_std(differences)} (largest |difference| "
+              f"{np.abs(differences).max():.3f}; the seed's spread {SEED_DISPLACEMENT[1]}); its J lies "
+              f"{excess.min():.4f} to {excess.max():.4f} above that of the Eulerian training from W = 0.\n")
+    for draw in sorted({row[0] for row in unresolved_rows}):
+        rows = [(cross, zero) for d, cross, zero in unresolved_rows if d == draw]
+        print(f"At draw {draw}, left out because the training from W = 0 leaves lmax 24 (tail "
+              f"{rows[0][1]['tail']:.2g}, J {rows[0][1]['J']:.4f}), the trainings from the particle W reach J "
+              f"{min(c['J'] for c, _ in rows):.4f} to {max(c['J'] for c, _ in rows):.4f} with tails up to "
+              f"{max(c['tail'] for c, _ in rows):.2g}: W = 0 is a poor start there.\n")
+    from seed004_particles import mean_field_cost
+
+    from_zero, from_particles = trained_W(path_of("eulerian", 0)), trained_W(path_of("cross", 0, seeds[0]))
+    cost = mean_field_cost(NAME, job_overrides("eulerian", 0, None))
+    steps = np.linspace(0.0, 1.0, profile_points)
+    print(f"Draw 0: the Eulerian J at (1 - s) W_0 + s W_p, W_0 the optimum from W = 0 and W_p the one from the "
+          f"particle W of seed {seeds[0]} (|W_p - W_0| = {np.linalg.norm(from_particles - from_zero):.3f}, "
+          f"|W_0| = {np.linalg.norm(from_zero):.3f}, Frobenius norms over the layers):\n")
+    print("| s | " + " | ".join(f"{step:.1f}" for step in steps) + " |")
+    print("|---|" + "---|" * len(steps))
+    profile = [cost((1 - step) * from_zero + step * from_particles) for step in steps]
+    print("| J | " + " | ".join(f"{value:.4f}" for value in profile) + " |\n")
+    print(f"J rises to {np.nanmax(profile):.3f} between the two ends ({profile[0]:.4f} and {profile[-1]:.4f}): "
+          + ("they are separate minima of the mean-field J." if np.nanmax(profile) > max(profile[0], profile[-1])
+             else "no barrier on this segment.") + "\n")
+    if len(differences):
+        print(f"Reading: the two solvers agree on the optimum the particle trainings find.  Started there, the "
+              f"Eulerian training stays in its basin and ends at the particles' displacement to "
+              f"{np.abs(differences).max():.3f} rad ({np.abs(differences).max() / SEED_DISPLACEMENT[1]:.2f} of the "
+              f"seed's spread); started at W = 0 it ends in another minimum of the same mean-field J, lower by "
+              f"{excess.min():.4f} to {excess.max():.4f}, with a displacement {min(basin_gaps):.3f} to "
+              f"{max(basin_gaps):.3f} rad smaller.  The gap of the first table is which minimum each optimiser "
+              "reaches from W = 0, not a disagreement of the Eulerian and particle dynamics.\n")
+    sys.stdout.flush()
+
+
 def report_finite_n(sizes):
     """N particles at draw 0's two optima: J beside the mean-field J, and the amplification of sampling error."""
     import torch
@@ -186,8 +264,7 @@ def report_finite_n(sizes):
     training_path = ParticleControl(load(NAME, job_overrides("particles", 0, 0)))
     reading = {}
     for optimum, (title, run) in OPTIMA.items():
-        with xr.open_dataset(path_of(*run)) as dataset:
-            W = dataset["W"].values
+        W = trained_W(path_of(*run))
         runs = {n: xr.load_dataset(finite_n_path(optimum, n)) for n in sizes}
         costs = [run["cost"].values for run in runs.values()]
         spread = runs[max(sizes)]["order_parameter"].std("seed", ddof=1).values
@@ -210,6 +287,8 @@ def main():
     parser.add_argument("--seeds", type=int, default=3, help="particle seeds per draw")
     parser.add_argument("--starts", type=float, nargs="*", default=[1e-12, 1e-9, 1e-6],
                         help="scales delta of the perturbed starts of draw 0 (none: skip)")
+    parser.add_argument("--no-cross", action="store_true",
+                        help="skip the Eulerian trainings started at the particle optima")
     parser.add_argument("--finite-n", type=int, nargs="*", default=[64, 256, 1024, 4096, 8192],
                         help="N of the particle systems at draw 0's optima (none: skip)")
     parser.add_argument("--finite-n-seeds", type=int, default=16, help="seeds of each of those N")
@@ -224,12 +303,16 @@ def main():
                 + [("start", 0, index, delta) for index, delta in enumerate(args.starts)]
                 + [("particles", draw, seed, None) for draw in draws for seed in seeds])
         jobs = [job for job in jobs if not os.path.exists(path_of(*job[:3]))]
+        cross = [] if args.no_cross else [("cross", draw, seed, None) for draw in draws for seed in seeds]
         with ProcessPoolExecutor(args.workers) as pool:
             list(pool.map(train, jobs))
+            list(pool.map(train, [job for job in cross if not os.path.exists(path_of(*job[:3]))]))
             finite = [(optimum, n, list(range(args.finite_n_seeds))) for n in sorted(args.finite_n, reverse=True)
                       for optimum in OPTIMA if not os.path.exists(finite_n_path(optimum, n))]
             list(pool.map(run_finite_n, finite))
     report(draws, seeds, args.starts)
+    if not args.no_cross:
+        report_cross(draws, seeds)
     if args.finite_n:
         report_finite_n(args.finite_n)
 
