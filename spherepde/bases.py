@@ -134,6 +134,12 @@ class CircleBasis(_SpectralBasis):
         self.multiplicity = torch.where(self.degree == 0, 1.0, 2.0).to(placement.real)
         self.grid_shape = (n,)
 
+    @property
+    def cell_radius(self) -> float:
+        """The largest chordal distance from a node to a point of its cell, the arc of length 2 pi / n centred
+        on it (whose length is the node's quadrature weight)."""
+        return 2 * math.sin(math.pi / (2 * self.grid_shape[0]))
+
     @staticmethod
     def coefficient_shape(lmax: int) -> tuple[int, ...]:
         return (lmax + 1,)
@@ -205,6 +211,23 @@ class SphereBasis(_SpectralBasis):
         # Coordinates for output in float64 whatever the run's dtype: the Gauss latitudes exactly.
         self.latitude = torch.rad2deg(torch.asin(torch.as_tensor(gauss_legendre(nlat)[0])))
         self.longitude = 360.0 * torch.arange(nlon, dtype=torch.float64) / nlon
+
+    @property
+    def cell_radius(self) -> float:
+        """The largest chordal distance from a node to a point of its cell.  The cells are the sectors of width
+        2 pi / nlon centred on the nodes' longitudes, between the circles z = -1 + (partial sums of the Gauss
+        weights): each cell's area is its quadrature weight, and each node lies inside its cell (the
+        Markov-Stieltjes separation of Gauss nodes by those sums).  The farthest point of a cell is a corner:
+        <x_j, y> is increasing in cos(longitude) and concave in z."""
+        z, w = gauss_legendre(self.grid_shape[0])
+        order = torch.as_tensor(z).argsort()
+        z, w = torch.as_tensor(z)[order], torch.as_tensor(w)[order]
+        edges = torch.cat([torch.tensor([-1.0], dtype=torch.float64), (-1 + torch.cumsum(w, 0)).clamp(-1, 1)])
+        half_width = math.cos(math.pi / self.grid_shape[1])
+
+        def chord_squared(edge):
+            return 2 - 2 * (z * edge + torch.sqrt(1 - z * z) * torch.sqrt(1 - edge * edge) * half_width)
+        return float(torch.sqrt(torch.maximum(chord_squared(edges[:-1]), chord_squared(edges[1:])).max()))
 
     @staticmethod
     def coefficient_shape(lmax: int) -> tuple[int, ...]:

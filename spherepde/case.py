@@ -98,7 +98,8 @@ diagnostics.tail_tol       real > 0                                    1e-06
 diagnostics.w2             bool                                        true
 diagnostics.w2_atoms       int >= 1: atoms above which a measure is    1000
                            quantised before exact W2 (error bound
-                           stored as w2_quantisation_bound)
+                           stored as w2_quantisation_bound, with
+                           that of the grid: its cells' radius)
 control                    optional: absent means no training, {}      {} (empty)
 control.loss               "align" | "bow" (spherepde.losses.LOSSES)   "align"
 control.target             nonzero length-d vector, made unit: align   e_2 = [0, 1, 0...]

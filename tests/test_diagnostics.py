@@ -140,3 +140,31 @@ def test_w2_of_a_measure_without_positive_mass_is_nan():
     for empty in (np.zeros(3), -masses):
         value, bound = diag.wasserstein2(points, empty, points, masses)
         assert math.isnan(value) and bound == 0.0
+
+
+def test_w2_projection_lies_within_its_stored_bound_of_the_densities_w2():
+    """A rigid rotation on S^1 (W antisymmetric, V = 0, eps = 0: rho_t is the vMF rho_0 turned by t, E the
+    whole plane, Pi the identity): the run's w2_projection, between grid measures, lies within the stored
+    w2_quantisation_bound of W2(rho_t, rho_0) between the densities, computed independently by exact OT
+    between 400-point samples of the exact densities (within their own cell bound), at lmax 12 and 48.
+    Before, the bound left the grid out (0 on S^1) while the grid value was twice W2 at t = 0.1, lmax 16."""
+    import spherepde
+    from conftest import make_case
+
+    fine = 400
+    angles = 2 * np.pi * np.arange(fine) / fine
+    circle = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    times = np.arange(5) * 0.15
+    references = [diag.wasserstein2(circle, np.exp(2 * np.cos(angles)), circle, np.exp(2 * np.cos(angles - t)),
+                                    max_atoms=fine)[0] for t in times]
+    for lmax in (12, 48):
+        case = make_case(2, lmax, model={"kernel": "unnormalized", "beta": 0.0, "V": [[0.0, 0.0], [0.0, 0.0]],
+                                         "W": [[0.0, -1.0], [1.0, 0.0]], "eps": 0.0},
+                         initial={"kind": "vmf", "mean": [1.0, 0.0], "kappa": 2.0},
+                         time={"t_end": float(times[-1]), "dt": 0.01, "save_every": 0.15})
+        dataset = spherepde.run(case, progress=False)
+        assert np.allclose(dataset["time"].values, times)
+        bound, cells = dataset.attrs["w2_quantisation_bound"], dataset.sizes["theta"]
+        assert bound == pytest.approx(4 * math.sin(math.pi / (2 * cells)))  # the two grids' cell radii
+        errors = np.abs(dataset["w2_projection"].values - references)
+        assert errors.max() <= bound + 4 * math.sin(math.pi / (2 * fine)), (lmax, errors, bound)
