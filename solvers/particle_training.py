@@ -68,14 +68,14 @@ import xarray as xr
 
 from spherepde import turnpike
 from spherepde.device import placement as make_placement
-from spherepde.errors import CaseError
+from spherepde.errors import CaseError, NumericalFailure
 from spherepde.losses import make_loss
 from spherepde.model import Model, interaction_energy
 
 from .adjoint import Gradient
 from .eulerian import ForwardProblem
 from .particles import Integrator, ParticleField, ParticleRecorder, check_noise_step, initial_state
-from .training import control_variables, finished, optimise, step_knots
+from .training import control_variables, finished, kept_at_start, optimise, step_knots
 
 
 class ParticleControl:
@@ -157,16 +157,25 @@ def run_particle_training(case, progress: bool | None = None, start: torch.Tenso
     e.g. an Eulerian training's W, to ask whether the particle cost has an optimum near it.
     """
     forward = ParticleControl(case)
+
+    def run_at(controls: torch.Tensor, status: str) -> xr.Dataset:
+        recorder = ParticleRecorder(case, forward.model, ParticleField.from_case(case, forward.model), forward.x0)
+        started = wallclock.perf_counter()
+        with torch.no_grad():
+            forward.run(forward.x0, controls, recorder.record)
+        recorder.steps, recorder.dt = forward.steps, forward.dt
+        recorder.wall_seconds = wallclock.perf_counter() - started
+        return recorder.dataset(status)
+
     started = wallclock.perf_counter()
     initial = forward.model.W if start is None else forward.placement.tensor(start)
-    result = optimise(case["control"], initial, forward.layers, forward.gradient, progress)
+    try:
+        result = optimise(case["control"], initial, forward.layers, forward.gradient, progress)
+    except NumericalFailure as failure:
+        raise kept_at_start(failure, case, initial.expand(forward.layers, -1, -1),
+                            lambda controls: run_at(controls, "failed")) from None
     training_seconds = wallclock.perf_counter() - started
-    recorder = ParticleRecorder(case, forward.model, ParticleField.from_case(case, forward.model), forward.x0)
-    started = wallclock.perf_counter()
-    with torch.no_grad():
-        forward.run(forward.x0, result.controls, recorder.record)
-    recorder.steps, recorder.dt, recorder.wall_seconds = forward.steps, forward.dt, wallclock.perf_counter() - started
-    dataset = control_variables(recorder.dataset("completed"), case, result)
+    dataset = control_variables(run_at(result.controls, "completed"), case, result)
     dataset = dataset.assign(phase_variables(case, dataset))
     dataset.attrs.update({"training": "trained control through the particle system (solvers/particle_training.py)",
                           "gradient": f"autograd ({case['control']['noise']} noise)",

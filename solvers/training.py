@@ -9,7 +9,9 @@ A case with a [control] section is a training run (`spherepde run CASE.toml`, `s
    |dJ/dW|_F <= tol (control.tol > 0).  The cost and the gradient at the final W are evaluated too,
    so the history holds iterations + 1 values of J.  A step to a W whose run fails (J or dJ/dW not
    finite, or the forward run blew up) ends the training at the last W whose run passed: its trained
-   run is made and returned as the last good state of a NumericalFailure (exit status 3).
+   run is made and returned as the last good state of a NumericalFailure (exit status 3); when the
+   first evaluation fails already, that state is the forward run at the starting W (up to its own
+   failure, if it has one) with an empty history (`kept_at_start`).
    "lbfgs" (scipy's L-BFGS-B without bounds, learning_rate unused) chooses its steps by a Wolfe line
    search, so J decreases at every iteration; an iteration may evaluate J and dJ/dW several times
    (at most 4 iterations + 1 evaluations in all; a trial W whose run fails is rejected, see
@@ -259,7 +261,12 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
     forward = ControlledForward(case)
     c0 = initial_density(case["initial"], forward.problem.basis)
     started = wallclock.perf_counter()
-    result = train(forward, c0, progress, start)
+    try:
+        result = train(forward, c0, progress, start)
+    except NumericalFailure as failure:
+        initial = forward.problem.model.W if start is None else forward.problem.placement.tensor(start)
+        raise kept_at_start(failure, case, initial.expand(forward.layers, -1, -1),
+                            lambda controls: trained_run(forward, c0, controls).dataset("failed")) from None
     training_seconds = wallclock.perf_counter() - started
     try:
         recorder = trained_run(forward, c0, result.controls)
@@ -292,6 +299,21 @@ def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
     kept = len(result.costs) - 1
     raise NumericalFailure(f"{result.failure}; the training stopped at iteration {kept + 1}, and the output keeps "
                            f"the controls of iteration {kept} and their run", dataset)
+
+
+def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_at) -> NumericalFailure:
+    """`failure`, of a training's first evaluation, made to carry the last good state there is: the forward run
+    at the starting `controls` (run_at(controls), a Dataset; up to its own failure if it has one) with W =
+    those controls and an empty history (no iteration finished)."""
+    try:
+        dataset = run_at(controls)
+    except NumericalFailure as inner:
+        dataset = inner.dataset
+    result = TrainingResult(controls, [], [], [], None, None, "numerical failure at iteration 0", str(failure))
+    dataset = control_variables(dataset, case, result)
+    dataset.attrs.update({"status": f"failed: {failure}", "optimizer_stop": result.stop, "iterations": 0})
+    return NumericalFailure(f"{failure}; no training iteration finished: the output keeps the starting controls "
+                            "and their forward run", dataset)
 
 
 def adjoint_variables(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor,

@@ -327,7 +327,8 @@ def test_a_divergent_step_ends_the_training_at_the_last_good_controls(tmp_path, 
 def test_a_loss_that_is_not_finite_at_the_start_names_its_key(tmp_path, capsys, method):
     # tau = 1e6: the bow scores are indicators of each candidate's cell, and cells that no grid point's mass
     # (Eulerian: five p_k <= 0 from the density's undershoots) or no particle (p_k = 0) reaches give a
-    # non-finite l(mu_T) at the initial controls: exit 3, no output (there is no good state to keep)
+    # non-finite l(mu_T) at the initial controls: exit 3, and the output keeps the last good state there is,
+    # the forward run at the starting controls (W = 0, finite) with an empty loss history
     path = tmp_path / "train.toml"
     path.write_text(CASE)
     output = tmp_path / "train.nc"
@@ -335,7 +336,31 @@ def test_a_loss_that_is_not_finite_at_the_start_names_its_key(tmp_path, capsys, 
     assert main(["run", str(path), "-o", str(output), "--quiet", *options]) == 3
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "training iteration 0" in err and "lower control.tau" in err, err
-    assert "learning_rate" not in err and not output.exists()
+    assert "learning_rate" not in err and "keeps the starting controls" in err
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["status"].startswith("failed") and dataset.sizes["iteration"] == 0
+        assert np.array_equal(dataset["W"].values, np.zeros_like(dataset["W"].values))
+        t_end = spherepde.load_case_text(dataset.attrs["case"])["time"]["t_end"]
+        assert dataset["time"].values[-1] == pytest.approx(t_end)  # the run at W = 0 itself does not fail
+        assert np.abs(dataset["mass"].values - 1).max() <= 1e-12
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
+def test_a_training_whose_starting_run_blows_up_keeps_its_first_save(tmp_path, capsys, optimizer):
+    # model.W = 1e300 I: the forward run at the starting controls blows up within its first save interval, so
+    # the last good state is its t = 0 save, kept with W = those controls and no iteration (exit 3); it was
+    # no output at all before
+    path = tmp_path / "train.toml"
+    path.write_text(CASE)
+    output = tmp_path / "train.nc"
+    options = ["--set", "model.W=[[1e300, 0.0], [0.0, 1e300]]", "--set", f"control.optimizer='{optimizer}'"]
+    assert main(["run", str(path), "-o", str(output), "--quiet", *options]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "keeps the starting controls" in err, err
+    with xr.open_dataset(output) as dataset:
+        assert dataset.sizes["iteration"] == 0 and list(dataset["time"].values) == [0.0]
+        assert np.all(dataset["W"].values[:, [0, 1], [0, 1]] == 1e300)
+        assert abs(float(dataset["mass"][0]) - 1) <= 1e-12
 
 
 def test_a_trained_run_that_fails_keeps_the_training(tmp_path, capsys, monkeypatch):
