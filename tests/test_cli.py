@@ -214,6 +214,18 @@ def test_an_initial_file_whose_density_is_not_a_probability_density_is_refused(t
         assert len(err.strip().splitlines()) == 1 and not output.exists()
 
 
+def test_a_particle_cfl_step_that_would_never_end_is_a_numerical_failure(tmp_path, capsys):
+    """time.cfl = 1e-300 on particles asked for ~1e300 steps per save and hung; now, as on the Eulerian solver,
+    exit 3 at the first save interval, the t = 0 state kept."""
+    case = write_case(tmp_path, SMALL_S1.replace("dt = 0.05", "cfl = 1e-300"))
+    output = tmp_path / "out.nc"
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--set", "solver.method='particles'",
+                           "--set", "particles.n=20"], capsys)
+    assert status == 3 and "CFL rule asks for steps of" in err and len(err.strip().splitlines()) == 1, err
+    with xr.open_dataset(output) as dataset:
+        assert list(dataset["time"].values) == [0.0]
+
+
 def test_a_write_that_fails_for_want_of_space_is_one_line_and_leaves_no_file(tmp_path):
     """A file-size limit of 10 kB (as a full disk): netCDF4 raises RuntimeError ("HDF error"), which ended
     in a traceback; now exit 2, one line naming the file, and neither it nor its temporary file left."""
