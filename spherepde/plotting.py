@@ -364,7 +364,8 @@ def _circle_picture(subfigure, dataset) -> None:
                      lw=0, alpha=0.6)
     _angle_axis(heat, centre)
     heat.set_ylabel("time (depth)")
-    heat.set_ylim(times[0], times[-1])
+    if times[-1] > times[0]:  # a single save (a run failed at its first interval) keeps matplotlib's range
+        heat.set_ylim(times[0], times[-1])
     picks = np.unique(np.linspace(0, len(times) - 1, min(5, len(times))).round().astype(int))
     colours = plt.cm.viridis(np.linspace(0, 0.9, len(picks)))
     for colour, index in zip(colours, picks):
