@@ -3,6 +3,7 @@
 import argparse
 import math
 import os
+import shlex
 import signal
 import sys
 import warnings
@@ -117,7 +118,7 @@ def command_run(args) -> int:
             dataset = run(case, progress=False if args.quiet else None, checkpoint=checkpoint)
     except NumericalFailure as failure:
         if failure.dataset is not None:
-            write_dataset(failure.dataset, output)
+            write_dataset(_with_command(failure.dataset, args, output), output)
         if checkpoint is not None:
             checkpoint.remove()  # resuming would fail the same way; the output holds the last good state
         raise
@@ -129,7 +130,7 @@ def command_run(args) -> int:
     finally:
         if previous_handler is not None:
             signal.signal(signal.SIGINT, previous_handler)
-    write_dataset(dataset, output)
+    write_dataset(_with_command(dataset, args, output), output)
     if checkpoint is not None:
         checkpoint.remove()
     for note in filter(None, dataset.attrs.get("notes", "").splitlines()):
@@ -141,6 +142,15 @@ def command_run(args) -> int:
         for path in plot_result(output):
             print(f"spherepde: wrote {path}", file=sys.stderr)
     return 0
+
+
+def _with_command(dataset, args, output: str):
+    """`dataset` with the run's arguments appended to its `history` (CF: the commands that made the file)."""
+    words = [args.case, "-o", output] + [word for value in args.set for word in ("--set", value)]
+    words += [word for flag, value in (("--solver", args.solver), ("--device", args.device)) if value
+              for word in (flag, value)]
+    dataset.attrs["history"] = f"{dataset.attrs.get('history', '')} {shlex.join(map(str, words))}".strip()
+    return dataset
 
 
 def command_compare(args) -> int:

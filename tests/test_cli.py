@@ -152,6 +152,7 @@ def test_rerun_from_stored_case_is_identical(tmp_path, capsys):
     with xr.open_dataset(first) as dataset:
         stored = dataset.attrs["case"]
         density = dataset["density"].values
+        assert dataset.attrs["history"].endswith(f"run {case} -o {first} --set model.beta=3.0")  # the command
     replay = write_case(tmp_path, stored, "replay.toml")
     second = tmp_path / "second.nc"
     assert run_cli(["run", replay, "-o", second, "--quiet"], capsys)[0] == 0
