@@ -290,7 +290,8 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
     attrs.update({f"verdict_{name}": verdict for name, verdict in verdicts.items()})
     attrs.update({f"max_z_probability_{name}": value for name, value in probabilities.items()})
     last = f"t={a['time'].values[-1]:g}"
-    header = (f"{'diagnostic':<20} {'A(' + last + ')':>13} {'B(' + last + ')':>13} {'B-A':>11} {'stderr':>10} "
+    header = (f"{'diagnostic':<20} {'A(' + last + ')':>13} {'B(' + last + ')':>13} {'B-A':>11} {'max|B-A|':>10} "
+              f"{'stderr':>10} "
               f"{'max|z|':>8} {'at t':>7} {'P(max|z|) of M':>14}  verdict (|B-A| <= {k:g} stderr + {atol:g})")
     # a failed run keeps the saves before its failure: say so, or its verdicts read as agreement to t_end
     unfinished = [f"{label}: {run.attrs['status']}; compared over the saves it has (t <= {run['time'].values[-1]:g})"
@@ -322,8 +323,8 @@ def max_z_probability(z: np.ndarray) -> float:
 
 
 def _table_row(name, times, va, vb, difference, stderr, z, verdict) -> str:
-    """One line of the text table: the last shared time, the largest |z| over times and components, and how
-    probable so large a |z| is among that many values (max_z_probability)."""
+    """One line of the text table: the last shared time, the largest |B - A| and the largest |z| over times and
+    components, and how probable so large a |z| is among that many values (max_z_probability)."""
     last = (slice(-1, None),) + (slice(None),) * (va.ndim - 1)
     with np.errstate(invalid="ignore"):
         magnitude = np.where(np.isnan(z), -1.0, np.abs(z))
@@ -335,8 +336,10 @@ def _table_row(name, times, va, vb, difference, stderr, z, verdict) -> str:
     def first(values):
         return float(np.ravel(values[last])[0])
 
-    return (f"{name:<20} {first(va):>13.6g} {first(vb):>13.6g} {first(difference):>11.3g} {first(stderr):>10.3g} "
-            f"{worst_z} {times[worst[0]]:>7.3g} {chance}  {verdict}")
+    finite = np.abs(difference[np.isfinite(difference)])
+    largest = float(finite.max()) if finite.size else math.nan
+    return (f"{name:<20} {first(va):>13.6g} {first(vb):>13.6g} {first(difference):>11.3g} {largest:>10.3g} "
+            f"{first(stderr):>10.3g} {worst_z} {times[worst[0]]:>7.3g} {chance}  {verdict}")
 
 
 # ---------------------------------------------------------------------------------------

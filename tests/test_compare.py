@@ -101,6 +101,13 @@ def test_verdict_is_k_standard_errors(shift, verdict):
     assert np.allclose(report["w2"].values, 0.0)  # the same two atoms, listed in another order
 
 
+def test_the_table_gives_the_largest_difference_over_time():
+    a, b = synthetic_pair(0.0, 0.01)
+    b["order_parameter"] = b["order_parameter"] + xr.DataArray([0.07, -0.02], dims="time")
+    row = next(line for line in compare(a, b).attrs["report"].splitlines() if line.startswith("order_parameter"))
+    assert row.split()[3:5] == ["-0.02", "0.07"]  # B - A at the last save, then max |B - A| over the saves
+
+
 def test_compare_an_eulerian_run_with_itself_and_a_coarser_one(tmp_path):
     case = make_case(3, 12, model={"beta": 2.0, "eps": 0.1}, time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1})
     fine = spherepde.run(case, progress=False)
