@@ -311,7 +311,8 @@ def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_a
         dataset = inner.dataset
     result = TrainingResult(controls, [], [], [], None, None, "numerical failure at iteration 0", str(failure))
     dataset = control_variables(dataset, case, result)
-    dataset.attrs.update({"status": f"failed: {failure}", "optimizer_stop": result.stop, "iterations": 0})
+    dataset.attrs.update({"status": f"failed: {failure}", "optimizer": case["control"]["optimizer"],
+                          "optimizer_stop": result.stop, "iterations": 0})
     return NumericalFailure(f"{failure}; no training iteration finished: the output keeps the starting controls "
                             "and their forward run", dataset)
 

@@ -51,9 +51,28 @@ def describe(path: str) -> str:
                     present = values[~np.isnan(values)]  # a failed run of a "both" file stops early
                     last = present[-1] if len(present) else np.nan
                     lines.append(f"  {name:<28} {values[0]:>14.8g} {last:>14.8g}")
+        if "loss" in dataset:
+            lines += _training_lines(dataset)
         if attrs.get("notes"):
             lines.append(f"  notes: {attrs['notes']}")
         return "\n".join(lines)
+
+
+def _training_lines(dataset) -> list[str]:
+    """A training file: its optimizer's course (J first and last, why it stopped), |W| per layer and the
+    seed-004 attributes."""
+    attrs, loss = dataset.attrs, dataset["loss"].values
+    course = f"J {loss[0]:.8g} -> {loss[-1]:.8g} over {len(loss) - 1} iterations" if len(loss) else "no iteration"
+    lines = [f"  training: {attrs.get('optimizer')}, {course}; stop: {attrs.get('optimizer_stop')}"]
+    if "W" in dataset:
+        with np.errstate(over="ignore"):  # a W that blew a run up prints as inf
+            norms = np.linalg.norm(dataset["W"].values, axis=(1, 2))
+        lines.append("  |W_l|_F per layer: " + " ".join(f"{norm:.3g}" for norm in norms))
+    found = [f"{name} = {attrs[name]}" for name in ("three_phase", "plateau_width", "terminal_displacement",
+                                                    "escape_rate", "rayleigh_quotient") if name in attrs]
+    if found:
+        lines.append("  " + ", ".join(found))
+    return lines
 
 
 def _member_lines(dataset) -> list[str]:

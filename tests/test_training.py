@@ -361,6 +361,24 @@ def test_a_training_whose_starting_run_blows_up_keeps_its_first_save(tmp_path, c
         assert dataset.sizes["iteration"] == 0 and list(dataset["time"].values) == [0.0]
         assert np.all(dataset["W"].values[:, [0, 1], [0, 1]] == 1e300)
         assert abs(float(dataset["mass"][0]) - 1) <= 1e-12
+    from spherepde.summary import describe
+
+    summary = describe(str(output))
+    assert f"training: {optimizer}, no iteration" in summary and "|W_l|_F per layer: inf" in summary, summary
+
+
+def test_info_summarises_a_training(tmp_path, capsys):
+    from spherepde.summary import describe
+
+    path = tmp_path / "train.toml"
+    path.write_text(CASE)
+    output = tmp_path / "train.nc"
+    assert main(["run", str(path), "-o", str(output), "--quiet", "--set", "control.iterations=2"]) == 0
+    with xr.open_dataset(output) as dataset:
+        loss, W = dataset["loss"].values, dataset["W"].values
+    summary = describe(str(output))
+    assert f"J {loss[0]:.8g} -> {loss[-1]:.8g} over 2 iterations" in summary, summary
+    assert "|W_l|_F per layer: " + " ".join(f"{n:.3g}" for n in np.linalg.norm(W, axis=(1, 2))) in summary
 
 
 def test_a_trained_run_that_fails_keeps_the_training(tmp_path, capsys, monkeypatch):
