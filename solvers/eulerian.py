@@ -258,44 +258,50 @@ def run_eulerian(case, progress: bool | None = None, checkpoint=None):
         first, done, t_start = 0, 0, 0.0
     bar = Progress(timing["t_end"], enabled=progress, start=t_start)
     recorder.start_clock()
-    for interval in range(first, len(times) - 1):
-        t0, t1 = times[interval], times[interval + 1]
-        if interval != first or done == 0:
-            speed = problem.max_speed(t0, c)
-            dt_max = timing["dt"] if "dt" in timing else _cfl_step(problem, speed, timing["cfl"], t1 - t0)
-            if not math.isfinite(speed):
-                _fail(recorder, f"the velocity became non-finite (max |v| = {speed}) at t = {t0:.6g}")
-            if not (t1 - t0) / dt_max <= MAX_STEPS_PER_SAVE:
-                _fail(recorder, f"max |v| = {speed:.3g} at t = {t0:.6g} asks for steps of {dt_max:.3g}: too many "
-                                f"(more than {MAX_STEPS_PER_SAVE:.0e}) before the next save")
-            substeps = max(1, math.ceil((t1 - t0) / dt_max - 1e-9))
-            dt = (t1 - t0) / substeps
-            done = 0
-            bar.update(float(t0), max_speed=speed, dt=dt)
-            if "max_steps" in timing and recorder.steps + substeps > timing["max_steps"]:
-                _fail(recorder, f"time.max_steps = {timing['max_steps']} would be exceeded before t = {t1:.6g}")
-        candidate = c
-        for k in range(done, substeps):
-            try:
-                candidate = step(problem.lam, problem.transport, t0 + k * dt, candidate, dt)
-            except NumericalFailure as failure:
-                _fail(recorder, f"{failure} at t = {t0 + k * dt:.6g}")
-            if problem.filter is not None:
-                candidate = candidate * problem.filter
-            bar.update(t0 + (k + 1) * dt, dt=dt)
-            if checkpoint is not None and checkpoint.due(recorder.steps + k + 1):
-                _check_finite(recorder, candidate, t0, t0 + (k + 1) * dt, dt)
-                recorder.tick()
-                checkpoint.write(recorder.checkpoint_state(candidate, t0 + (k + 1) * dt, interval, k + 1, dt,
-                                                           substeps),
-                                 recorder.unsaved(checkpoint.saves), recorder.steps + k + 1)
-                if checkpoint.interrupted:
-                    raise KeyboardInterrupt
-        density, row = checked_state(recorder, candidate, t0, t1, dt)
-        c = candidate
-        recorder.steps += substeps
-        recorder.keep(float(t1), density, row)
-        bar.update(float(t1), mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
+    if checkpoint is not None:
+        checkpoint.stepping = True
+    try:
+        for interval in range(first, len(times) - 1):
+            t0, t1 = times[interval], times[interval + 1]
+            if interval != first or done == 0:
+                speed = problem.max_speed(t0, c)
+                dt_max = timing["dt"] if "dt" in timing else _cfl_step(problem, speed, timing["cfl"], t1 - t0)
+                if not math.isfinite(speed):
+                    _fail(recorder, f"the velocity became non-finite (max |v| = {speed}) at t = {t0:.6g}")
+                if not (t1 - t0) / dt_max <= MAX_STEPS_PER_SAVE:
+                    _fail(recorder, f"max |v| = {speed:.3g} at t = {t0:.6g} asks for steps of {dt_max:.3g}: too many "
+                                    f"(more than {MAX_STEPS_PER_SAVE:.0e}) before the next save")
+                substeps = max(1, math.ceil((t1 - t0) / dt_max - 1e-9))
+                dt = (t1 - t0) / substeps
+                done = 0
+                bar.update(float(t0), max_speed=speed, dt=dt)
+                if "max_steps" in timing and recorder.steps + substeps > timing["max_steps"]:
+                    _fail(recorder, f"time.max_steps = {timing['max_steps']} would be exceeded before t = {t1:.6g}")
+            candidate = c
+            for k in range(done, substeps):
+                try:
+                    candidate = step(problem.lam, problem.transport, t0 + k * dt, candidate, dt)
+                except NumericalFailure as failure:
+                    _fail(recorder, f"{failure} at t = {t0 + k * dt:.6g}")
+                if problem.filter is not None:
+                    candidate = candidate * problem.filter
+                bar.update(t0 + (k + 1) * dt, dt=dt)
+                if checkpoint is not None and checkpoint.due(recorder.steps + k + 1):
+                    _check_finite(recorder, candidate, t0, t0 + (k + 1) * dt, dt)
+                    recorder.tick()
+                    checkpoint.write(recorder.checkpoint_state(candidate, t0 + (k + 1) * dt, interval, k + 1, dt,
+                                                               substeps),
+                                     recorder.unsaved(checkpoint.saves), recorder.steps + k + 1)
+                    if checkpoint.interrupted:
+                        raise KeyboardInterrupt
+            density, row = checked_state(recorder, candidate, t0, t1, dt)
+            c = candidate
+            recorder.steps += substeps
+            recorder.keep(float(t1), density, row)
+            bar.update(float(t1), mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
+    finally:
+        if checkpoint is not None:
+            checkpoint.stepping = False
     bar.close()
     recorder.tick()
     return recorder.dataset("completed")

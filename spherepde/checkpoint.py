@@ -53,11 +53,13 @@ class Checkpoint:
         self.saves = 0  # how many saves those segments hold
         self.last_steps, self.last_clock = 0, time.monotonic()
         self.interrupted = False  # an interrupt asked for a checkpoint and then a stop
+        self.stepping = False  # the solver is inside its step loop, where it checks `due` after every step
 
     def interrupt(self, signum=None, frame=None) -> None:
-        """A SIGINT handler: the first interrupt asks the run to checkpoint at the end of its current step and
-        stop (KeyboardInterrupt); a second one stops it at once."""
-        if self.interrupted:
+        """A SIGINT handler: while the solver steps, the first interrupt asks it to checkpoint at the end of its
+        current step and stop (KeyboardInterrupt); a second one, or one outside the step loop (setting up,
+        writing, the particle half of a "both" run), stops it at once."""
+        if self.interrupted or not self.stepping:
             raise KeyboardInterrupt
         self.interrupted = True
         print("spherepde: interrupted: checkpointing at the end of this step (interrupt again to stop at once)",

@@ -196,8 +196,11 @@ def test_sigint_checkpoints_the_step_it_lands_in_and_the_resumed_run_is_bit_iden
     assert_same_result(output, reference)
 
 
-def test_a_second_interrupt_stops_at_once(tmp_path, capsys):
+def test_a_second_interrupt_or_one_outside_the_steps_stops_at_once(tmp_path, capsys):
     checkpoint = Checkpoint(tmp_path / "out.nc")
+    with pytest.raises(KeyboardInterrupt):  # setting up, writing, or the particle half of a "both" run
+        checkpoint.interrupt(signal.SIGINT, None)
+    checkpoint.stepping = True
     assert not checkpoint.due(1)
     checkpoint.interrupt(signal.SIGINT, None)
     assert checkpoint.due(1) and "checkpointing" in capsys.readouterr().err
