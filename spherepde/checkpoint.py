@@ -18,8 +18,8 @@ removed, and the folder with them unless it holds files of someone else.
 
 import glob
 import os
-import time
 import sys
+import time
 import tomllib
 import uuid
 

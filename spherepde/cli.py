@@ -176,7 +176,7 @@ def command_compare(args) -> int:
 
 
 def _checkpoint(case, output: str, args):
-    """The run's Checkpoint (None for particle runs, reproduced by their seed), after checking that
+    """The run's Checkpoint (None for particle and training runs, which a rerun reproduces), after checking that
     an existing output or checkpoint is replaced or resumed only when asked to."""
     from .checkpoint import Checkpoint
 
