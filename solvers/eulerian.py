@@ -113,7 +113,7 @@ class Recorder(WallClock):
         self.lyapunov_p = list(case["diagnostics"]["lyapunov_p"])
         self.want_w2 = case["diagnostics"]["w2"]
         self.w2_atoms, self.w2_error_bound = case["diagnostics"]["w2_atoms"], 0.0
-        self.w2_grid_bound = diag.grid_w2_bound(self.points, self.masses_0, self.subspace_E, basis.cell_radius)
+        self.w2_grid_bound = diag.grid_w2_bound(self.subspace_E, basis.cell_radius)
         self.tail_tol = case["diagnostics"]["tail_tol"]
         self.times, self.densities, self.rows = [], [], []
         self.resolved_until = None
