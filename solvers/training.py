@@ -102,8 +102,13 @@ def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = 
     or from the controls `start` (layers, d, d)."""
     control = forward.case["control"]
     gradient_of = GRADIENTS[control["gradient"]]
-    initial = forward.problem.model.W if start is None else forward.problem.placement.tensor(start)
-    return optimise(control, initial, forward.layers, lambda controls: gradient_of(forward, c0, controls), progress)
+    return optimise(control, starting_W(forward, start), forward.layers,
+                    lambda controls: gradient_of(forward, c0, controls), progress)
+
+
+def starting_W(forward: ControlledForward, start: torch.Tensor | None) -> torch.Tensor:
+    """The W the optimizer starts from on every layer: model.W, or the controls `start` (layers, d, d)."""
+    return forward.problem.model.W if start is None else forward.problem.placement.tensor(start)
 
 
 def _checked(gradient, iteration: int, loss: str | None):
@@ -264,8 +269,7 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
     try:
         result = train(forward, c0, progress, start)
     except NumericalFailure as failure:
-        initial = forward.problem.model.W if start is None else forward.problem.placement.tensor(start)
-        raise kept_at_start(failure, case, initial.expand(forward.layers, -1, -1),
+        raise kept_at_start(failure, case, starting_W(forward, start).expand(forward.layers, -1, -1),
                             lambda controls: trained_run(forward, c0, controls).dataset("failed")) from None
     training_seconds = wallclock.perf_counter() - started
     try:

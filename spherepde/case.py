@@ -99,7 +99,7 @@ diagnostics.w2             bool                                        true
 diagnostics.w2_atoms       int >= 1: atoms above which a measure is    1000
                            quantised before exact W2 (error bound
                            stored as w2_quantisation_bound, with
-                           that of the grid: its cells' radius)
+                           the grid's: twice its cells' radius)
 control                    optional: absent means no training, {}      {} (empty)
 control.loss               "align" | "bow" (spherepde.losses.LOSSES)   "align"
 control.target             nonzero length-d vector, made unit: align   e_2 = [0, 1, 0...]

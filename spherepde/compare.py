@@ -21,11 +21,11 @@ density (Eulerian) or 1/n for the saved particles:
   * S^1: for any sizes, by the circular monotone rearrangement with the optimal shift
     (`circle_w2`) and a certified bound on its excess over W2 from its own Kantorovich
     potentials (`w2_bound`; 0 up to round-off where it is optimal; NaN, not computed, above
-    CERTIFIED_PAIRS atom pairs, e.g. 1e5 particles against the refined density).  The chordal cost is
-    concave beyond pi/2, so for broad measures a plan moving a little mass the long way round
-    can be cheaper: a vMF of kappa = 2 against itself turned by 0.75 rad (200 atoms) is 9.2e-5
-    (relative) above exact OT.  Where the bound exceeds
-    CERTIFIED and the cost matrix has at most EXACT_PAIRS entries, POT's exact solver is used.
+    CERTIFIED_PAIRS atom pairs, e.g. 1e5 particles against the refined density).  The chordal
+    cost is concave beyond pi/2, so for broad measures a plan moving a little mass the long way
+    round can be cheaper: a vMF of kappa = 2 against itself turned by 0.75 rad (200 atoms) is
+    9.2e-5 (relative) above exact OT.  Where the bound exceeds CERTIFIED and the cost matrix
+    has at most EXACT_PAIRS entries, POT's exact solver is used.
     An Eulerian density is first re-synthesised on REFINED_CIRCLE points (spectral
     interpolation, exact for the band-limited density), so that W2 measures the density itself
     and not its grid (a uniform M-point grid is within W2 ~ pi / (M sqrt 3) of the density it
@@ -151,13 +151,14 @@ def circle_w2(points_a, masses_a, points_b, masses_b) -> tuple[float, float, flo
     length, index_a, index_b = pieces(shift)
     value = math.sqrt(max(cost(shift), 0.0))
     wrapped = np.abs(np.angle(np.exp(1j * (ang_a[index_a] - ang_b[index_b]))))
+    largest = float(wrapped[length > 0].max())
     if len(cum_a) * len(cum_b) > CERTIFIED_PAIRS:
-        return value, float(wrapped[length > 0].max()), math.nan
+        return value, largest, math.nan
     # at a kink one piece has a round-off length: leaving it out leaves the coupling's support a tree
     support = length > SUPPORT_LENGTH
     lower = _circle_lower_bound(ang_a, np.diff(cum_a, prepend=0.0), ang_b, np.diff(cum_b, prepend=0.0),
                                 index_a[support], index_b[support])
-    return value, float(wrapped[length > 0].max()), max(value - math.sqrt(min(max(lower, 0.0), value ** 2)), 0.0)
+    return value, largest, max(value - math.sqrt(min(max(lower, 0.0), value ** 2)), 0.0)
 
 
 def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b, block: int = 512) -> float:
