@@ -39,8 +39,8 @@ SEED = {"seed004-align-l020": ("align, lambda_2 = 0.20", "0.19", "0.18"),
         "seed004-bow-k10": ("bow, kappa_cand = 10", "0.35", "0.38")}
 
 
-def measure(name: str) -> dict:
-    """The figures of the module docstring for one case."""
+def measure(name: str, overrides: tuple = ()) -> dict:
+    """The figures of the module docstring for one case, with `overrides` (--set strings) on its case file."""
     import torch
 
     torch.set_num_threads(1)
@@ -50,7 +50,7 @@ def measure(name: str) -> dict:
     from spherepde.initial import initial_density
 
     case = spherepde.load_case(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", f"{name}.toml"),
-                               ["control.gradient='continuous'"])
+                               ["control.gradient='continuous'", *overrides])
     started = time.process_time()
     forward = ControlledForward(case)
     problem = forward.problem
