@@ -8,6 +8,8 @@
 - S^1: the angle-depth picture (density over angle and time) and density profiles;
 - the diagnostics of DESIGN §4 as time series, the under-resolved stretch (after
   `resolved_until`) shaded;
+- a training (controls `W`, a cost per `iteration`): also the energy gap, the angle of the mean
+  and the adjoint's norm over depth, |W_t|_F per layer, and J over the optimiser's iterations;
 - a sweep (a `member` dimension): the diagnostics of every member, labelled by the swept keys.
 
 Saved particles (`particles`: time, particle, component) are drawn over the density.
@@ -53,6 +55,9 @@ PANELS = [
     ("min ρ", ["min_density"], "linear"),
     ("spectral tail", ["spectral_tail"], "log"),
     ("mass drift |m - m(0)|", ["mass"], "linear"),
+    ("energy gap E - min E", ["energy_gap"], "log"),
+    ("angle of the mean [rad]", ["mean_angle"], "linear"),
+    ("adjoint |∇φ_t| in L²(μ_t)", ["adjoint_norm"], "log"),
 ]
 
 
@@ -467,14 +472,18 @@ def _member_labels(dataset) -> list[str]:
 def _diagnostics(subfigure, dataset) -> None:
     """One panel per informative diagnostic; bands of +-2 standard errors where the run has them."""
     panels = [panel for panel in PANELS if _informative(dataset, panel[1])]
-    rows = 1 if len(panels) <= 4 else 2
-    columns = max(1, math.ceil(len(panels) / rows))
+    training = [panel for panel in TRAINING_PANELS if panel[1] in dataset.dims and "member" not in dataset.dims]
+    count = len(panels) + len(training)
+    rows = 1 if count <= 4 else 2
+    columns = max(1, math.ceil(count / rows))
     axes = subfigure.subplots(rows, columns, squeeze=False).ravel()
     time = dataset["time"].values
     resolved_until = dataset.attrs.get("resolved_until", "end")
     members = _member_labels(dataset) if "member" in dataset.dims else None
     for axis, (title, names, scale) in zip(axes, panels):
-        curves = [curve for name in names for curve in _curves(dataset, name)]
+        # a panel of several variables names each curve by its variable (alignment_E beside alignment_F)
+        curves = [(f"{name}, {label}" if len(names) > 1 else label, values, stderr)
+                  for name in names for label, values, stderr in _curves(dataset, name)]
         for label, values, stderr in curves:
             if members is not None:
                 for i, member in enumerate(members):
@@ -492,10 +501,37 @@ def _diagnostics(subfigure, dataset) -> None:
         axis.grid(True, alpha=0.3)
         if members is None and len(axis.get_legend_handles_labels()[0]) > 1:
             axis.legend(fontsize=7, frameon=False)
+    for axis, (title, _, draw) in zip(axes[len(panels):], training):
+        draw(axis, dataset)
+        axis.set_title(title, fontsize=10)
+        axis.grid(True, alpha=0.3)
     if members is not None and panels:
         subfigure.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
-    for axis in axes[len(panels):]:
+    for axis in axes[count:]:
         axis.set_visible(False)
+
+
+def _controls(axis, dataset) -> None:
+    """|W_t|_F over depth: the piecewise-constant control, layer l on [l t_end / L, (l + 1) t_end / L]."""
+    norms = np.sqrt((dataset["W"].values ** 2).sum(axis=(1, 2)))
+    t_end = float(_case(dataset).get("time", {}).get("t_end", dataset["time"].values[-1]))
+    axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4)
+    if (norms > 0).all():
+        axis.set_yscale("log")
+    axis.set_xlabel("time (depth)")
+
+
+def _training_cost(axis, dataset) -> None:
+    """The optimiser's course: J = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt at each iteration."""
+    axis.plot(dataset["iteration"].values, dataset["loss"].values, lw=1.4, marker=".", label="J")
+    if "terminal_loss" in dataset:
+        axis.plot(dataset["iteration"].values, dataset["terminal_loss"].values, lw=1.0, ls="--", label="l(μ_T)")
+        axis.legend(fontsize=7, frameon=False)
+    axis.set_xlabel("iteration")
+
+
+# Training files (controls W per layer, a cost per iteration): (title, the dimension that marks them, drawing).
+TRAINING_PANELS = [("controls |W_t|_F", "layer", _controls), ("training cost", "iteration", _training_cost)]
 
 
 # --- animation -------------------------------------------------------------------------------

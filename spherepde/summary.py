@@ -28,6 +28,11 @@ def open_result(path: str) -> xr.Dataset:
     return dataset
 
 
+def _attribute(value) -> str:
+    """An attribute as text, a float to 10 significant digits (a save time 3 x 0.1 reads 0.3, not 0.30000000000000004)."""
+    return f"{value:.10g}" if isinstance(value, (float, np.floating)) else str(value)
+
+
 def describe(path: str) -> str:
     with open_result(path) as dataset:
         attrs = dataset.attrs
@@ -35,7 +40,7 @@ def describe(path: str) -> str:
                  f"  solver {attrs.get('solver')}, status {attrs.get('status')}, source {attrs.get('source')}"]
         if BOTH_PREFIX + "status" in attrs:
             lines.append(f"  particles: status {attrs[BOTH_PREFIX + 'status']}")
-        lines.append("  " + ", ".join(f"{name} = {attrs[name]}" for name in
+        lines.append("  " + ", ".join(f"{name} = {_attribute(attrs[name])}" for name in
                                       ("backend", "grid", "grid_shape", "lmax", "dtype", "device", "field", "scheme",
                                        "steps", "wall_seconds", "resolved_until") if name in attrs))
         lines.append("  dims: " + ", ".join(f"{k} = {v}" for k, v in dataset.sizes.items()))
@@ -68,8 +73,8 @@ def _training_lines(dataset) -> list[str]:
         with np.errstate(over="ignore"):  # a W that blew a run up prints as inf
             norms = np.linalg.norm(dataset["W"].values, axis=(1, 2))
         lines.append("  |W_l|_F per layer: " + " ".join(f"{norm:.3g}" for norm in norms))
-    found = [f"{name} = {attrs[name]}" for name in ("three_phase", "plateau_width", "terminal_displacement",
-                                                    "escape_rate", "rayleigh_quotient") if name in attrs]
+    found = [f"{name} = {_attribute(attrs[name])}" for name in
+             ("three_phase", "plateau_width", "terminal_displacement", "escape_rate", "rayleigh_quotient") if name in attrs]
     if found:
         lines.append("  " + ", ".join(found))
     return lines

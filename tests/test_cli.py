@@ -12,6 +12,7 @@ import xarray as xr
 
 import spherepde
 from spherepde.cli import main
+from spherepde.output import write_dataset
 
 SMALL_S1 = """
 [case]
@@ -284,6 +285,11 @@ def test_info_and_plot(tmp_path, capsys):
     assert status == 0 and "order_parameter" in text and "small" in text
     status, err = run_cli(["info", tmp_path / "missing.nc"], capsys)
     assert status == 2 and "missing.nc" in err
+    # a save time such as 3 x 0.1 = 0.30000000000000004 prints as the number it stands for
+    with xr.open_dataset(output) as dataset:
+        lost = dataset.load().assign_attrs(resolved_until=3 * 0.1)
+    write_dataset(lost, tmp_path / "lost.nc")
+    assert main(["info", str(tmp_path / "lost.nc")]) == 0 and "resolved_until = 0.3\n" in capsys.readouterr().out
     # a reader that stops early (`| head`) ends info as SIGPIPE ends a command: no error message, status 141
     reader_gone = subprocess.Popen([sys.executable, "-m", "spherepde", "info", str(output)],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -9,8 +9,8 @@ from PIL import Image
 import spherepde
 from spherepde.cli import main
 from spherepde.output import write_dataset
-from spherepde.plotting import (PIXELS, SphereDensity, SphereView, _circle_centre, _circle_window, _curves,
-                                _disk_points, _view_frame)
+from spherepde.plotting import (PIXELS, SphereDensity, SphereView, _circle_centre, _circle_window, _controls, _curves,
+                                _diagnostics, _disk_points, _view_frame)
 from spherepde.sweep import combine, plan, run_member
 from test_cli import SMALL_S1
 
@@ -86,6 +86,31 @@ def test_error_bands_come_from_standard_errors(results):
         assert label == "Eulerian" and np.allclose(stderr, 0.01)
         [(_, drift, none)] = _curves(dataset, "mass")
         assert none is None and np.all(drift.values < 1e-14)
+
+
+def test_training_panels_draw_the_controls_per_layer_and_name_each_alignment(results):
+    """|W_l|_F stands on the l-th of L equal slices of [0, t_end] (t_end from the stored case, 0.5 in SMALL_S1),
+    and the alignment panel's two curves are told apart by their variable."""
+    import matplotlib.pyplot as plt
+
+    with xr.open_dataset(results["s1"]) as dataset:
+        W = np.array([[[3.0, 4.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]])
+        rising = np.linspace(0.5, 0.9, dataset.sizes["time"])  # SMALL_S1's E is the plane: make both informative
+        trained = dataset.assign(W=(("layer", "row", "col"), W), alignment_E=("time", rising),
+                                 alignment_F=("time", rising ** 2), loss=(("iteration",), [2.0, 1.5, 1.2]),
+                                 terminal_loss=(("iteration",), [2.0, 1.4, 1.1]))
+        figure, axis = plt.subplots()
+        _controls(axis, trained)
+        heights, edges, _ = axis.patches[0].get_data()
+        assert np.allclose(heights, [5.0, 1.0, 2.0]) and np.allclose(edges, [0, 0.5 / 3, 1 / 3, 0.5])
+        plt.close(figure)
+        figure = plt.figure()
+        _diagnostics(figure, trained)
+        titles = {axis.get_title(): axis for axis in figure.axes}
+        assert {"controls |W_t|_F", "training cost"} <= set(titles)
+        labels = [text.get_text() for text in titles["alignment"].get_legend().get_texts()]
+        assert labels[:2] == ["alignment_E, Eulerian", "alignment_F, Eulerian"]
+        plt.close(figure)
 
 
 @pytest.mark.parametrize("name, options, files", [
