@@ -105,12 +105,15 @@ def diagnostic_variables(rows: list[dict]) -> dict:
     """Time series of DESIGN §4 from per-save dictionaries.
 
     Names missing from the rows are left out (grid-only diagnostics of a particle run); a
-    row entry `<name>_stderr` (particle runs) becomes the variable `<name>_stderr`.
+    row entry `<name>_stderr` (particle runs) becomes the variable `<name>_stderr`, and
+    `<name>_squared_bias` (particle runs: w2_projection, for `spherepde compare`) the variable of that name.
     """
     variables = {}
     for name, (long_name, units) in DIAGNOSTIC_ATTRS.items():
         dims = ("time", "component") if name == "mean" else ("time", "lyapunov_p") if name == "lyapunov" else ("time",)
-        for key, description in ((name, long_name), (f"{name}_stderr", f"Monte Carlo standard error of {name}")):
+        for key, description in ((name, long_name), (f"{name}_stderr", f"Monte Carlo standard error of {name}"),
+                                 (f"{name}_squared_bias", f"estimated finite-n bias of the square of {name} "
+                                  "(solvers.particles.half_sample_bias)")):
             if key in rows[0]:
                 values = np.array([row[key] for row in rows], dtype=float)
                 variables[key] = (dims, values, {"long_name": description} | ({"units": units} if units else {}))
