@@ -31,8 +31,11 @@ times), with control.save_adjoint `phi` (adjoint_time, grid: the adjoint at the 
 `layer_time` (layer: start of each slice) and the seed-004 diagnostics of `turnpike_variables`
 (the escape rate from the first gradient's adjoint, at its step times), and the attribute optimizer_stop:
 why the optimizer stopped (iterations reached, which tolerance, or scipy's message with its count of
-evaluations and of failed trial runs).  Training runs are not
-checkpointed: they are deterministic, and a rerun repeats them.
+evaluations and of failed trial runs).  With a checkpoint (spherepde.checkpoint: the command line's
+--checkpoint-minutes, --checkpoint-steps, --resume) the training keeps its evaluations of J and dJ/dW
+there, and a resumed training replays them and goes on where it was interrupted, ending bit for bit
+where an uninterrupted one ends (solvers/journal.py); the trained run after it is one forward run and
+is made again.
 """
 
 import math
@@ -49,6 +52,7 @@ from spherepde.progress import Progress
 
 from .adjoint import GRADIENTS, ControlledForward, Gradient
 from .eulerian import Recorder, checked_state, save_times
+from .journal import Journal
 
 
 class TrainingResult:
@@ -61,6 +65,7 @@ class TrainingResult:
             controls, costs, losses, gradient_norms, first, final)
         self.stop = stop
         self.failure = failure  # the numerical failure that ended the training early, or None
+        self.notes = []  # lines for the output's `notes`
 
 
 class GradientDescent:
@@ -97,13 +102,23 @@ OPTIMIZERS = {"gd": GradientDescent, "adam": Adam}
 
 
 def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = None,
-          start: torch.Tensor | None = None) -> TrainingResult:
+          start: torch.Tensor | None = None, checkpoint=None) -> TrainingResult:
     """Run the optimizer of the case's [control] section from W_l = model.W (module docstring, step 1),
-    or from the controls `start` (layers, d, d)."""
+    or from the controls `start` (layers, d, d); its evaluations are kept in `checkpoint` (and replayed from
+    it when it is marked resume), see solvers/journal.py."""
     control = forward.case["control"]
     gradient_of = GRADIENTS[control["gradient"]]
-    return optimise(control, starting_W(forward, start), forward.layers,
-                    lambda controls: gradient_of(forward, c0, controls), progress)
+    journal = Journal(forward.case, lambda controls: gradient_of(forward, c0, controls), checkpoint)
+    if checkpoint is not None:
+        checkpoint.stepping = True
+    try:
+        result = optimise(control, starting_W(forward, start), forward.layers, journal, progress)
+    finally:
+        if checkpoint is not None:
+            checkpoint.stepping = False
+        journal.flush()
+    result.notes += journal.notes
+    return result
 
 
 def starting_W(forward: ControlledForward, start: torch.Tensor | None) -> torch.Tensor:
@@ -257,17 +272,18 @@ def trained_run(forward: ControlledForward, c0: torch.Tensor, controls: torch.Te
     return recorder
 
 
-def run_training(case, progress: bool | None = None, start: torch.Tensor | None = None) -> xr.Dataset:
+def run_training(case, progress: bool | None = None, start: torch.Tensor | None = None, checkpoint=None) -> xr.Dataset:
     """Train the case's control and return the Dataset of the trained forward run (module docstring).
 
     `start`: the controls W_l (layers, d, d) the optimizer starts from (None: model.W on every layer),
-    e.g. to continue an earlier training from its `W`.
+    e.g. to continue an earlier training from its `W`.  `checkpoint`: a spherepde.checkpoint.Checkpoint that
+    keeps the training's evaluations (and, marked resume, holds those of an interrupted training).
     """
     forward = ControlledForward(case)
     c0 = initial_density(case["initial"], forward.problem.basis)
     started = wallclock.perf_counter()
     try:
-        result = train(forward, c0, progress, start)
+        result = train(forward, c0, progress, start, checkpoint)
     except NumericalFailure as failure:
         raise kept_at_start(failure, case, starting_W(forward, start).expand(forward.layers, -1, -1),
                             lambda controls: trained_run(forward, c0, controls).dataset("failed")) from None
@@ -277,6 +293,7 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
     except NumericalFailure as failure:  # its steps differ from the training's: keep W and the history
         raise NumericalFailure(f"{failure} (the trained run; W and the loss history are kept)",
                                control_variables(failure.dataset, case, result)) from None
+    recorder.notes += result.notes
     dataset = recorder.dataset("completed")
     dataset = control_variables(dataset, case, result)
     norms = np.interp(dataset["time"].values, result.final.times, result.final.adjoint_norm)

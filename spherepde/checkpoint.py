@@ -9,6 +9,9 @@ A run writing OUT.nc keeps its checkpoint in the folder OUT.nc.checkpoint/:
                             text, t, the step count, dt, the solver's tensors, and the RNG states of
                             solvers that draw random numbers, plus the list of segments it covers.
 
+A training's checkpoint holds its evaluations of J and dJ/dW instead (solvers/journal.py): its
+segments list them, and its state counts them as its steps.
+
 Every file is written atomically (temporary file, then rename), a segment before the state
 that names it, so a kill at any instant leaves a consistent checkpoint. An interrupt (SIGINT,
 `Checkpoint.interrupt`) asks for a checkpoint at the end of the current step and then stops the
@@ -54,6 +57,7 @@ class Checkpoint:
         self.last_steps, self.last_clock = 0, time.monotonic()
         self.interrupted = False  # an interrupt asked for a checkpoint and then a stop
         self.stepping = False  # the solver is inside its step loop, where it checks `due` after every step
+        self.unit = "step"  # what the solver checks `due` after: a time step, or a training's evaluation
 
     def interrupt(self, signum=None, frame=None) -> None:
         """A SIGINT handler: while the solver steps, the first interrupt asks it to checkpoint at the end of its
@@ -62,7 +66,7 @@ class Checkpoint:
         if self.interrupted or not self.stepping:
             raise KeyboardInterrupt
         self.interrupted = True
-        print("spherepde: interrupted: checkpointing at the end of this step (interrupt again to stop at once)",
+        print(f"spherepde: interrupted: checkpointing at the end of this {self.unit} (interrupt again to stop at once)",
               file=sys.stderr)
 
     @property
@@ -84,14 +88,15 @@ class Checkpoint:
         """Store `state`, first writing `segment` (the saves not yet stored), `steps` steps into the run.
 
         `state` holds weights-only types (tensors, numbers, strings, lists, dicts) and at least
-        "case" (the resolved case text), "t", "t_end" and "steps"; the rest is the solver's.
+        "case" (the resolved case text) and "steps", and "t" and "t_end" but for a training; the rest is
+        the solver's.
         """
         os.makedirs(self.folder, exist_ok=True)
         if segment is not None:
             name = f"segment-{len(self.segments):05d}.nc"
             write_dataset(segment, os.path.join(self.folder, name))
             self.segments.append(name)
-            self.saves += segment.sizes["time"]
+            self.saves += segment.sizes.get("time", 0)  # a training's segments hold evaluations, not saves
         payload = dict(state, format=FORMAT, segments=list(self.segments), saves=self.saves)
         temporary = f"{self.state_path}.{uuid.uuid4().hex}.tmp"
         try:
@@ -102,6 +107,12 @@ class Checkpoint:
                 os.remove(temporary)
             raise
         self.last_steps, self.last_clock = steps, time.monotonic()
+
+    def forget_segments(self) -> None:
+        """Start the list of segments again: the next `write` stores its segment as the first, replacing
+        that file, and its state names only the segments written from then on (files left from before
+        are never read again, and `remove` deletes them with the rest)."""
+        self.segments, self.saves = [], 0
 
     def read_state(self) -> dict:
         """The stored state, or a one-line CaseError."""
@@ -151,11 +162,13 @@ class Checkpoint:
         return state, segments
 
     def describe(self) -> str:
-        """Where the stored run stands, e.g. "t = 3.2 of 6, step 320"."""
+        """Where the stored run stands, e.g. "t = 3.2 of 6, step 320" or "12 evaluations of J and dJ/dW"."""
         try:
             state = self.read_state()
         except CaseError:
             return "its state is unreadable"
+        if "t" not in state:
+            return f"{state['steps']} evaluations of J and dJ/dW"
         return f"t = {state['t']:.6g} of {state['t_end']:.6g}, step {state['steps']}"
 
     def remove(self) -> None:

@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     again.add_argument("--overwrite", action="store_true", help="replace an existing output file (and checkpoint)")
     again.add_argument("--resume", action="store_true", help="continue an interrupted run from its checkpoint")
     run.add_argument("--checkpoint-steps", type=_positive(int), metavar="N",
-                     help="checkpoint every N steps (default: by wall time only)")
+                     help="checkpoint every N steps, a training every N evaluations of J and dJ/dW "
+                          "(default: by wall time only)")
     run.add_argument("--checkpoint-minutes", type=_positive(float), default=CHECKPOINT_MINUTES, metavar="M",
                      help=f"checkpoint every M minutes of wall time (default {CHECKPOINT_MINUTES:g})")
     run.add_argument("--plot", action="store_true", help="also write the figure <output>.png")
@@ -176,16 +177,14 @@ def command_compare(args) -> int:
 
 
 def _checkpoint(case, output: str, args):
-    """The run's Checkpoint (None for particle and training runs, which a rerun reproduces), after checking that
+    """The run's Checkpoint (None for particle runs, trained or not, which a rerun reproduces), after checking that
     an existing output or checkpoint is replaced or resumed only when asked to."""
     from .checkpoint import Checkpoint
 
-    unsaved = ("training runs" if case["control"] else "particle runs" if case["solver"]["method"] == "particles"
-               else None)
-    if unsaved is not None:
+    if case["solver"]["method"] == "particles":
         for flag, given in (("--resume", args.resume), ("--checkpoint-steps", args.checkpoint_steps is not None)):
             if given:
-                raise CaseError(f"{flag}: {unsaved} are not checkpointed (a rerun reproduces them bit for bit)")
+                raise CaseError(f"{flag}: particle runs are not checkpointed (a rerun reproduces them bit for bit)")
         checkpoint = None
     else:
         checkpoint = Checkpoint(output, args.checkpoint_steps, args.checkpoint_minutes, resume=args.resume)

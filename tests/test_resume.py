@@ -1,5 +1,6 @@
 """Checkpoints and resume: a run killed with SIGKILL and resumed ends bit for bit like an
-uninterrupted one, and an existing output or checkpoint is never replaced silently."""
+uninterrupted one, so does an interrupted training, and an existing output or checkpoint is never
+replaced silently."""
 
 import glob
 import os
@@ -14,9 +15,11 @@ import torch
 import xarray as xr
 
 import spherepde
+from solvers.adjoint import GRADIENTS
 from spherepde.checkpoint import Checkpoint, checkpoint_folder
 from spherepde.cli import main
 from test_cli import SMALL_S1
+from test_training import CASE as TRAINING_CASE
 
 # 200 steps of 0.01, saves every 0.25: long enough to be killed midway, short enough for the fast tests.
 CASE = SMALL_S1.replace("t_end = 0.5", "t_end = 2.0").replace("dt = 0.05", "dt = 0.01")
@@ -43,13 +46,17 @@ def state_of(output) -> dict | None:
         return None
 
 
-def assert_same_result(path_a, path_b):
+def assert_same_result(path_a, path_b, volatile=VOLATILE):
     with xr.open_dataset(path_a) as a, xr.open_dataset(path_b) as b:
         assert set(a.variables) == set(b.variables)
         for name in a.variables:
             assert np.array_equal(a[name].values, b[name].values, equal_nan=True), name
-        assert {k: v for k, v in a.attrs.items() if k not in VOLATILE} == \
-               {k: v for k, v in b.attrs.items() if k not in VOLATILE}
+        assert comparable(a.attrs, volatile) == comparable(b.attrs, volatile)
+
+
+def comparable(attrs: dict, volatile) -> dict:
+    """The attributes but the volatile ones, NaN as a string (NaN != NaN, though both files say the same)."""
+    return {k: "NaN" if isinstance(v, float) and np.isnan(v) else v for k, v in attrs.items() if k not in volatile}
 
 
 def test_sigkill_midway_then_resume_is_bit_identical(tmp_path, capsys):
@@ -231,8 +238,86 @@ def test_a_checkpoint_path_holding_other_files_is_not_deleted(tmp_path, capsys):
 @pytest.mark.parametrize("flag", [["--resume"], ["--checkpoint-steps", "5"]])
 def test_checkpoint_flags_of_runs_that_are_not_checkpointed_are_refused(tmp_path, capsys, flag):
     case = write_case(tmp_path, SMALL_S1)
-    for extra, what in ((["--set", "solver.method='particles'", "--set", "particles.n=20"], "particle runs"),
-                        (["--set", "control.loss='align'", "--set", "control.target=[0.0, 1.0]",
-                          "--set", "control.iterations=1"], "training runs")):
+    particles = ["--set", "solver.method='particles'", "--set", "particles.n=20"]
+    for extra in (particles, particles + ["--set", "control.loss='align'", "--set", "control.target=[0.0, 1.0]",
+                                          "--set", "control.iterations=1"]):
         status, err = run_cli(["run", case, "-o", tmp_path / "out.nc", "--quiet", *extra, *flag], capsys)
-        assert status == 2 and what in err and flag[0] in err and len(err.strip().splitlines()) == 1, err
+        assert status == 2 and "particle runs" in err and flag[0] in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.fixture
+def counted_gradients(monkeypatch):
+    """The controls of every evaluation of J and dJ/dW a training asks for (either gradient), and a SIGINT
+    sent to this process during evaluation number `interrupt_at[0]` (1-based; 0: none)."""
+    calls, interrupt_at = [], [0]
+    for name, gradient_of in list(GRADIENTS.items()):
+        def counted(forward, c0, controls, _gradient_of=gradient_of, **options):
+            calls.append(controls.clone())
+            if len(calls) == interrupt_at[0]:
+                os.kill(os.getpid(), signal.SIGINT)
+            return _gradient_of(forward, c0, controls, **options)
+        monkeypatch.setitem(GRADIENTS, name, counted)
+    return calls, interrupt_at
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
+def test_interrupted_training_resumes_from_its_evaluations_bit_for_bit(tmp_path, capsys, counted_gradients,
+                                                                       optimizer):
+    """Ctrl-C during the 3rd evaluation keeps 3 evaluations; the resumed training replays them without
+    computing them again and ends bit for bit where the uninterrupted training ends (W, J per iteration,
+    the trained run, the adjoint, L-BFGS's count of evaluations in optimizer_stop)."""
+    calls, interrupt_at = counted_gradients
+    case = write_case(tmp_path, TRAINING_CASE + f'optimizer = "{optimizer}"\n')
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    total = len(calls)
+    assert total >= 5
+
+    calls.clear()
+    interrupt_at[0] = 3
+    status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
+    assert status == 130 and "at the end of this evaluation of J and dJ/dW" in err, err
+    assert "checkpointed (3 evaluations of J and dJ/dW)" in err and len(calls) == 3 and not output.exists()
+
+    calls.clear()
+    interrupt_at[0] = 0
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 0 and "resuming" in err and "(3 evaluations of J and dJ/dW)" in err, err
+    assert len(calls) == total - 3
+    assert_same_result(output, reference, VOLATILE | {"training_seconds"})
+    assert not os.path.exists(checkpoint_folder(output))
+
+
+def test_a_resumed_training_whose_path_differs_makes_the_rest_again(tmp_path, capsys, counted_gradients):
+    """A stored evaluation whose controls differ from the optimizer's request (round-off on another machine,
+    here a perturbation of 1e-12 written into the checkpoint) is not replayed: it and all after it are made
+    again, with a warning; the checkpoint then holds the evaluations on the new path, so that a second
+    interruption resumes without leaving it, and the training ends as an uninterrupted one."""
+    calls, interrupt_at = counted_gradients
+    case = write_case(tmp_path, TRAINING_CASE + 'optimizer = "adam"\n')
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    total = len(calls)
+    interrupt_at[0] = total + 3
+    assert run_cli(["run", case, "-o", output, "--quiet", "--checkpoint-steps", "1"], capsys)[0] == 130
+    segment = os.path.join(checkpoint_folder(output), "segment-00001.nc")  # the second evaluation
+    with xr.open_dataset(segment) as stored:
+        tampered = stored.load()
+    tampered["controls"] = tampered["controls"] + 1e-12
+    tampered.to_netcdf(segment)
+
+    calls.clear()
+    interrupt_at[0] = 2  # evaluations 1 and 2 made again, then Ctrl-C
+    status = run_cli(["run", case, "-o", output, "--quiet", "--resume", "--checkpoint-steps", "1"], capsys)[0]
+    assert status == 130 and len(calls) == 2
+
+    calls.clear()
+    interrupt_at[0] = 0
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 0 and "(3 evaluations of J and dJ/dW)" in err, err
+    assert len(calls) == total - 3  # the 3 stored evaluations replayed: the stored path is the optimizer's now
+    note = "left its stored path at evaluation 1: the 2 stored evaluations from there on were made again"
+    assert f"warning: the resumed training {note}" in err
+    with xr.open_dataset(output) as dataset:
+        assert f"the resumed training {note}" in dataset.attrs["notes"].splitlines()
+    assert_same_result(output, reference, VOLATILE | {"training_seconds", "notes"})

@@ -1,0 +1,151 @@
+"""The evaluations of a training, kept in its checkpoint and replayed on resume (DESIGN §6: a long run
+loses nothing already computed).
+
+The optimizers of solvers/training.py (gd, adam, scipy's L-BFGS-B) are deterministic: given the same J and
+dJ/dW at the same controls they ask for the same next controls.  So a training's checkpoint holds no
+optimizer state, only the evaluations it has made, in order: for each, the controls W (layers, d, d), J,
+l(mu_T), dJ/dW and |grad phi_t|_{L2(mu_t)} at the adjoint's step times (all that the training and its
+output read from an adjoint.Gradient), or the message of the NumericalFailure the evaluation ended in.
+A resumed training runs its optimizer again from the start, and `Journal` answers each request from the
+stored evaluations, in order, as long as the requested controls equal the stored ones bit for bit: the
+optimizer passes through the same points to where it was interrupted at no cost, then goes on with new
+evaluations, and ends bit for bit where the uninterrupted training ends.  Should a request differ (another
+torch build or machine: round-off), the rest of the stored evaluations is dropped and made anew, with a
+warning and a line in the output's `notes` (the checkpoint keeps the evaluations up to there and the new
+ones); the result is then that of an uninterrupted training on this machine.
+
+In the checkpoint (spherepde.checkpoint) each segment is a Dataset of the evaluations made since the one
+before, along the dimension `evaluation`; the state holds the case text and the number of evaluations
+(its "steps": `--checkpoint-steps N` asks for a checkpoint every N evaluations) and the notes so far.  An interrupt takes effect
+at the end of the evaluation in progress.
+"""
+
+import math
+import warnings
+
+import numpy as np
+import torch
+import xarray as xr
+
+from spherepde.errors import NumericalFailure
+
+from .adjoint import Gradient
+
+
+class Evaluation:
+    """One evaluation: the controls (float64 numpy) and the Gradient there, or the failure's message."""
+
+    def __init__(self, controls: np.ndarray, gradient: Gradient | None, failure: str | None = None):
+        self.controls, self.gradient, self.failure = controls, gradient, failure
+
+
+class Journal:
+    """gradient_of(controls) -> Gradient, with every evaluation kept in `checkpoint` and, on resume, answered
+    from the evaluations stored there (module docstring).  Without a checkpoint it is gradient_of itself."""
+
+    def __init__(self, case, gradient_of, checkpoint=None):
+        self.gradient_of, self.checkpoint = gradient_of, checkpoint
+        self.replay: list[Evaluation] = []  # stored evaluations not yet asked for again, in order
+        self.replayed: list[Evaluation] = []  # stored evaluations asked for again, in order
+        self.count = 0  # evaluations answered so far, replayed or made
+        self.unsaved: list[Evaluation] = []
+        self.notes: list[str] = []  # for the output's `notes` (kept across resumes): a replay that left its path
+        self.state = {"case": case.text}
+        if checkpoint is not None and checkpoint.resume:
+            state, segments = checkpoint.load(case)
+            self.replay = [evaluation for segment in segments for evaluation in _evaluations(segment)]
+            self.notes = list(state["notes"])
+        if checkpoint is not None:
+            checkpoint.unit = "evaluation of J and dJ/dW"
+
+    def __call__(self, controls: torch.Tensor) -> Gradient:
+        point = controls.detach().cpu().double().numpy()
+        if self.replay:
+            evaluation = self.replay.pop(0)
+            if np.array_equal(evaluation.controls, point):
+                self.count += 1
+                self.replayed.append(evaluation)
+                return _answer(evaluation, controls)
+            note = (f"the resumed training left its stored path at evaluation {self.count}: the {len(self.replay) + 1} "
+                    "stored evaluations from there on were made again")
+            warnings.warn(note, RuntimeWarning)
+            self.notes.append(note)
+            # the checkpoint is written anew, from the evaluations still on the path, at its next write
+            self.replay, self.unsaved = [], self.replayed
+            self.checkpoint.forget_segments()
+        try:
+            gradient = self.gradient_of(controls)
+        except NumericalFailure as failure:
+            self._keep(Evaluation(point, None, str(failure)))
+            raise
+        self._keep(Evaluation(point, gradient))
+        return gradient
+
+    def _keep(self, evaluation: Evaluation) -> None:
+        self.count += 1
+        if self.checkpoint is None:
+            return
+        self.unsaved.append(evaluation)
+        if self.checkpoint.due(self.count):
+            self.flush()
+        if self.checkpoint.interrupted:
+            raise KeyboardInterrupt
+
+    def flush(self) -> None:
+        """Store the evaluations made since the last checkpoint (none: nothing is written)."""
+        if self.checkpoint is None or not self.unsaved:
+            return
+        self.checkpoint.write(dict(self.state, steps=self.count, notes=self.notes), _segment(self.unsaved), self.count)
+        self.unsaved = []
+
+
+def _answer(evaluation: Evaluation, controls: torch.Tensor) -> Gradient:
+    """A stored evaluation as gradient_of returned it: its Gradient (dW in the dtype and on the device of
+    `controls`), or its NumericalFailure raised again."""
+    if evaluation.failure is not None:
+        raise NumericalFailure(evaluation.failure)
+    gradient = evaluation.gradient
+    return Gradient(gradient.cost, gradient.loss, gradient.dW.to(controls), gradient.times,
+                    gradient.adjoint_norm)
+
+
+def _segment(evaluations: list[Evaluation]) -> xr.Dataset:
+    """Evaluations as a checkpoint segment: `controls`, `dW` (evaluation, layer, row, col), `cost`, `loss`
+    (evaluation), `times`, `adjoint_norm` (evaluation, step; NaN past an evaluation's own steps) and `failure`
+    (evaluation: the message, "" for none)."""
+    shape = evaluations[0].controls.shape
+    steps = max(len(e.gradient.times) if e.gradient else 0 for e in evaluations)
+
+    def padded(values):
+        return np.concatenate([np.asarray(values, float), np.full(steps - len(values), np.nan)])
+
+    def field(get, default):
+        return np.stack([get(e.gradient) if e.gradient else default for e in evaluations])
+
+    matrices, series = ("evaluation", "layer", "row", "col"), ("evaluation", "step")
+    return xr.Dataset({
+        "controls": (matrices, np.stack([e.controls for e in evaluations])),
+        "dW": (matrices, field(lambda g: g.dW.detach().cpu().double().numpy(), np.full(shape, np.nan))),
+        "cost": ("evaluation", field(lambda g: g.cost, math.nan)),
+        "loss": ("evaluation", field(lambda g: g.loss, math.nan)),
+        "times": (series, field(lambda g: padded(g.times), np.full(steps, np.nan))),
+        "adjoint_norm": (series, field(lambda g: padded(g.adjoint_norm), np.full(steps, np.nan))),
+        "failure": ("evaluation", np.array([e.failure or "" for e in evaluations], dtype=object)),
+    }, attrs={"title": "spherepde training checkpoint: evaluations of J and dJ/dW"})
+
+
+def _evaluations(segment: xr.Dataset) -> list[Evaluation]:
+    """The evaluations of a segment written by `_segment`."""
+    evaluations = []
+    for i in range(segment.sizes["evaluation"]):
+        row = segment.isel(evaluation=i)
+        failure = str(row["failure"].values)
+        if failure:
+            evaluations.append(Evaluation(row["controls"].values, None, failure))
+            continue
+        times = row["times"].values
+        steps = ~np.isnan(times)
+        gradient = Gradient(float(row["cost"]), float(row["loss"]), torch.as_tensor(row["dW"].values), times[steps].tolist(),
+                            row["adjoint_norm"].values[steps].tolist())
+        evaluations.append(Evaluation(row["controls"].values, gradient))
+    return evaluations
