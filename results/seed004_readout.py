@@ -24,7 +24,6 @@ nearest the plateau's middle (solvers/training.py).
 import argparse
 import json
 import os
-import sys
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 
