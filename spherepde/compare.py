@@ -45,6 +45,7 @@ REPORT.png (each diagnostic of both runs with the band +- k stderr, and W2(t)).
 """
 
 import collections
+import datetime
 import math
 import os
 
@@ -366,9 +367,14 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         data["w2_bound"] = (("time",), np.array(bounds),
                             {"long_name": "bound on the W2 error (quantisation; on S^1 the rearrangement's excess)",
                              "units": "1"})
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     attrs = {
+        "Conventions": "CF-1.10",
         "title": f"spherepde comparison of {labels[0]} and {labels[1]}",
+        "history": f"{now}: spherepde {package_version()} compare",
         "source": f"spherepde {package_version()}",
+        # each run's full case, so that the report alone says what was compared (as a run's file does)
+        "case_a": a.attrs.get("case", ""), "case_b": b.attrs.get("case", ""),
         "a": labels[0], "b": labels[1], "k": k, "atol": atol,
         "w2_method": "; ".join(sorted(methods)) if w2 else "not computed",
         # what the w2_projection verdict allows besides k stderr: W2 differences below it are not resolved

@@ -16,6 +16,7 @@ import tomllib
 import netCDF4
 import numpy as np
 import pytest
+import xarray as xr
 
 import spherepde
 from spherepde.errors import CaseError
@@ -56,6 +57,12 @@ def outputs(tmp_path_factory):
             continue
         paths[name] = folder / f"{name}.nc"
         write_dataset(dataset, paths[name])
+    if all(isinstance(paths[name], type(folder)) for name in ("s2", "particles")):
+        from spherepde.compare import compare, write_report
+
+        with xr.open_dataset(paths["s2"]) as a, xr.open_dataset(paths["particles"]) as b:
+            paths["compare"] = folder / "compare.nc"
+            write_report(compare(a, b), str(paths["compare"]))
     members = plan(spherepde.load_case_text(S1), ["model.eps=0.1,0.2"], str(folder / "sweep"))
     summaries = {m.index: run_member(m.index, m.case.text, m.path) for m in members}
     combine(members[0].case, members, summaries, str(folder / "sweep.nc"), ["model.eps=0.1,0.2"], None)
@@ -69,7 +76,7 @@ def output(outputs, name):
     return outputs[name]
 
 
-@pytest.mark.parametrize("name", ["s1", "s2", "particles", "sweep"])
+@pytest.mark.parametrize("name", ["s1", "s2", "particles", "sweep", "compare"])
 def test_compliance_checker_reports_no_errors(outputs, name, tmp_path):
     errors = cf_errors(output(outputs, name), tmp_path / "report.json")
     unexpected = [error for error in errors if not any(known in error for known in KNOWN_FALSE_POSITIVES)]
@@ -112,3 +119,13 @@ def test_output_contract(outputs, name):
         if name == "sweep":
             assert nc.dimensions["member"].size == 2
             assert [tomllib.loads(text)["model"]["eps"] for text in nc["member_case"][:]] == [0.1, 0.2]
+
+
+def test_compare_report_carries_both_runs_cases(outputs):
+    """A comparison report stands alone as a run's file does: CF attributes and the full case of each run."""
+    with netCDF4.Dataset(output(outputs, "compare")) as nc:
+        attrs = {key: nc.getncattr(key) for key in nc.ncattrs()}
+        assert attrs["Conventions"] == "CF-1.10" and "spherepde" in attrs["history"] and attrs["source"]
+        cases = [spherepde.load_case_text(attrs[key]) for key in ("case_a", "case_b")]
+        assert [case["solver"]["method"] for case in cases] == ["eulerian", "particles"]
+        assert all(case.dim == 3 for case in cases)
