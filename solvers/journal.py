@@ -15,9 +15,9 @@ warning and a line in the output's `notes` (the checkpoint keeps the evaluations
 ones); the result is then that of an uninterrupted training on this machine.
 
 In the checkpoint (spherepde.checkpoint) each segment is a Dataset of the evaluations made since the one
-before, along the dimension `evaluation`; the state holds the case text and the number of evaluations
-(its "steps": `--checkpoint-steps N` asks for a checkpoint every N evaluations) and the notes so far.  An interrupt takes effect
-at the end of the evaluation in progress.
+before, along the dimension `evaluation`; the state holds the case text, the number of evaluations (its
+"steps": `--checkpoint-steps N` asks for a checkpoint every N evaluations) and the notes so far.  An
+interrupt takes effect at the end of the evaluation in progress.
 """
 
 import math
