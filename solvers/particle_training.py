@@ -31,7 +31,8 @@ mean-field gradient when the tokens do not interact).  Memory: autograd keeps ev
 O(steps n^2) numbers (the attention kernels).
 
 Optimizer: solvers.training.optimise (the same Adam / gradient descent, stopping rule and progress
-output as the Eulerian training).  The trained forward run is the same forward map (same noise) at
+output as the Eulerian training), with the same checkpoints of its evaluations (solvers/journal.py) when
+the noise is common.  The trained forward run is the same forward map (same noise) at
 the final W, recorded at the save times with the particle solver's diagnostics (ParticleRecorder);
 with fresh noise, the path of particles.seed itself.
 
@@ -75,7 +76,7 @@ from spherepde.model import Model, interaction_energy
 from .adjoint import Gradient
 from .eulerian import ForwardProblem
 from .particles import Integrator, ParticleField, ParticleRecorder, check_noise_step, initial_state
-from .training import control_variables, finished, kept_at_start, optimise, step_knots
+from .training import control_variables, finished, journaled_optimise, kept_at_start, step_knots
 
 
 class ParticleControl:
@@ -150,16 +151,23 @@ class ParticleControl:
             return float(self.cost(self.run(self.x0, controls), controls)[0])
 
 
-def run_particle_training(case, progress: bool | None = None, start: torch.Tensor | None = None) -> xr.Dataset:
+def run_particle_training(case, progress: bool | None = None, start: torch.Tensor | None = None,
+                          checkpoint=None) -> xr.Dataset:
     """Train the case's control through the particle system and return the Dataset of the trained run.
 
     `start`: the controls W_l (layers, d, d) the optimizer starts from (None: model.W on every layer),
-    e.g. an Eulerian training's W, to ask whether the particle cost has an optimum near it.
+    e.g. an Eulerian training's W, to ask whether the particle cost has an optimum near it.  `checkpoint`:
+    keeps the training's evaluations, as for the Eulerian training (solvers/journal.py); common noise only,
+    since with fresh noise an evaluation's draws depend on how many came before it.
     """
+    if checkpoint is not None and case["control"]["noise"] != "common":
+        raise CaseError("checkpoints: a particle training on fresh noise is not checkpointed (its evaluations "
+                        "are draws of a sequence that a resumed run would not continue); use control.noise = 'common'")
     forward = ParticleControl(case)
 
-    def run_at(controls: torch.Tensor, status: str) -> xr.Dataset:
+    def run_at(controls: torch.Tensor, status: str, notes=()) -> xr.Dataset:
         recorder = ParticleRecorder(case, forward.model, ParticleField.from_case(case, forward.model), forward.x0)
+        recorder.notes += notes
         started = wallclock.perf_counter()
         with torch.no_grad():
             forward.run(forward.x0, controls, recorder.record)
@@ -170,12 +178,12 @@ def run_particle_training(case, progress: bool | None = None, start: torch.Tenso
     started = wallclock.perf_counter()
     initial = forward.model.W if start is None else forward.placement.tensor(start)
     try:
-        result = optimise(case["control"], initial, forward.layers, forward.gradient, progress)
+        result = journaled_optimise(case, initial, forward.layers, forward.gradient, progress, checkpoint)
     except NumericalFailure as failure:
         raise kept_at_start(failure, case, initial.expand(forward.layers, -1, -1),
                             lambda controls: run_at(controls, "failed")) from None
     training_seconds = wallclock.perf_counter() - started
-    dataset = control_variables(run_at(result.controls, "completed"), case, result)
+    dataset = control_variables(run_at(result.controls, "completed", result.notes), case, result)
     dataset = dataset.assign(phase_variables(case, dataset))
     dataset.attrs.update({"training": "trained control through the particle system (solvers/particle_training.py)",
                           "gradient": f"autograd ({case['control']['noise']} noise)",

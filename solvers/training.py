@@ -106,13 +106,20 @@ def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = 
     """Run the optimizer of the case's [control] section from W_l = model.W (module docstring, step 1),
     or from the controls `start` (layers, d, d); its evaluations are kept in `checkpoint` (and replayed from
     it when it is marked resume), see solvers/journal.py."""
-    control = forward.case["control"]
-    gradient_of = GRADIENTS[control["gradient"]]
-    journal = Journal(forward.case, lambda controls: gradient_of(forward, c0, controls), checkpoint)
+    gradient_of = GRADIENTS[forward.case["control"]["gradient"]]
+    return journaled_optimise(forward.case, starting_W(forward, start), forward.layers,
+                              lambda controls: gradient_of(forward, c0, controls), progress, checkpoint)
+
+
+def journaled_optimise(case, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None,
+                       checkpoint=None) -> TrainingResult:
+    """`optimise` of the case's [control] section, its evaluations kept in `checkpoint` (and replayed from it
+    when it is marked resume; solvers/journal.py); an interrupt takes effect at the end of an evaluation."""
+    journal = Journal(case, gradient_of, checkpoint)
     if checkpoint is not None:
         checkpoint.stepping = True
     try:
-        result = optimise(control, starting_W(forward, start), forward.layers, journal, progress)
+        result = optimise(case["control"], W, layers, journal, progress)
     finally:
         if checkpoint is not None:
             checkpoint.stepping = False

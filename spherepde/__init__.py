@@ -27,22 +27,22 @@ def run(case: Case, progress: bool | None = None, checkpoint=None):
     A case with a [control] section is a training run: W is trained, and the Dataset is the
     forward run with the trained W plus `W`, `loss`, `adjoint_norm`; of the density
     (solvers.training.run_training) with solver.method = "eulerian", of the particle system
-    (solvers.particle_training.run_particle_training) with "particles".  The Eulerian training
-    keeps its evaluations of J and dJ/dW in the checkpoint (solvers/journal.py).
+    (solvers.particle_training.run_particle_training) with "particles".  A training keeps its
+    evaluations of J and dJ/dW in the checkpoint (solvers/journal.py).
     """
     method = case["solver"]["method"]
-    if method == "particles" and checkpoint is not None:
-        raise CaseError("checkpoints are available for the Eulerian solver only (a particle run is "
-                        "reproduced bit for bit by its seed)")
     if case["control"]:
         if method == "particles":
             from solvers.particle_training import run_particle_training
 
-            return run_particle_training(case, progress=progress)
+            return run_particle_training(case, progress=progress, checkpoint=checkpoint)
         from solvers.training import run_training
 
         return run_training(case, progress=progress, checkpoint=checkpoint)
     if method == "particles":
+        if checkpoint is not None:
+            raise CaseError("checkpoints are available for the Eulerian solver and trainings only (a particle run "
+                            "is reproduced bit for bit by its seed)")
         from solvers.particles import run_particles
 
         return run_particles(case, progress=progress)

@@ -176,15 +176,27 @@ def command_compare(args) -> int:
     return 0
 
 
+def _not_checkpointed(case) -> str | None:
+    """Why a run of `case` keeps no checkpoint, or None when it keeps one."""
+    if case["solver"]["method"] != "particles":
+        return None
+    if not case["control"]:
+        return "particle runs are not checkpointed (a rerun reproduces them bit for bit)"
+    if case["control"]["noise"] != "common":
+        return "a particle training on fresh noise is not checkpointed (its draws depend on the evaluations before)"
+    return None
+
+
 def _checkpoint(case, output: str, args):
-    """The run's Checkpoint (None for particle runs, trained or not, which a rerun reproduces), after checking that
-    an existing output or checkpoint is replaced or resumed only when asked to."""
+    """The run's Checkpoint (None for particle runs, which a rerun reproduces, and particle trainings on fresh
+    noise), after checking that an existing output or checkpoint is replaced or resumed only when asked to."""
     from .checkpoint import Checkpoint
 
-    if case["solver"]["method"] == "particles":
+    unsaved = _not_checkpointed(case)
+    if unsaved is not None:
         for flag, given in (("--resume", args.resume), ("--checkpoint-steps", args.checkpoint_steps is not None)):
             if given:
-                raise CaseError(f"{flag}: particle runs are not checkpointed (a rerun reproduces them bit for bit)")
+                raise CaseError(f"{flag}: {unsaved}")
         checkpoint = None
     else:
         checkpoint = Checkpoint(output, args.checkpoint_steps, args.checkpoint_minutes, resume=args.resume)

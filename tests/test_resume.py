@@ -16,6 +16,7 @@ import xarray as xr
 
 import spherepde
 from solvers.adjoint import GRADIENTS
+from solvers.particle_training import ParticleControl
 from spherepde.checkpoint import Checkpoint, checkpoint_folder
 from spherepde.cli import main
 from test_cli import SMALL_S1
@@ -239,35 +240,45 @@ def test_a_checkpoint_path_holding_other_files_is_not_deleted(tmp_path, capsys):
 def test_checkpoint_flags_of_runs_that_are_not_checkpointed_are_refused(tmp_path, capsys, flag):
     case = write_case(tmp_path, SMALL_S1)
     particles = ["--set", "solver.method='particles'", "--set", "particles.n=20"]
-    for extra in (particles, particles + ["--set", "control.loss='align'", "--set", "control.target=[0.0, 1.0]",
-                                          "--set", "control.iterations=1"]):
+    fresh = particles + ["--set", "control.loss='align'", "--set", "control.target=[0.0, 1.0]",
+                         "--set", "control.iterations=1", "--set", "control.noise='fresh'"]
+    for extra, what in ((particles, "particle runs"), (fresh, "fresh noise")):
         status, err = run_cli(["run", case, "-o", tmp_path / "out.nc", "--quiet", *extra, *flag], capsys)
-        assert status == 2 and "particle runs" in err and flag[0] in err and len(err.strip().splitlines()) == 1, err
+        assert status == 2 and what in err and flag[0] in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.fixture
 def counted_gradients(monkeypatch):
-    """The controls of every evaluation of J and dJ/dW a training asks for (either gradient), and a SIGINT
-    sent to this process during evaluation number `interrupt_at[0]` (1-based; 0: none)."""
+    """The controls of every evaluation of J and dJ/dW a training asks for (either adjoint gradient, or
+    autograd through particles), and a SIGINT sent to this process during evaluation number `interrupt_at[0]`
+    (1-based; 0: none)."""
     calls, interrupt_at = [], [0]
-    for name, gradient_of in list(GRADIENTS.items()):
-        def counted(forward, c0, controls, _gradient_of=gradient_of, **options):
-            calls.append(controls.clone())
+
+    def counting(gradient_of):
+        def counted(*args, **options):
+            calls.append(args[-1].clone())  # the controls
             if len(calls) == interrupt_at[0]:
                 os.kill(os.getpid(), signal.SIGINT)
-            return _gradient_of(forward, c0, controls, **options)
-        monkeypatch.setitem(GRADIENTS, name, counted)
+            return gradient_of(*args, **options)
+        return counted
+
+    for name, gradient_of in list(GRADIENTS.items()):
+        monkeypatch.setitem(GRADIENTS, name, counting(gradient_of))
+    monkeypatch.setattr(ParticleControl, "gradient", counting(ParticleControl.gradient))
     return calls, interrupt_at
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
+PARTICLES = '[solver]\nmethod = "particles"\n[particles]\nn = 16\n'
+
+
+@pytest.mark.parametrize("optimizer, solver", [("adam", ""), ("lbfgs", ""), ("lbfgs", PARTICLES)])
 def test_interrupted_training_resumes_from_its_evaluations_bit_for_bit(tmp_path, capsys, counted_gradients,
-                                                                       optimizer):
+                                                                       optimizer, solver):
     """Ctrl-C during the 3rd evaluation keeps 3 evaluations; the resumed training replays them without
     computing them again and ends bit for bit where the uninterrupted training ends (W, J per iteration,
-    the trained run, the adjoint, L-BFGS's count of evaluations in optimizer_stop)."""
+    the trained run, the adjoint, L-BFGS's count of evaluations in optimizer_stop); through particles too."""
     calls, interrupt_at = counted_gradients
-    case = write_case(tmp_path, TRAINING_CASE + f'optimizer = "{optimizer}"\n')
+    case = write_case(tmp_path, TRAINING_CASE + f'optimizer = "{optimizer}"\n' + solver)
     reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
     assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
     total = len(calls)
