@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from spherepde.errors import NumericalFailure
+from spherepde.errors import CaseError, NumericalFailure
 
 from .adjoint import Gradient
 
@@ -53,8 +53,12 @@ class Journal:
         self.state = {"case": case.text}
         if checkpoint is not None and checkpoint.resume:
             state, segments = checkpoint.load(case)
-            self.replay = [evaluation for segment in segments for evaluation in _evaluations(segment)]
-            self.notes = list(state["notes"])
+            try:
+                self.replay = [evaluation for segment in segments for evaluation in _evaluations(segment)]
+                self.notes = list(state["notes"])
+            except (KeyError, ValueError, TypeError) as error:  # an Eulerian run's segment, a damaged one
+                raise CaseError(f"--resume: the checkpoint {checkpoint.folder!r} holds no training's evaluations "
+                                f"({type(error).__name__}: {error}); pass --overwrite to start again") from None
         if checkpoint is not None:
             checkpoint.unit = "evaluation of J and dJ/dW"
 
@@ -65,6 +69,7 @@ class Journal:
             if np.array_equal(evaluation.controls, point):
                 self.count += 1
                 self.replayed.append(evaluation)
+                self.stop_if_interrupted()
                 return _answer(evaluation, controls)
             note = (f"the resumed training left its stored path at evaluation {self.count}: the {len(self.replay) + 1} "
                     "stored evaluations from there on were made again")
@@ -88,7 +93,12 @@ class Journal:
         self.unsaved.append(evaluation)
         if self.checkpoint.due(self.count):
             self.flush()
-        if self.checkpoint.interrupted:
+        self.stop_if_interrupted()
+
+    def stop_if_interrupted(self) -> None:
+        """An interrupt (Checkpoint.interrupt) asked for a stop: store what is not stored yet, then stop."""
+        if self.checkpoint is not None and self.checkpoint.interrupted:
+            self.flush()
             raise KeyboardInterrupt
 
     def flush(self) -> None:

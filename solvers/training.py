@@ -120,6 +120,7 @@ def journaled_optimise(case, W: torch.Tensor, layers: int, gradient_of, progress
         checkpoint.stepping = True
     try:
         result = optimise(case["control"], W, layers, journal, progress)
+        journal.stop_if_interrupted()  # one that came after the last evaluation, or during a replay's last one
     finally:
         if checkpoint is not None:
             checkpoint.stepping = False

@@ -21,6 +21,7 @@ removed, and the folder with them unless it holds files of someone else.
 
 import glob
 import os
+import pickle
 import sys
 import time
 import tomllib
@@ -121,7 +122,10 @@ class Checkpoint:
         except FileNotFoundError:
             raise CaseError(f"--resume: no checkpoint {self.folder!r} to resume from; run without --resume") from None
         except Exception as error:  # a damaged file: pickle, zip and torch errors alike
-            raise CaseError(f"--resume: cannot read the checkpoint {self.state_path!r}: {_first_line(error)}; "
+            # torch's own text for the weights-only refusal advises loading the file unsafely: not ours to pass on
+            reason = ("it holds objects that no checkpoint stores" if isinstance(error, pickle.UnpicklingError)
+                      else _first_line(error))
+            raise CaseError(f"--resume: cannot read the checkpoint {self.state_path!r}: {reason}; "
                             "pass --overwrite to start again") from None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise CaseError(f"--resume: {self.state_path!r} is not a checkpoint of this spherepde version; "
@@ -168,7 +172,7 @@ class Checkpoint:
         except CaseError:
             return "its state is unreadable"
         if "t" not in state:
-            return f"{state['steps']} evaluations of J and dJ/dW"
+            return f"{state['steps']} evaluation{'s' if state['steps'] != 1 else ''} of J and dJ/dW"
         return f"t = {state['t']:.6g} of {state['t_end']:.6g}, step {state['steps']}"
 
     def remove(self) -> None:

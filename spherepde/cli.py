@@ -117,6 +117,7 @@ def command_run(args) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             dataset = run(case, progress=False if args.quiet else None, checkpoint=checkpoint)
+        write_dataset(_with_command(dataset, args, output), output)
     except NumericalFailure as failure:
         if failure.dataset is not None:
             write_dataset(_with_command(failure.dataset, args, output), output)
@@ -131,7 +132,6 @@ def command_run(args) -> int:
     finally:
         if previous_handler is not None:
             signal.signal(signal.SIGINT, previous_handler)
-    write_dataset(_with_command(dataset, args, output), output)
     if checkpoint is not None:
         checkpoint.remove()
     for note in filter(None, dataset.attrs.get("notes", "").splitlines()):
@@ -170,6 +170,9 @@ def command_compare(args) -> int:
         raise CaseError(f"output {existing[0]!r} exists; pass --overwrite to replace it or -o to choose another name")
     a, b, label_a, label_b = load_pair(args.a, args.b)
     report = compare(a, b, k=args.k, atol=args.atol, atoms=args.atoms, labels=(label_a, label_b), w2=not args.no_w2)
+    words = [args.a] + ([args.b] if args.b else []) + ["-o", stem, "--k", args.k, "--atol", args.atol,
+                                                       "--atoms", args.atoms] + (["--no-w2"] if args.no_w2 else [])
+    report.attrs["history"] += " " + shlex.join(map(str, words))
     print(report.attrs["report"])
     for path in write_report(report, stem):
         print(f"spherepde: wrote {path}", file=sys.stderr)

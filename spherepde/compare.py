@@ -294,8 +294,8 @@ def _w2_projection_bias(a: xr.Dataset, b: xr.Dataset) -> np.ndarray:
     0.75), against 16 of 40 without it, and against the Eulerian run of eps = 0.6 all 40 still disagreed.
     Started at a vMF of kappa = 1 (W2 0.03-0.26, lmax 128): 1 of 40 disagreed, rms z 1.02.
     """
-    squared = [run["w2_projection_squared_bias"].values if "w2_projection_squared_bias" in run
-               else np.zeros(run.sizes["time"]) for run in (a, b)]
+    squared = [np.nan_to_num(run["w2_projection_squared_bias"].values, nan=0.0) if "w2_projection_squared_bias" in run
+               else np.zeros(run.sizes["time"]) for run in (a, b)]  # NaN: no estimate (n < 4)
     values = [run["w2_projection"].values.astype(float) for run in (a, b)]
     w2_squared = np.maximum(np.where(np.abs(squared[0]) <= np.abs(squared[1]), values[0] ** 2 - squared[0],
                                      values[1] ** 2 - squared[1]), 0.0)
@@ -400,11 +400,12 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         if np.nanmax(bias, initial=0.0) > 0:
             lines.append(f"w2_projection: z and the verdict are of B - A - bias, bias = the expected excess of the "
                          f"particles' empirical W2 at their n (w2_projection_bias, up to {np.nanmax(bias):.2g})")
-        stale = [label for label, run in zip("AB", (a, b))
-                 if "w2_projection_stderr" in run and "w2_projection_squared_bias" not in run]
+        stale = [label for label, run in zip("AB", (a, b)) if "w2_projection_stderr" in run and (
+            "w2_projection_squared_bias" not in run or np.isnan(run["w2_projection_squared_bias"].values).any())]
         if stale:
-            lines.append(f"w2_projection: {' and '.join(stale)} stores no w2_projection_squared_bias (written before "
-                         "it): its finite-n bias, of order 1/sqrt(n) where W2 is small, is not subtracted")
+            lines.append(f"w2_projection: {' and '.join(stale)} stores no w2_projection_squared_bias (a file written "
+                         "before it, or n < 4): its finite-n bias, of order 1/sqrt(n) where W2 is small, is not "
+                         "subtracted")
     attrs["report"] = "\n".join([f"A: {labels[0]}", f"B: {labels[1]}"] + unfinished + [header] + lines)
     return xr.Dataset(data, coords=coords, attrs=attrs)
 

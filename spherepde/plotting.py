@@ -55,7 +55,7 @@ PANELS = [
     ("min ρ", ["min_density"], "linear"),
     ("spectral tail", ["spectral_tail"], "log"),
     ("mass drift |m - m(0)|", ["mass"], "linear"),
-    ("energy gap E - min E", ["energy_gap"], "log"),
+    ("energy gap: E, or its interaction part, - min", ["energy_gap", "interaction_gap"], "log"),
     ("angle of the mean [rad]", ["mean_angle"], "linear"),
     ("adjoint |∇φ_t| in L²(μ_t)", ["adjoint_norm"], "log"),
 ]
@@ -131,6 +131,8 @@ def _title(dataset, path: str) -> str:
         details += f", lmax = {dataset.attrs['lmax']}"
     if "particles" in case and dataset.attrs.get("solver") in ("particles", "both"):
         details += f", n = {case['particles'].get('n')} particles"
+    if str(dataset.attrs.get("status", "")).startswith("failed"):
+        title += " (failed: its last good state)"
     return f"{title}\n{details.strip(', ')}" if details else title
 
 
@@ -515,7 +517,7 @@ def _controls(axis, dataset) -> None:
     """|W_t|_F over depth: the piecewise-constant control, layer l on [l t_end / L, (l + 1) t_end / L]."""
     norms = np.sqrt((dataset["W"].values ** 2).sum(axis=(1, 2)))
     t_end = float(_case(dataset).get("time", {}).get("t_end", dataset["time"].values[-1]))
-    axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4)
+    axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4, baseline=None)  # no drop to 0 at the ends
     if (norms > 0).all():
         axis.set_yscale("log")
     axis.set_xlabel("time (depth)")
@@ -525,7 +527,8 @@ def _training_cost(axis, dataset) -> None:
     """The optimiser's course: J = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt at each iteration."""
     axis.plot(dataset["iteration"].values, dataset["loss"].values, lw=1.4, marker=".", label="J")
     if "terminal_loss" in dataset:
-        axis.plot(dataset["iteration"].values, dataset["terminal_loss"].values, lw=1.0, ls="--", label="l(μ_T)")
+        axis.plot(dataset["iteration"].values, dataset["terminal_loss"].values, lw=1.0, ls="--", marker="x",
+                  label="l(μ_T)")
         axis.legend(fontsize=7, frameon=False)
     axis.set_xlabel("iteration")
 

@@ -185,6 +185,7 @@ lyapunov_p = [0.1]
     assert report.attrs["verdict_order_parameter"] == "agrees"
     assert report.attrs["w2_method"].startswith("circular monotone rearrangement")
     assert 0 < float(report["w2"][0]) < 0.05
+    assert report.attrs["history"].endswith(f"compare {result} -o {tmp_path / 'report'} --k 3.0 --atol 1e-09 --atoms 4000")
     assert (tmp_path / "report.png").stat().st_size > 10_000
     # the report exists: refused without --overwrite (one line, exit 2)
     assert main(["compare", str(result), "-o", str(tmp_path / "report")]) == 2

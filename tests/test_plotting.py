@@ -96,18 +96,19 @@ def test_training_panels_draw_the_controls_per_layer_and_name_each_alignment(res
     with xr.open_dataset(results["s1"]) as dataset:
         W = np.array([[[3.0, 4.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]])
         rising = np.linspace(0.5, 0.9, dataset.sizes["time"])  # SMALL_S1's E is the plane: make both informative
-        trained = dataset.assign(W=(("layer", "row", "col"), W), alignment_E=("time", rising),
+        trained = dataset.assign(W=(("layer", "row", "col"), W), alignment_E=("time", rising), interaction_gap=("time", rising),
                                  alignment_F=("time", rising ** 2), loss=(("iteration",), [2.0, 1.5, 1.2]),
                                  terminal_loss=(("iteration",), [2.0, 1.4, 1.1]))
         figure, axis = plt.subplots()
         _controls(axis, trained)
-        heights, edges, _ = axis.patches[0].get_data()
+        heights, edges, baseline = axis.patches[0].get_data()
         assert np.allclose(heights, [5.0, 1.0, 2.0]) and np.allclose(edges, [0, 0.5 / 3, 1 / 3, 0.5])
+        assert baseline is None  # no line down to 0 at the ends, which would read as W = 0 there
         plt.close(figure)
         figure = plt.figure()
         _diagnostics(figure, trained)
         titles = {axis.get_title(): axis for axis in figure.axes}
-        assert {"controls |W_t|_F", "training cost"} <= set(titles)
+        assert {"controls |W_t|_F", "training cost", "energy gap: E, or its interaction part, - min"} <= set(titles)
         labels = [text.get_text() for text in titles["alignment"].get_legend().get_texts()]
         assert labels[:2] == ["alignment_E, Eulerian", "alignment_F, Eulerian"]
         plt.close(figure)

@@ -15,6 +15,7 @@ import torch
 import xarray as xr
 
 import spherepde
+from solvers import journal
 from solvers.adjoint import GRADIENTS
 from solvers.particle_training import ParticleControl
 from spherepde.checkpoint import Checkpoint, checkpoint_folder
@@ -147,6 +148,9 @@ def test_overwrite_discards_the_checkpoint_and_a_damaged_one_is_one_line(tmp_pat
         handle.write(b"not a checkpoint")
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     assert status == 2 and "cannot read the checkpoint" in err and len(err.strip().splitlines()) == 1
+    torch.save({"format": Checkpoint}, os.path.join(folder, "state.pt"))  # objects a weights-only load refuses
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 2 and "holds objects that no checkpoint stores" in err and "weights_only" not in err, err
     status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
     assert status == 2 and "unreadable" in err and "--overwrite" in err
     assert run_cli(["run", case, "-o", output, "--quiet", "--overwrite", "--checkpoint-steps", "3"], capsys)[0] == 0
@@ -332,3 +336,48 @@ def test_a_resumed_training_whose_path_differs_makes_the_rest_again(tmp_path, ca
     with xr.open_dataset(output) as dataset:
         assert f"the resumed training {note}" in dataset.attrs["notes"].splitlines()
     assert_same_result(output, reference, VOLATILE | {"training_seconds", "notes"})
+
+
+def test_an_interrupt_during_the_replay_stops_the_resumed_training(tmp_path, capsys, counted_gradients, monkeypatch):
+    """Ctrl-C while the resumed training replays its stored evaluations stops it (exit 130) with its
+    checkpoint, having computed nothing; resumed again, it ends as the uninterrupted one."""
+    calls, interrupt_at = counted_gradients
+    case = write_case(tmp_path, TRAINING_CASE + 'optimizer = "adam"\n')
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    total = len(calls)
+    interrupt_at[0] = total + 3
+    assert run_cli(["run", case, "-o", output, "--quiet"], capsys)[0] == 130
+
+    replayed = []
+
+    def interrupting(evaluation, controls, _answer=journal._answer):
+        replayed.append(controls)
+        if len(replayed) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return _answer(evaluation, controls)
+
+    calls.clear()
+    interrupt_at[0] = 0
+    monkeypatch.setattr(journal, "_answer", interrupting)
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 130 and "checkpointed (3 evaluations of J and dJ/dW)" in err and calls == [], err
+    monkeypatch.undo()  # also the counting: from here on the evaluations are the real ones
+    assert run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)[0] == 0
+    assert_same_result(output, reference, VOLATILE | {"training_seconds"})
+
+
+def test_a_checkpoint_that_holds_no_training_is_one_line(tmp_path, capsys, counted_gradients):
+    """A segment of another run in a training's checkpoint (an Eulerian run's saves): exit 2, one line."""
+    calls, interrupt_at = counted_gradients
+    case = write_case(tmp_path, TRAINING_CASE + 'optimizer = "adam"\n')
+    other, output = tmp_path / "other.nc", tmp_path / "out.nc"
+    assert run_cli(["run", write_case(tmp_path / "..", SMALL_S1), "-o", other, "--quiet"], capsys)[0] == 0
+    interrupt_at[0] = 3
+    assert run_cli(["run", case, "-o", output, "--quiet", "--checkpoint-steps", "1"], capsys)[0] == 130
+    os.replace(other, os.path.join(checkpoint_folder(output), "segment-00000.nc"))
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    # the segments' contents are read once the resumption is announced: that line, then the error's one line
+    resuming, error = err.strip().splitlines()
+    assert status == 2 and resuming.startswith("spherepde: resuming") and "holds no training's evaluations" in error
+    assert not output.exists()
