@@ -414,7 +414,7 @@ def test_particle_specific_case_errors():
         particle_case(3, 10, particles={"dt": -0.1})
     with pytest.raises(CaseError, match=r"particles.dt: a step of 0.5 is too long for the weak-order-2 noise step"):
         run_particles(particle_case(12, 10, model={"eps": 1.0}, time={"t_end": 1.0, "dt": 0.5, "save_every": 1.0}))
-    with pytest.raises(CaseError, match=r"checkpoints are available for the Eulerian solver only"):
+    with pytest.raises(CaseError, match=r"checkpoints are available for the Eulerian solver and trainings only"):
         spherepde.run(particle_case(3, 10, solver={"method": "particles"}), checkpoint=object())
     with pytest.raises(CaseError, match=r"sphere.dim: the Eulerian solver handles d = 2 or 3"):
         spherepde.run(particle_case(4, 10, solver={"method": "both"}))
