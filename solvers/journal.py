@@ -69,6 +69,8 @@ class Journal:
             if np.array_equal(evaluation.controls, point):
                 self.count += 1
                 self.replayed.append(evaluation)
+                if not self.replay:  # past the stored part: no request can leave it any more
+                    self.replayed = []
                 self.stop_if_interrupted()
                 return _answer(evaluation, controls)
             note = (f"the resumed training left its stored path at evaluation {self.count}: the {len(self.replay) + 1} "
