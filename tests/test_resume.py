@@ -275,27 +275,34 @@ def counted_gradients(monkeypatch):
 PARTICLES = '[solver]\nmethod = "particles"\n[particles]\nn = 16\n'
 
 
+def interrupted_training(tmp_path, capsys, counted_gradients, text, *options):
+    """A training run uninterrupted (reference.nc), then again to out.nc with `options`, Ctrl-C landing in its 3rd
+    evaluation: (case, reference, output, the reference's count of evaluations, the interrupted run's stderr)."""
+    calls, interrupt_at = counted_gradients
+    case = write_case(tmp_path, text)
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    total = len(calls)
+    interrupt_at[0] = total + 3
+    status, err = run_cli(["run", case, "-o", output, "--quiet", *options], capsys)
+    assert status == 130 and len(calls) == total + 3 and not output.exists(), err
+    calls.clear()
+    interrupt_at[0] = 0
+    return case, reference, output, total, err
+
+
 @pytest.mark.parametrize("optimizer, solver", [("adam", ""), ("lbfgs", ""), ("lbfgs", PARTICLES)])
 def test_interrupted_training_resumes_from_its_evaluations_bit_for_bit(tmp_path, capsys, counted_gradients,
                                                                        optimizer, solver):
     """Ctrl-C during the 3rd evaluation keeps 3 evaluations; the resumed training replays them without
     computing them again and ends bit for bit where the uninterrupted training ends (W, J per iteration,
     the trained run, the adjoint, L-BFGS's count of evaluations in optimizer_stop); through particles too."""
-    calls, interrupt_at = counted_gradients
-    case = write_case(tmp_path, TRAINING_CASE + f'optimizer = "{optimizer}"\n' + solver)
-    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
-    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
-    total = len(calls)
+    calls, _ = counted_gradients
+    case, reference, output, total, err = interrupted_training(
+        tmp_path, capsys, counted_gradients, TRAINING_CASE + f'optimizer = "{optimizer}"\n' + solver)
     assert total >= 5
+    assert "at the end of this evaluation of J and dJ/dW" in err and "checkpointed (3 evaluations of J and dJ/dW)" in err
 
-    calls.clear()
-    interrupt_at[0] = 3
-    status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
-    assert status == 130 and "at the end of this evaluation of J and dJ/dW" in err, err
-    assert "checkpointed (3 evaluations of J and dJ/dW)" in err and len(calls) == 3 and not output.exists()
-
-    calls.clear()
-    interrupt_at[0] = 0
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     assert status == 0 and "resuming" in err and "(3 evaluations of J and dJ/dW)" in err, err
     assert len(calls) == total - 3
@@ -309,19 +316,14 @@ def test_a_resumed_training_whose_path_differs_makes_the_rest_again(tmp_path, ca
     again, with a warning; the checkpoint then holds the evaluations on the new path, so that a second
     interruption resumes without leaving it, and the training ends as an uninterrupted one."""
     calls, interrupt_at = counted_gradients
-    case = write_case(tmp_path, TRAINING_CASE + 'optimizer = "adam"\n')
-    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
-    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
-    total = len(calls)
-    interrupt_at[0] = total + 3
-    assert run_cli(["run", case, "-o", output, "--quiet", "--checkpoint-steps", "1"], capsys)[0] == 130
+    case, reference, output, total, _ = interrupted_training(
+        tmp_path, capsys, counted_gradients, TRAINING_CASE + 'optimizer = "adam"\n', "--checkpoint-steps", "1")
     segment = os.path.join(checkpoint_folder(output), "segment-00001.nc")  # the second evaluation
     with xr.open_dataset(segment) as stored:
         tampered = stored.load()
     tampered["controls"] = tampered["controls"] + 1e-12
     tampered.to_netcdf(segment)
 
-    calls.clear()
     interrupt_at[0] = 2  # evaluations 1 and 2 made again, then Ctrl-C
     status = run_cli(["run", case, "-o", output, "--quiet", "--resume", "--checkpoint-steps", "1"], capsys)[0]
     assert status == 130 and len(calls) == 2
@@ -341,14 +343,9 @@ def test_a_resumed_training_whose_path_differs_makes_the_rest_again(tmp_path, ca
 def test_an_interrupt_during_the_replay_stops_the_resumed_training(tmp_path, capsys, counted_gradients, monkeypatch):
     """Ctrl-C while the resumed training replays its stored evaluations stops it (exit 130) with its
     checkpoint, having computed nothing; resumed again, it ends as the uninterrupted one."""
-    calls, interrupt_at = counted_gradients
-    case = write_case(tmp_path, TRAINING_CASE + 'optimizer = "adam"\n')
-    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
-    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
-    total = len(calls)
-    interrupt_at[0] = total + 3
-    assert run_cli(["run", case, "-o", output, "--quiet"], capsys)[0] == 130
-
+    calls, _ = counted_gradients
+    case, reference, output, _, _ = interrupted_training(tmp_path, capsys, counted_gradients,
+                                                         TRAINING_CASE + 'optimizer = "adam"\n')
     replayed = []
 
     def interrupting(evaluation, controls, _answer=journal._answer):
@@ -357,8 +354,6 @@ def test_an_interrupt_during_the_replay_stops_the_resumed_training(tmp_path, cap
             os.kill(os.getpid(), signal.SIGINT)
         return _answer(evaluation, controls)
 
-    calls.clear()
-    interrupt_at[0] = 0
     monkeypatch.setattr(journal, "_answer", interrupting)
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     assert status == 130 and "checkpointed (3 evaluations of J and dJ/dW)" in err and calls == [], err
@@ -369,12 +364,11 @@ def test_an_interrupt_during_the_replay_stops_the_resumed_training(tmp_path, cap
 
 def test_a_checkpoint_that_holds_no_training_is_one_line(tmp_path, capsys, counted_gradients):
     """A segment of another run in a training's checkpoint (an Eulerian run's saves): exit 2, one line."""
-    calls, interrupt_at = counted_gradients
-    case = write_case(tmp_path, TRAINING_CASE + 'optimizer = "adam"\n')
-    other, output = tmp_path / "other.nc", tmp_path / "out.nc"
-    assert run_cli(["run", write_case(tmp_path / "..", SMALL_S1), "-o", other, "--quiet"], capsys)[0] == 0
-    interrupt_at[0] = 3
-    assert run_cli(["run", case, "-o", output, "--quiet", "--checkpoint-steps", "1"], capsys)[0] == 130
+    case, _, output, _, _ = interrupted_training(
+        tmp_path, capsys, counted_gradients, TRAINING_CASE + 'optimizer = "adam"\n', "--checkpoint-steps", "1")
+    (tmp_path / "other").mkdir()
+    other = tmp_path / "other" / "other.nc"
+    assert run_cli(["run", write_case(tmp_path / "other", SMALL_S1), "-o", other, "--quiet"], capsys)[0] == 0
     os.replace(other, os.path.join(checkpoint_folder(output), "segment-00000.nc"))
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     # the segments' contents are read once the resumption is announced: that line, then the error's one line
