@@ -45,7 +45,6 @@ REPORT.png (each diagnostic of both runs with the band +- k stderr, and W2(t)).
 """
 
 import collections
-import datetime
 import math
 import os
 
@@ -56,7 +55,7 @@ from scipy.optimize import minimize_scalar
 
 from . import diagnostics as diag
 from .errors import CaseError
-from .output import DIAGNOSTIC_ATTRS, package_version, split_both, write_dataset
+from .output import DIAGNOSTIC_ATTRS, history, package_version, split_both, write_dataset
 from .summary import open_result
 
 REFINED_CIRCLE = 2 ** 13
@@ -367,11 +366,10 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         data["w2_bound"] = (("time",), np.array(bounds),
                             {"long_name": "bound on the W2 error (quantisation; on S^1 the rearrangement's excess)",
                              "units": "1"})
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     attrs = {
         "Conventions": "CF-1.10",
         "title": f"spherepde comparison of {labels[0]} and {labels[1]}",
-        "history": f"{now}: spherepde {package_version()} compare",
+        "history": history("compare"),
         "source": f"spherepde {package_version()}",
         # each run's full case, so that the report alone says what was compared (as a run's file does)
         "case_a": a.attrs.get("case", ""), "case_b": b.attrs.get("case", ""),

@@ -184,13 +184,18 @@ def split_both(dataset: xr.Dataset) -> tuple[xr.Dataset, xr.Dataset]:
     return eulerian, particles
 
 
+def history(command: str) -> str:
+    """A CF `history` entry: the time (UTC) and the spherepde `command` that made the file."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{now}: spherepde {package_version()} {command}"
+
+
 def finish(dataset: xr.Dataset, case, attrs: dict) -> xr.Dataset:
     """Global attributes of DESIGN §6."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     dataset.attrs.update({
         "Conventions": "CF-1.10",
         "title": f"spherepde {attrs['solver']} run of case '{case.name}'",
-        "history": f"{now}: spherepde {package_version()} run",
+        "history": history("run"),
         "source": f"spherepde {package_version()}",
         "case": case.text,
     })
