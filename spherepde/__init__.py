@@ -5,13 +5,23 @@ Python API (mirrors the command line):
     dataset = spherepde.run(case)          # xarray.Dataset (DESIGN §6)
 """
 
-from .case import Case, load_case, load_case_text
 from .errors import CaseError, NumericalFailure
 
 __all__ = ["Case", "CaseError", "NumericalFailure", "load_case", "load_case_text", "run"]
 
 
-def run(case: Case, progress: bool | None = None, checkpoint=None):
+def __getattr__(name: str):
+    """Case, load_case and load_case_text, imported from spherepde.case when first asked for: that module brings in
+    numpy and xarray (about a second), which the command line must not wait for before it refuses a second
+    writer of an output (spherepde.locking)."""
+    if name in ("Case", "load_case", "load_case_text"):
+        from . import case
+
+        return getattr(case, name)
+    raise AttributeError(f"module 'spherepde' has no attribute {name!r}")
+
+
+def run(case: "Case", progress: bool | None = None, checkpoint=None):
     """Run a case with the solver its [solver] method names; returns an xarray.Dataset.
 
     "both" runs the Eulerian solver and then the particles, and returns one Dataset: the
@@ -30,6 +40,9 @@ def run(case: Case, progress: bool | None = None, checkpoint=None):
     (solvers.particle_training.run_particle_training) with "particles".  A training keeps its
     evaluations of J and dJ/dW in the checkpoint (solvers/journal.py).
     """
+    from .limits import check_memory
+
+    check_memory(case)  # for the API: the command line has checked it already, before taking the lock
     method = case["solver"]["method"]
     if case["control"]:
         if method == "particles":

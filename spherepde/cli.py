@@ -97,7 +97,10 @@ def _positive(kind):
 
 
 def command_run(args) -> int:
+    if args.output:
+        _hold(args.output, before_reading=True)  # a second writer of it is refused at once
     from . import load_case, run
+    from .limits import check_memory
     from .output import check_file, write_dataset
 
     overrides = list(args.set)
@@ -108,6 +111,8 @@ def command_run(args) -> int:
     case = load_case(args.case, overrides)
     output = f"{case.name}.nc" if args.output is None else args.output
     check_file(output, "-o")
+    check_memory(case)
+    _hold(output)
     for role, source in (("the case file", args.case), ("initial.path", case["initial"].get("path"))):
         if source and os.path.exists(output) and os.path.samefile(source, output):
             raise CaseError(f"-o {output!r} is {role} of this run; choose another output file")
@@ -143,6 +148,26 @@ def command_run(args) -> int:
         for path in plot_result(output):
             print(f"spherepde: wrote {path}", file=sys.stderr)
     return 0
+
+
+def _hold(output: str, before_reading: bool = False) -> None:
+    """Hold the lock of `output` (and its checkpoint) for the rest of the command: one writer per output
+    (spherepde.locking); its folder is made for the lock file if missing.  `before_reading`: the attempt made
+    before the case is read (and xarray imported), skipped where no lock file can be made (check_file names why)."""
+    from .locking import hold_output
+
+    folder = os.path.dirname(os.path.abspath(output))
+    if before_reading:
+        if os.path.isdir(folder):
+            try:
+                hold_output(output)
+            except OSError:
+                pass
+        return
+    from .output import make_folders
+
+    make_folders(folder)
+    hold_output(output)
 
 
 def _with_command(dataset, args, output: str):
@@ -240,11 +265,17 @@ def command_plot(args) -> int:
 
 
 def command_sweep(args) -> int:
+    from .limits import check_seeds
+
+    check_seeds(args.seeds)  # before anything is imported or derived
     from . import load_case
-    from .sweep import run_sweep
+    from .output import check_folder
+    from .sweep import COMBINED, run_sweep
 
     case = load_case(args.case, args.set)
     folder = f"{case.name}-sweep" if args.output is None else args.output
+    check_folder(folder, "sweep -o")
+    _hold(os.path.join(folder, COMBINED))
     path = run_sweep(case, args.param, folder, seeds=args.seeds, scheduler=args.scheduler, workers=args.workers,
                      overwrite=args.overwrite, resume=args.resume)
     print(f"spherepde: wrote {path}", file=sys.stderr)
@@ -252,6 +283,20 @@ def command_sweep(args) -> int:
 
 
 def main(argv=None) -> int:
+    status = 1  # an exception that escapes is a failure too
+    try:
+        status = _dispatch(argv)
+        return status
+    finally:
+        from .locking import release_all
+
+        release_all()
+        if "spherepde.output" in sys.modules:  # only it makes folders
+            sys.modules["spherepde.output"].settle_made_folders(failed=status != 0)
+
+
+def _dispatch(argv) -> int:
+    """The command's exit status (DESIGN §7), every error of bad input or numerics as one line."""
     try:
         args = build_parser().parse_args(argv)
         return {"run": command_run, "info": command_info, "plot": command_plot,

@@ -47,6 +47,7 @@ REPORT.png (each diagnostic of both runs with the band +- k stderr, and W2(t)).
 import collections
 import math
 import os
+import textwrap
 
 import numpy as np
 import ot
@@ -54,7 +55,7 @@ import xarray as xr
 from scipy.optimize import minimize_scalar
 
 from . import diagnostics as diag
-from .errors import CaseError
+from .errors import CaseError, printable
 from .output import DIAGNOSTIC_ATTRS, history, package_version, split_both, write_dataset
 from .summary import open_result
 
@@ -385,8 +386,10 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
               f"{'stderr':>10} "
               f"{'max|z|':>8} {'at t':>7} {'P(max|z|) of M':>14}  verdict (|B-A| <= {k:g} stderr + {atol:g})")
     # a failed run keeps the saves before its failure: say so, or its verdicts read as agreement to t_end
-    unfinished = [f"{label}: {run.attrs['status']}; compared over the saves it has (t <= {run['time'].values[-1]:g})"
+    unfinished = [f"{label}: {printable(run.attrs['status'])}; compared over the saves it has "
+                  f"(t <= {run['time'].values[-1]:g})"
                   for label, run in (("A", a), ("B", b)) if run.attrs.get("status", "completed") != "completed"]
+    attrs["failed"] = "\n".join(unfinished)  # shown in the report's figure too
     if w2:
         times = a["time"].values
         lines.append(f"W2(A, B): t = {times[0]:g}: {distances[0]:.4g}, t = {times[-1]:g}: {distances[-1]:.4g}, "
@@ -479,11 +482,18 @@ def plot_report(report: xr.Dataset, target: str) -> str:
         axis.set_xlabel("time")
     for axis in axes.flat[len(names) + ("w2" in report):]:
         axis.set_visible(False)
-    figure.suptitle(f"lines: A = {report.attrs['a']};  dots and +-{k:g} stderr bands: B = {report.attrs['b']}",
-                    fontsize=9)
+    title = f"lines: A = {report.attrs['a']};  dots and +-{k:g} stderr bands: B = {report.attrs['b']}"
+    failed = report.attrs.get("failed", "")
+    figure.suptitle(title + (f"\n{_wrapped(failed)}" if failed else ""), fontsize=9,
+                    color="firebrick" if failed else "black")
     figure.savefig(target, dpi=100)
     plt.close(figure)
     return target
+
+
+def _wrapped(text: str, width: int = 160) -> str:
+    """Lines of `text` wrapped to `width` characters (a failure's reason can be long for a figure title)."""
+    return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
 
 
 def default_stem(path_a: str, path_b: str | None) -> str:

@@ -1,4 +1,10 @@
-"""The two ways a run can fail, each with its exit status (DESIGN §7)."""
+"""The two ways a run can fail, each with its exit status (DESIGN §7), and how messages quote text from files."""
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (terminal escape sequences, carriage returns, newlines,
+    bidirectional overrides) written as its Python escape: text read from a file is shown, never obeyed."""
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
 
 
 class CaseError(ValueError):

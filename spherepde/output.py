@@ -14,6 +14,7 @@ import numpy as np
 import xarray as xr
 
 from .errors import CaseError
+from .locking import one_writer
 
 DIAGNOSTIC_ATTRS = {
     "mass": ("total mass: int rho dsigma", "1"),
@@ -181,7 +182,42 @@ def split_both(dataset: xr.Dataset) -> tuple[xr.Dataset, xr.Dataset]:
     eulerian = dataset.drop_vars(particle_names + [name for name in ("particle",) if name in dataset.coords])
     eulerian.attrs = {key: value for key, value in dataset.attrs.items() if not key.startswith(BOTH_PREFIX)}
     eulerian.attrs["solver"] = "eulerian"
-    return eulerian, particles
+    return own_saves(eulerian), own_saves(particles)
+
+
+def own_saves(run: xr.Dataset) -> xr.Dataset:
+    """`run` without the saves that are not its own: in a "both" file the run that failed is NaN-padded after its
+    failure (both_dataset's outer join), and those saves, where none of its time series has a value, are dropped."""
+    series = [run[name].values.reshape(run.sizes["time"], -1) for name in run.data_vars
+              if run[name].dims[:1] == ("time",) and run[name].dtype.kind == "f"]
+    if not series:
+        return run
+    present = np.zeros(run.sizes["time"], dtype=bool)
+    for values in series:
+        present |= np.isfinite(values).any(axis=1)
+    return run if present.all() else run.isel(time=np.flatnonzero(present))
+
+
+def failed_parts(dataset: xr.Dataset) -> list[tuple[str, str, float | None]]:
+    """The runs of a result file that failed, as (which: "eulerian" or "particles", its status "failed: ...",
+    the time of its last good save or None when it has none); [] for a file whose runs all completed."""
+    if dataset.attrs.get("solver") == "both":
+        runs = zip(("eulerian", "particles"), split_both(dataset))
+    else:
+        runs = [(str(dataset.attrs.get("solver", "run")), dataset)]
+    failed = []
+    for which, run in runs:
+        status = str(run.attrs.get("status", ""))
+        if status.startswith("failed"):
+            times = run["time"].values if "time" in run.coords else []
+            failed.append((which, status, float(times[-1]) if len(times) else None))
+    return failed
+
+
+def failure_summary(which: str, last_good: float | None) -> str:
+    """One of `failed_parts` in words, as `info` and the figures show it."""
+    kept = "no save kept" if last_good is None else f"its saves end at t = {last_good:.4g}, its last good state"
+    return f"{which} run FAILED ({kept})"
 
 
 def history(command: str) -> str:
@@ -221,6 +257,65 @@ def _folder_problem(folder: str) -> str | None:
     return None
 
 
+# The longest suffix the tool appends to the name of a file it writes: a figure's temporary file
+# "<name>.<32 hex digits>.tmp.png" (plotting._save); write_dataset's "<name>.XXXXXXXX.tmp" adds 13, a run's
+# "<name>.checkpoint" folder 11 and its "<name>.lock" 5.
+DERIVED_NAME_BYTES = 41
+# The longest path the tool makes below an output: a checkpoint segment's temporary file
+# "<name>.checkpoint/segment-00000.nc.XXXXXXXX.tmp".
+DERIVED_PATH_BYTES = 41
+
+
+def _name_problem(path: str) -> str | None:
+    """Why the files the tool derives from `path` (module constants above) would have names or paths longer than
+    the file system takes, or None."""
+    folder, name = os.path.split(os.path.abspath(path))
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    size = len(os.fsencode(name))
+    if size + DERIVED_NAME_BYTES > name_max:
+        return (f"the name is too long: {size} bytes, and the files derived from it (temporary files, the checkpoint "
+                f"folder) add up to {DERIVED_NAME_BYTES}; file names here take at most {name_max} bytes")
+    length = len(os.fsencode(os.path.abspath(path)))
+    if length + DERIVED_PATH_BYTES >= path_max:
+        return (f"the path is too long: {length} bytes, and the files derived from it add up to "
+                f"{DERIVED_PATH_BYTES}; paths here take fewer than {path_max} bytes")
+    return None
+
+
+_made_folders: list[str] = []  # folders make_folders created in this process, parents first
+
+
+def make_folders(folder: str) -> None:
+    """os.makedirs(folder, exist_ok=True), remembering the folders it creates, so that a command that fails can
+    remove those it left empty (`settle_made_folders`)."""
+    missing = []
+    path = os.path.abspath(folder)
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    _made_folders.extend(reversed(missing))
+
+
+def settle_made_folders(failed: bool) -> None:
+    """At the end of a command: when it `failed`, remove the folders make_folders created that are empty now, the
+    deepest first (a failed command leaves no empty folder behind; folders holding anything are kept); then
+    forget them all."""
+    while _made_folders:
+        folder = _made_folders.pop()
+        if failed:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty, or gone
+                pass
+
+
 def check_folder(folder: str, what: str) -> None:
     """A CaseError naming `what` unless `folder` is, or can be made, a folder we may write in."""
     problem = "empty path" if not folder else _folder_problem(folder)
@@ -235,21 +330,23 @@ def check_file(path: str, what: str) -> None:
     elif os.path.lexists(path) and not os.path.isfile(path):
         problem = "exists and is not a regular file (a folder, device or broken link)"
     else:
-        problem = _folder_problem(os.path.dirname(os.path.abspath(path)))
+        problem = _name_problem(path) or _folder_problem(os.path.dirname(os.path.abspath(path)))
     if problem:
         raise CaseError(f"{what} {path!r}: {problem}")
 
 
+@one_writer
 def write_dataset(dataset: xr.Dataset, path: str | os.PathLike) -> None:
     """Write NetCDF atomically: temporary file beside the target, then rename.
 
     Coordinates get no _FillValue (CF §2.5.1: coordinate variables have no missing values).
-    A target that exists and is not a regular file (a folder, a device) is refused, not replaced.
+    A target that exists and is not a regular file (a folder, a device) is refused, not replaced. Only one
+    process writes `path` at a time (locking.one_writer).
     """
     path = os.fspath(path)
     check_file(path, "output")
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    make_folders(folder)
     handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     os.close(handle)
     try:

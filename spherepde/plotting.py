@@ -20,6 +20,7 @@ function the solver represents, not a faceted grid).
 
 import math
 import os
+import textwrap
 import tomllib
 import uuid
 
@@ -36,7 +37,7 @@ from .bases import make_basis  # noqa: E402
 from .device import placement  # noqa: E402
 from .errors import CaseError  # noqa: E402
 from .initial import density_from_file  # noqa: E402
-from .output import BOTH_PREFIX, check_folder  # noqa: E402
+from .output import BOTH_PREFIX, check_folder, failed_parts, failure_summary, make_folders  # noqa: E402
 from .summary import open_result  # noqa: E402
 
 PROJECTIONS = ("orthographic", "mollweide")
@@ -75,7 +76,7 @@ def plot_result(path: str, folder: str | None = None, projection: str = "orthogr
         if animate and ("member" in dataset.dims or not ("density" in dataset or _on_sphere(dataset))):
             raise CaseError(f"plot: --animate draws a single run's density, or its particles on S^2; {path!r} "
                             "has neither")
-        os.makedirs(folder, exist_ok=True)
+        make_folders(folder)
         written = [_save(_overview(dataset, path, projection, snapshots), os.path.join(folder, f"{stem}.png"))]
         if animate:
             written.append(_animate(dataset, path, projection, os.path.join(folder, f"{stem}.gif")))
@@ -131,9 +132,40 @@ def _title(dataset, path: str) -> str:
         details += f", lmax = {dataset.attrs['lmax']}"
     if "particles" in case and dataset.attrs.get("solver") in ("particles", "both"):
         details += f", n = {case['particles'].get('n')} particles"
-    if str(dataset.attrs.get("status", "")).startswith("failed"):
-        title += " (failed: its last good state)"
-    return f"{title}\n{details.strip(', ')}" if details else title
+    title = f"{title}\n{details.strip(', ')}" if details else title
+    return "\n".join([title] + [textwrap.fill(line, 150) for line in _failure_lines(dataset)])
+
+
+def _failure_lines(dataset) -> list[str]:
+    """One line per run of the file that failed: which, after which save, and why (its status)."""
+    return [f"{failure_summary(which, last_good)}: {status.removeprefix('failed: ')}"
+            for which, status, last_good in failed_parts(dataset)]
+
+
+def _mark_failures(axis, dataset, vertical: bool = True) -> None:
+    """A dashed red line at the last good save of each run of the file that failed (vertical: on a time axis
+    along x; else along y), labelled for the legend."""
+    for which, _, last_good in failed_parts(dataset):
+        if last_good is not None:
+            (axis.axvline if vertical else axis.axhline)(last_good, color="firebrick", ls="--", lw=1.0,
+                                                         label=f"{which} failed after t = {last_good:.3g}")
+
+
+def _final_mean(dataset, dim: int) -> np.ndarray:
+    """The mean position at the last save that has one (a failed run of a "both" file is NaN after its failure:
+    the other run's then), or 0."""
+    for name in ("mean", BOTH_PREFIX + "mean"):
+        if name in dataset:
+            values = dataset[name].values
+            finite = np.flatnonzero(np.isfinite(values).all(axis=1))
+            if finite.size:
+                return values[finite[-1]]
+    return np.zeros(dim)
+
+
+def _has_density(dataset, index: int) -> bool:
+    """Whether save `index` has a density (not the NaN padding after a failed Eulerian run of a "both" file)."""
+    return "density" in dataset and bool(np.isfinite(dataset["density"].isel(time=index).values).all())
 
 
 def _case(dataset) -> dict:
@@ -228,9 +260,10 @@ class SphereView:
 
     def __init__(self, dataset, path: str, projection: str):
         self.density = SphereDensity(dataset, path) if "density" in dataset else None
+        self.saved = [_has_density(dataset, index) for index in range(dataset.sizes["time"])]
         self.projection = projection
         self.particles = dataset["particles"].values if "particles" in dataset else None
-        mean = dataset["mean"].values[-1] if "mean" in dataset else np.zeros(3)
+        mean = _final_mean(dataset, 3)
         centre = mean if np.linalg.norm(mean) > 1e-6 else np.array([0.0, 0.0, 1.0])
         self.centre = centre / np.linalg.norm(centre)
         self.frames = [_view_frame(self.centre), _view_frame(-self.centre)]
@@ -264,7 +297,7 @@ class SphereView:
         lines = "white" if self.density else "0.5"
         if self.projection == "orthographic":
             for axis, (lat, lon, inside), frame in zip(axes, self.disks, self.frames):
-                if self.density:
+                if self.density and self.saved[index]:
                     image = np.ma.masked_where(~inside, self.density.sample(index, lat, lon))
                     axis.imshow(image, origin="lower", extent=(-1, 1, -1, 1), cmap=CMAP, norm=self.norm,
                                 interpolation="bilinear")
@@ -281,7 +314,7 @@ class SphereView:
                     axis.scatter(projected[front, 0], projected[front, 1], s=3, c=self.dots, lw=0, alpha=0.8)
             return
         axis = axes[0]
-        if self.density:
+        if self.density and self.saved[index]:
             axis.pcolormesh(*self.mollweide, self.density.sample(index, *self.lat_lon), cmap=CMAP, norm=self.norm,
                             shading="gouraud", rasterized=True)
         else:
@@ -312,19 +345,26 @@ def _sphere_snapshots(subfigure, dataset, path: str, projection: str, count: int
     if view.panels == 2:
         for column, index in enumerate(picks):
             view.draw(list(axes[:, column]), index)
-            axes[0, column].set_title(f"t = {times[index]:.3g}", fontsize=11)
+            axes[0, column].set_title(_snapshot_title(view, times, index), fontsize=11)
         for row, label in enumerate(view.labels()):
             axes[row, 0].text(-0.06, 0.5, label, transform=axes[row, 0].transAxes, rotation=90, ha="right",
                               va="center", fontsize=8, color="0.3")
     else:
         for axis, index in zip(axes.ravel(), picks):
             view.draw([axis], index)
-            axis.set_title(f"t = {times[index]:.3g}", fontsize=11)
+            axis.set_title(_snapshot_title(view, times, index), fontsize=11)
         for axis in axes.ravel()[len(picks):]:
             axis.set_visible(False)
     if view.norm is not None:
         subfigure.colorbar(plt.cm.ScalarMappable(view.norm, CMAP), ax=axes, shrink=0.8, pad=0.01,
                            label="density ρ [sr⁻¹] (square-root scale)")
+
+
+def _snapshot_title(view: SphereView, times: np.ndarray, index: int) -> str:
+    """"t = 0.5", and where the Eulerian run of a "both" file had failed by then, that its density is missing."""
+    if view.density and not view.saved[index]:
+        return f"t = {times[index]:.3g} (Eulerian run failed: particles only)"
+    return f"t = {times[index]:.3g}"
 
 
 # --- density on S^1 -------------------------------------------------------------------------
@@ -333,7 +373,7 @@ def _sphere_snapshots(subfigure, dataset, path: str, projection: str, count: int
 def _circle_centre(dataset) -> float:
     """The middle of the angle window: the final mean angle rounded to a multiple of pi/2, so
     that a cluster is drawn whole and the ticks stay round."""
-    mean = dataset["mean"].values[-1] if "mean" in dataset else np.zeros(2)
+    mean = _final_mean(dataset, 2)
     if np.linalg.norm(mean) <= 1e-6:
         return 0.0
     return float(np.pi / 2 * np.round(np.arctan2(mean[1], mean[0]) / (np.pi / 2)))
@@ -360,15 +400,19 @@ def _circle_picture(subfigure, dataset) -> None:
     heat, profiles = subfigure.subplots(1, 2, width_ratios=[1.6, 1])
     centre, times = _circle_centre(dataset), dataset["time"].values
     has_density, has_particles = "density" in dataset, "particles" in dataset
+    saved = np.array([_has_density(dataset, index) for index in range(len(times))])
     if has_density:
         theta, density = _circle_window(dataset, centre)
-        mesh = heat.pcolormesh(theta, times, density, shading="gouraud", cmap=CMAP, rasterized=True)
+        mesh = heat.pcolormesh(theta, times[saved], density[saved], shading="gouraud", cmap=CMAP, rasterized=True)
         subfigure.colorbar(mesh, ax=heat, label="density ρ [rad⁻¹]", pad=0.01)
     if has_particles:
         angles = _particle_angles(dataset, centre)
         drawn = angles[:, :MAX_PARTICLES_DRAWN]
         heat.scatter(drawn.ravel(), np.repeat(times, drawn.shape[1]), s=1, c="cyan" if has_density else "C0",
                      lw=0, alpha=0.6)
+    _mark_failures(heat, dataset, vertical=False)
+    if failed_parts(dataset):
+        heat.legend(fontsize=8, loc="upper right")
     _angle_axis(heat, centre)
     heat.set_ylabel("time (depth)")
     if times[-1] > times[0]:  # a single save (a run failed at its first interval) keeps matplotlib's range
@@ -377,12 +421,12 @@ def _circle_picture(subfigure, dataset) -> None:
     colours = plt.cm.viridis(np.linspace(0, 0.9, len(picks)))
     for colour, index in zip(colours, picks):
         label = f"t = {times[index]:.3g}"
-        if has_density:
+        if has_density and saved[index]:
             profiles.plot(theta, density[index], color=colour, label=label)
         if has_particles:
             profiles.hist(angles[index], bins=48, range=(centre - np.pi, centre + np.pi),
                           density=True, histtype="step", color=colour, ls="--" if has_density else "-",
-                          label=None if has_density else label)
+                          label=None if has_density and saved[index] else label)
     _angle_axis(profiles, centre)
     profiles.set_ylabel("ρ [rad⁻¹]")
     profiles.legend(fontsize=8, frameon=False)
@@ -498,6 +542,8 @@ def _diagnostics(subfigure, dataset) -> None:
         _limits(axis, curves, scale)
         if not isinstance(resolved_until, str):
             axis.axvspan(float(resolved_until), time[-1], color="0.88", zorder=0, label="under-resolved")
+        if members is None:
+            _mark_failures(axis, dataset)
         axis.set_title(title, fontsize=10)
         axis.set_xlabel("time (depth)")
         axis.grid(True, alpha=0.3)
@@ -585,7 +631,9 @@ def _circle_animation(dataset):
     curve_axis.set_ylim(0, 1.05 * float(np.nanmax(density)))
     _angle_axis(curve_axis, centre)
     curve_axis.set_ylabel("ρ [rad⁻¹]")
-    heat.pcolormesh(theta, times, density, shading="gouraud", cmap=CMAP, rasterized=True)
+    saved = np.array([_has_density(dataset, index) for index in range(len(times))])
+    heat.pcolormesh(theta, times[saved], density[saved], shading="gouraud", cmap=CMAP, rasterized=True)
+    _mark_failures(heat, dataset, vertical=False)
     marker = heat.axhline(times[0], color="cyan", lw=1.2)
     _angle_axis(heat, centre)
     heat.set_ylabel("time (depth)")

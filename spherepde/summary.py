@@ -5,8 +5,8 @@ import os
 import numpy as np
 import xarray as xr
 
-from .errors import CaseError
-from .output import BOTH_PREFIX
+from .errors import CaseError, printable
+from .output import BOTH_PREFIX, failed_parts, failure_summary
 
 SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projection", "entropy",
            "interaction_energy", "free_energy", "min_density", "spectral_tail"]
@@ -40,6 +40,8 @@ def describe(path: str) -> str:
                  f"  solver {attrs.get('solver')}, status {attrs.get('status')}, source {attrs.get('source')}"]
         if BOTH_PREFIX + "status" in attrs:
             lines.append(f"  particles: status {attrs[BOTH_PREFIX + 'status']}")
+        if "member" not in dataset.dims:
+            lines += [f"  {failure_summary(which, last_good)}" for which, _, last_good in failed_parts(dataset)]
         lines.append("  " + ", ".join(f"{name} = {_attribute(attrs[name])}" for name in
                                       ("backend", "grid", "grid_shape", "lmax", "dtype", "device", "field", "scheme",
                                        "steps", "wall_seconds", "resolved_until") if name in attrs))
@@ -58,9 +60,8 @@ def describe(path: str) -> str:
                     lines.append(f"  {name:<28} {values[0]:>14.8g} {last:>14.8g}")
         if "loss" in dataset:
             lines += _training_lines(dataset)
-        if attrs.get("notes"):
-            lines.append(f"  notes: {attrs['notes']}")
-        return "\n".join(lines)
+        lines += [f"  note: {note}" for note in str(attrs.get("notes", "")).splitlines() if note.strip()]
+        return "\n".join(map(printable, lines))  # every line quotes the file: shown, never obeyed by the terminal
 
 
 def _training_lines(dataset) -> list[str]:
