@@ -16,9 +16,9 @@ left out of the resolved data when not given):
 =========================  ==========================================  =========================
 key                        type and check                              default
 =========================  ==========================================  =========================
-case.name                  non-blank string of at most 240 bytes       file stem (leading dots
+case.name                  non-blank string of at most 210 bytes       file stem (leading dots
                            without "/", the OS's path separators or    dropped, separators made
-                           NUL, not starting with ".": it names the    "_", cut to 240 bytes),
+                           NUL, not starting with ".": it names the    "_", cut to 210 bytes),
                            default output files                        else "case"
 case.description           string                                      ""
 sphere.dim                 int in [2, 2048) (the Eulerian solver       required
@@ -164,6 +164,7 @@ import math
 import numbers
 import os
 import re
+import stat
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,13 +227,43 @@ def load_case(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Case:
     """Read a case file; relative ``initial.path`` values start from the file's directory."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except OSError as error:
-        raise CaseError(f"cannot read case file {str(path)!r}: {error.strerror}") from None
+        text = _read_case_file(path).decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise CaseError(f"cannot read case file {str(path)!r}: not UTF-8 text "
                         f"({error.reason} at byte {error.start})") from None
     return _load_text(text, overrides, str(path), path.parent, path.stem)
+
+
+MAX_CASE_BYTES = 16 << 20  # three d x d matrices at full precision up to d ~ 500; a larger file is no case file
+
+
+def _read_case_file(path: Path) -> bytes:
+    """The bytes of a case file: a regular file (a device such as /dev/zero, a pipe or a folder would be read
+    without end or not at all) of at most MAX_CASE_BYTES; a one-line CaseError otherwise."""
+    try:
+        problem = _regular_file_problem(path, MAX_CASE_BYTES)
+        if problem is None:
+            with open(path, "rb") as stream:
+                data = stream.read(MAX_CASE_BYTES + 1)
+            if len(data) > MAX_CASE_BYTES:  # it grew since
+                problem = f"is larger than {MAX_CASE_BYTES >> 20} MiB"
+    except OSError as error:
+        raise CaseError(f"cannot read case file {str(path)!r}: {error.strerror}") from None
+    if problem:
+        raise CaseError(f"case file {str(path)!r} {problem}: not a case file")
+    return data
+
+
+def _regular_file_problem(path: Path, limit: int | None = None) -> str | None:
+    """Why `path` is no file to read (not a regular file, or larger than `limit` bytes), or None; OSError when it
+    cannot be looked at (missing, no access)."""
+    status = os.stat(path)
+    if not stat.S_ISREG(status.st_mode):
+        kind = "a folder" if stat.S_ISDIR(status.st_mode) else "a device, a pipe or a socket"
+        return f"is {kind}, not a regular file"
+    if limit is not None and status.st_size > limit:
+        return f"is larger than {limit >> 20} MiB ({status.st_size} bytes)"
+    return None
 
 
 def load_case_text(text: str, overrides: Iterable[str] = (), origin: str = "<string>",
@@ -258,6 +289,8 @@ def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
         return path, tomllib.loads("v = " + value)["v"]
     except tomllib.TOMLDecodeError:
         return path, value
+    except RecursionError:
+        raise CaseError(f"override {item[:60]!r}...: {_TOO_DEEP}") from None
 
 
 def format_override(key: str, value) -> str:
@@ -270,13 +303,37 @@ def _load_text(text, overrides, origin, base_dir, default_name) -> Case:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise CaseError(f"{origin}: {_describe_toml_error(error)}") from None
+    except RecursionError:
+        raise CaseError(f"{origin}: {_TOO_DEEP}") from None
     return _build(table, overrides, text, origin, base_dir, default_name)
+
+
+MAX_NESTING = 8  # tables and lists inside one another: a case needs 3 (a section, a matrix, its rows)
+_TOO_DEEP = (f"malformed TOML: arrays or tables nested inside one another more deeply than a case needs "
+             f"(at most {MAX_NESTING} levels)")
+
+
+def _check_nesting(table: dict) -> None:
+    """A CaseError when `table` nests lists and tables more than MAX_NESTING deep (what resolution and
+    copy.deepcopy would follow recursively), found without recursing."""
+    pending = [(table, 0)]
+    while pending:
+        value, depth = pending.pop()
+        if depth > MAX_NESTING:
+            raise CaseError(_TOO_DEEP)
+        if isinstance(value, dict):
+            pending.extend((entry, depth + 1) for entry in value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend((entry, depth + 1) for entry in value)
 
 
 def _build(table, overrides, source, origin, base_dir, default_name) -> Case:
     """Apply the overrides, resolve, and prefix any error with the origin."""
     try:
-        inputs = _Inputs(_with_overrides(table, overrides), base_dir, default_name)
+        _check_nesting(table)
+        overridden = _with_overrides(table, overrides)
+        _check_nesting(overridden)  # dotted keys of --set nest tables too
+        inputs = _Inputs(overridden, base_dir, default_name)
         return Case(_resolve(inputs), source, origin, inputs)
     except CaseError as error:
         raise CaseError(f"{origin}: {error}") from None
@@ -462,7 +519,9 @@ def _text(value, ctx) -> str:
     return value
 
 
-_MAX_NAME_BYTES = 240  # file systems take 255-byte names; the outputs add suffixes such as "-sweep" and ".png"
+# File systems take 255-byte names; the longest name derived from the case's is the temporary file of its figure,
+# "<name>.png" + output.DERIVED_NAME_BYTES (41): 255 - 45 = 210.
+_MAX_NAME_BYTES = 210
 _NAME_FORBIDDEN = tuple(dict.fromkeys(("/", os.sep, os.altsep or "/", "\0")))  # what a file name cannot hold
 
 
@@ -472,8 +531,8 @@ def _case_name(value, ctx) -> str:
     if not name.strip():
         raise _Invalid("must not be empty or blank (it names the default output files)")
     if len(name.encode()) > _MAX_NAME_BYTES:
-        raise _Invalid(f"must be at most {_MAX_NAME_BYTES} bytes (it names the default output files, "
-                       f"'<name>-sweep/sweep.nc' among them), got {len(name.encode())}")
+        raise _Invalid(f"must be at most {_MAX_NAME_BYTES} bytes (it names the default output files and their "
+                       f"temporary files, '<name>.png.<32 hex digits>.tmp.png' the longest), got {len(name.encode())}")
     if any(char in name for char in _NAME_FORBIDDEN):
         raise _Invalid(f"must be a file name without {' or '.join(map(repr, _NAME_FORBIDDEN))} "
                        f"(it names the default output files), got {name!r}")
@@ -567,6 +626,9 @@ def _direction(value, ctx) -> list[float]:
     norm = math.hypot(*vector)
     if norm == 0:
         raise _Invalid("must be nonzero (it is a direction)")
+    if norm == math.inf:  # x / inf would make it the zero vector
+        raise _Invalid(f"its norm overflows a float (largest entry {max(map(abs, vector)):.3g}); a direction "
+                       "needs only its ratios: divide it by its largest entry")
     return vector if abs(norm - 1) <= _UNIT_TOLERANCE else [x / norm for x in vector]
 
 
@@ -580,7 +642,13 @@ def _directions(value, ctx) -> list[list[float]]:
 def _weights(value, ctx) -> list[float]:
     """Reals >= 0 with a positive sum, normalised to sum 1 (kept as given if they do)."""
     weights = _reals(_NONNEGATIVE)(value, ctx)
-    total = math.fsum(weights)
+    try:
+        total = math.fsum(weights)
+    except OverflowError:
+        total = math.inf
+    if total == math.inf:
+        raise _Invalid(f"their sum overflows a float (largest {max(weights):.3g}); only their ratios matter: "
+                       "divide them by the largest")
     if not total > 0:
         raise _Invalid(f"must have a positive sum, got {weights!r}")
     return weights if abs(total - 1) <= _UNIT_TOLERANCE else [w / total for w in weights]
@@ -619,6 +687,9 @@ def _readable_file(value, ctx) -> str:
     """A path, made absolute from the case's directory; the file must be readable."""
     path = Path(os.path.abspath(ctx.inputs.base_dir / Path(_text(value, ctx)).expanduser()))
     try:
+        problem = _regular_file_problem(path)
+        if problem:
+            raise _Invalid(f"{str(path)!r} {problem} (an earlier output is one)")
         with open(path, "rb"):
             pass
     except OSError as error:
@@ -726,7 +797,36 @@ def _model_rules(model: dict, ctx) -> None:
                         "B^T x / |B^T x|, which B = 0 leaves 0/0 at every x)")
 
 
+# Largest fraction of an initial file's mass that its density may hold in negative values: a density resolved by
+# its grid undershoots by far less (round-off, tails below diagnostics.tail_tol); more makes no probability
+# density, and the run from it would end in a numerical failure (Z <= 0, a blow-up) instead of naming the file.
+NEGATIVE_MASS_TOLERANCE = 1e-3
+
+
+def _negative_part(initial: dict) -> str | None:
+    """Why the density an initial.kind = "file" case starts from has large negative parts, or None (also when it
+    cannot be read here: initial.density_from_file names that problem)."""
+    try:
+        with xr.open_dataset(initial["path"]) as stored:
+            density = stored["density"].isel(time=initial["time"]).values.astype(float)
+            area = np.broadcast_to(stored["cell_area"].values.astype(float), density.shape)
+    except Exception:  # not a result with a density: reported when the density is read
+        return None
+    if not np.isfinite(density).all():
+        return None
+    negative, total = float(area.ravel() @ np.maximum(-density, 0).ravel()), float(area.ravel() @ density.ravel())
+    if not negative <= NEGATIVE_MASS_TOLERANCE * abs(total):
+        return (f"the density at initial.time = {initial['time']} of {initial['path']!r} is negative where it holds "
+                f"{negative:.3g} of its mass {total:.6g} (min {density.min():.3g}; at most {NEGATIVE_MASS_TOLERANCE:g} "
+                "relative): not a probability density")
+    return None
+
+
 def _initial_rules(initial: dict, ctx) -> None:
+    if initial["kind"] == "file":
+        problem = _negative_part(initial)
+        if problem:
+            raise CaseError(f"initial.path: {problem}")
     if initial["kind"] != "vmf_mixture":
         return
     count = len(initial["means"])

@@ -35,6 +35,7 @@ import numpy as np
 from .case import Case, format_override, parse_override
 from .device import placement
 from .errors import CaseError, NumericalFailure
+from .limits import check_members
 from .output import check_folder
 
 GRID_DIMS = ("theta", "lat", "lon")
@@ -82,6 +83,7 @@ def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -
     keys = [key for key, _ in swept]
     if len(set(keys)) != len(keys):
         raise CaseError(f"--param: a key is given twice: {', '.join(keys)}")
+    check_members([len(values) for _, values in swept], seeds)  # before the seeds are derived
     replicates = derived_seeds(case["particles"]["seed"], seeds) if seeds else [None]
     combinations = list(itertools.product(*(values for _, values in swept), replicates))
     width = max(3, len(str(len(combinations) - 1)))
