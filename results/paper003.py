@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import spherepde
 from spherepde import concentration as cc
-from spherepde.checkpoint import checkpoint_folder
+from spherepde.checkpoint import Checkpoint
 from spherepde.output import write_dataset
 
 SUMMARIES = ROOT / "results" / "paper003_runs"
@@ -263,7 +263,7 @@ class Run:
         checkpoint, which `spherepde run` writes every 5 minutes."""
         sets = [item for override in self.overrides for item in ("--set", override)]
         output = self.path(out)
-        interrupted = (Path(checkpoint_folder(output)) / "state.pt").exists()
+        interrupted = Checkpoint(output).exists()
         return [sys.executable, "-m", "spherepde", "run", str(ROOT / "cases" / f"{self.case}.toml"),
                 "-o", str(output), "--resume" if interrupted else "--overwrite", "--quiet", *sets]
 

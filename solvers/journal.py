@@ -18,16 +18,23 @@ In the checkpoint (spherepde.checkpoint) each segment is a Dataset of the evalua
 before, along the dimension `evaluation`; the state holds the case text, the number of evaluations (its
 "steps": `--checkpoint-steps N` asks for a checkpoint every N evaluations) and the notes so far.  An
 interrupt takes effect at the end of the evaluation in progress.
+
+Every stored evaluation carries its number (`index`, from 1) and a digest chained to the one before it:
+digest_k = SHA-256(digest_{k-1}, k, everything a replay answers from it), digest_0 = SHA-256 of the case text.
+A resume replays only a journal whose chain holds from the case's start to its last entry (`stored_problem`):
+an entry edited, dropped, repeated or moved, a segment swapped, or one of another training, breaks it.
 """
 
+import hashlib
 import math
+import struct
 import warnings
 
 import numpy as np
 import torch
 import xarray as xr
 
-from spherepde.errors import CaseError, NumericalFailure
+from spherepde.errors import NumericalFailure
 
 from .adjoint import Gradient
 
@@ -51,14 +58,13 @@ class Journal:
         self.unsaved: list[Evaluation] = []
         self.notes: list[str] = []  # for the output's `notes` (kept across resumes): a replay that left its path
         self.state = {"case": case.text}
+        self.start = _chain_start(case)
+        self.stored, self.chain = 0, self.start  # evaluations in the checkpoint, the digest of its last one
         if checkpoint is not None and checkpoint.resume:
-            state, segments = checkpoint.load(case)
-            try:
-                self.replay = [evaluation for segment in segments for evaluation in _evaluations(segment)]
-                self.notes = list(state["notes"])
-            except (KeyError, ValueError, TypeError) as error:  # an Eulerian run's segment, a damaged one
-                raise CaseError(f"--resume: the checkpoint {checkpoint.folder!r} holds no training's evaluations "
-                                f"({type(error).__name__}: {error}); pass --overwrite to start again") from None
+            state, segments = checkpoint.load(case)  # the journal's layout and chain verified (stored_problem)
+            self.replay = [evaluation for segment in segments for evaluation in _evaluations(segment)]
+            self.notes = list(state["notes"])
+            self.stored, self.chain = len(self.replay), str(segments[-1]["digest"].values[-1])
         if checkpoint is not None:
             checkpoint.unit = "evaluation of J and dJ/dW"
 
@@ -79,6 +85,7 @@ class Journal:
             self.notes.append(note)
             # the checkpoint is written anew, from the evaluations still on the path, at its next write
             self.replay, self.unsaved = [], self.replayed
+            self.stored, self.chain = 0, self.start
             self.checkpoint.forget_segments()
         try:
             gradient = self.gradient_of(controls)
@@ -107,8 +114,13 @@ class Journal:
         """Store the evaluations made since the last checkpoint (none: nothing is written)."""
         if self.checkpoint is None or not self.unsaved:
             return
-        self.checkpoint.write(dict(self.state, steps=self.count, notes=self.notes), _segment(self.unsaved), self.count)
-        self.unsaved = []
+        segment = _segment(self.unsaved, self.stored + 1, self.chain)
+        try:
+            self.checkpoint.write(dict(self.state, steps=self.count, notes=self.notes), segment, self.count)
+        finally:
+            if self.checkpoint.committed_steps == self.count:  # stored, even where an interrupt then stopped the write
+                self.stored, self.chain = self.stored + len(self.unsaved), str(segment["digest"].values[-1])
+                self.unsaved = []
 
 
 def _answer(evaluation: Evaluation, controls: torch.Tensor) -> Gradient:
@@ -121,10 +133,11 @@ def _answer(evaluation: Evaluation, controls: torch.Tensor) -> Gradient:
                     gradient.adjoint_norm)
 
 
-def _segment(evaluations: list[Evaluation]) -> xr.Dataset:
-    """Evaluations as a checkpoint segment: `controls`, `dW` (evaluation, layer, row, col), `cost`, `loss`
-    (evaluation), `times`, `adjoint_norm` (evaluation, step; NaN past an evaluation's own steps) and `failure`
-    (evaluation: the message, "" for none)."""
+def _segment(evaluations: list[Evaluation], first: int, previous: str) -> xr.Dataset:
+    """Evaluations number `first`, first + 1, ... as a checkpoint segment: `controls`, `dW` (evaluation, layer,
+    row, col), `cost`, `loss` (evaluation), `times`, `adjoint_norm` (evaluation, step; NaN past an evaluation's own
+    steps), `failure` (evaluation: the message, "" for none), `index` (evaluation: its number) and `digest`
+    (evaluation: the chain of the module docstring, continued from the digest `previous`)."""
     shape = evaluations[0].controls.shape
     steps = max(len(e.gradient.times) if e.gradient else 0 for e in evaluations)
 
@@ -143,6 +156,8 @@ def _segment(evaluations: list[Evaluation]) -> xr.Dataset:
         "times": (series, field(lambda g: padded(g.times), np.full(steps, np.nan))),
         "adjoint_norm": (series, field(lambda g: padded(g.adjoint_norm), np.full(steps, np.nan))),
         "failure": ("evaluation", np.array([e.failure or "" for e in evaluations], dtype=object)),
+        "index": ("evaluation", np.arange(first, first + len(evaluations), dtype=np.int64)),
+        "digest": ("evaluation", np.array(_chained(evaluations, first, previous), dtype=object)),
     }, attrs={"title": "spherepde training checkpoint: evaluations of J and dJ/dW"})
 
 
@@ -161,3 +176,78 @@ def _evaluations(segment: xr.Dataset) -> list[Evaluation]:
                             row["adjoint_norm"].values[steps].tolist())
         evaluations.append(Evaluation(row["controls"].values, gradient))
     return evaluations
+
+
+def _chain_start(case) -> str:
+    """digest_0 of the journal of `case`: SHA-256 of its resolved text."""
+    return hashlib.sha256(case.text.encode()).hexdigest()
+
+
+def _chained(evaluations: list[Evaluation], first: int, previous: str) -> list[str]:
+    """The digests of evaluations number first, first + 1, ..., the chain continued from `previous`."""
+    digests = []
+    for index, evaluation in enumerate(evaluations, start=first):
+        previous = _entry_digest(previous, index, evaluation)
+        digests.append(previous)
+    return digests
+
+
+def _entry_digest(previous: str, index: int, evaluation: Evaluation) -> str:
+    """SHA-256 of the previous digest, the evaluation's number and everything `_answer` returns from it, as
+    float64 bytes (the values round-trip through NetCDF bit for bit)."""
+    digest = hashlib.sha256(previous.encode() + struct.pack("<q", index))
+
+    def add(values) -> None:
+        data = np.ascontiguousarray(values, dtype="<f8")
+        digest.update(struct.pack("<q", data.size) + data.tobytes())
+
+    add(evaluation.controls)
+    if evaluation.failure is not None:
+        digest.update(b"failure:" + evaluation.failure.encode())
+    else:
+        gradient = evaluation.gradient
+        add([float(gradient.cost), float(gradient.loss)])
+        add(gradient.dW.detach().cpu().double().numpy())
+        add(gradient.times)
+        add(gradient.adjoint_norm)
+    return digest.hexdigest()
+
+
+_VARIABLES = {"controls": ("evaluation", "layer", "row", "col"), "dW": ("evaluation", "layer", "row", "col"),
+              "cost": ("evaluation",), "loss": ("evaluation",), "times": ("evaluation", "step"),
+              "adjoint_norm": ("evaluation", "step"), "failure": ("evaluation",), "index": ("evaluation",),
+              "digest": ("evaluation",)}
+
+
+def stored_problem(state: dict, state_path: str, segments: list, case) -> tuple[str, str] | None:
+    """(file, why) when a training checkpoint of `case` is not a journal this module wrote for it, else None:
+    every segment (path, Dataset in memory) holds the variables of `_segment`, controls of the case's shape
+    (control.layers, d, d), entries numbered on from the segment before and chained from the case's digest_0
+    (module docstring); the state counts them all and holds the notes."""
+    layers, d = case["control"]["layers"], case.dim
+    previous, count = _chain_start(case), 0
+    for path, segment in segments:
+        dims = {name: segment[name].dims for name in _VARIABLES if name in segment}
+        if dims != _VARIABLES or segment.sizes["evaluation"] == 0:
+            return path, "does not hold a training's evaluations of J and dJ/dW (another kind of segment, or damaged)"
+        if segment["controls"].shape[1:] != (layers, d, d) or segment["dW"].shape[1:] != (layers, d, d):
+            return path, (f"holds controls of shape {segment['controls'].shape[1:]}, not the case's "
+                          f"(control.layers, d, d) = {(layers, d, d)}")
+        try:
+            evaluations = _evaluations(segment)
+        except (TypeError, ValueError) as error:
+            return path, f"holds an evaluation that cannot be read ({error})"
+        for number, digest, evaluation in zip(segment["index"].values, segment["digest"].values, evaluations):
+            count += 1
+            if int(number) != count:
+                return path, (f"holds evaluation {int(number)} where evaluation {count} follows: the journal's entries "
+                              "are not in order and continuous")
+            previous = _entry_digest(previous, count, evaluation)
+            if str(digest) != previous:
+                which = "first" if count == 1 else f"one after evaluation {count - 1}"
+                return path, (f"holds an evaluation {count} that is not the {which} that this case's journal recorded "
+                              "(its digest breaks the chain: edited, moved or of another training)")
+    notes = state.get("notes")
+    if state.get("steps") != count or not (isinstance(notes, list) and all(isinstance(n, str) for n in notes)):
+        return state_path, f"does not count the journal's {count} evaluations or lacks its notes"
+    return None

@@ -16,6 +16,7 @@ import xarray as xr
 
 import spherepde
 from solvers import journal
+from spherepde import CaseError
 from solvers.adjoint import GRADIENTS
 from solvers.particle_training import ParticleControl
 from spherepde.checkpoint import Checkpoint, checkpoint_folder
@@ -43,8 +44,8 @@ def run_cli(args, capsys):
 def state_of(output) -> dict | None:
     """The stored checkpoint state, or None while there is none (or it is being replaced)."""
     try:
-        return torch.load(os.path.join(checkpoint_folder(output), "state.pt"), weights_only=True)
-    except (OSError, RuntimeError, EOFError):
+        return Checkpoint(output).read_state()
+    except CaseError:
         return None
 
 
@@ -144,11 +145,15 @@ def test_overwrite_discards_the_checkpoint_and_a_damaged_one_is_one_line(tmp_pat
     output = tmp_path / "out.nc"
     folder = checkpoint_folder(output)
     os.makedirs(folder)
-    with open(os.path.join(folder, "state.pt"), "wb") as handle:
+    with open(os.path.join(folder, "state.pt"), "wb") as handle:  # the layout before manifests
         handle.write(b"not a checkpoint")
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
-    assert status == 2 and "cannot read the checkpoint" in err and len(err.strip().splitlines()) == 1
-    torch.save({"format": Checkpoint}, os.path.join(folder, "state.pt"))  # objects a weights-only load refuses
+    assert status == 2 and "earlier spherepde version" in err and len(err.strip().splitlines()) == 1, err
+    os.remove(os.path.join(folder, "state.pt"))
+    # a state whose manifest matches it but which holds objects a weights-only load refuses
+    checkpoint = Checkpoint(output)
+    checkpoint.write({"case": spherepde.load_case(case).text, "steps": 1, "t": 0.1, "t_end": 0.5,
+                      "solver": Checkpoint}, None, 1)
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     assert status == 2 and "holds objects that no checkpoint stores" in err and "weights_only" not in err, err
     status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
@@ -312,17 +317,21 @@ def test_interrupted_training_resumes_from_its_evaluations_bit_for_bit(tmp_path,
 
 def test_a_resumed_training_whose_path_differs_makes_the_rest_again(tmp_path, capsys, counted_gradients):
     """A stored evaluation whose controls differ from the optimizer's request (round-off on another machine,
-    here a perturbation of 1e-12 written into the checkpoint) is not replayed: it and all after it are made
+    here a journal written again with the second evaluation's controls perturbed by 1e-12, its digests and
+    manifest consistent, as that machine would write it) is not replayed: it and all after it are made
     again, with a warning; the checkpoint then holds the evaluations on the new path, so that a second
     interruption resumes without leaving it, and the training ends as an uninterrupted one."""
     calls, interrupt_at = counted_gradients
     case, reference, output, total, _ = interrupted_training(
         tmp_path, capsys, counted_gradients, TRAINING_CASE + 'optimizer = "adam"\n', "--checkpoint-steps", "1")
-    segment = os.path.join(checkpoint_folder(output), "segment-00001.nc")  # the second evaluation
-    with xr.open_dataset(segment) as stored:
-        tampered = stored.load()
-    tampered["controls"] = tampered["controls"] + 1e-12
-    tampered.to_netcdf(segment)
+    resolved = spherepde.load_case(case)
+    checkpoint = Checkpoint(output, resume=True)
+    state, segments = checkpoint.load(resolved)
+    evaluations = [evaluation for segment in segments for evaluation in journal._evaluations(segment)]
+    evaluations[1].controls = evaluations[1].controls + 1e-12  # the second evaluation
+    checkpoint.forget_segments()
+    checkpoint.write({key: state[key] for key in ("case", "steps", "notes")},
+                     journal._segment(evaluations, 1, journal._chain_start(resolved)), state["steps"])
 
     interrupt_at[0] = 2  # evaluations 1 and 2 made again, then Ctrl-C
     status = run_cli(["run", case, "-o", output, "--quiet", "--resume", "--checkpoint-steps", "1"], capsys)[0]
@@ -371,7 +380,7 @@ def test_a_checkpoint_that_holds_no_training_is_one_line(tmp_path, capsys, count
     assert run_cli(["run", write_case(tmp_path / "other", SMALL_S1), "-o", other, "--quiet"], capsys)[0] == 0
     os.replace(other, os.path.join(checkpoint_folder(output), "segment-00000.nc"))
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
-    # the segments' contents are read once the resumption is announced: that line, then the error's one line
-    resuming, error = err.strip().splitlines()
-    assert status == 2 and resuming.startswith("spherepde: resuming") and "holds no training's evaluations" in error
+    # refused before the resumption is announced, naming the file (tests/test_integrity.py: every other way)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "resuming" not in err, err
+    assert "segment-00000.nc' does not match the checkpoint's manifest" in err and "--overwrite" in err
     assert not output.exists()
