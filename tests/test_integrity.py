@@ -445,6 +445,22 @@ def test_a_checkpoint_killed_between_its_files_resumes_from_the_previous_commit(
     assert_same_result(output, reference)
 
 
+def test_a_resume_removes_what_killed_writers_left_in_the_checkpoint_and_nothing_else(tmp_path):
+    case = tmp_path / "case.toml"
+    case.write_text(SMALL_S1)
+    output = tmp_path / "out.nc"
+    interrupt(case, output, checkpoints=3)
+    folder = checkpoint_folder(output)
+    left = ["segment-00007.nc.ab_12xyz.tmp", "segment-00007.nc.lock", f"state-00009.pt.{'a' * 32}.tmp",
+            f"manifest.json.{'0' * 32}.tmp", "state-00009.pt", "segment-00007.nc"]
+    for name in left + ["notes.txt", "segment-00007.nc.backup"]:
+        (tmp_path / "out.nc.checkpoint" / name).write_bytes(b"")
+    before = set(os.listdir(folder))
+    Checkpoint(output, resume=True).load(spherepde.load_case(case))
+    assert set(os.listdir(folder)) == before - set(left)
+    assert {"notes.txt", "segment-00007.nc.backup", "manifest.json"} <= before - set(left)
+
+
 # --- one writer per output (criterion 2) -------------------------------------------------------------------------
 
 

@@ -11,7 +11,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 import xarray as xr
 
 import spherepde
