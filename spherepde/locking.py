@@ -19,6 +19,7 @@ holder checks that the file it locked is still the one at the path, so that two 
 on two different files of one name.
 """
 
+import errno
 import fcntl
 import functools
 import os
@@ -30,6 +31,7 @@ import time
 from .errors import CaseError, printable
 
 LOCK_SUFFIX = ".lock"
+_NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}  # flock is not supported there
 # tempfile.mkstemp's names: the prefix, 8 characters from its alphabet, the suffix (write_dataset: ".tmp")
 _MKSTEMP_NAME = r"\.[a-z0-9_]{8}\.tmp"
 
@@ -55,6 +57,15 @@ class OutputLock:
                 os.close(descriptor)
                 raise CaseError(f"output {self.given!r} is being written by another spherepde process "
                                 f"({holder}); wait for it to end, or choose another output") from None
+            except OSError as error:
+                os.close(descriptor)
+                if error.errno not in _NO_LOCKS:
+                    raise
+                # a file system without flock (some FUSE mounts): refusing every run there would be worse
+                print(f"spherepde: warning: {self.path!r} cannot be locked here ({error.strerror}): nothing keeps a "
+                      "second run from writing this output at the same time", file=sys.stderr)
+                _remove(self.path)
+                return
             except BaseException:
                 os.close(descriptor)
                 raise
@@ -70,10 +81,7 @@ class OutputLock:
         """Remove the lock file and drop the lock (a no-op when not held)."""
         if self.descriptor is None:
             return
-        try:
-            os.remove(self.path)
-        except FileNotFoundError:
-            pass
+        _remove(self.path)
         os.close(self.descriptor)
         self.descriptor = None
 
@@ -142,6 +150,13 @@ def remove_stale_temporaries(output: str) -> list[str]:
             except FileNotFoundError:
                 pass
     return removed
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def _same_file(descriptor: int, path: str) -> bool:

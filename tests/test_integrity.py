@@ -1,6 +1,7 @@
 """Integrity (issue 26): a checkpoint resumes only what it wrote (the corruption harness), one writer per output,
 failed runs are first-class files, limits are checked before any work, and text from files is shown escaped."""
 
+import errno
 import json
 import os
 import re
@@ -525,6 +526,20 @@ def test_a_lock_is_held_by_a_live_process_only(tmp_path, capsys):
     lock.acquire("after the holder died")
     lock.release()
     assert not (tmp_path / "out.nc.lock").exists()
+
+
+def test_a_file_system_without_flock_warns_and_still_runs(tmp_path, capsys, monkeypatch):
+    from spherepde import locking
+
+    def unsupported(descriptor, operation):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(locking.fcntl, "flock", unsupported)
+    case = tmp_path / "case.toml"
+    case.write_text(SMALL_S1)
+    status, err, _ = run_cli(["run", case, "-o", tmp_path / "out.nc", "--quiet"], capsys)
+    assert status == 0 and err.count("cannot be locked here (Operation not supported)") == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["case.toml", "out.nc"]
 
 
 # --- failed runs are first-class files (criterion 3) -----------------------------------------------------------
