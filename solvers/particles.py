@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from spherepde import diagnostics as diag
 from spherepde.ambient import tangent_projection
 from spherepde.device import placement as make_placement
+from spherepde.energy import FreeEnergy
 from spherepde.errors import CaseError
 from spherepde.exp_kernel import DenseExpKernel, block_rows
 from spherepde.model import Model, attention_mean, principal_subspace, velocity, zero_temperature_mean
@@ -330,8 +331,8 @@ class ParticleRecorder(WallClock):
     std over the R systems of their estimates / sqrt(R), honest at every time (Student t
     with R - 1 degrees of freedom); values from all n tokens, the interaction energy as the
     mean of the R within-system U-statistics.
-    entropy needs a density: NaN for particles; free_energy = eps entropy + interaction is
-    the interaction energy when eps = 0, NaN otherwise.
+    entropy needs a density: NaN for particles; free_energy (spherepde.energy) is its interaction part U
+    when eps = 0, NaN otherwise.
     """
 
     def __init__(self, case, model: Model, field: ParticleField, x0: torch.Tensor):
@@ -396,8 +397,10 @@ class ParticleRecorder(WallClock):
         row["interaction_energy"], errors["interaction_energy"] = (self._interaction_energy(x) if energy
                                                                    else (math.nan, math.nan))
         row["entropy"], errors["entropy"] = math.nan, math.nan
+        free_energy = FreeEnergy.of_model(self.model)
         if self.model.eps == 0:
-            row["free_energy"], errors["free_energy"] = row["interaction_energy"], errors["interaction_energy"]
+            row["free_energy"] = free_energy(math.nan, row["interaction_energy"], m)
+            errors["free_energy"] = free_energy.interaction_stderr(errors["interaction_energy"], points)
         else:
             row["free_energy"], errors["free_energy"] = math.nan, math.nan
         return row, errors

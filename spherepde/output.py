@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, version
 import numpy as np
 import xarray as xr
 
+from .energy import LABEL as FREE_ENERGY_LABEL
 from .errors import CaseError
 
 DIAGNOSTIC_ATTRS = {
@@ -24,8 +25,9 @@ DIAGNOSTIC_ATTRS = {
     "lyapunov": ("V_p = int (|(I - P_E) x|^2 / |P_E x|^2)^p drho", "1"),
     "w2_projection": ("W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x|, chordal cost", "1"),
     "entropy": ("int rho log rho dsigma (rho floored at 0)", "1"),
-    "interaction_energy": ("-1/2 int int exp(beta <x, B y>) drho drho", "1"),
-    "free_energy": ("eps * entropy + interaction_energy", "1"),
+    "interaction_energy": ("-1/2 int int exp(beta <x, B y>) drho drho (the kernel's pair integral; not by itself "
+                           "an energy of the flow unless beta = 1 and V = B)", "1"),
+    "free_energy": (FREE_ENERGY_LABEL, "1"),
     "min_density": ("minimum of rho on the grid", None),
     "spectral_tail": ("fraction of the L2 norm in degrees l > 2 lmax / 3", "1"),
 }

@@ -421,16 +421,17 @@ def test_particle_specific_case_errors():
 
 
 def test_particle_output_contract():
-    case = particle_case(3, 50, model={"eps": 0.0}, time={"t_end": 0.2, "dt": 0.1, "save_every": 0.1},
-                         particles={"save": 20, "dt": 0.05})
+    case = particle_case(3, 50, model={"eps": 0.0, "kernel": "unnormalized"},
+                         time={"t_end": 0.2, "dt": 0.1, "save_every": 0.1}, particles={"save": 20, "dt": 0.05})
     dataset = run_particles(case)
     assert dataset["particles"].dims == ("time", "particle", "component")
     assert dataset["particles"].shape == (3, 20, 3)
     assert dataset.attrs["solver"] == "particles" and dataset.attrs["steps"] == 4 and dataset.attrs["dt"] == 0.05
     assert "density" not in dataset and "min_density" not in dataset and "spectral_tail" not in dataset
     assert np.isnan(dataset["entropy"].values).all()
-    # eps = 0: the free energy is the interaction energy
+    # eps = 0, beta = 1, V = B: the free energy is the interaction energy (spherepde/energy.py); the softmax has none
     assert np.array_equal(dataset["free_energy"].values, dataset["interaction_energy"].values)
+    assert np.isnan(run_particles(case.with_overrides(['model.kernel="softmax"']))["free_energy"].values).all()
     for name in ("mean", "order_parameter", "alignment_E", "lyapunov", "interaction_energy"):
         assert dataset[f"{name}_stderr"].dims == dataset[name].dims
     assert np.all(dataset["mass"].values == 1) and np.all(dataset["mass_stderr"].values == 0)
