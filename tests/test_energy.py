@@ -56,7 +56,8 @@ def test_free_energy_decreases_on_the_seed004_flow_with_W_zero(beta):
     dataset = spherepde.run(case, progress=False)
     F = dataset["free_energy"].values
     assert np.diff(F).max() < 0
-    assert np.allclose(F, case["model"]["eps"] * dataset["entropy"] + dataset["interaction_energy"] / beta, rtol=1e-14)
+    expected = case["model"]["eps"] * dataset["entropy"] + dataset["interaction_energy"] / beta
+    assert np.allclose(F, expected, rtol=1e-14)
     old = np.diff(old_free_energy(dataset, case))
     assert old.max() < 0 if beta == 1 else old.max() > 1e-4
 
