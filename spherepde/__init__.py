@@ -14,6 +14,8 @@ __all__ = ["Case", "CaseError", "NumericalFailure", "load_case", "load_case_text
 def run(case: Case, progress: bool | None = None, checkpoint=None):
     """Run a case with the solver its [solver] method names; returns an xarray.Dataset.
 
+    torch runs on solver.threads CPU threads meanwhile (spherepde.threads: one on small problems).
+
     "both" runs the Eulerian solver and then the particles, and returns one Dataset: the
     Eulerian run's variables and attributes as they are, the particle run's diagnostics and
     attributes prefixed with "particles_", and the positions `particles` (see
@@ -30,6 +32,13 @@ def run(case: Case, progress: bool | None = None, checkpoint=None):
     (solvers.particle_training.run_particle_training) with "particles".  A training keeps its
     evaluations of J and dJ/dW in the checkpoint (solvers/journal.py).
     """
+    from .threads import threads_for  # torch is imported by the run, not by `import spherepde`
+
+    with threads_for(case):
+        return _run(case, progress, checkpoint)
+
+
+def _run(case: Case, progress: bool | None, checkpoint):
     method = case["solver"]["method"]
     if case["control"]:
         if method == "particles":
