@@ -5,13 +5,22 @@ Python API (mirrors the command line):
     dataset = spherepde.run(case)          # xarray.Dataset (DESIGN §6)
 """
 
-from .case import Case, load_case, load_case_text
 from .errors import CaseError, NumericalFailure
 
-__all__ = ["Case", "CaseError", "NumericalFailure", "load_case", "load_case_text", "run"]
+__version__ = "0.2.0"
+__all__ = ["Case", "CaseError", "NumericalFailure", "__version__", "load_case", "load_case_text", "run"]
 
 
-def run(case: Case, progress: bool | None = None, checkpoint=None):
+def __getattr__(name: str):
+    """The case loaders on first use: `import spherepde` (and `spherepde --help`) does not load xarray."""
+    if name in ("Case", "load_case", "load_case_text"):
+        from . import case
+
+        return getattr(case, name)
+    raise AttributeError(f"module 'spherepde' has no attribute {name!r}")
+
+
+def run(case: "Case", progress: bool | None = None, checkpoint=None):
     """Run a case with the solver its [solver] method names; returns an xarray.Dataset.
 
     torch runs on solver.threads CPU threads meanwhile (spherepde.threads: one on small problems).
@@ -38,7 +47,7 @@ def run(case: Case, progress: bool | None = None, checkpoint=None):
         return _run(case, progress, checkpoint)
 
 
-def _run(case: Case, progress: bool | None, checkpoint):
+def _run(case: "Case", progress: bool | None, checkpoint):
     method = case["solver"]["method"]
     if case["control"]:
         if method == "particles":

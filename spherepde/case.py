@@ -77,9 +77,9 @@ solver.dtype               "float64" | "float32"                       "float64"
 solver.chunk               "auto" | int >= 1: rows per block of dense  "auto": a 1 MiB block on
                            attention                                   the CPU; on CUDA 4096 rows,
                                                                        at most 1 GiB
-solver.threads             "auto" | int >= 1: CPU threads of torch     "auto": 1 up to lmax 128 or
-                           during the run (spherepde/threads.py)       2e4 particles, else torch's
-                                                                       default (OMP_NUM_THREADS)
+solver.threads             "auto" | int >= 1: CPU threads of torch     absent = "auto": 1 up to
+                           during the run (spherepde/threads.py)       lmax 128 and 2e4 particles,
+                                                                       else torch's default
 solver.filter_order        int >= 0: exponential spectral filter       0 (no filter)
                            order
 solver.kernel_tol          real in (0, 1): truncation tolerance of     1e-10
@@ -888,7 +888,7 @@ _SCHEMA = (
         _Key("device", _choice("auto", "cpu", "cuda"), "auto"),
         _Key("dtype", _choice("float64", "float32"), "float64"),
         _Key("chunk", _auto_or_count, "auto"),
-        _Key("threads", _auto_or_count, "auto"),
+        _Key("threads", _auto_or_count, _ABSENT),  # absent: "auto" (so the resolved text of earlier cases stays)
         _Key("filter_order", _integer(_NONNEGATIVE), 0),
         _Key("kernel_tol", _real(_Interval(0, strict=True, high=1)), 1e-10),
     )),

@@ -12,15 +12,16 @@ beta B = 0 both are the mean M = int y drho of a probability measure):
 
   beta B = 0, V symmetric (noisy Kuramoto: V = K I):
       U = -1/2 <M, V M>,                                    dU/drho (x) = -<x, V M>;
-  unnormalized kernel, beta > 0, B symmetric, V = c B (seed 004: B = V = A, beta = 1, c = 1):
+  unnormalized kernel, beta > 0, B symmetric, V = c B (the training paper, arXiv:2605.07772: B = V = A,
+  beta = 1, c = 1):
       U = -c / (2 beta) int int exp(beta <x, B y>) drho drho,    grad_x of dU/drho = -c N(x) = -V m;
 
 and the flow dissipates F when, in addition, W is a multiple of the identity (P_x(w x) = 0; W = 0 in
 practice) and constant.  U is then (c / beta) times the run's `interaction_energy`, the pair integral
--1/2 int int exp(beta <x, B y>) drho drho that docs/DESIGN.md §4 fixes; at beta = 1, c = 1 the two are one, and
-F is the energy E(mu) of the seed paper "noisy mean-field Transformer with a trained FFN" (its turnpike
-reference).  With a trained or non-trivial W the same F is still the attention part's energy (the
-turnpike's energy gap is measured in it) but W may raise it.
+-1/2 int int exp(beta <x, B y>) drho drho that docs/DESIGN.md §4 fixes; at beta = 1, c = 1 the two are
+one, and F is that paper's energy E(mu) (its turnpike reference).  With a trained or non-trivial W the
+same F is still the attention part's energy (the turnpike's energy gap is measured in it), but W may
+raise it.
 
 Nowhere else is there such an F: the softmax at beta > 0 (its drift N / Z is no W2 gradient), beta = inf,
 and the unnormalized kernel with V not a multiple of a symmetric B.  There `free_energy` is NaN.

@@ -8,7 +8,6 @@ then a rename, so that no reader ever sees half a file.
 import datetime
 import os
 import tempfile
-from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 import xarray as xr
@@ -34,10 +33,10 @@ DIAGNOSTIC_ATTRS = {
 
 
 def package_version() -> str:
-    try:
-        return version("spherepde")
-    except PackageNotFoundError:
-        return "unknown"
+    """spherepde.__version__ (the source's own, whichever installation's metadata is on the path)."""
+    from . import __version__
+
+    return __version__
 
 
 def grid_coordinates(basis) -> tuple[dict, tuple, str]:

@@ -19,7 +19,7 @@ ONE_THREAD_PARTICLES = 20_000
 
 def run_threads(case) -> int:
     """solver.threads of `case`, "auto" resolved from the problem size (see the module docstring)."""
-    setting = case["solver"]["threads"]
+    setting = case["solver"].get("threads", "auto")
     if setting != "auto":
         return setting
     method = case["solver"]["method"]

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
+pytest.importorskip("distributed", reason="the sweep extra (Dask) is not installed: pip install 'spherepde[sweep]'")
+
 import spherepde
 from spherepde import sweep as sweep_module
 from spherepde.cli import main
