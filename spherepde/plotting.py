@@ -508,7 +508,8 @@ def _free_energy_title(dataset) -> str:
 def _w2_bound(axis, dataset, time) -> None:
     """The band W2 +- w2_quantisation_bound (the largest over the run) around an Eulerian w2_projection."""
     bound = dataset.attrs.get("w2_quantisation_bound")
-    if "w2_projection" in dataset and isinstance(bound, float) and 0 < bound < math.inf and "member" not in dataset.dims:
+    single = "member" not in dataset.dims
+    if "w2_projection" in dataset and isinstance(bound, float) and 0 < bound < math.inf and single:
         values = dataset["w2_projection"].values
         axis.fill_between(time, np.maximum(values - bound, 0), values + bound, color="0.6", alpha=0.18, lw=0,
                           label=f"± {bound:.2g}: w2_quantisation_bound, on the error of W2")
@@ -525,7 +526,8 @@ def _diagnostics(subfigure, dataset) -> None:
     if checks and physics:
         top, bottom = subfigure.subfigures(2, 1, height_ratios=[2.2 if physics > 4 else 1.3, 1])
         upper = _filled_axes(top, physics)
-        axes = upper[:len(panels) - len(checks)] + _filled_axes(bottom, len(checks)) + upper[len(panels) - len(checks):]
+        split = len(panels) - len(checks)  # physics panels, then the checks, then the training panels
+        axes = upper[:split] + _filled_axes(bottom, len(checks)) + upper[split:]
     else:
         axes = _filled_axes(subfigure, len(panels) + len(training))
     time = dataset["time"].values

@@ -406,8 +406,10 @@ def test_a_grid_that_does_not_carry_the_initial_law_is_refused(tmp_path, capsys)
 
 
 @pytest.mark.parametrize("module, command, expected", [
-    ("shtns", ["run", "cases/convergence-s2.toml", "--set", "solver.backend='shtns'"], "pip install 'spherepde[shtns]'"),
-    ("distributed", ["sweep", "cases/kuramoto-s1.toml", "--param", "model.eps=0.2,0.3"], "pip install 'spherepde[sweep]'"),
+    ("shtns", ["run", "cases/convergence-s2.toml", "--set", "solver.backend='shtns'"],
+     "pip install 'spherepde[shtns]'"),
+    ("distributed", ["sweep", "cases/kuramoto-s1.toml", "--param", "model.eps=0.2,0.3"],
+     "pip install 'spherepde[sweep]'"),
 ])
 def test_a_missing_optional_extra_is_one_line_and_exit_2(tmp_path, module, command, expected):
     """Run in a fresh process in which the extra's module is absent (sys.modules[name] = None: import fails,
