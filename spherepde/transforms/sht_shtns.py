@@ -31,6 +31,7 @@ import torch
 
 from ..errors import CaseError
 from .legendre import gauss_legendre
+from .sht_torch import check_grid
 
 # shtns prints its build banner on stdout when its library loads; it goes to stderr, so that stdout carries only
 # what a command prints (`--quiet` runs, `spherepde info ... | ...`).
@@ -46,7 +47,6 @@ except ImportError:
 finally:
     os.dup2(_stdout, 1)
     os.close(_stdout)
-from .sht_torch import check_grid
 
 _MIN_NLAT = 32
 
