@@ -21,6 +21,7 @@ from spherepde import diagnostics as diag
 from spherepde.ambient import norm
 from spherepde.bases import make_basis
 from spherepde.device import placement as make_placement
+from spherepde.energy import FreeEnergy
 from spherepde.errors import CaseError, NumericalFailure
 from spherepde.exp_kernel import make_exp_kernel
 from spherepde.initial import initial_density
@@ -119,6 +120,7 @@ class Recorder(WallClock):
         self.resolved_until = None
         self.notes = []
         self.steps = 0
+        self.free_energy = FreeEnergy.of_model(model)
 
     def record(self, t: float, c: torch.Tensor) -> dict:
         """Save the state c at time t: its density on the grid and its diagnostics row (returned)."""
@@ -147,7 +149,7 @@ class Recorder(WallClock):
             "w2_projection": self._w2_projection(masses),
             "entropy": entropy,
             "interaction_energy": energy,
-            "free_energy": problem.model.eps * entropy + energy,
+            "free_energy": self.free_energy(entropy, energy, m),
             "min_density": float(density.min()),
             "spectral_tail": float(basis.spectral_tail(c)),
         }

@@ -7,13 +7,14 @@ Python API (mirrors the command line):
 
 from .errors import CaseError, NumericalFailure
 
-__all__ = ["Case", "CaseError", "NumericalFailure", "load_case", "load_case_text", "run"]
+__version__ = "0.2.0"
+__all__ = ["Case", "CaseError", "NumericalFailure", "__version__", "load_case", "load_case_text", "run"]
 
 
 def __getattr__(name: str):
     """Case, load_case and load_case_text, imported from spherepde.case when first asked for: that module brings in
-    numpy and xarray (about a second), which the command line must not wait for before it refuses a second
-    writer of an output (spherepde.locking)."""
+    numpy and xarray (about a second), which neither `spherepde --help` nor the command line's refusal of a second
+    writer of an output (spherepde.locking) should wait for."""
     if name in ("Case", "load_case", "load_case_text"):
         from . import case
 
@@ -23,6 +24,8 @@ def __getattr__(name: str):
 
 def run(case: "Case", progress: bool | None = None, checkpoint=None):
     """Run a case with the solver its [solver] method names; returns an xarray.Dataset.
+
+    torch runs on solver.threads CPU threads meanwhile (spherepde.threads: one on small problems).
 
     "both" runs the Eulerian solver and then the particles, and returns one Dataset: the
     Eulerian run's variables and attributes as they are, the particle run's diagnostics and
@@ -41,8 +44,14 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     evaluations of J and dJ/dW in the checkpoint (solvers/journal.py).
     """
     from .limits import check_memory
+    from .threads import threads_for  # torch is imported by the run, not by `import spherepde`
 
     check_memory(case)  # for the API: the command line has checked it already, before taking the lock
+    with threads_for(case):
+        return _run(case, progress, checkpoint)
+
+
+def _run(case: "Case", progress: bool | None, checkpoint):
     method = case["solver"]["method"]
     if case["control"]:
         if method == "particles":

@@ -77,6 +77,9 @@ solver.dtype               "float64" | "float32"                       "float64"
 solver.chunk               "auto" | int >= 1: rows per block of dense  "auto": a 1 MiB block on
                            attention                                   the CPU; on CUDA 4096 rows,
                                                                        at most 1 GiB
+solver.threads             "auto" | int >= 1: CPU threads of torch     absent = "auto": 1 up to
+                           during the run (spherepde/threads.py)       lmax 128 and 2e4 particles,
+                                                                       else torch's default
 solver.filter_order        int >= 0: exponential spectral filter       0 (no filter)
                            order
 solver.kernel_tol          real in (0, 1): truncation tolerance of     1e-10
@@ -95,7 +98,14 @@ particles.replicas         int >= 1 dividing particles.n, n / replicas 1
                            tokens (standard errors by batch means)
 diagnostics.lyapunov_p     list of distinct reals > 0 (a coordinate)   [0.25]
 diagnostics.tail_tol       real > 0                                    1e-06
-diagnostics.w2             bool                                        true
+diagnostics.w2             bool: w2_projection at every save. Cost,    true
+                           particles on S^1: the circular
+                           rearrangement with its dual certificate,
+                           O(n log n) + n^2 distances (n = 1e4: 0.5 s
+                           a save, 1.7x the run without it); where not
+                           certified (mass moved by ~1 rad) and on
+                           S^2, POT's exact OT of <= w2_atoms atoms
+                           (1000: seconds a save; false skips it)
 diagnostics.w2_atoms       int >= 1: atoms above which a measure is    1000
                            quantised before exact W2 (error bound
                            stored as w2_quantisation_bound, with
@@ -569,8 +579,9 @@ def _beta(value, ctx) -> float:
     return _NONNEGATIVE.check(beta)
 
 
-def _chunk(value, ctx) -> str | int:
-    """Rows per block of the dense kernel matrix: "auto" (exp_kernel.block_rows) or an int >= 1."""
+def _auto_or_count(value, ctx) -> str | int:
+    """"auto" or an int >= 1: rows per block of the dense kernel matrix (exp_kernel.block_rows), CPU threads
+    (spherepde.threads)."""
     if value == "auto":
         return value
     if isinstance(value, str):
@@ -976,7 +987,8 @@ _SCHEMA = (
         _Key("backend", _backend, "auto"),
         _Key("device", _choice("auto", "cpu", "cuda"), "auto"),
         _Key("dtype", _choice("float64", "float32"), "float64"),
-        _Key("chunk", _chunk, "auto"),
+        _Key("chunk", _auto_or_count, "auto"),
+        _Key("threads", _auto_or_count, _ABSENT),  # absent: "auto" (so the resolved text of earlier cases stays)
         _Key("filter_order", _integer(_NONNEGATIVE), 0),
         _Key("kernel_tol", _real(_Interval(0, strict=True, high=1)), 1e-10),
     )),

@@ -1,4 +1,4 @@
-"""Command line (DESIGN §7).  Exit status: 0 success, 2 bad input, 3 numerical failure."""
+"""Command line (docs/DESIGN.md §7).  Exit status: 0 success, 2 bad input, 3 numerical failure."""
 
 import argparse
 import math
@@ -13,18 +13,59 @@ from .errors import CaseError, NumericalFailure
 CHECKPOINT_MINUTES = 5.0  # default wall time between checkpoints of `run`
 
 
+DESCRIPTION = """Eulerian solver for the mean-field dynamics of Transformer tokens on the sphere: a case file
+(TOML) in, a NetCDF result out.  Exit status: 0 success, 2 bad input, 3 numerical failure."""
+
+EXAMPLES = {
+    None: """examples:
+  spherepde run cases/quickstart.toml -o out/quickstart.nc --plot
+  spherepde run cases/kuramoto-s1.toml --solver both --set particles.n=10000 -o out/both.nc
+  spherepde compare out/both.nc
+  spherepde info out/quickstart.nc
+  spherepde sweep cases/kuramoto-s1.toml --param model.eps=0.2,0.4 -o out/eps-sweep""",
+    "run": """examples:
+  spherepde run cases/quickstart.toml -o out/quickstart.nc --plot
+  spherepde run cases/kuramoto-s1.toml --set model.eps=0.4 --set "model.V=[[2,0],[0,2]]"
+  spherepde run cases/kuramoto-s2.toml --solver particles --set particles.n=100000 --set particles.replicas=10
+  spherepde run CASE.toml -o OUT.nc --resume       # after an interruption (Ctrl-C, a killed job)
+every key of a case file, with its default: the docstring of spherepde/case.py""",
+    "compare": """examples:
+  spherepde compare out/both.nc                  # the two halves of a --solver both file
+  spherepde compare eulerian.nc particles.nc -o out/report""",
+    "info": """example:
+  spherepde info out/quickstart.nc""",
+    "plot": """examples:
+  spherepde plot out/quickstart.nc --projection mollweide --snapshots 6
+  spherepde plot out/kuramoto-s1.nc -o figures --animate""",
+    "sweep": """examples (needs the sweep extra: pip install 'spherepde[sweep]'):
+  spherepde sweep cases/kuramoto-s1.toml --param model.eps=0.2,0.4,0.6 --param model.beta=0,1 --workers 2
+  spherepde sweep cases/kuramoto-s1.toml --param model.eps=0.3,0.5 --set 'solver.method="particles"' --seeds 4
+  spherepde sweep CASE.toml --param model.eps=0.1,0.2 --scheduler tcp://HOST:8786""",
+}
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and exit status 2."""
+    """argparse, but a usage error is one line and exit status 2 (the subcommand named, no second prefix)."""
 
     def error(self, message):
-        raise CaseError(f"{self.prog}: {message}")
+        command = self.prog.removeprefix("spherepde").strip()
+        raise CaseError(f"{command}: {message}" if command else message)
+
+
+def _command(commands, name: str, help: str):
+    return commands.add_parser(name, help=help, description=help, epilog=EXAMPLES[name],
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="spherepde", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    from . import __version__
 
-    run = commands.add_parser("run", help="run a case file, write a NetCDF result")
+    parser = _Parser(prog="spherepde", description=DESCRIPTION, epilog=EXAMPLES[None],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"spherepde {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = _command(commands, "run", "run a case file, write a NetCDF result")
     run.add_argument("case", help="case file (TOML)")
     run.add_argument("-o", "--output", help="output NetCDF (default: <case name>.nc)")
     run.add_argument("--solver", choices=["eulerian", "particles", "both"], help="overrides solver.method")
@@ -42,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plot", action="store_true", help="also write the figure <output>.png")
     run.add_argument("--quiet", action="store_true", help="no progress output")
 
-    compare = commands.add_parser("compare", help="two runs side by side: diagnostics, standard errors, W2(t)")
+    compare = _command(commands, "compare", "two runs side by side: diagnostics, standard errors, W2(t)")
     compare.add_argument("a", metavar="A.nc", help="a result file (or a --solver both file alone)")
     compare.add_argument("b", metavar="B.nc", nargs="?", help="the other result file")
     compare.add_argument("-o", "--output", metavar="REPORT",
@@ -54,18 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--no-w2", action="store_true", help="skip W2(t) between the two measures")
     compare.add_argument("--overwrite", action="store_true", help="replace existing report files")
 
-    info = commands.add_parser("info", help="summarise a result file")
-    info.add_argument("result")
+    info = _command(commands, "info", "summarise a result file")
+    info.add_argument("result", help="a NetCDF file written by spherepde (run, compare or sweep)")
 
-    plot = commands.add_parser("plot", help="figures of a result file")
-    plot.add_argument("result")
+    plot = _command(commands, "plot", "figures of a result file")
+    plot.add_argument("result", help="a NetCDF file written by spherepde run (or a sweep.nc)")
     plot.add_argument("-o", "--output", help="folder for the figures (default: beside the result)")
     plot.add_argument("--projection", default="orthographic",
                       help="S^2 maps: 'orthographic' (both hemispheres, the default) or 'mollweide'")
     plot.add_argument("--snapshots", type=_positive(int), default=4, metavar="N", help="density snapshots drawn")
     plot.add_argument("--animate", action="store_true", help="also write <result>.gif, one frame per save")
 
-    sweep = commands.add_parser("sweep", help="run a case for every combination of parameter values (Dask)")
+    sweep = _command(commands, "sweep", "run a case for every combination of parameter values (Dask)")
     sweep.add_argument("case", help="case file (TOML)")
     sweep.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=V1,V2,...",
                        help="a swept key and its values (parsed as TOML); repeatable: members are all combinations")
@@ -265,9 +306,14 @@ def command_plot(args) -> int:
 
 
 def command_sweep(args) -> int:
+    import importlib.util
+
     from .limits import check_seeds
 
     check_seeds(args.seeds)  # before anything is imported or derived
+    if importlib.util.find_spec("distributed") is None:
+        raise CaseError("sweep needs the optional Dask packages: pip install 'spherepde[sweep]' "
+                        "(or bash scripts/setup.sh test)")
     from . import load_case
     from .output import check_folder
     from .sweep import COMBINED, run_sweep
@@ -298,7 +344,11 @@ def main(argv=None) -> int:
 def _dispatch(argv) -> int:
     """The command's exit status (DESIGN §7), every error of bad input or numerics as one line."""
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if args.command is None:  # bare `spherepde`: the usage and the list of commands
+            parser.print_help(sys.stderr)
+            return CaseError.exit_status
         return {"run": command_run, "info": command_info, "plot": command_plot,
                 "compare": command_compare, "sweep": command_sweep}[args.command](args)
     except (CaseError, NumericalFailure) as error:

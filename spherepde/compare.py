@@ -460,19 +460,26 @@ def plot_report(report: xr.Dataset, target: str) -> str:
 
     names = [name for name in DIAGNOSTIC_ATTRS if f"{name}_a" in report
              and np.isfinite(report[f"{name}_a"].values).any() and np.isfinite(report[f"{name}_b"].values).any()]
-    columns = 4
+    # a diagnostic constant in both runs (mass 1, alignment 1 where E is everything) is a line: named, not drawn
+    constant = [name for name in names if _constant(report[f"{name}_a"].values, report[f"{name}_b"].values)]
+    names = [name for name in names if name not in constant]
+    columns = min(4, len(names) + 1)
     rows = math.ceil((len(names) + 1) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), constrained_layout=True,
                                 squeeze=False)
     time, k = report["time"].values, report.attrs["k"]
     for axis, name in zip(axes.flat, names):
         a, b, se = (report[f"{name}_{part}"].values for part in ("a", "b", "stderr"))
+        extra = report[f"{name}_a"].dims[1:]
         for j in range(int(np.prod(a.shape[1:]))):
             column = (slice(None), j) if a.ndim > 1 else slice(None)
-            line, = axis.plot(time, a[column], lw=1.5)
+            label = f"{extra[0]} = {report[extra[0]].values[j]:g}" if extra else None
+            line, = axis.plot(time, a[column], lw=1.5, label=label)
             axis.plot(time, b[column], "o", ms=3, color=line.get_color())
             axis.fill_between(time, b[column] - k * se[column], b[column] + k * se[column], alpha=0.25,
                               color=line.get_color(), lw=0)
+        if extra:
+            axis.legend(fontsize=7, frameon=False)
         axis.set_title(f"{name}: {report.attrs[f'verdict_{name}']}", fontsize=9)
         axis.set_xlabel("time")
     if "w2" in report:
@@ -483,6 +490,7 @@ def plot_report(report: xr.Dataset, target: str) -> str:
     for axis in axes.flat[len(names) + ("w2" in report):]:
         axis.set_visible(False)
     title = f"lines: A = {report.attrs['a']};  dots and +-{k:g} stderr bands: B = {report.attrs['b']}"
+    title += f"\nconstant in both runs: {', '.join(constant)}" if constant else ""
     failed = report.attrs.get("failed", "")
     figure.suptitle(title + (f"\n{_wrapped(failed)}" if failed else ""), fontsize=9,
                     color="firebrick" if failed else "black")
@@ -494,6 +502,13 @@ def plot_report(report: xr.Dataset, target: str) -> str:
 def _wrapped(text: str, width: int = 160) -> str:
     """Lines of `text` wrapped to `width` characters (a failure's reason can be long for a figure title)."""
     return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
+
+
+def _constant(a: np.ndarray, b: np.ndarray) -> bool:
+    """Both series take one value (to 1e-12 of their scale), the same in A and B."""
+    values = np.concatenate([a.ravel(), b.ravel()])
+    values = values[np.isfinite(values)]
+    return bool(values.size) and float(np.ptp(values)) <= 1e-12 * max(1.0, float(np.abs(values).max()))
 
 
 def default_stem(path_a: str, path_b: str | None) -> str:

@@ -46,20 +46,22 @@ PIXELS = 321  # orthographic disk resolution
 FINE_NLAT = 180  # the re-synthesised grid has at least this many latitudes (1 degree)
 MAX_PARTICLES_DRAWN = 2000
 
-# (title, variables, y scale): one panel each; "mass drift" is |mass - mass(0)|.
+# (title, variables, y scale): one panel each; "mass drift" is |mass - mass(0)|.  The physics first; the checks of
+# the numerics (NUMERICS) in a lower row of their own, so that they never take a physics panel's place.
 PANELS = [
     ("order parameter |∫x dρ|", ["order_parameter"], "linear"),
     ("alignment", ["alignment_E", "alignment_F"], "linear"),
     ("Lyapunov V_p", ["lyapunov"], "log"),
     ("W2(ρ_t, Π#ρ_0)", ["w2_projection"], "linear"),
-    ("free energy", ["free_energy"], "linear"),
-    ("min ρ", ["min_density"], "linear"),
-    ("spectral tail", ["spectral_tail"], "log"),
-    ("mass drift |m - m(0)|", ["mass"], "linear"),
+    ("free energy F", ["free_energy"], "linear"),
     ("energy gap: E, or its interaction part, - min", ["energy_gap", "interaction_gap"], "log"),
     ("angle of the mean [rad]", ["mean_angle"], "linear"),
     ("adjoint |∇φ_t| in L²(μ_t)", ["adjoint_norm"], "log"),
+    ("min ρ", ["min_density"], "linear"),
+    ("spectral tail", ["spectral_tail"], "log"),
+    ("mass drift |m - m(0)|", ["mass"], "linear"),
 ]
+NUMERICS = ("min_density", "spectral_tail", "mass")
 
 
 def plot_result(path: str, folder: str | None = None, projection: str = "orthographic", animate: bool = False,
@@ -267,7 +269,13 @@ class SphereView:
         centre = mean if np.linalg.norm(mean) > 1e-6 else np.array([0.0, 0.0, 1.0])
         self.centre = centre / np.linalg.norm(centre)
         self.frames = [_view_frame(self.centre), _view_frame(-self.centre)]
-        self.norm = PowerNorm(0.5, 0.0, float(np.nanmax(dataset["density"].values))) if self.density else None
+        # one square-root scale for the whole run (animations), or each save's own (snapshots: a broad initial law
+        # is invisible on the scale of the cluster it becomes)
+        if self.density:  # a failed run's saves after its failure are NaN: their maxima -inf, never drawn
+            values = dataset["density"].values.reshape(dataset.sizes["time"], -1)
+            self.maxima = np.where(np.isfinite(values), values, -np.inf).max(axis=1)
+        self.norm = PowerNorm(0.5, 0.0, float(self.maxima.max())) if self.density else None
+        self.own_scale = False
         self.dots = "cyan" if self.density else "C0"
         if projection == "orthographic":
             self.disks = [_disk_points(frame) for frame in self.frames]
@@ -282,15 +290,13 @@ class SphereView:
         """Axes per snapshot: 2 disks or 1 map."""
         return 2 if self.projection == "orthographic" else 1
 
-    def layout(self, snapshots: int) -> tuple[int, int]:
-        """Rows and columns of axes for `snapshots` snapshots: disks in front/back rows, maps two per row."""
-        if self.projection == "orthographic":
-            return 2, snapshots
-        return math.ceil(snapshots / 2), min(2, snapshots)
-
     def axes_kwargs(self) -> dict:
         """Keyword arguments of the axes the view draws into."""
         return {"projection": "mollweide"} if self.projection == "mollweide" else {}
+
+    def scale(self, index: int) -> PowerNorm:
+        """The colour scale of save `index`: its own (0 to its max) with `own_scale`, else the run's."""
+        return PowerNorm(0.5, 0.0, float(self.maxima[index])) if self.own_scale else self.norm
 
     def draw(self, axes: list, index: int) -> None:
         """Draw save `index` into `axes` (`panels` of them)."""
@@ -299,7 +305,7 @@ class SphereView:
             for axis, (lat, lon, inside), frame in zip(axes, self.disks, self.frames):
                 if self.density and self.saved[index]:
                     image = np.ma.masked_where(~inside, self.density.sample(index, lat, lon))
-                    axis.imshow(image, origin="lower", extent=(-1, 1, -1, 1), cmap=CMAP, norm=self.norm,
+                    axis.imshow(image, origin="lower", extent=(-1, 1, -1, 1), cmap=CMAP, norm=self.scale(index),
                                 interpolation="bilinear")
                 else:
                     axis.add_patch(plt.Circle((0, 0), 1, color="0.95"))
@@ -315,8 +321,8 @@ class SphereView:
             return
         axis = axes[0]
         if self.density and self.saved[index]:
-            axis.pcolormesh(*self.mollweide, self.density.sample(index, *self.lat_lon), cmap=CMAP, norm=self.norm,
-                            shading="gouraud", rasterized=True)
+            axis.pcolormesh(*self.mollweide, self.density.sample(index, *self.lat_lon), cmap=CMAP,
+                            norm=self.scale(index), shading="gouraud", rasterized=True)
         else:
             axis.set_facecolor("0.95")
         axis.grid(True, color=lines, lw=0.4, alpha=0.35)
@@ -336,35 +342,39 @@ class SphereView:
 
 
 def _sphere_snapshots(subfigure, dataset, path: str, projection: str, count: int) -> None:
-    """`count` saves, evenly spread from first to last, in one view and one colour scale."""
+    """`count` saves, evenly spread from first to last, in one view, each on its own colour scale."""
     times = dataset["time"].values
     picks = np.unique(np.linspace(0, len(times) - 1, min(count, len(times))).round().astype(int))
     view = SphereView(dataset, path, projection)
-    rows, columns = view.layout(len(picks))
-    axes = subfigure.subplots(rows, columns, squeeze=False, subplot_kw=view.axes_kwargs())
+    view.own_scale = True
+    if view.norm is not None:  # the colour bar in a column of its own: the maps' rows may be separate subfigures
+        subfigure, bar = subfigure.subfigures(1, 2, width_ratios=[24, 1])
+    if view.panels == 2:
+        axes = subfigure.subplots(2, len(picks), squeeze=False)
+    else:
+        axes = np.array(_filled_axes(subfigure, len(picks), per_row=2, **view.axes_kwargs()))
+
+    def title(index):
+        """"t = 0.5 (max ρ 0.64)", and where the Eulerian run of a "both" file had failed by then, that its density
+        is missing."""
+        if view.density and not view.saved[index]:
+            return f"t = {times[index]:.3g} (Eulerian run failed: particles only)"
+        return f"t = {times[index]:.3g}" + (f" (max ρ {view.maxima[index]:.2g})" if view.density else "")
+
     if view.panels == 2:
         for column, index in enumerate(picks):
             view.draw(list(axes[:, column]), index)
-            axes[0, column].set_title(_snapshot_title(view, times, index), fontsize=11)
+            axes[0, column].set_title(title(index), fontsize=11)
         for row, label in enumerate(view.labels()):
             axes[row, 0].text(-0.06, 0.5, label, transform=axes[row, 0].transAxes, rotation=90, ha="right",
                               va="center", fontsize=8, color="0.3")
     else:
-        for axis, index in zip(axes.ravel(), picks):
+        for axis, index in zip(axes, picks):
             view.draw([axis], index)
-            axis.set_title(_snapshot_title(view, times, index), fontsize=11)
-        for axis in axes.ravel()[len(picks):]:
-            axis.set_visible(False)
+            axis.set_title(title(index), fontsize=11)
     if view.norm is not None:
-        subfigure.colorbar(plt.cm.ScalarMappable(view.norm, CMAP), ax=axes, shrink=0.8, pad=0.01,
-                           label="density ρ [sr⁻¹] (square-root scale)")
-
-
-def _snapshot_title(view: SphereView, times: np.ndarray, index: int) -> str:
-    """"t = 0.5", and where the Eulerian run of a "both" file had failed by then, that its density is missing."""
-    if view.density and not view.saved[index]:
-        return f"t = {times[index]:.3g} (Eulerian run failed: particles only)"
-    return f"t = {times[index]:.3g}"
+        bar.colorbar(plt.cm.ScalarMappable(PowerNorm(0.5, 0.0, 1.0), CMAP), cax=bar.add_axes((0.05, 0.15, 0.25, 0.7)),
+                     label="ρ / max ρ of its depth (square-root scale)")
 
 
 # --- density on S^1 -------------------------------------------------------------------------
@@ -515,14 +525,53 @@ def _member_labels(dataset) -> list[str]:
                       for name in names) or f"member {i}" for i in range(dataset.sizes["member"])]
 
 
+def _filled_axes(subfigure, count: int, per_row: int = 4, **subplot_kw) -> list:
+    """`count` axes in rows of at most `per_row`, as even as they go, every row filled (no empty slots)."""
+    rows = max(1, math.ceil(count / per_row))
+    sizes = [count // rows + (row < count % rows) for row in range(rows)]
+    parts = [subfigure] if rows == 1 else subfigure.subfigures(rows, 1)
+    return [axis for part, size in zip(parts, sizes) for axis in part.subplots(1, size, squeeze=False,
+                                                                                 subplot_kw=subplot_kw)[0]]
+
+
+def _free_energy_title(dataset) -> str:
+    """The free-energy panel's title: whether this flow dissipates F (spherepde.energy)."""
+    from .energy import FreeEnergy
+
+    model = _case(dataset).get("model", {})
+    try:
+        energy = FreeEnergy.of(model["kernel"], float(model["beta"]), model["B"], model["V"], model["W"],
+                               float(model["eps"]), controlled=bool(_case(dataset).get("control")))
+    except (KeyError, TypeError, ValueError):
+        return "free energy F"
+    return "free energy F (dissipated by this flow)" if energy.dissipated else "free energy F (W may raise it)"
+
+
+def _w2_bound(axis, dataset, time) -> None:
+    """The band W2 +- w2_quantisation_bound (the largest over the run) around an Eulerian w2_projection."""
+    bound = dataset.attrs.get("w2_quantisation_bound")
+    single = "member" not in dataset.dims
+    if "w2_projection" in dataset and isinstance(bound, float) and 0 < bound < math.inf and single:
+        values = dataset["w2_projection"].values
+        axis.fill_between(time, np.maximum(values - bound, 0), values + bound, color="0.6", alpha=0.18, lw=0,
+                          label=f"± {bound:.2g}: w2_quantisation_bound, on the error of W2")
+
+
 def _diagnostics(subfigure, dataset) -> None:
-    """One panel per informative diagnostic; bands of +-2 standard errors where the run has them."""
+    """One panel per informative diagnostic (the checks of the numerics in a row below the physics); bands of
+    +-2 standard errors where the run has them."""
     panels = [panel for panel in PANELS if _informative(dataset, panel[1])]
     training = [panel for panel in TRAINING_PANELS if panel[1] in dataset.dims and "member" not in dataset.dims]
-    count = len(panels) + len(training)
-    rows = 1 if count <= 4 else 2
-    columns = max(1, math.ceil(count / rows))
-    axes = subfigure.subplots(rows, columns, squeeze=False).ravel()
+    checks = [panel for panel in panels if panel[1][0] in NUMERICS]
+    panels = [panel for panel in panels if panel not in checks] + checks
+    physics = len(panels) - len(checks) + len(training)
+    if checks and physics:
+        top, bottom = subfigure.subfigures(2, 1, height_ratios=[2.2 if physics > 4 else 1.3, 1])
+        upper = _filled_axes(top, physics)
+        split = len(panels) - len(checks)  # physics panels, then the checks, then the training panels
+        axes = upper[:split] + _filled_axes(bottom, len(checks)) + upper[split:]
+    else:
+        axes = _filled_axes(subfigure, len(panels) + len(training))
     time = dataset["time"].values
     resolved_until = dataset.attrs.get("resolved_until", "end")
     members = _member_labels(dataset) if "member" in dataset.dims else None
@@ -539,12 +588,14 @@ def _diagnostics(subfigure, dataset) -> None:
             if stderr is not None:
                 axis.fill_between(time, values - 2 * stderr, values + 2 * stderr, color=line.get_color(), alpha=0.25,
                                   lw=0, label=f"{label} ± 2 s.e.")
+        if names == ["w2_projection"]:
+            _w2_bound(axis, dataset, time)
         _limits(axis, curves, scale)
         if not isinstance(resolved_until, str):
             axis.axvspan(float(resolved_until), time[-1], color="0.88", zorder=0, label="under-resolved")
         if members is None:
             _mark_failures(axis, dataset)
-        axis.set_title(title, fontsize=10)
+        axis.set_title(_free_energy_title(dataset) if names == ["free_energy"] else title, fontsize=10)
         axis.set_xlabel("time (depth)")
         axis.grid(True, alpha=0.3)
         if members is None and len(axis.get_legend_handles_labels()[0]) > 1:
@@ -555,8 +606,6 @@ def _diagnostics(subfigure, dataset) -> None:
         axis.grid(True, alpha=0.3)
     if members is not None and panels:
         subfigure.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
-    for axis in axes[count:]:
-        axis.set_visible(False)
 
 
 def _controls(axis, dataset) -> None:

@@ -256,11 +256,16 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
                            data_vars="all", coords="different", compat="no_conflicts", join="outer",
                            combine_attrs="drop_conflicts") as data:
         data = data.assign_coords(member=("member", [m.index for m in present], {"long_name": "sweep member index"}))
+        swept = []
         for key in present[0].values:
             column = _member_coordinate(key, [m.values[key] for m in present])
-            data = data.assign_coords({key.replace(".", "_"): column})
+            swept.append(key.replace(".", "_"))
+            data = data.assign_coords({swept[-1]: column})
         if seeds:
             data = data.assign_coords(seed=("member", [m.seed for m in present], {"long_name": "particles.seed"}))
+            swept.append("seed")
+        # the member coordinates that by_parameters unstacks into one dimension each
+        data.attrs["swept"] = " ".join(swept)
         data["member_status"] = ("member", [summaries[m.index]["status"] for m in present],
                                  {"long_name": "status of the member's run"})
         data["member_case"] = ("member", [m.case.text for m in present],
@@ -275,6 +280,19 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         data.attrs["title"] = f"spherepde sweep of case '{case.name}' ({len(members)} members)"
         data.attrs["history"] += f" sweep {' '.join(params)}" + (f" --seeds {seeds}" if seeds else "")
         write_dataset(data, target)
+
+
+def by_parameters(dataset):
+    """A combined sweep with one dimension per swept key (and `seed`) instead of `member`, so that it is
+    selected by its parameters: ``by_parameters(xr.open_dataset("DIR/sweep.nc")).sel(model_eps=0.1)``.
+
+    The file keeps the flat `member` dimension (NetCDF stores no multi-index, and a sweep whose members
+    failed or differ in their grids is no full grid); combinations without a member are NaN here.
+    """
+    names = dataset.attrs.get("swept", "").split()
+    if "member" not in dataset.dims or not names:
+        raise CaseError("by_parameters: not a combined sweep file (no 'member' dimension and 'swept' attribute)")
+    return dataset.set_index(member=names).unstack("member")
 
 
 def _same_grid(paths: list[str]) -> bool:

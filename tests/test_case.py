@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import spherepde.case as case_module
+from conftest import make_case
 from spherepde.case import Case, case_from_dict, load_case, load_case_text, parse_override
 from spherepde.errors import CaseError
 
@@ -458,3 +459,27 @@ def test_shipped_cases_are_valid_and_named_after_their_files(path):
     assert case["case"]["description"].strip()
     assert_round_trip(case)
 
+
+
+def test_solver_threads_follow_the_problem_size_and_are_restored_after_a_run():
+    import torch
+
+    import spherepde
+    from spherepde.threads import ONE_THREAD_LMAX, ONE_THREAD_PARTICLES, run_threads
+
+    default = torch.get_num_threads()
+    small = make_case(dim=2, lmax=16, time={"t_end": 0.1, "dt": 0.1, "save_every": 0.1})
+    assert run_threads(small) == 1
+    assert run_threads(small.with_overrides([f"sphere.lmax={ONE_THREAD_LMAX + 1}"])) == default
+    assert run_threads(small.with_overrides(['solver.method="particles"', "sphere.lmax=512"])) == 1
+    assert run_threads(small.with_overrides(['solver.method="both"',
+                                             f"particles.n={ONE_THREAD_PARTICLES + 10}"])) == default
+    assert run_threads(small.with_overrides(["solver.threads=3"])) == 3
+    torch.set_num_threads(2)
+    try:
+        spherepde.run(small, progress=False)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(default)
+    with pytest.raises(CaseError, match=r"solver.threads"):
+        small.with_overrides(["solver.threads=0"])

@@ -383,3 +383,40 @@ def test_out_of_memory_is_one_line_and_exit_2_and_other_errors_are_not_hidden(tm
     raised[0] = RuntimeError("a bug")
     with pytest.raises(RuntimeError, match="a bug"):
         main(["run", str(case), "-o", str(tmp_path / "out.nc")])
+
+
+def test_bare_command_lists_the_commands_and_help_and_version_answer(capsys):
+    assert main([]) == 2
+    usage = capsys.readouterr().err
+    assert all(command in usage for command in ("run", "compare", "info", "plot", "sweep")) and "examples:" in usage
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"spherepde {spherepde.__version__}"
+    assert main(["run"]) == 2
+    assert capsys.readouterr().err.strip() == "spherepde: error: run: the following arguments are required: case"
+
+
+def test_a_grid_that_does_not_carry_the_initial_law_is_refused(tmp_path, capsys):
+    """The quick-start at lmax 4 has 24% of rho_0's L2 norm in its top degrees (it ran with a warning before)."""
+    output = tmp_path / "coarse.nc"
+    assert main(["run", "cases/quickstart.toml", "--set", "sphere.lmax=4", "-o", str(output), "--quiet"]) == 2
+    message = capsys.readouterr().err.strip()
+    assert "sphere.lmax = 4 does not resolve this vmf_mixture law (spectral tail 0.24 > 0.2 at t = 0)" in message
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("module, command, expected", [
+    ("shtns", ["run", "cases/convergence-s2.toml", "--set", "solver.backend='shtns'"],
+     "pip install 'spherepde[shtns]'"),
+    ("distributed", ["sweep", "cases/kuramoto-s1.toml", "--param", "model.eps=0.2,0.3"],
+     "pip install 'spherepde[sweep]'"),
+])
+def test_a_missing_optional_extra_is_one_line_and_exit_2(tmp_path, module, command, expected):
+    """Run in a fresh process in which the extra's module is absent (sys.modules[name] = None: import fails,
+    importlib.util.find_spec answers None)."""
+    code = (f"import sys; sys.modules[{module!r}] = None; from spherepde.cli import main; "
+            f"sys.exit(main({command + ['-o', str(tmp_path / 'out')]!r}))")
+    process = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=os.environ | {"PYTHONPATH": os.getcwd()})
+    assert process.returncode == 2
+    assert len(process.stderr.strip().splitlines()) == 1 and expected in process.stderr

@@ -168,6 +168,7 @@ def test_spectral_convergence_in_lmax():
 
 
 def test_shtns_and_torch_backends_give_the_same_run():
+    pytest.importorskip("shtns", reason="the shtns extra is not installed (pip install 'spherepde[shtns]')")
     overrides = ["sphere.lmax=24", "time.t_end=0.3", "time.save_every=0.3", "solver.device='cpu'"]
     runs = [spherepde.run(spherepde.load_case("cases/convergence-s2.toml", overrides + [f"solver.backend={name}"]),
                           progress=False) for name in ("torch", "shtns")]

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import xarray as xr
 
+pytest.importorskip("distributed", reason="the sweep extra (Dask) is not installed: pip install 'spherepde[sweep]'")
+
 import spherepde
 from spherepde import sweep as sweep_module
 from spherepde.cli import main
@@ -50,6 +52,10 @@ def test_sweep_members_equal_serial_runs(local_sweep):
             assert np.array_equal(combined["density"].isel(member=index).values, serial["density"].values)
             assert combined["member_status"].values[index] == "completed"
         assert combined["cell_area"].dims == ("theta",)
+        grid = sweep_module.by_parameters(combined)
+        for index, (eps, beta) in enumerate((e, b) for e in EPS for b in BETA):
+            assert np.array_equal(grid["order_parameter"].sel(model_eps=eps, model_beta=beta).values,
+                                  combined["order_parameter"].isel(member=index).values)
 
 
 def test_sweep_refuses_existing_results_and_resumes_without_a_cluster(local_sweep, monkeypatch, capsys):

@@ -23,12 +23,30 @@ tensors in and out are torch float64 / complex128 on the CPU.  What shtns does, 
   4 vector widths (32 with AVX-512), so nlat < 32 is refused here with a ValueError.
 """
 
+import os
+import sys
+
 import numpy as np
-import shtns
 import torch
 
+from ..errors import CaseError
 from .legendre import gauss_legendre
 from .sht_torch import check_grid
+
+# shtns prints its build banner on stdout when its library loads; it goes to stderr, so that stdout carries only
+# what a command prints (`--quiet` runs, `spherepde info ... | ...`).
+sys.stdout.flush()
+_stdout = os.dup(1)
+os.dup2(2, 1)
+try:
+    import shtns
+except ImportError:
+    raise CaseError("solver.backend = \"shtns\" needs the optional shtns package: pip install 'spherepde[shtns]' "
+                    "(built from source: a C compiler and FFTW, e.g. apt-get install libfftw3-dev; or "
+                    "bash scripts/setup.sh test), or use solver.backend = \"auto\"") from None
+finally:
+    os.dup2(_stdout, 1)
+    os.close(_stdout)
 
 _MIN_NLAT = 32
 

@@ -1,0 +1,39 @@
+"""How many CPU threads torch uses during a run (solver.threads).
+
+Extra threads pay only when each operation has enough work to share; on small grids they spin and wait, and
+on a machine shared with other work they also take cores from it.  Measured on a 2-core machine shared with
+two other users (cases/quickstart.toml to t = 1, CPU seconds, user + sys, one thread against two):
+lmax 20: 1.8 against 6.7; lmax 64: 2.8 against 6.4; lmax 128: 8.6 against 42.3 (wall 13 s against 53 s).
+So "auto" keeps one thread up to lmax 128 (the largest measured) and 2e4 particles (dense attention blocks of
+1 MiB, the same order of work per operation), and above those leaves torch's default, which follows
+OMP_NUM_THREADS.  A number asks for exactly that many threads.
+"""
+
+from contextlib import contextmanager
+
+import torch
+
+ONE_THREAD_LMAX = 128
+ONE_THREAD_PARTICLES = 20_000
+
+
+def run_threads(case) -> int:
+    """solver.threads of `case`, "auto" resolved from the problem size (see the module docstring)."""
+    setting = case["solver"].get("threads", "auto")
+    if setting != "auto":
+        return setting
+    method = case["solver"]["method"]
+    small_grid = method == "particles" or case["sphere"]["lmax"] <= ONE_THREAD_LMAX
+    few_particles = method == "eulerian" or case["particles"]["n"] <= ONE_THREAD_PARTICLES
+    return 1 if small_grid and few_particles else torch.get_num_threads()
+
+
+@contextmanager
+def threads_for(case):
+    """Run the enclosed code with run_threads(case) torch threads, then restore the caller's setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(run_threads(case))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,81 @@
+"""The free energy (spherepde/energy.py): the functional the flow dissipates where one exists.
+
+On the noisy Kuramoto model the stationary law is rho_* = exp(a <x, e>) / Z_a with a = K r / eps, so
+F(rho_*) = eps (a r - log Z_a) - K r^2 / 2 = K r^2 / 2 - eps log Z_a, Z_a = 2 pi I_0(a) (S^1) or
+4 pi sinh(a) / a (S^2), at the closed-form order parameter r of docs/DESIGN.md §9.
+"""
+
+import math
+import tomllib
+
+import numpy as np
+import pytest
+from scipy.special import i0
+
+import spherepde
+from spherepde.case import case_from_dict
+from spherepde.energy import FreeEnergy
+
+KURAMOTO = {  # case file, stationary order parameter r (K = 1), eps, log Z_a
+    "S1": ("cases/kuramoto-s1.toml", 0.8314620248, 0.25, lambda a: math.log(2 * math.pi * i0(a))),
+    "S2": ("cases/kuramoto-s2.toml", 0.7258819872, 0.2, lambda a: math.log(4 * math.pi * math.sinh(a) / a)),
+}
+
+
+def old_free_energy(dataset, case):
+    """The definition before spherepde.energy: eps * entropy + interaction_energy, whatever the model."""
+    return case["model"]["eps"] * dataset["entropy"].values + dataset["interaction_energy"].values
+
+
+@pytest.mark.parametrize("sphere", ["S1", "S2"])
+def test_free_energy_decreases_to_its_stationary_value_on_noisy_kuramoto(sphere):
+    path, r, eps, log_partition = KURAMOTO[sphere]
+    case = spherepde.load_case(path, overrides=["time.t_end=20.0", "time.save_every=1.0"])
+    dataset = spherepde.run(case, progress=False)
+    F = dataset["free_energy"].values
+    assert np.diff(F).max() <= 1e-12
+    assert F[0] - F[-1] > 0.04
+    a = r / eps
+    assert abs(F[-1] - (r ** 2 / 2 - eps * log_partition(a))) < 1e-8
+    # eps S - 1/2 (beta = 0: the pair integral is the constant -1/2) rises as the law concentrates
+    assert np.diff(old_free_energy(dataset, case)).max() > 1e-2
+
+
+def seed004_without_training(overrides):
+    table = tomllib.load(open("cases/seed004-no-train.toml", "rb"))
+    del table["control"]  # W = 0 throughout
+    return case_from_dict(table, overrides=["sphere.lmax=48", "model.eps=0.05", "time.dt=0.02", "time.t_end=10.0",
+                                            "time.save_every=0.5"] + overrides)
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.3])
+def test_free_energy_decreases_on_the_seed004_flow_with_W_zero(beta):
+    """B = V = A = diag(1, 0.65): F = eps S - 1 / (2 beta) int int exp(beta <x, A y>); at beta = 1 the seed's
+    E(mu) (the old definition too), at beta = 0.3 the old one, without the 1 / beta, rises."""
+    case = seed004_without_training([f"model.beta={beta}"])
+    dataset = spherepde.run(case, progress=False)
+    F = dataset["free_energy"].values
+    assert np.diff(F).max() < 0
+    expected = case["model"]["eps"] * dataset["entropy"] + dataset["interaction_energy"] / beta
+    assert np.allclose(F, expected, rtol=1e-14)
+    old = np.diff(old_free_energy(dataset, case))
+    assert old.max() < 0 if beta == 1 else old.max() > 1e-4
+
+
+def test_which_models_have_a_free_energy():
+    """F exists for V symmetric at beta B = 0 and for the unnormalized kernel with V = c B, B symmetric; it is
+    dissipated only without a drift from W; elsewhere it is NaN."""
+    I, A, zero = np.eye(2), np.diag([1.0, 0.65]), np.zeros((2, 2))
+    rotation = np.array([[0.0, -1.0], [1.0, 0.0]])
+    mean = np.array([0.3, 0.4])
+    kuramoto = FreeEnergy.of("unnormalized", 0.0, I, 2 * I, zero, 0.25)
+    assert kuramoto.dissipated and kuramoto(1.5, -0.5, mean) == pytest.approx(0.25 * 1.5 - 0.25)
+    assert FreeEnergy.of("softmax", 0.0, A, A, zero, 0.1).dissipated  # beta = 0: the softmax mean is M too
+    seed = FreeEnergy.of("unnormalized", 2.0, A, 3 * A, 0.5 * I, 0.1)  # w I has no tangential part
+    assert seed.dissipated and seed(1.0, -0.7, mean) == pytest.approx(0.1 - 1.5 * 0.7)
+    assert not FreeEnergy.of("unnormalized", 1.0, A, A, 0.1 * rotation, 0.1).dissipated
+    assert not FreeEnergy.of("unnormalized", 1.0, A, A, zero, 0.1, controlled=True).dissipated
+    for kernel, beta, B, V in (("softmax", 1.0, A, A), ("softmax", math.inf, I, I), ("unnormalized", 1.0, A, I),
+                               ("unnormalized", 1.0, rotation, rotation), ("unnormalized", 0.0, I, rotation)):
+        energy = FreeEnergy.of(kernel, beta, B, V, zero, 0.1)
+        assert energy.reason and math.isnan(energy(1.0, -0.5, mean))
