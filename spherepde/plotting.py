@@ -526,7 +526,10 @@ def _member_labels(dataset) -> list[str]:
 
 
 def _filled_axes(subfigure, count: int, per_row: int = 4, **subplot_kw) -> list:
-    """`count` axes in rows of at most `per_row`, as even as they go, every row filled (no empty slots)."""
+    """`count` axes in rows of at most `per_row`, as even as they go, every row filled (no empty slots); none for
+    count 0 (a failed run whose few saves make no diagnostic informative)."""
+    if count == 0:
+        return []
     rows = max(1, math.ceil(count / per_row))
     sizes = [count // rows + (row < count % rows) for row in range(rows)]
     parts = [subfigure] if rows == 1 else subfigure.subfigures(rows, 1)
