@@ -28,12 +28,12 @@ import warnings
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import spherepde  # noqa: E402
-from spherepde.initial import initial_density  # noqa: E402
 from solvers.eulerian import ForwardProblem  # noqa: E402
-from solvers.timesteppers import SCHEMES, choose_scheme, make_stepper  # noqa: E402
+from solvers.timegrid import Plan, TimeGrid  # noqa: E402
 
 CASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", "baseline-inf.toml")
 GENERAL_B = "[[0.7, 0.21, -0.14], [0.07, 0.56, 0.28], [-0.21, 0.14, 0.84]]"
@@ -67,16 +67,20 @@ def measure(lmax: int, device: str, dtype: str, B: str, steps: int) -> dict:
         warnings.simplefilter("ignore")
         problem = ForwardProblem(case)
     place = problem.placement.device
-    scheme = choose_scheme(case["time"]["scheme"], problem.model.eps)
-    step = make_stepper(scheme)
-    c = initial_density(case["initial"], problem.basis)
+    c = problem.initial()
     dt = 1e-3
-    c = step(problem.lam, problem.transport, 0.0, c, dt)  # warm-up (allocator, lazy initialisation)
+    factors = problem.factors(Plan(TimeGrid(dt, dt).intervals[0], np.array([1]), np.array([dt])))
+    drive = problem.transport.feed_forward(problem.batch.W)
+
+    def step(c):
+        return problem.step(c, drive, factors)
+
+    c = step(c)  # warm-up (allocator, lazy initialisation)
     allocated = None
     if place.type == "cuda":
         synchronize(place)
         before = torch.cuda.memory_stats(place)["allocated_bytes.all.allocated"]
-        c = step(problem.lam, problem.transport, 0.0, c, dt)
+        c = step(c)
         synchronize(place)
         allocated = torch.cuda.memory_stats(place)["allocated_bytes.all.allocated"] - before
     clock = time.thread_time if place.type == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
@@ -84,11 +88,11 @@ def measure(lmax: int, device: str, dtype: str, B: str, steps: int) -> dict:
     for k in range(steps):
         synchronize(place)
         start = clock()
-        c = step(problem.lam, problem.transport, k * dt, c, dt)
+        c = step(c)
         synchronize(place)
         durations.append(clock() - start)
     seconds = statistics.median(durations)
-    evaluations = SCHEMES[scheme][1].stages
+    evaluations = problem.scheme.stages_count
     tables = problem.basis.sht.table_bytes
     if problem.exp_kernel.name == "spectral":
         tables += 2 * problem.exp_kernel.transform.table_bytes

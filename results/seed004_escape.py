@@ -45,9 +45,8 @@ def measure(name: str, overrides: tuple = ()) -> dict:
 
     torch.set_num_threads(1)
     import spherepde
-    from solvers.adjoint import GRADIENTS, ControlledForward
+    from solvers.adjoint import ControlledForward, continuous_gradient, discrete_gradient
     from spherepde import turnpike
-    from spherepde.initial import initial_density
 
     case = spherepde.load_case(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", f"{name}.toml"),
                                ["control.gradient='continuous'", *overrides])
@@ -55,11 +54,11 @@ def measure(name: str, overrides: tuple = ()) -> dict:
     forward = ControlledForward(case)
     problem = forward.problem
     basis = problem.basis
-    c0 = initial_density(case["initial"], basis)
-    initial_mean = forward.masses(c0) @ forward.flat_points
-    theory = turnpike.plateau_theory(problem.model, problem.exp_kernel, basis, forward.loss, initial_mean)
+    initial_mean = forward.masses(forward.initial())[0] @ forward.flat_points
+    theory = turnpike.plateau_theory(problem.model, problem.exp_kernel, basis, forward.losses[0], initial_mean)
     controls = problem.model.W.expand(forward.layers, -1, -1).contiguous()
-    gradient = GRADIENTS[case["control"]["gradient"]](forward, c0, controls)
+    gradient_of = {"discrete": discrete_gradient, "continuous": continuous_gradient}[case["control"]["gradient"]]
+    gradient = gradient_of(forward, None, controls)
     times, norms = np.array(gradient.times), np.array(gradient.adjoint_norm)
     T = forward.t_end
     return {"name": name, "rayleigh_quotient": theory["rayleigh_quotient"],

@@ -1,12 +1,17 @@
-"""The forward Eulerian solver: rho_t from a case, in spectral space.
+"""The forward Eulerian solver: rho_t of M members at once, in spectral space.
 
-    d_t c = eps Lap c - div(rho v[rho, t])^        (c = spectral coefficients of rho)
+    d_t c = eps Lap c - div(rho v[rho])^        (c = spectral coefficients of rho)
 
-The diffusion is diagonal in the basis (implicit or integrating factor), the transport
-is evaluated on the dealiased grid and returned to spectral space through the weak
-divergence, whose degree-0 coefficient is zero: mass is conserved to round-off by
-construction.  Save times are hit exactly: each interval between saves is split into
-equal steps no longer than dt (given, or from the CFL number and the current max |v|).
+The diffusion is diagonal in the basis (implicit, or an integrating factor), the transport
+(spherepde.transport) is evaluated on the dealiased grid and returned to spectral space through the weak
+divergence, whose degree-0 coefficient is zero: mass is conserved to round-off by construction.
+
+Members share the grid, the scheme and the save times, and may differ in the initial law and the model's
+B, V, W, beta, eps (`ForwardProblem` of several cases; solvers.timegrid.integrate steps them together).  A
+member's file is the file its serial run writes: its numbers are those of a run of its case alone to
+round-off (tests/test_ensembles.py), `wall_seconds` is the batch's, and `batch_members` says how many ran
+together.  Each interval between saves is split into equal steps no longer than dt (given, or from the CFL
+number and the member's current max |v|).
 """
 
 import copy
@@ -18,20 +23,19 @@ import numpy as np
 import torch
 
 from spherepde import diagnostics as diag
-from spherepde.ambient import norm
 from spherepde.bases import make_basis
 from spherepde.device import placement as make_placement
 from spherepde.energy import FreeEnergy
 from spherepde.errors import CaseError, NumericalFailure
-from spherepde.exp_kernel import make_exp_kernel
+from spherepde.exp_kernel import MemberKernels
 from spherepde.initial import initial_density
-from spherepde.model import (Model, attention_mean, check_resolution, interaction_energy, principal_subspace,
-                             velocity)
+from spherepde.model import Model, ModelBatch, check_resolution, interaction_energy, principal_subspace
 from spherepde.output import DIAGNOSTIC_ATTRS, eulerian_dataset
 from spherepde.progress import Progress
+from spherepde.transport import Transport, complex_state, real_diagonal, real_state
 
-from .timesteppers import choose_scheme, make_stepper
-
+from .timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
+from .timesteppers import RungeKutta, choose_scheme
 
 MAX_STEPS_PER_SAVE = 1e12  # a CFL step asking for more means the velocity blew up
 # A finite state is no density any more when |rho| exceeds this many times the densest one the grid holds
@@ -40,9 +44,13 @@ BLOW_UP_FACTOR = 10.0
 
 
 class ForwardProblem:
-    """The discretised forward equation of one run: basis, model, attention transform."""
+    """The discretised forward equation of the members `cases` (one case or a list sharing sphere, solver, time
+    and scheme): basis, models, attention transforms, transport, diffusion eigenvalues, filter, scheme."""
 
-    def __init__(self, case):
+    def __init__(self, cases):
+        cases = [cases] if not isinstance(cases, (list, tuple)) else list(cases)
+        case = cases[0]
+        self.cases = cases
         solver = case["solver"]
         self.placement = make_placement(solver["device"], solver["dtype"])
         if case.dim not in (2, 3):
@@ -51,32 +59,86 @@ class ForwardProblem:
         if solver["backend"] == "shtns" and (self.placement.device.type != "cpu" or self.placement.name != "float64"):
             raise CaseError("solver.backend: 'shtns' runs on the CPU in float64 only")
         self.basis = make_basis(case.dim, case["sphere"]["lmax"], self.placement, solver["backend"])
-        self.model = Model.from_case(case, self.placement)
-        check_resolution(self.model, self.basis, solver["kernel_tol"])
-        self.exp_kernel = make_exp_kernel(self.basis, self.model.B, self.model.beta, solver["field"],
-                                          solver["kernel_tol"], solver["chunk"])
-        self.lam = self.model.eps * self.basis.laplacian
+        models = [Model.from_case(member, self.placement) for member in cases]
+        for model in models:
+            check_resolution(model, self.basis, solver["kernel_tol"])
+        self.batch = ModelBatch.of(models)
+        self.kernels = MemberKernels(self.basis, self.batch.B, [m.beta for m in models], solver["field"],
+                                     solver["kernel_tol"], solver["chunk"])
+        self.transport = Transport(self.basis, self.batch, self.kernels)
+        self.lam = self.batch.eps[:, None] * real_diagonal(self.basis.laplacian)  # (M, N)
         self.filter = spectral_filter(self.basis, solver["filter_order"])
+        schemes = {choose_scheme(member["time"]["scheme"], model.eps) for member, model in zip(cases, models)}
+        if len(schemes) > 1:
+            raise ValueError(f"ForwardProblem: members with different time schemes {sorted(schemes)}")
+        self.scheme = RungeKutta(schemes.pop())
 
-    def velocity(self, t: float, rho: torch.Tensor) -> torch.Tensor:
-        """v[rho](x, t) on the grid, ambient components."""
-        mean_field = attention_mean(self.model, self.exp_kernel, self.basis.points, rho)
-        return velocity(self.model, self.basis.points, mean_field, t)
+    @property
+    def members(self) -> int:
+        return len(self.cases)
 
-    def transport(self, t: float, c: torch.Tensor) -> torch.Tensor:
-        """-div(rho v[rho, t]) in spectral space."""
-        rho = self.basis.synthesis(c)
-        return -self.basis.divergence(rho[..., None] * self.velocity(t, rho))
+    def select(self, members: list) -> "ForwardProblem":
+        """The problem of the members at the indices `members` (a list), sharing the basis and the matrices."""
+        chosen = copy.copy(self)
+        chosen.cases = [self.cases[m] for m in members]
+        chosen.batch, chosen.kernels = self.batch.select(members), self.kernels.select(members)
+        chosen.transport = self.transport.select(members)
+        chosen.lam = self.lam[members]
+        return chosen
 
-    def max_speed(self, t: float, c: torch.Tensor) -> float:
-        return float(norm(self.velocity(t, self.basis.synthesis(c))).max())
+    @property
+    def model(self) -> Model:
+        """The model of a one-member problem."""
+        (model,) = self.batch.models
+        return model
+
+    @property
+    def exp_kernel(self):
+        """The attention transform of a one-member problem."""
+        (_,) = self.cases
+        return self.kernels.member(0)
+
+    def initial(self) -> torch.Tensor:
+        """The members' initial states (M, N): the real view of their coefficients (transport.real_state)."""
+        return real_state(torch.stack([initial_density(member["initial"], self.basis) for member in self.cases]))
+
+    def coefficients(self, state: torch.Tensor) -> torch.Tensor:
+        """The complex coefficients (M, *coeff) of a state (a view)."""
+        return complex_state(state, self.transport.coefficient_shape)
+
+    def step(self, state: torch.Tensor, drive: torch.Tensor, factors, keep: list | None = None) -> torch.Tensor:
+        """One step of the scheme with the drive of the layer (Transport.feed_forward), then the filter."""
+        state = self.scheme.step(state, lambda stage, U: self.transport(U, drive), factors, keep)
+        return state if self.filter is None else state * self.filter
+
+    def step_adjoint(self, state_bar: torch.Tensor, stages: list, drive: torch.Tensor,
+                     factors) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the cotangent of the step's start, that of the drive over the step) from the cotangent of its end
+        (`step`'s transpose: the filter is real and diagonal), given the step's stage inputs."""
+        if self.filter is not None:
+            state_bar = state_bar * self.filter
+        drive_bar = torch.zeros_like(drive)
+
+        def rate_vjp(stage, U, e_bar):
+            nonlocal drive_bar
+            U_bar, stage_drive_bar = self.transport.vjp(U, drive, e_bar)
+            drive_bar = drive_bar + stage_drive_bar
+            return U_bar
+
+        return self.scheme.adjoint(state_bar, stages, rate_vjp, factors), drive_bar
+
+    def factors(self, plan: Plan):
+        """The step factors of an interval's plan: dt one float when the members share it, else per member."""
+        dt = float(plan.dt[0]) if (plan.dt == plan.dt[0]).all() else self.placement.tensor(plan.dt)[:, None]
+        return self.scheme.factors(self.lam, dt)
 
 
 def spectral_filter(basis, order: int) -> torch.Tensor | None:
-    """Exponential filter exp(-36 (l / lmax)^order) (None when order = 0): damps only the top modes."""
+    """Exponential filter exp(-36 (l / lmax)^order) (None when order = 0) on the real view (N,) of the
+    coefficients: damps only the top modes."""
     if order == 0:
         return None
-    return torch.exp(-36.0 * (basis.degree / basis.lmax).to(basis.placement.real) ** order)
+    return real_diagonal(torch.exp(-36.0 * (basis.degree / basis.lmax).to(basis.placement.real) ** order))
 
 
 class WallClock:
@@ -99,44 +161,49 @@ class WallClock:
 
 
 class Recorder(WallClock):
-    """Density snapshots and diagnostics at save times, on the host."""
+    """Density snapshots and diagnostics of member `member` of `problem` at save times, on the host; `controlled`:
+    the run's W_t is a trained control (the free energy then names it as what may raise F)."""
 
-    def __init__(self, problem: ForwardProblem, case, rho0: np.ndarray, scheme: str):
+    def __init__(self, problem: ForwardProblem, member: int, rho0: np.ndarray, controlled: bool = False):
         super().__init__()
-        basis, model = problem.basis, problem.model
-        self.problem, self.case, self.scheme = problem, case, scheme
+        basis, model = problem.basis, problem.batch.models[member]
+        self.problem, self.member, self.case = problem, member, problem.cases[member]
+        self.basis, self.model, self.exp_kernel = basis, model, problem.kernels.member(member)
+        self.scheme = problem.scheme.scheme
         self.points = basis.points.reshape(-1, basis.dim).cpu().double().numpy()
         self.weights = basis.weights.reshape(-1).cpu().double().numpy()
         VBt = (model.V @ model.B.T).cpu().double().numpy()
         self.subspace_E = principal_subspace(VBt)
         self.subspace_F = principal_subspace(model.V.cpu().double().numpy())
         self.masses_0 = rho0.reshape(-1) * self.weights
-        self.lyapunov_p = list(case["diagnostics"]["lyapunov_p"])
-        self.want_w2 = case["diagnostics"]["w2"]
-        self.w2_atoms, self.w2_error_bound = case["diagnostics"]["w2_atoms"], 0.0
+        diagnostics = self.case["diagnostics"]
+        self.lyapunov_p = list(diagnostics["lyapunov_p"])
+        self.want_w2 = diagnostics["w2"]
+        self.w2_atoms, self.w2_error_bound = diagnostics["w2_atoms"], 0.0
         self.w2_grid_bound = diag.grid_w2_bound(self.subspace_E, basis.cell_radius)
-        self.tail_tol = case["diagnostics"]["tail_tol"]
+        self.tail_tol = diagnostics["tail_tol"]
         self.times, self.densities, self.rows = [], [], []
         self.resolved_until = None
         self.notes = []
         self.steps = 0
-        self.free_energy = FreeEnergy.of_model(model)
+        self.free_energy = FreeEnergy.of_model(model, controlled)
+        self.batch_members = problem.members
 
     def record(self, t: float, c: torch.Tensor) -> dict:
-        """Save the state c at time t: its density on the grid and its diagnostics row (returned)."""
+        """Save the member's state c (*coeff) at time t: its density on the grid and its diagnostics row."""
         density, row = self.measure(c)
         self.keep(t, density, row)
         return row
 
     def measure(self, c: torch.Tensor) -> tuple[np.ndarray, dict]:
-        """(density on the grid, diagnostics row) of the coefficients c."""
-        basis, problem = self.problem.basis, self.problem
+        """(density on the grid, diagnostics row) of the member's coefficients c (*coeff)."""
+        basis = self.basis
         rho = basis.synthesis(c)
         density = rho.cpu().double().numpy()
         masses = density.reshape(-1) * self.weights
         m = diag.mean(self.points, masses)
         entropy = diag.entropy(density.reshape(-1), self.weights)
-        energy = interaction_energy(problem.model, problem.exp_kernel, basis, rho)
+        energy = interaction_energy(self.model, self.exp_kernel, basis, rho)
         row = {
             "mass": float(masses.sum()),
             "mean": m,
@@ -170,7 +237,7 @@ class Recorder(WallClock):
 
     def _degree_sum(self, c: torch.Tensor):
         """(M, a) -> sum_l M[l] rho_l(a): the series of c at the point a, degree l weighted by M[l]."""
-        basis = self.problem.basis
+        basis = self.basis
 
         def degree_sum(multipliers: np.ndarray, point: np.ndarray) -> float:
             weighted = c * basis.placement.tensor(multipliers)[basis.degree]
@@ -192,139 +259,51 @@ class Recorder(WallClock):
         """The saves after the first `stored` ones, as a Dataset (a checkpoint segment); None if none."""
         if stored == len(self.times):
             return None
-        view = copy.copy(self)
-        view.times, view.densities, view.rows = self.times[stored:], self.densities[stored:], self.rows[stored:]
-        return eulerian_dataset(view, "checkpoint segment")
+        saved = self.times, self.densities, self.rows
+        self.times, self.densities, self.rows = (values[stored:] for values in saved)
+        try:
+            return eulerian_dataset(self, "checkpoint segment")
+        finally:
+            self.times, self.densities, self.rows = saved
 
-    def checkpoint_state(self, c: torch.Tensor, t: float, interval: int, substep: int, dt: float,
-                         substeps: int) -> dict:
-        """What a checkpoint stores: the coefficients c at time t, `substep` of `substeps` steps of
-        length dt into save interval `interval`, and the recorder's scalars."""
+    def checkpoint_state(self, c: torch.Tensor, plan: Plan, substep: int) -> dict:
+        """What a checkpoint stores: the coefficients c, `substep` of the plan's steps into its interval, and the
+        recorder's scalars."""
         timing = self.case["time"]
         resolved_until = None if self.resolved_until is None else float(self.resolved_until)
-        return {"case": self.case.text, "t": float(t), "t_end": timing["t_end"], "steps": self.steps + substep,
-                "c": c.cpu().clone(), "interval": interval, "substep": substep, "dt": float(dt), "substeps": substeps,
+        dt = float(plan.dt[0])
+        return {"case": self.case.text, "t": plan.interval.t0 + substep * dt, "t_end": timing["t_end"],
+                "steps": self.steps + substep, "c": c.cpu().clone(), "interval": plan.interval.index,
+                "substep": substep, "dt": dt, "substeps": int(plan.steps[0]),
                 "recorder": {"steps": self.steps, "wall_seconds": float(self.wall_seconds),
                              "w2_error_bound": float(self.w2_error_bound), "resolved_until": resolved_until,
                              "notes": list(self.notes)}}
 
     @classmethod
-    def restored(cls, problem: ForwardProblem, case, scheme: str, segments: list, scalars: dict) -> "Recorder":
-        """A recorder holding the saves of checkpoint `segments` and the `scalars` of checkpoint_state."""
+    def restored(cls, problem: ForwardProblem, segments: list, scalars: dict) -> "Recorder":
+        """A recorder of member 0 holding the saves of checkpoint `segments` and the `scalars` of checkpoint_state."""
         times = [float(t) for segment in segments for t in segment["time"].values]
         densities = [density for segment in segments for density in segment["density"].values]
         rows = [{name: (values[i] if values.ndim > 1 else float(values[i]))
                  for name, values in ((name, segment[name].values) for name in DIAGNOSTIC_ATTRS)}
                 for segment in segments for i in range(segment.sizes["time"])]
-        recorder = cls(problem, case, densities[0], scheme)
+        recorder = cls(problem, 0, densities[0])
         recorder.times, recorder.densities, recorder.rows = times, densities, rows
         for key, value in scalars.items():
             setattr(recorder, key, value)
         return recorder
 
 
-def save_times(t_end: float, save_every: float) -> np.ndarray:
-    """0, save_every, 2 save_every, ..., t_end (the last interval may be shorter)."""
-    count = int(math.floor(t_end / save_every + 1e-9))
-    times = [k * save_every for k in range(count + 1)]
-    if t_end - times[-1] > 1e-12 * max(1.0, t_end):
-        times.append(t_end)
-    return np.array(times)
-
-
-def run_eulerian(case, progress: bool | None = None, checkpoint=None):
-    """Integrate the forward equation of `case`; returns the output xarray.Dataset.
-
-    Raises NumericalFailure (with `.dataset`, the run up to its last good save) on NaN, and
-    when a finite state stops being a density (`departure`: mass drift or |rho| beyond
-    what the grid can hold).  Finiteness is checked at save times and checkpoints only, so
-    that a GPU run never waits on the host inside a save interval. With a `checkpoint`
-    (:class:`spherepde.checkpoint.Checkpoint`) the state is stored whenever one is due,
-    and a checkpoint marked `resume` continues from its state: the result is bit for bit
-    that of an uninterrupted run.
-    """
-    problem = ForwardProblem(case)
-    basis, timing = problem.basis, case["time"]
-    scheme = choose_scheme(timing["scheme"], problem.model.eps)
-    step = make_stepper(scheme)
-    times = save_times(timing["t_end"], timing["save_every"])
-    if checkpoint is not None and checkpoint.resume:
-        state, segments = checkpoint.load(case)
-        recorder = Recorder.restored(problem, case, scheme, segments, state["recorder"])
-        c = state["c"].to(basis.placement.device)
-        first, done, dt, substeps, t_start = (state[key] for key in ("interval", "substep", "dt", "substeps", "t"))
-    else:
-        c = initial_density(case["initial"], basis)
-        recorder = Recorder(problem, case, basis.synthesis(c).cpu().double().numpy(), scheme)
-        recorder.record(0.0, c)
-        first, done, t_start = 0, 0, 0.0
-    bar = Progress(timing["t_end"], enabled=progress, start=t_start)
-    recorder.start_clock()
-    if checkpoint is not None:
-        checkpoint.stepping = True
-    try:
-        for interval in range(first, len(times) - 1):
-            t0, t1 = times[interval], times[interval + 1]
-            if interval != first or done == 0:
-                speed = problem.max_speed(t0, c)
-                dt_max = timing["dt"] if "dt" in timing else _cfl_step(problem, speed, timing["cfl"], t1 - t0)
-                if not math.isfinite(speed):
-                    _fail(recorder, f"the velocity became non-finite (max |v| = {speed}) at t = {t0:.6g}")
-                if not (t1 - t0) / dt_max <= MAX_STEPS_PER_SAVE:
-                    _fail(recorder, f"max |v| = {speed:.3g} at t = {t0:.6g} asks for steps of {dt_max:.3g}: too many "
-                                    f"(more than {MAX_STEPS_PER_SAVE:.0e}) before the next save")
-                substeps = max(1, math.ceil((t1 - t0) / dt_max - 1e-9))
-                dt = (t1 - t0) / substeps
-                done = 0
-                bar.update(float(t0), max_speed=speed, dt=dt)
-                if "max_steps" in timing and recorder.steps + substeps > timing["max_steps"]:
-                    _fail(recorder, f"time.max_steps = {timing['max_steps']} would be exceeded before t = {t1:.6g}")
-            candidate = c
-            for k in range(done, substeps):
-                try:
-                    candidate = step(problem.lam, problem.transport, t0 + k * dt, candidate, dt)
-                except NumericalFailure as failure:
-                    _fail(recorder, f"{failure} at t = {t0 + k * dt:.6g}")
-                if problem.filter is not None:
-                    candidate = candidate * problem.filter
-                bar.update(t0 + (k + 1) * dt, dt=dt)
-                if checkpoint is not None and checkpoint.due(recorder.steps + k + 1):
-                    _check_finite(recorder, candidate, t0, t0 + (k + 1) * dt, dt)
-                    recorder.tick()
-                    checkpoint.write(recorder.checkpoint_state(candidate, t0 + (k + 1) * dt, interval, k + 1, dt,
-                                                               substeps),
-                                     recorder.unsaved(checkpoint.saves), recorder.steps + k + 1)
-                    if checkpoint.interrupted:
-                        raise KeyboardInterrupt
-            density, row = checked_state(recorder, candidate, t0, t1, dt)
-            c = candidate
-            recorder.steps += substeps
-            recorder.keep(float(t1), density, row)
-            bar.update(float(t1), mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
-    finally:
-        if checkpoint is not None:
-            checkpoint.stepping = False
-    bar.close()
-    recorder.tick()
-    return recorder.dataset("completed")
-
-
-def _check_finite(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: float, dt: float) -> None:
-    """Stop the run (NumericalFailure) when the coefficients stepped from t0 to t1 are not all finite."""
-    if not bool(torch.isfinite(torch.view_as_real(candidate)).all()):
-        _fail(recorder, f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})")
-
-
 def checked_state(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: float,
                   dt: float) -> tuple[np.ndarray, dict]:
-    """(density, diagnostics row) of the coefficients stepped from t0 to t1, or NumericalFailure when they
-    are not finite or no longer a density of the run (`departure`)."""
-    _check_finite(recorder, candidate, t0, t1, dt)
+    """(density, diagnostics row) of the member's coefficients stepped from t0 to t1, or NumericalFailure (the
+    recorder's dataset so far) when they are not finite or no longer a density of the run (`departure`)."""
+    if not bool(torch.isfinite(torch.view_as_real(candidate)).all()):
+        raise failure(recorder, f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})")
     density, row = recorder.measure(candidate)
-    real = recorder.problem.basis.placement.real
-    reason = departure(density, recorder.weights, float(recorder.masses_0.sum()), real)
+    reason = departure(density, recorder.weights, float(recorder.masses_0.sum()), recorder.basis.placement.real)
     if reason is not None:
-        _fail(recorder, f"{reason} between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g}): the solution blew up")
+        raise failure(recorder, f"{reason} between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g}): the solution blew up")
     return density, row
 
 
@@ -343,20 +322,167 @@ def departure(density: np.ndarray, weights: np.ndarray, mass_0: float, real: tor
     return None
 
 
-def _fail(recorder: WallClock, reason: str):
-    """Stop the run: the failure carries the dataset up to the last good save.  When the run had lost its
+def failure(recorder: WallClock, reason: str) -> NumericalFailure:
+    """The failure of a run: it carries the dataset up to the last good save.  When the run had lost its
     resolution before, the message says so: an under-resolved density undershoots, and that is the usual cause."""
     recorder.notes.append(reason)
     recorder.tick()
     resolution = ""
-    if isinstance(recorder, Recorder) and recorder.resolved_until is not None:  # particles have no resolution
+    if getattr(recorder, "resolved_until", None) is not None:  # particles have no resolution
         last = f"spectral tail {recorder.rows[-1]['spectral_tail']:.2g} at the last save, " if recorder.rows else ""
         resolution = (f"; it was under-resolved after t = {recorder.resolved_until:.4g} ({last}diagnostics.tail_tol = "
                       f"{recorder.tail_tol:.0e}): increase sphere.lmax or eps")
-    raise NumericalFailure(f"numerical failure: {reason}; the last good state (t = {recorder.times[-1]:.6g}) "
-                           f"is kept{resolution}", recorder.dataset(f"failed: {reason}"))
+    return NumericalFailure(f"numerical failure: {reason}; the last good state (t = {recorder.times[-1]:.6g}) "
+                            f"is kept{resolution}", recorder.dataset(f"failed: {reason}"))
 
 
-def _cfl_step(problem: ForwardProblem, speed: float, cfl: float, interval: float) -> float:
-    """dt = cfl / (lmax max|v|): the spectral CFL condition for explicit transport."""
-    return interval if speed == 0 else min(interval, cfl / (problem.basis.lmax * speed))
+def step_plan(problem: ForwardProblem, interval, c: torch.Tensor, a: torch.Tensor, timing: dict) -> tuple[Plan, list]:
+    """(the plan of an interval, the members' max |v| at its start or None): time.dt, or the CFL rule
+    dt = cfl / (lmax max|v|) of each member's own velocity; members whose velocity is not finite or asks for more
+    than MAX_STEPS_PER_SAVE steps are stopped."""
+    members = c.shape[0]
+    if "dt" in timing:
+        steps = np.full(members, fixed_steps(interval, timing["dt"]))
+        return Plan(interval, steps, interval.length / steps), None
+    speeds = problem.transport.max_speed(c, a).cpu().double().numpy()
+    steps, stopped = np.ones(members, dtype=np.int64), {}
+    for m, speed in enumerate(speeds):
+        dt_max = interval.length if speed == 0 else min(interval.length, timing["cfl"] / (problem.basis.lmax * speed))
+        if not math.isfinite(speed):
+            stopped[m] = f"the velocity became non-finite (max |v| = {speed}) at t = {interval.t0:.6g}"
+        elif not interval.length / dt_max <= MAX_STEPS_PER_SAVE:
+            stopped[m] = (f"max |v| = {speed:.3g} at t = {interval.t0:.6g} asks for steps of {dt_max:.3g}: too many "
+                          f"(more than {MAX_STEPS_PER_SAVE:.0e}) before the next save")
+        else:
+            steps[m] = max(1, math.ceil(interval.length / dt_max - 1e-9))
+    return Plan(interval, steps, interval.length / steps, stopped), list(speeds)
+
+
+class ForwardHooks(Hooks):
+    """The Eulerian run's saves (one Recorder per member), failures, progress and (one member) checkpoints."""
+
+    def __init__(self, problem: ForwardProblem, recorders: list, bar: Progress, checkpoint=None):
+        self.problem, self.recorders, self.bar, self.checkpoint = problem, recorders, bar, checkpoint
+        self.failures = {}
+
+    def stop(self, member: int, reason: str, plan: Plan) -> None:
+        self.failures[member] = failure(self.recorders[member], reason)
+
+    def after_step(self, plan: Plan, done: int, state: torch.Tensor) -> None:
+        t = plan.interval.t0 + done * float(plan.dt.max())
+        self.bar.update(min(t, plan.interval.t1), dt=float(plan.dt.min()))
+        checkpoint, recorder = self.checkpoint, self.recorders[0]
+        if checkpoint is not None and checkpoint.due(recorder.steps + done):
+            if not bool(torch.isfinite(state).all()):
+                raise failure(recorder, f"the density became non-finite between t = {plan.interval.t0:.6g} and "
+                                        f"{t:.6g} (dt = {float(plan.dt[0]):.3g})")
+            recorder.tick()
+            checkpoint.write(recorder.checkpoint_state(self.problem.coefficients(state)[0], plan, done),
+                             recorder.unsaved(checkpoint.saves), recorder.steps + done)
+            if checkpoint.interrupted:
+                raise KeyboardInterrupt
+
+    def at_knot(self, plan: Plan, state: torch.Tensor) -> list:
+        stopped = []
+        interval = plan.interval
+        c = self.problem.coefficients(state)
+        for m, recorder in enumerate(self.recorders):
+            if m in self.failures:
+                continue
+            recorder.steps += int(plan.steps[m])
+            if not interval.save:
+                continue
+            try:
+                density, row = checked_state(recorder, c[m], interval.t0, interval.t1, float(plan.dt[m]))
+            except NumericalFailure as error:
+                self.failures[m] = error
+                stopped.append(m)
+                continue
+            recorder.keep(interval.t1, density, row)
+        if len(self.recorders) == 1 and not stopped and interval.save:
+            row = self.recorders[0].rows[-1]
+            self.bar.update(interval.t1, mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
+        return stopped
+
+
+def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoint=None) -> list:
+    """Integrate the forward equation of every member; per member its Dataset, or the NumericalFailure that
+    stopped it (carrying its dataset up to its last good save).
+
+    Finiteness is checked at save times and checkpoints only, so that a GPU run never waits on the host inside a
+    save interval.  With a `checkpoint` (spherepde.checkpoint.Checkpoint; one member only) the state is stored
+    whenever one is due, and a checkpoint marked `resume` continues from its state: the result is bit for bit that
+    of an uninterrupted run."""
+    case, timing = problem.cases[0], problem.cases[0]["time"]
+    grid = TimeGrid(timing["t_end"], timing["save_every"])
+    a = problem.transport.feed_forward(problem.batch.W)
+    start = (0, 0, None, 0)
+    if checkpoint is not None and checkpoint.resume:
+        state, segments = checkpoint.load(case)
+        recorders = [Recorder.restored(problem, segments, state["recorder"])]
+        c = real_state(state["c"].to(problem.placement.device)[None])
+        interval = grid.intervals[state["interval"]]
+        plan = Plan(interval, np.array([state["substeps"]]), np.array([state["dt"]]))
+        start = (state["interval"], state["substep"], plan, recorders[0].steps)
+        t_start = state["t"]
+    else:
+        c = problem.initial()
+        coefficients = problem.coefficients(c)
+        densities = problem.basis.synthesis(coefficients).cpu().double().numpy()
+        recorders = [Recorder(problem, m, densities[m]) for m in range(problem.members)]
+        for m, recorder in enumerate(recorders):
+            recorder.record(0.0, coefficients[m])
+        t_start = 0.0
+    bar = Progress(timing["t_end"], enabled=progress, start=t_start)
+    hooks = ForwardHooks(problem, recorders, bar, checkpoint)
+
+    def plan_of(interval, state):
+        plan, speeds = step_plan(problem, interval, state, a, timing)
+        if speeds is not None and len(speeds) == 1:
+            bar.update(interval.t0, max_speed=speeds[0], dt=float(plan.dt[0]))
+        return plan
+
+    factors = {}
+
+    def begin(plan):
+        factors["step"] = problem.factors(plan)
+
+    for recorder in recorders:
+        recorder.start_clock()
+    if checkpoint is not None:
+        checkpoint.stepping = True
+    try:
+        with torch.no_grad():
+            integrate(grid, c, plan_of, begin, lambda state: problem.step(state, a, factors["step"]), hooks,
+                      timing.get("max_steps"), start)
+    finally:
+        if checkpoint is not None:
+            checkpoint.stepping = False
+    bar.close()
+    return outcomes(recorders, hooks.failures)
+
+
+def outcomes(recorders: list, failures: dict) -> list:
+    """Per member of a finished run its Dataset, or the NumericalFailure that stopped it (`failures` by member)."""
+    results = []
+    for m, recorder in enumerate(recorders):
+        recorder.tick()
+        results.append(failures.get(m) or recorder.dataset("completed"))
+    return results
+
+
+def only(results: list):
+    """The one member's result of a run of one case, its NumericalFailure raised."""
+    (result,) = results
+    if isinstance(result, NumericalFailure):
+        raise result
+    return result
+
+
+def run_eulerian(case, progress: bool | None = None, checkpoint=None):
+    """Integrate the forward equation of `case`; returns the output xarray.Dataset.
+
+    Raises NumericalFailure (with `.dataset`, the run up to its last good save) on NaN, and when a finite state
+    stops being a density (`departure`: mass drift or |rho| beyond what the grid can hold).  See `run_members`.
+    """
+    return only(run_members(ForwardProblem(case), progress, checkpoint))

@@ -13,26 +13,28 @@ with the loss l of control.loss (spherepde.losses, atoms X_i(T) with masses 1/n)
 
 Forward map.  x_0: particles.n draws from [initial] by a generator seeded with particles.seed
 (solvers.particles.initial_state, as the particle solver draws them).  The particles.integrator
-steps from knot to knot (the save times and the slice boundaries together, training.step_knots),
+steps from knot to knot (solvers.timegrid.TimeGrid: the save times and the slice boundaries together),
 each interval split into equal steps no longer than particles.dt, else time.dt, so that W is
-constant over every step.
+constant over every step.  M members (seeds of one case, say) run as one batch of systems
+(solvers.particles.ParticleSystem), each with its own draws.
 
 Noise (control.noise).  "common", common random numbers: the noise generator is seeded with the same
 seed (drawn from particles.seed after x_0) at the start of every forward run, so every evaluation of J
 sees the same x_0 and Brownian increments, as if drawn once and stored.  J is then a deterministic,
-smooth function of W, and reverse-mode autograd through the whole trajectory (every step, attention
-sum and exponential map) gives its exact gradient dJ/dW: the gradient of the cost of this one noise
-path, not of E J (tests/test_particle_training.py checks it against central differences).  The
+smooth function of W, and reverse-mode differentiation through the whole trajectory (every step,
+attention sum and exponential map) gives its exact gradient dJ/dW: the gradient of the cost of this one
+noise path, not of E J (tests/test_particle_training.py checks it against central differences).  The
+forward pass keeps every step's state and Gaussian draws (the tape, O(steps n d) numbers per member);
+the backward pass then takes torch autograd through one step at a time, from the last.  The
 optimum is then that path's: with few particles it can lie far from the mean-field one
 (results/seed004_particles.md, bow loss).  "fresh": evaluation k draws its own x_0 and noise, as
 particles.seed = the k-th child of numpy's SeedSequence(particles.seed) would, so dJ/dW is an unbiased
 estimate of dE[J]/dW, a stochastic gradient for Adam or gradient descent (tests: its mean is the
-mean-field gradient when the tokens do not interact).  Memory: autograd keeps every step's graph,
-O(steps n^2) numbers (the attention kernels).
+mean-field gradient when the tokens do not interact).
 
-Optimizer: solvers.training.optimise (the same Adam / gradient descent, stopping rule and progress
-output as the Eulerian training), with the same checkpoints of its evaluations (solvers/journal.py) when
-the noise is common.  The trained forward run is the same forward map (same noise) at
+Optimizer: solvers.training's (the same Adam / gradient descent / L-BFGS, stopping rule, lockstep of
+members and progress output as the Eulerian training), with the same checkpoints of its evaluations
+(solvers/journal.py) when the noise is common.  The trained forward run is the same forward map (same noise) at
 the final W, recorded at the save times with the particle solver's diagnostics (ParticleRecorder);
 with fresh noise, the path of particles.seed itself.
 
@@ -61,94 +63,255 @@ mean at T minus at the save nearest the plateau's middle) and gibbs_interaction_
 
 import math
 import time as wallclock
-from dataclasses import replace
 
 import numpy as np
 import torch
 import xarray as xr
 
 from spherepde import turnpike
-from spherepde.device import placement as make_placement
 from spherepde.errors import CaseError, NumericalFailure
 from spherepde.losses import make_loss
-from spherepde.model import Model, interaction_energy
+from spherepde.model import interaction_energy
 
 from .adjoint import Gradient
-from .eulerian import ForwardProblem
-from .particles import Integrator, ParticleField, ParticleRecorder, check_noise_step, initial_state
-from .training import control_variables, finished, journaled_optimise, kept_at_start, step_knots
+from .eulerian import ForwardProblem, only
+from .particles import ParticleSystem, initial_state, run_members
+from .timegrid import Plan, TimeGrid, fixed_steps
+from .training import Lockstep, control_variables, finished, journaled_optimise, kept_at_start
 
 
 class ParticleControl:
-    """The forward map W -> (X_i(t)) of a particle training case, its cost J and dJ/dW (module docstring)."""
+    """The forward map W -> (X_i(t)) of the particle training members `cases` (one case or a list: see
+    ParticleSystem), their costs J and dJ/dW (module docstring)."""
 
-    def __init__(self, case):
-        self.case = case
-        solver, control, timing = case["solver"], case["control"], case["time"]
-        self.placement = make_placement(solver["device"], solver["dtype"])
-        self.model = Model.from_case(case, self.placement)
-        self.x0, self.noise_seed = initial_state(case, self.placement)
-        self.fresh_seeds = (np.random.SeedSequence(case["particles"]["seed"]) if control["noise"] == "fresh"
-                            else None)
+    def __init__(self, cases):
+        self.system = ParticleSystem(cases)
+        self.cases, self.case = self.system.cases, self.system.case
+        control, timing = self.case["control"], self.case["time"]
+        self.placement = self.system.placement
+        self.x0, self.noise_seeds = self.system.x0, self.system.noise_seeds
+        self.fresh_seeds = ([np.random.SeedSequence(member["particles"]["seed"]) for member in self.cases]
+                            if control["noise"] == "fresh" else None)
         self.layers, self.t_end = control["layers"], timing["t_end"]
-        self.saves, knots = step_knots(timing, self.layers)
-        step = case["particles"].get("dt", timing["dt"])
-        self.intervals = []  # (t0, t1, layer, steps, save time at t1 or None): W = controls[layer] on [t0, t1]
-        for t0, t1 in zip(knots[:-1], knots[1:]):
-            layer = min(int(0.5 * (t0 + t1) * self.layers / self.t_end), self.layers - 1)
-            hits = self.saves[np.abs(self.saves - t1) <= 1e-12 * max(1.0, self.t_end)]
-            save = float(hits[0]) if hits.size else None
-            self.intervals.append((float(t0), float(t1), layer, max(1, math.ceil((t1 - t0) / step - 1e-9)), save))
-        self.steps = sum(interval[3] for interval in self.intervals)
-        self.dt = max((t1 - t0) / steps for t0, t1, _, steps, _ in self.intervals)
-        check_noise_step(case, self.model.eps, self.dt)
+        self.grid = TimeGrid.from_case(self.case)
+        step = self.case["particles"].get("dt", timing["dt"])
+        members = len(self.cases)
+        self.plans = []
+        for interval in self.grid.intervals:
+            steps = fixed_steps(interval, step)
+            self.plans.append(Plan(interval, np.full(members, steps), np.full(members, interval.length / steps)))
+        self.steps = sum(int(plan.steps[0]) for plan in self.plans)
+        self.dt = max(float(plan.dt[0]) for plan in self.plans)
+        self.system.check_steps(Plan(self.grid.intervals[0], np.ones(1), np.array([self.dt])))
         if "max_steps" in timing and self.steps > timing["max_steps"]:
             raise CaseError(f"time.max_steps: a forward run of the training needs {self.steps} steps, "
                             f"more than {timing['max_steps']}")
-        self.loss = make_loss(control, case.dim)
-        self.lambda_reg = control["lambda_reg"]
-        self.masses = torch.full((self.x0.shape[0],), 1 / self.x0.shape[0], dtype=self.x0.dtype, device=self.x0.device)
+        self.losses = [make_loss(member["control"], member.dim) for member in self.cases]
+        self.lambda_reg = self.placement.tensor([member["control"]["lambda_reg"] for member in self.cases])
+        n = self.x0.shape[1]
+        self.masses = torch.full((n,), 1 / n, dtype=self.x0.dtype, device=self.x0.device)
 
-    def run(self, x: torch.Tensor, controls: torch.Tensor, visit=None, noise_seed: int | None = None) -> torch.Tensor:
-        """X(T) from X(0) = x with W_t = controls[l] on slice l, the Brownian path of noise_seed (None: the
-        case's); visit(t, X(t)) at every save time, t = 0 too."""
-        noise = torch.Generator(self.placement.device).manual_seed(
-            self.noise_seed if noise_seed is None else noise_seed)
-        name = self.case["particles"]["integrator"]
-        if visit is not None:
-            visit(0.0, x)
-        for t0, t1, layer, steps, save in self.intervals:
-            field = ParticleField.from_case(self.case, replace(self.model, W=controls[layer]))
-            x = Integrator(name, field, self.model.eps, noise).interval(t0, x, (t1 - t0) / steps, steps)
-            if save is not None and visit is not None:
-                visit(save, x)
+    @property
+    def members(self) -> int:
+        return len(self.cases)
+
+    def select(self, members: list) -> "ParticleControl":
+        """The forward map of the members at the indices `members` (solvers/training.py: members that stop drop
+        out of the batch)."""
+        chosen = ParticleControl.__new__(ParticleControl)
+        chosen.__dict__.update(self.__dict__)
+        system = ParticleSystem.__new__(ParticleSystem)
+        system.__dict__.update(self.system.__dict__)
+        system.cases = [self.system.cases[m] for m in members]
+        system.batch = self.system.batch.select(members)
+        system.field = type(self.system.field)(system.batch, self.system.field.attention, self.system.field.chunk,
+                                               self.system.field.replicas)
+        system.integrator = type(self.system.integrator)(self.system.integrator.name, system.field, system.batch.eps)
+        system.x0 = self.system.x0[members]
+        system.noise_seeds = [self.system.noise_seeds[m] for m in members]
+        chosen.system, chosen.cases = system, system.cases
+        chosen.x0, chosen.noise_seeds = system.x0, system.noise_seeds
+        chosen.fresh_seeds = None if self.fresh_seeds is None else [self.fresh_seeds[m] for m in members]
+        chosen.plans = [Plan(plan.interval, plan.steps[members], plan.dt[members]) for plan in self.plans]
+        chosen.losses = [self.losses[m] for m in members]
+        chosen.lambda_reg = self.lambda_reg[members]
+        return chosen
+
+    def run(self, x: torch.Tensor, controls: torch.Tensor, noise_seeds: list | None = None, tape: list | None = None):
+        """X(T) (M, n, d) from X(0) = x with W_t = controls[:, l] on slice l, the Brownian paths of noise_seeds
+        (None: the members'); with `tape` (a list), every step's (state, W, h, k, steps, draws) is appended."""
+        integrator, noise = self.system.integrator, self.system.noise(noise_seeds)
+        for plan in self.plans:
+            steps, h = int(plan.steps[0]), float(plan.dt[0])
+            W = controls[:, plan.interval.layer]
+            draws = Replay(noise.draws(integrator.draw_count(steps)))
+            for k in range(steps):
+                taken = len(draws.taken)
+                if tape is not None:
+                    tape.append((x, W, h, k, steps, draws, taken))
+                x = integrator.step(x, W, h, k, steps, draws)
         return x
 
-    def cost(self, x_end: torch.Tensor, controls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(J, l(mu_T^n)) for the particles X(T) = x_end."""
-        loss = self.loss.value(x_end, self.masses)
-        return loss + 0.5 * self.lambda_reg * (controls ** 2).sum() * (self.t_end / self.layers), loss
+    def costs(self, x_end: torch.Tensor, controls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(J (M,), l(mu_T^n) (M,)) for the particles X(T) = x_end."""
+        losses = torch.stack([loss.value(x_end[m], self.masses) for m, loss in enumerate(self.losses)])
+        regulariser = 0.5 * self.lambda_reg * (controls ** 2).flatten(1).sum(1) * (self.t_end / self.layers)
+        return losses + regulariser, losses
 
-    def sample(self) -> tuple[torch.Tensor, int | None]:
-        """(x_0, noise seed) of the next evaluation: the case's (common noise), or fresh draws."""
+    def samples(self) -> tuple[torch.Tensor, list | None]:
+        """(x_0 (M, n, d), noise seeds) of the next evaluation: the members' own (common noise), or fresh draws."""
         if self.fresh_seeds is None:
             return self.x0, None
-        (seed,) = self.fresh_seeds.spawn(1)
-        return initial_state(self.case, self.placement, int(seed.generate_state(1, np.uint64)[0] >> 1))
+        draws = [initial_state(member, self.placement, int(sequence.spawn(1)[0].generate_state(1, np.uint64)[0] >> 1))
+                 for member, sequence in zip(self.cases, self.fresh_seeds)]
+        return torch.stack([x for x, _ in draws]), [seed for _, seed in draws]
 
-    def gradient(self, controls: torch.Tensor) -> Gradient:
-        """J and dJ/dW by autograd through the whole trajectory (no adjoint norms: Gradient.times is empty)."""
-        controls = controls.detach().clone().requires_grad_(True)
-        x0, noise_seed = self.sample()
+    def gradients(self, controls: torch.Tensor) -> list:
+        """Per member J and dJ/dW (a Gradient; no adjoint norms: Gradient.times is empty), or the NumericalFailure
+        of a run whose particles left the finite numbers: one forward pass keeping its tape, then the transpose of
+        every step by autograd through that step alone, from the last."""
+        controls = controls.detach()
+        x0, seeds = self.samples()
+        tape = []
+        with torch.no_grad():
+            x_end = self.run(x0, controls, seeds, tape)
         with torch.enable_grad():
-            cost, loss = self.cost(self.run(x0, controls, noise_seed=noise_seed), controls)
-            (dW,) = torch.autograd.grad(cost, controls)
-        return Gradient(float(cost.detach()), float(loss.detach()), dW, [], [])
+            x = x_end.clone().requires_grad_(True)
+            W_all = controls.clone().requires_grad_(True)
+            costs, losses = self.costs(x, W_all)
+            x_bar, W_bar = torch.autograd.grad(costs.sum(), (x, W_all))
+            W_bar = W_bar.clone()
+            integrator = self.system.integrator
+            for (state, W, h, k, steps, draws, taken), plan_layer in zip(reversed(tape), reversed(self._layers())):
+                state = state.detach().requires_grad_(True)
+                W = W.detach().requires_grad_(True)
+                stepped = integrator.step(state, W, h, k, steps, draws.replay(taken))
+                x_bar, layer_bar = torch.autograd.grad(stepped, (state, W), x_bar)
+                W_bar[:, plan_layer] += layer_bar
+        finite = torch.isfinite(x_end).flatten(1).all(1).tolist()
+        costs, losses = costs.detach(), losses.detach()
+        return [Gradient(float(costs[m]), float(losses[m]), W_bar[m], [], []) if finite[m] else
+                NumericalFailure("numerical failure: a particle position became non-finite in the forward run")
+                for m in range(self.members)]
+
+    def _layers(self) -> list:
+        return [plan.interval.layer for plan in self.plans for _ in range(int(plan.steps[0]))]
 
     def cost_of(self, controls: torch.Tensor) -> float:
-        """J(W) without the gradient (finite differences)."""
+        """J(W) of the first member without the gradient (finite differences); controls (L, d, d)."""
         with torch.no_grad():
-            return float(self.cost(self.run(self.x0, controls), controls)[0])
+            return float(self.costs(self.run(self.x0, controls.expand(self.members, -1, -1, -1)),
+                                    controls.expand(self.members, -1, -1, -1))[0][0])
+
+    def gradient(self, controls: torch.Tensor) -> Gradient:
+        """The first member's J and dJ/dW at controls (L, d, d) (one member's training; tests)."""
+        return only(self.select([0]).gradients(controls[None]))
+
+
+class Replay:
+    """An iterator over Gaussian draws that keeps what it gave (`taken`), so that a step can be taken again with
+    the same draws (`replay(start)` from draw number `start`)."""
+
+    def __init__(self, draws):
+        self.draws, self.taken = draws, []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        value = next(self.draws)
+        self.taken.append(value)
+        return value
+
+    def replay(self, start: int):
+        return iter(self.taken[start:])
+
+
+def run_particle_trainings(cases, progress: bool | None = None, starts: list | None = None,
+                           checkpoints: list | None = None) -> list:
+    """Train the members' controls through their particle systems in lockstep (solvers.training.Lockstep) and
+    return per member the Dataset of its trained run, or the NumericalFailure that ended it."""
+    forward = ParticleControl(cases)
+    for checkpoint in checkpoints or []:
+        if checkpoint is not None and forward.case["control"]["noise"] != "common":
+            raise CaseError("checkpoints: a particle training on fresh noise is not checkpointed (its evaluations "
+                            "are draws of a sequence that a resumed run would not continue); use control.noise = "
+                            "'common'")
+    cache = {}
+
+    def evaluate(members, controls):
+        key = tuple(members)
+        if key not in cache:
+            cache.clear()
+            cache[key] = forward if len(members) == forward.members else forward.select(members)
+        return cache[key].gradients(controls)
+
+    def task(member):
+        start = starts[member] if starts is not None else None
+        initial = forward.system.batch.models[member].W if start is None else forward.placement.tensor(start)
+        checkpoint = checkpoints[member] if checkpoints is not None else None
+
+        def run(gradient_of):
+            try:
+                return journaled_optimise(forward.cases[member], initial, forward.layers, gradient_of,
+                                          progress if forward.members == 1 else False, checkpoint)
+            except NumericalFailure as failure:
+                return failure
+        return run
+
+    started = wallclock.perf_counter()
+    total = max(member["control"]["iterations"] for member in forward.cases) + 1
+    results = Lockstep(evaluate, progress if forward.members > 1 else False, float(total)).run(
+        [task(m) for m in range(forward.members)])
+    training_seconds = wallclock.perf_counter() - started
+
+    def run_at(members, controls, status, notes):
+        chosen = forward.select(members)
+        outcomes = run_members(chosen.system, False, controls, forward.grid)
+        datasets = []
+        for outcome, note in zip(outcomes, notes):
+            dataset = outcome.dataset if isinstance(outcome, NumericalFailure) else outcome
+            dataset.attrs["status"] = status if not isinstance(outcome, NumericalFailure) else dataset.attrs["status"]
+            dataset.attrs["notes"] = "\n".join(filter(None, [dataset.attrs.get("notes", "")] + list(note)))
+            datasets.append((dataset, outcome))
+        return datasets
+
+    outcomes = [None] * forward.members
+    for m, result in enumerate(results):
+        if isinstance(result, NumericalFailure):
+            initial = (forward.system.batch.models[m].W if starts is None or starts[m] is None
+                       else forward.placement.tensor(starts[m])).expand(forward.layers, -1, -1)
+            outcomes[m] = kept_at_start(result, forward.cases[m], initial,
+                                        lambda controls, m=m: _dataset_or_raise(run_at([m], controls[None],
+                                                                                       "failed", [[]])[0]))
+    trained = [m for m, result in enumerate(results) if not isinstance(result, NumericalFailure)]
+    if trained:
+        controls = torch.stack([results[m].controls for m in trained])
+        runs = run_at(trained, controls, "completed", [results[m].notes for m in trained])
+        for (dataset, outcome), m in zip(runs, trained):
+            result = results[m]
+            dataset = control_variables(dataset, forward.cases[m], result)
+            dataset = dataset.assign(phase_variables(forward.cases[m], dataset))
+            dataset.attrs.update({
+                "training": "trained control through the particle system (solvers/particle_training.py)",
+                "gradient": f"autograd ({forward.case['control']['noise']} noise)",
+                "optimizer": forward.cases[m]["control"]["optimizer"], "iterations": len(result.costs) - 1,
+                "optimizer_stop": result.stop, "training_seconds": training_seconds})
+            if isinstance(outcome, NumericalFailure):
+                outcomes[m] = NumericalFailure(f"{outcome} (the trained run; W and the loss history are kept)", dataset)
+                continue
+            try:
+                outcomes[m] = finished(dataset, result)
+            except NumericalFailure as failure:
+                outcomes[m] = failure
+    return outcomes
+
+
+def _dataset_or_raise(pair):
+    dataset, outcome = pair
+    if isinstance(outcome, NumericalFailure):
+        raise NumericalFailure(str(outcome), dataset)
+    return dataset
 
 
 def run_particle_training(case, progress: bool | None = None, start: torch.Tensor | None = None,
@@ -160,37 +323,7 @@ def run_particle_training(case, progress: bool | None = None, start: torch.Tenso
     keeps the training's evaluations, as for the Eulerian training (solvers/journal.py); common noise only,
     since with fresh noise an evaluation's draws depend on how many came before it.
     """
-    if checkpoint is not None and case["control"]["noise"] != "common":
-        raise CaseError("checkpoints: a particle training on fresh noise is not checkpointed (its evaluations "
-                        "are draws of a sequence that a resumed run would not continue); use control.noise = 'common'")
-    forward = ParticleControl(case)
-
-    def run_at(controls: torch.Tensor, status: str, notes=()) -> xr.Dataset:
-        recorder = ParticleRecorder(case, forward.model, ParticleField.from_case(case, forward.model), forward.x0)
-        recorder.notes += notes
-        started = wallclock.perf_counter()
-        with torch.no_grad():
-            forward.run(forward.x0, controls, recorder.record)
-        recorder.steps, recorder.dt = forward.steps, forward.dt
-        recorder.wall_seconds = wallclock.perf_counter() - started
-        return recorder.dataset(status)
-
-    started = wallclock.perf_counter()
-    initial = forward.model.W if start is None else forward.placement.tensor(start)
-    try:
-        result = journaled_optimise(case, initial, forward.layers, forward.gradient, progress, checkpoint)
-    except NumericalFailure as failure:
-        raise kept_at_start(failure, case, initial.expand(forward.layers, -1, -1),
-                            lambda controls: run_at(controls, "failed")) from None
-    training_seconds = wallclock.perf_counter() - started
-    dataset = control_variables(run_at(result.controls, "completed", result.notes), case, result)
-    dataset = dataset.assign(phase_variables(case, dataset))
-    dataset.attrs.update({"training": "trained control through the particle system (solvers/particle_training.py)",
-                          "gradient": f"autograd ({case['control']['noise']} noise)",
-                          "optimizer": case["control"]["optimizer"],
-                          "iterations": len(result.costs) - 1, "optimizer_stop": result.stop,
-                          "training_seconds": training_seconds})
-    return finished(dataset, result)
+    return only(run_particle_trainings([case], progress, [start], [checkpoint]))
 
 
 def phase_variables(case, dataset: xr.Dataset) -> dict:
@@ -206,8 +339,9 @@ def phase_variables(case, dataset: xr.Dataset) -> dict:
     if model["kernel"] == "unnormalized" and model["eps"] > 0 and math.isfinite(model["beta"]) and case.dim in (2, 3):
         problem = ForwardProblem(case)
         basis = problem.basis
-        rho, _ = turnpike.gibbs_well(problem.model, problem.exp_kernel, basis)
-        reference = interaction_energy(problem.model, problem.exp_kernel, basis, rho)
+        model, exp_kernel = problem.model, problem.kernels.member(0)
+        rho, _ = turnpike.gibbs_well(model, exp_kernel, basis)
+        reference = interaction_energy(model, exp_kernel, basis, rho)
         gap = dataset["interaction_energy"].values - reference
         variables["interaction_gap"] = (("time",), gap, {
             "long_name": "interaction energy of the particles (U-statistic) minus that of the Gibbs minimiser",

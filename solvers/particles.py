@@ -1,18 +1,22 @@
-"""The reference particle solver: n tokens on S^{d-1} (any d >= 2) for the model of DESIGN §2.
+"""The reference particle solver: n tokens on S^{d-1} (any d >= 2) for the model of DESIGN §2, for M members at once.
 
     dX_i = v[mu_n](X_i, t) dt + sqrt(2 eps) dB_i,    mu_n = (1/n) sum_j delta_{X_j},
 
-with B_i independent Brownian motions on the sphere (generator eps Lap).  The drift is
-the same `Model` as the Eulerian solver's, with the empirical measure in place of rho:
-the attention integral is the exponential-kernel transform over the particles with
-weights 1/n (`DenseExpKernel` on an `EmpiricalMeasure`), or, for the softmax kernel on
-CUDA, fused scaled-dot-product attention m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the
-same sum, memory O(n) per block of rows).  On the CPU the dense transform is used: torch's
-float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).  At beta = inf the case chooses between
+with B_i independent Brownian motions on the sphere (generator eps Lap).  The drift is the same
+model (spherepde.model: attention, velocity) as the Eulerian solver's, with the empirical measure in place of
+rho: the attention integral is the exponential-kernel sum over the particles with weights 1/n
+(exp_kernel.dense_exp_kernel), or, for the softmax kernel on CUDA, fused scaled-dot-product attention
+m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same sum, memory O(n) per block of rows).  On the CPU the
+dense sum is used: torch's float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).
+At beta = inf the case chooses between
   "mean_field": m(x) = B^T x / |B^T x|, the local field of the Eulerian equation, so the
                 particles are its characteristics (they do not interact), and
   "hardmax":    m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j>, the beta -> inf limit of the
                 softmax over the particles.
+
+Systems.  The state is x (M, n, d): M members (a batch: seeds, initial laws, models of one sweep), each of
+n tokens in `particles.replicas` = R independent systems of n / R consecutive tokens: the drift sees
+M R systems of n / R tokens, one batched tensor program (a token attends to its own system only).
 
 Integrators (x_{k+1} from x_k, step h; normalise(y) = y / |y|):
   "euler"  eps = 0: the seed's projected Euler  x <- normalise(x + h v(x));
@@ -31,9 +35,10 @@ Integrators (x_{k+1} from x_k, step h; normalise(y) = y / |y|):
   like exp(tau eps Lap) up to O(tau^3) (on S^1 the correction vanishes: the step is exact).
   A step with (d - 2) eps dt / 3 >= 1/2, beyond that expansion, is refused (CaseError).
 
-Randomness: one CPU torch.Generator seeded with particles.seed draws the initial sample
-and then the seed of the noise generator (on the run's device); a run is reproducible bit
-for bit on the CPU.
+Randomness: per member one CPU torch.Generator seeded with its particles.seed draws the initial sample and
+then the seed of the member's noise generator (on the run's device).  The Gaussian draws of an interval
+between knots are made together, in chunks of at most NOISE_BYTES (`Noise`), so a member's draws do not
+depend on the batch it runs in: a batched member is its serial run bit for bit on the CPU.
 """
 
 import math
@@ -49,13 +54,17 @@ from spherepde.ambient import tangent_projection
 from spherepde.device import placement as make_placement
 from spherepde.energy import FreeEnergy
 from spherepde.errors import CaseError
-from spherepde.exp_kernel import DenseExpKernel, block_rows
-from spherepde.model import Model, attention_mean, principal_subspace, velocity, zero_temperature_mean
+from spherepde.exp_kernel import DenseExpKernel, block_rows, dense_exp_kernel
+from spherepde.model import Model, ModelBatch, attention_mean, principal_subspace, velocity, zero_temperature_mean
 from spherepde.output import particle_dataset
 from spherepde.progress import Progress
 from spherepde.sampling import initial_particles
 
-from .eulerian import MAX_STEPS_PER_SAVE, WallClock, _fail, save_times
+from .eulerian import MAX_STEPS_PER_SAVE, WallClock, failure, only, outcomes
+from .timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
+
+# Largest block of Gaussian draws made at once per member (bytes).
+NOISE_BYTES = 2 ** 26
 
 # ---------------------------------------------------------------------------------------
 # The drift: the model's velocity with the empirical measure
@@ -82,71 +91,108 @@ class EmpiricalMeasure:
                           device=self.points.device)
 
 
-def hardmax_mean(model: Model, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
-    """m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j> = argmax_j <B^T x_i, x_j> (blocks of `block_rows(chunk)` rows)."""
-    chunk = block_rows(chunk, points.shape[0], points.dtype, points.device)
-    queries = points @ model.B
-    index = torch.cat([(queries[start:start + chunk] @ points.T).argmax(1)
-                       for start in range(0, points.shape[0], chunk)])
-    return points[index]
+def hardmax_mean(B: torch.Tensor, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
+    """m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j> = argmax_j <B^T x_i, x_j>, per system: B (S, d, d), points
+    (S, n, d) (blocks of `block_rows(chunk)` rows)."""
+    rows = block_rows(chunk, points.shape[-2], points.dtype, points.device)
+    queries = torch.matmul(points, B)
+    index = torch.cat([torch.matmul(queries[:, start:start + rows], points.transpose(-1, -2)).argmax(-1)
+                       for start in range(0, points.shape[-2], rows)], dim=-1)
+    return torch.gather(points, 1, index[..., None].expand(-1, -1, points.shape[-1]))
 
 
-def fused_softmax_mean(model: Model, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
-    """m(x_i) = sum_j softmax_j(beta <B^T x_i, x_j>) x_j by fused attention, `block_rows(chunk)` query rows per
-    call."""
-    chunk = block_rows(chunk, points.shape[0], points.dtype, points.device)
-    queries = model.beta * (points @ model.B)
-    keys = points[None]
-    return torch.cat([F.scaled_dot_product_attention(queries[start:start + chunk][None], keys, keys, scale=1.0)[0]
-                      for start in range(0, points.shape[0], chunk)])
+def fused_softmax_mean(B: torch.Tensor, beta: torch.Tensor, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
+    """m(x_i) = sum_j softmax_j(beta <B^T x_i, x_j>) x_j by fused attention per system (B (S, d, d), beta (S,),
+    points (S, n, d)), `block_rows(chunk)` query rows per call."""
+    rows = block_rows(chunk, points.shape[-2], points.dtype, points.device)
+    queries = beta[:, None, None] * torch.matmul(points, B)
+    return torch.cat([F.scaled_dot_product_attention(queries[:, start:start + rows], points, points, scale=1.0)
+                      for start in range(0, points.shape[-2], rows)], dim=-2)
+
+
+# The whole (systems, n, n) kernel of a step is formed at once, without the log-sum-exp shift, while it takes at
+# most this many bytes and beta |B^T x| stays below half the exponent range (no sum of n exponentials overflows).
+DIRECT_BYTES = 2 ** 26
+
+
+class SystemKernel:
+    """The exponential-kernel sum over each system's particles with weights 1/n_s: channels (S, n_s, c) ->
+    (scaled, log_scale) as the transforms of spherepde.exp_kernel give them (model.attention's `exp_kernel`).
+
+    beta = 0: the plain sums.  Where the kernel can neither overflow nor underflow (beta sigma_max(B) <= half the
+    exponent range) and the systems' kernels fit DIRECT_BYTES: exp(beta <x_i, B x_j>) directly, in one product,
+    log_scale = 0 (a few operations less than the shifted blocks of exp_kernel.dense_exp_kernel, which serve the
+    rest)."""
+
+    def __init__(self, points: torch.Tensor, B: torch.Tensor, beta: torch.Tensor, chunk: int | str,
+                 direct: bool = False):
+        self.points, self.B, self.beta, self.chunk, self.direct = points, B, beta, chunk, direct
+
+    @staticmethod
+    def can_be_direct(B: torch.Tensor, beta: torch.Tensor, systems: int, n: int) -> bool:
+        dtype = B.dtype
+        reach = float((beta * torch.linalg.matrix_norm(B.double(), ord=2)).max())
+        return (systems * n * n * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES
+                and reach <= 0.5 * math.log(torch.finfo(dtype).max))
+
+    def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = f / self.points.shape[-2]
+        zero = torch.zeros(f.shape[:-1], dtype=f.dtype, device=f.device)
+        if not bool(self.beta.any()):  # beta = 0: the constant kernel, every particle sees the plain sum
+            return f.sum(-2, keepdim=True).expand_as(f), zero
+        if self.direct:
+            logits = torch.matmul(torch.matmul(self.points, self.B), self.points.transpose(-1, -2))
+            return torch.matmul(torch.exp(logits * self.beta[:, None, None]), f), zero
+        return dense_exp_kernel(self.points, self.points, f, self.B, self.beta, self.chunk)
 
 
 class ParticleField:
-    """v[mu_n](x_i, t) for the particles x (n, d); `attention` is "fused", "dense", "local" or "hardmax".
+    """v[mu_n](x_i) for the members' particles x (M, n, d), W (M, d, d); `attention` is "fused", "dense", "local"
+    or "hardmax"; each member's tokens are `replicas` independent systems (module docstring)."""
 
-    With `replicas` R > 1 the particles are R independent systems of n / R consecutive tokens:
-    each token attends to the tokens of its own block only.
-    """
-
-    def __init__(self, model: Model, attention: str, chunk: int | str, replicas: int = 1):
-        self.model, self.attention, self.chunk, self.replicas = model, attention, chunk, replicas
+    def __init__(self, batch: ModelBatch, attention: str, chunk: int | str, replicas: int = 1):
+        self.batch, self.attention, self.chunk, self.replicas = batch, attention, chunk, replicas
+        self.systems = batch.select([m for m in range(batch.members) for _ in range(replicas)])
+        self.direct = None  # SystemKernel.can_be_direct, found at the first call (it needs n)
 
     @classmethod
-    def from_case(cls, case, model: Model) -> "ParticleField":
+    def from_case(cls, case, batch: ModelBatch) -> "ParticleField":
         solver = case["solver"]
         if solver["field"] == "spectral":
             raise CaseError("solver.field: 'spectral' is not available for particles; use 'dense' or 'auto'")
-        if model.zero_temperature:
+        if batch.zero_temperature:
             attention = "local" if case["particles"]["beta_inf_mode"] == "mean_field" else "hardmax"
-        elif (model.kernel == "softmax" and model.beta > 0 and solver["field"] == "auto"
-              and model.B.device.type == "cuda"):
+        elif (batch.kernel == "softmax" and bool((batch.beta > 0).all()) and solver["field"] == "auto"
+              and batch.B.device.type == "cuda"):
             attention = "fused"
         else:
             attention = "dense"
-        return cls(model, attention, solver["chunk"], case["particles"]["replicas"])
+        return cls(batch, attention, solver["chunk"], case["particles"]["replicas"])
 
-    def kernel(self, points: torch.Tensor) -> DenseExpKernel:
-        """T_B over the empirical measure of `points` (weights 1/n)."""
-        return DenseExpKernel(EmpiricalMeasure(points), self.model.B, self.model.beta, self.chunk)
+    def _systems(self, x: torch.Tensor) -> torch.Tensor:
+        """(M, n, d) -> (M R, n / R, d)."""
+        return x.reshape(x.shape[0] * self.replicas, -1, x.shape[-1])
 
-    def mean_field(self, points: torch.Tensor) -> torch.Tensor:
+    def mean_field(self, x: torch.Tensor) -> torch.Tensor:
+        """m at every particle (M, n, d)."""
+        points, systems = self._systems(x), self.systems
         if self.attention == "local":
-            return zero_temperature_mean(self.model, points)
-        if self.replicas > 1:
-            return torch.cat([self.system_mean_field(block) for block in points.split(len(points) // self.replicas)])
-        return self.system_mean_field(points)
+            m = zero_temperature_mean(systems.B, points)
+        elif self.attention == "hardmax":
+            m = hardmax_mean(systems.B, points, self.chunk)
+        elif self.attention == "fused":
+            m = fused_softmax_mean(systems.B, systems.beta, points, self.chunk)
+        else:
+            if self.direct is None:
+                self.direct = SystemKernel.can_be_direct(systems.B, systems.beta, *points.shape[:2])
+            ones = torch.ones(points.shape[:2], dtype=points.dtype, device=points.device)
+            kernel = SystemKernel(points, systems.B, systems.beta, self.chunk, self.direct)
+            m = attention_mean(systems, kernel, points, ones)
+        return m.reshape(x.shape)
 
-    def system_mean_field(self, points: torch.Tensor) -> torch.Tensor:
-        """m(x_i) over the empirical measure of `points` (one interacting system)."""
-        if self.attention == "hardmax":
-            return hardmax_mean(self.model, points, self.chunk)
-        if self.attention == "fused":
-            return fused_softmax_mean(self.model, points, self.chunk)
-        ones = torch.ones(points.shape[0], dtype=points.dtype, device=points.device)
-        return attention_mean(self.model, self.kernel(points), points, ones)
-
-    def __call__(self, t: float, points: torch.Tensor) -> torch.Tensor:
-        return velocity(self.model, points, self.mean_field(points), t)
+    def __call__(self, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+        """v(x_i) = P_x(W x + V m(x)) (M, n, d)."""
+        return velocity(self.batch, x, self.mean_field(x), W)
 
 
 # ---------------------------------------------------------------------------------------
@@ -165,62 +211,90 @@ def exponential_map(points: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor
     return normalise(torch.cos(length) * points + torch.sin(length) * direction)
 
 
-def heun_flow(field, t: float, x: torch.Tensor, h: float) -> torch.Tensor:
-    k1 = field(t, x)
-    k2 = field(t + h, x + h * k1)
+def heun_flow(field, x: torch.Tensor, W: torch.Tensor, h: float) -> torch.Tensor:
+    k1 = field(x, W)
+    k2 = field(x + h * k1, W)
     return normalise(x + 0.5 * h * (k1 + k2))
 
 
-def rk4_flow(field, t: float, x: torch.Tensor, h: float) -> torch.Tensor:
-    k1 = field(t, x)
-    k2 = field(t + h / 2, x + (h / 2) * k1)
-    k3 = field(t + h / 2, x + (h / 2) * k2)
-    k4 = field(t + h, x + h * k3)
+def rk4_flow(field, x: torch.Tensor, W: torch.Tensor, h: float) -> torch.Tensor:
+    k1 = field(x, W)
+    k2 = field(x + (h / 2) * k1, W)
+    k3 = field(x + (h / 2) * k2, W)
+    k4 = field(x + h * k3, W)
     return normalise(x + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4))
 
 
-def noise_variance(eps: float, tau: float, dim: int) -> float:
-    """sigma^2 = 2 eps tau (1 - (d - 2) eps tau / 3): the geodesic Gaussian step of weak order 2."""
+def noise_variance(eps, tau: float, dim: int):
+    """sigma^2 = 2 eps tau (1 - (d - 2) eps tau / 3): the geodesic Gaussian step of weak order 2 (eps a number or
+    a tensor of the members' eps)."""
     return 2 * eps * tau * (1 - (dim - 2) * eps * tau / 3)
 
 
+class Noise:
+    """The members' Gaussian draws g ~ N(0, I_d) (M, n, d), one per noise step, from each member's own generator,
+    drawn `count` at a time per interval in chunks of at most NOISE_BYTES per member (the chunks depend on n, d
+    and the interval only, not on the batch)."""
+
+    def __init__(self, generators: list, shape: tuple, dtype, device):
+        self.generators, self.shape, self.dtype, self.device = generators, shape, dtype, device
+        self.chunk = max(1, NOISE_BYTES // (math.prod(shape) * torch.finfo(dtype).bits // 8))
+
+    def draws(self, count: int):
+        """The next `count` draws of every member, as an iterator of (M, n, d) tensors."""
+        done = 0
+        while done < count:
+            size = min(self.chunk, count - done)
+            block = torch.stack([torch.randn((size,) + self.shape, generator=g, dtype=self.dtype, device=self.device)
+                                 for g in self.generators], dim=1)
+            yield from block.unbind(0)
+            done += size
+
+
 class Integrator:
-    """Advances the particles over one save interval of `substeps` equal steps h (see module doc)."""
+    """Advances the members' particles over one interval of `steps` equal steps h (see module doc); eps (M,) the
+    members' diffusion coefficients (all zero or all positive)."""
 
-    def __init__(self, name: str, field: ParticleField, eps: float, noise: torch.Generator):
-        self.name, self.field, self.eps, self.noise = name, field, eps, noise
+    def __init__(self, name: str, field: ParticleField, eps: torch.Tensor):
+        self.name, self.field = name, field
+        self.eps = eps.reshape(-1, 1, 1)
+        self.noisy = bool((eps > 0).any())
 
-    def gaussian(self, points: torch.Tensor) -> torch.Tensor:
-        """P_x g, g ~ N(0, I_d): a standard Gaussian in the tangent space at each particle."""
-        g = torch.randn(points.shape, generator=self.noise, dtype=points.dtype, device=points.device)
+    def draw_count(self, steps: int) -> int:
+        """Gaussian draws the interval takes: one per step (euler), one more for the split's half steps."""
+        if not self.noisy:
+            return 0
+        return steps if self.name == "euler" else steps + 1
+
+    def gaussian(self, points: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """P_x g: a standard Gaussian in the tangent space at each particle."""
         return tangent_projection(points, g)
 
-    def brownian(self, points: torch.Tensor, tau: float) -> torch.Tensor:
+    def brownian(self, points: torch.Tensor, tau: float, g: torch.Tensor) -> torch.Tensor:
         """The noise step N(tau): exp_x(sigma P_x g)."""
-        sigma = math.sqrt(noise_variance(self.eps, tau, points.shape[1]))
-        return exponential_map(points, sigma * self.gaussian(points))
+        sigma = torch.sqrt(noise_variance(self.eps, tau, points.shape[-1]))
+        return exponential_map(points, sigma * self.gaussian(points, g))
 
-    def interval(self, t0: float, x: torch.Tensor, h: float, substeps: int) -> torch.Tensor:
+    def step(self, x: torch.Tensor, W: torch.Tensor, h: float, k: int, steps: int, draws) -> torch.Tensor:
+        """Step k of `steps` of an interval; `draws` yields the interval's Gaussian draws in order."""
         if self.name == "euler":
-            for k in range(substeps):
-                x = self.euler(t0 + k * h, x, h)
-            return x
+            drift = h * self.field(x, W)
+            if not self.noisy:
+                return normalise(x + drift)
+            return exponential_map(x, drift + torch.sqrt(2 * self.eps * h) * self.gaussian(x, next(draws)))
         flow = heun_flow if self.name == "heun" else rk4_flow
-        if self.eps == 0:
-            for k in range(substeps):
-                x = flow(self.field, t0 + k * h, x, h)
-            return x
-        x = self.brownian(x, h / 2)
-        for k in range(substeps):
-            x = flow(self.field, t0 + k * h, x, h)
-            x = self.brownian(x, h if k < substeps - 1 else h / 2)
-        return x
+        if not self.noisy:
+            return flow(self.field, x, W, h)
+        if k == 0:
+            x = self.brownian(x, h / 2, next(draws))
+        x = flow(self.field, x, W, h)
+        return self.brownian(x, h if k < steps - 1 else h / 2, next(draws))
 
-    def euler(self, t: float, x: torch.Tensor, h: float) -> torch.Tensor:
-        drift = h * self.field(t, x)
-        if self.eps == 0:
-            return normalise(x + drift)
-        return exponential_map(x, drift + math.sqrt(2 * self.eps * h) * self.gaussian(x))
+    def interval(self, x: torch.Tensor, W: torch.Tensor, h: float, steps: int, noise: Noise | None) -> torch.Tensor:
+        draws = noise.draws(self.draw_count(steps)) if noise is not None else iter(())
+        for k in range(steps):
+            x = self.step(x, W, h, k, steps, draws)
+        return x
 
 
 # ---------------------------------------------------------------------------------------
@@ -395,8 +469,8 @@ class ParticleRecorder(WallClock):
     when eps = 0, NaN otherwise.
     """
 
-    def __init__(self, case, model: Model, field: ParticleField, x0: torch.Tensor):
-        self.case, self.model, self.field = case, model, field
+    def __init__(self, case, model: Model, field: ParticleField, x0: torch.Tensor, controlled: bool = False):
+        self.case, self.model, self.field, self.controlled = case, model, field, controlled
         host = lambda matrix: matrix.cpu().double().numpy()  # noqa: E731
         self.subspace_E = principal_subspace(host(model.V @ model.B.T))
         self.subspace_F = principal_subspace(host(model.V))
@@ -410,6 +484,7 @@ class ParticleRecorder(WallClock):
         self.times, self.rows, self.positions, self.notes = [], [], [], []
         super().__init__()
         self.steps, self.dt, self.w2_error_bound = 0, math.nan, 0.0
+        self.batch_members = field.batch.members
 
     def record(self, t: float, x: torch.Tensor) -> dict:
         points = x.cpu().double().numpy()
@@ -457,7 +532,7 @@ class ParticleRecorder(WallClock):
         row["interaction_energy"], errors["interaction_energy"] = (self._interaction_energy(x) if energy
                                                                    else (math.nan, math.nan))
         row["entropy"], errors["entropy"] = math.nan, math.nan
-        free_energy = FreeEnergy.of_model(self.model)
+        free_energy = FreeEnergy.of_model(self.model, self.controlled)
         if self.model.eps == 0:
             row["free_energy"] = free_energy(math.nan, row["interaction_energy"], m)
             errors["free_energy"] = free_energy.interaction_stderr(errors["interaction_energy"], points)
@@ -541,14 +616,31 @@ class ParticleRecorder(WallClock):
 # ---------------------------------------------------------------------------------------
 
 
-def step_bound(case, field: ParticleField, t: float, x: torch.Tensor, interval: float) -> float:
-    """Longest step of a save interval: particles.dt, else time.dt, else the Eulerian CFL rule
-    dt = cfl / (lmax max|v|) with the particles' largest speed at the start of the interval."""
-    timing = case["time"]
-    if "dt" in case["particles"] or "dt" in timing:
-        return case["particles"].get("dt", timing.get("dt"))
-    speed = float(torch.linalg.vector_norm(field(t, x), dim=-1).max())
-    return interval if speed == 0 else min(interval, timing["cfl"] / (case["sphere"]["lmax"] * speed))
+def fixed_step(case) -> float | None:
+    """particles.dt, else time.dt, else None (the CFL rule at every interval's start)."""
+    return case["particles"].get("dt", case["time"].get("dt"))
+
+
+def step_plan(case, field: ParticleField, interval, x: torch.Tensor, W: torch.Tensor) -> Plan:
+    """Equal steps no longer than `fixed_step`, else than the Eulerian CFL rule dt = cfl / (lmax max|v|) with each
+    member's largest particle speed at the interval's start; a member asking for more than MAX_STEPS_PER_SAVE
+    steps is stopped."""
+    members = x.shape[0]
+    dt = fixed_step(case)
+    if dt is not None:
+        steps = np.full(members, fixed_steps(interval, dt))
+        return Plan(interval, steps, interval.length / steps)
+    speeds = torch.linalg.vector_norm(field(x, W), dim=-1).flatten(1).amax(1).cpu().double().numpy()
+    steps, stopped = np.ones(members, dtype=np.int64), {}
+    for m, speed in enumerate(speeds):
+        bound = interval.length if speed == 0 else min(interval.length, case["time"]["cfl"] / (case["sphere"]["lmax"]
+                                                                                              * speed))
+        if not interval.length / bound <= MAX_STEPS_PER_SAVE:
+            stopped[m] = (f"the CFL rule asks for steps of {bound:.3g} at t = {interval.t0:.6g}: too many (more than "
+                          f"{MAX_STEPS_PER_SAVE:.0e}) before the next save")
+        else:
+            steps[m] = max(1, math.ceil(interval.length / bound - 1e-9))
+    return Plan(interval, steps, interval.length / steps, stopped)
 
 
 def initial_state(case, placement, seed: int | None = None) -> tuple[torch.Tensor, int]:
@@ -567,41 +659,109 @@ def check_noise_step(case, eps: float, dt: float) -> None:
                         f"(needs (d - 2) eps dt / 3 < 1/2, i.e. dt < {1.5 / ((case.dim - 2) * eps):.3g})")
 
 
+class ParticleSystem:
+    """The particle systems of the members `cases` (one case or a list sharing sphere.dim, particles.n,
+    particles.replicas, the integrator, the solver's device, dtype and attention, and a fixed step or one member
+    only): model, drift, integrator, initial draws and noise generators."""
+
+    def __init__(self, cases):
+        cases = [cases] if not isinstance(cases, (list, tuple)) else list(cases)
+        self.cases, self.case = cases, cases[0]
+        solver = self.case["solver"]
+        self.placement = make_placement(solver["device"], solver["dtype"])
+        self.batch = ModelBatch.of([Model.from_case(member, self.placement) for member in cases])
+        self.field = ParticleField.from_case(self.case, self.batch)
+        self.integrator = Integrator(self.case["particles"]["integrator"], self.field, self.batch.eps)
+        draws = [initial_state(member, self.placement) for member in cases]
+        self.x0 = torch.stack([x for x, _ in draws])
+        self.noise_seeds = [seed for _, seed in draws]
+
+    @property
+    def members(self) -> int:
+        return len(self.cases)
+
+    def noise(self, seeds: list | None = None) -> Noise:
+        """Fresh noise generators seeded with the members' noise seeds (or `seeds`)."""
+        generators = [torch.Generator(self.placement.device).manual_seed(seed) for seed in seeds or self.noise_seeds]
+        return Noise(generators, tuple(self.x0.shape[1:]), self.placement.real, self.placement.device)
+
+    def check_steps(self, plan: Plan) -> None:
+        for member, model in zip(self.cases, self.batch.models):
+            check_noise_step(member, model.eps, float(plan.dt.max()))
+
+
+class ParticleHooks(Hooks):
+    """The particle run's saves (one ParticleRecorder per member), failures and progress."""
+
+    def __init__(self, recorders: list, bar: Progress):
+        self.recorders, self.bar = recorders, bar
+        self.failures = {}
+
+    def stop(self, member: int, reason: str, plan: Plan) -> None:
+        self.failures[member] = failure(self.recorders[member], reason)
+
+    def at_knot(self, plan: Plan, x: torch.Tensor) -> list:
+        interval, stopped, row = plan.interval, [], None
+        finite = torch.isfinite(x).flatten(1).all(1).tolist()
+        for m, recorder in enumerate(self.recorders):
+            if m in self.failures:
+                continue
+            recorder.steps += int(plan.steps[m])
+            recorder.dt = float(plan.dt[m])
+            if not finite[m]:
+                self.failures[m] = failure(recorder, f"a particle position became non-finite between "
+                                                     f"t = {interval.t0:.6g} and {interval.t1:.6g}")
+                stopped.append(m)
+            elif interval.save:
+                row = recorder.record(interval.t1, x[m])
+        if row is not None and len(self.recorders) == 1:
+            self.bar.update(interval.t1, dt=float(plan.dt[0]), order_parameter=row["order_parameter"])
+        return stopped
+
+
+def run_members(system: ParticleSystem, progress: bool | None = None, controls: torch.Tensor | None = None,
+                grid: TimeGrid | None = None) -> list:
+    """Integrate the members' particle systems; per member its Dataset, or the NumericalFailure that stopped it
+    (carrying its dataset up to its last good save).  `controls` (M, L, d, d) with `grid` (a TimeGrid of L layers):
+    W_t of every layer (a trained run); else each member's model.W throughout."""
+    case, timing = system.case, system.case["time"]
+    grid = grid or TimeGrid(timing["t_end"], timing["save_every"])
+    layered = controls if controls is not None else system.batch.W[:, None]
+    x = system.x0
+    recorders = [ParticleRecorder(member, model, system.field, x[m], controls is not None)
+                 for m, (member, model) in enumerate(zip(system.cases, system.batch.models))]
+    for m, recorder in enumerate(recorders):
+        recorder.record(0.0, x[m])
+    bar = Progress(timing["t_end"], enabled=progress)
+    hooks = ParticleHooks(recorders, bar)
+    noise, current = system.noise(), {}
+
+    def plan_of(interval, state):
+        plan = step_plan(case, system.field, interval, state, layered[:, interval.layer])
+        system.check_steps(plan)
+        return plan
+
+    def begin(plan):
+        steps = int(plan.steps.max())
+        current.update(W=layered[:, plan.interval.layer], h=float(plan.dt[0]), steps=steps, k=0,
+                       draws=noise.draws(system.integrator.draw_count(steps)))
+
+    def step(state):
+        k, current["k"] = current["k"], current["k"] + 1
+        return system.integrator.step(state, current["W"], current["h"], k, current["steps"], current["draws"])
+
+    for recorder in recorders:
+        recorder.start_clock()
+    with torch.no_grad():
+        integrate(grid, x, plan_of, begin, step, hooks, timing.get("max_steps"))
+    bar.close()
+    return outcomes(recorders, hooks.failures)
+
+
 def run_particles(case, progress: bool | None = None):
     """Integrate the particle system of `case`; returns the output xarray.Dataset (DESIGN §6).
 
     Raises NumericalFailure (with `.dataset`, the run up to its last good save) when a
     particle position stops being finite.
     """
-    solver, section, timing = case["solver"], case["particles"], case["time"]
-    placement = make_placement(solver["device"], solver["dtype"])
-    model = Model.from_case(case, placement)
-    field = ParticleField.from_case(case, model)
-    x, noise_seed = initial_state(case, placement)
-    noise = torch.Generator(placement.device).manual_seed(noise_seed)
-    integrator = Integrator(section["integrator"], field, model.eps, noise)
-    recorder = ParticleRecorder(case, model, field, x)
-    recorder.record(0.0, x)
-    times = save_times(timing["t_end"], timing["save_every"])
-    bar = Progress(timing["t_end"], enabled=progress)
-    recorder.start_clock()
-    for t0, t1 in zip(times[:-1], times[1:]):
-        bound = step_bound(case, field, t0, x, t1 - t0)
-        if not (t1 - t0) / bound <= MAX_STEPS_PER_SAVE:
-            _fail(recorder, f"the CFL rule asks for steps of {bound:.3g} at t = {t0:.6g}: too many (more than "
-                            f"{MAX_STEPS_PER_SAVE:.0e}) before the next save")
-        substeps = max(1, math.ceil((t1 - t0) / bound - 1e-9))
-        if "max_steps" in timing and recorder.steps + substeps > timing["max_steps"]:
-            _fail(recorder, f"time.max_steps = {timing['max_steps']} would be exceeded before t = {t1:.6g}")
-        recorder.dt = (t1 - t0) / substeps
-        check_noise_step(case, model.eps, recorder.dt)
-        candidate = integrator.interval(float(t0), x, recorder.dt, substeps)
-        if not bool(torch.isfinite(candidate).all()):
-            _fail(recorder, f"a particle position became non-finite between t = {t0:.6g} and {t1:.6g}")
-        x = candidate
-        recorder.steps += substeps
-        row = recorder.record(float(t1), x)
-        bar.update(float(t1), dt=recorder.dt, order_parameter=row["order_parameter"])
-    bar.close()
-    recorder.tick()
-    return recorder.dataset("completed")
+    return only(run_members(ParticleSystem(case), progress))

@@ -1,4 +1,4 @@
-"""Runge-Kutta time steppers for  dc/dt = lam * c + N(t, c)  with lam diagonal (spectral space).
+"""Runge-Kutta time steppers for  dc/dt = lam * c + N(c)  with lam diagonal (spectral space), and their adjoints.
 
 The linear part is the diffusion eps * Lap (lam = -eps l(l+1) or -eps k^2), the nonlinear
 part the transport -div(rho v).  Three families share one tableau format:
@@ -10,6 +10,16 @@ part the transport -div(rho v).  Three families share one tableau format:
   tableau and lam c moved into N); the default without diffusion, where lam = 0.
 * Lawson (integrating factor): the explicit tableau applied to exp(-lam t) c, exact for
   the heat equation; with lam = 0 it is the explicit scheme itself.
+
+All three are one mechanism (`RungeKutta`): every stage input U_i and the update are linear combinations,
+each term possibly multiplied by a diagonal propagator exp(f dt lam) (Lawson), of the step's start c and
+of the stage terms E_j = dt N(U_j) and I_j = dt lam U_j, followed for implicit stages by the diagonal solve
+U_i = R_i / (1 - dt ai_ii lam).  Explicit RK on lam c + N(c) is the IMEX scheme whose implicit tableau is
+its explicit one.  The terms are kept as the rows of one buffer, so that a stage costs one matrix-vector
+product over the rows, not a Python loop over them, and the state may carry a leading member axis with a
+member's own lam (eps) and dt.  `adjoint` is the exact transpose of one step (reverse-mode differentiation
+done by hand: the stage terms' cotangents are accumulated in the same buffer layout), given the stage
+inputs U_i that `step` keeps when asked and a vector-Jacobian product of N.
 """
 
 from dataclasses import dataclass
@@ -98,70 +108,150 @@ def choose_scheme(name: str, eps: float) -> str:
     return "imex-ark436" if eps > 0 else "rk4"
 
 
-def _needed(tableau: Tableau, weights: tuple, stage: int) -> bool:
-    """Whether stage `stage`'s explicit evaluation enters a later stage or the update."""
-    return weights[stage] != 0 or any(row[stage] != 0 for row in tableau.a[stage + 1:])
+@dataclass(frozen=True)
+class StageTerms:
+    """One linear combination of the step's vectors (row 0: c; row 2j + 1: E_j = dt N(U_j); row 2j + 2:
+    I_j = dt lam U_j): per propagator fraction f (None: the identity, else exp(f dt lam)), the coefficients
+    of the rows (a float tuple over all 2 s + 1 rows)."""
+
+    groups: tuple
 
 
-def imex_step(tableau: Tableau, lam: torch.Tensor, nonlinear, t: float, c: torch.Tensor, dt: float) -> torch.Tensor:
-    """One IMEX step: U_i = c + dt sum_j (a_ij N_j + ai_ij lam U_j), ai_ii implicit."""
-    implicit = tableau.a_implicit or tuple((0,) * tableau.stages for _ in range(tableau.stages))
-    b_implicit = tableau.b_implicit or (0,) * tableau.stages
-    explicit_terms, implicit_terms = [], []
-    for i in range(tableau.stages):
-        rhs = c
-        for j in range(i):
-            if tableau.a[i][j]:
-                rhs = rhs + (dt * float(tableau.a[i][j])) * explicit_terms[j]
-            if implicit[i][j]:
-                rhs = rhs + (dt * float(implicit[i][j])) * implicit_terms[j]
-        stage = rhs / (1 - dt * float(implicit[i][i]) * lam) if implicit[i][i] else rhs
-        implicit_terms.append(lam * stage)
-        explicit_terms.append(nonlinear(t + float(tableau.c[i]) * dt, stage)
-                              if _needed(tableau, tableau.b, i) else None)
-    update = c
-    for i in range(tableau.stages):
-        if tableau.b[i]:
-            update = update + (dt * float(tableau.b[i])) * explicit_terms[i]
-        if b_implicit[i]:
-            update = update + (dt * float(b_implicit[i])) * implicit_terms[i]
-    return update
+def _terms(tableau: Tableau, family: str) -> tuple[list[StageTerms], StageTerms, list[float]]:
+    """(stage combinations, update combination, implicit diagonal ai_ii per stage) of a scheme family."""
+    s = tableau.stages
+    rows = 2 * s + 1
+    implicit = tableau.a if family == "explicit" else tableau.a_implicit
+    b_implicit = tableau.b if family == "explicit" else tableau.b_implicit
+
+    def combination(start, explicit_row, implicit_row, upto):
+        if family == "lawson":
+            groups = {}
+            groups.setdefault(start, [0.0] * rows)[0] = 1.0
+            for j in range(upto):
+                if explicit_row[j]:
+                    groups.setdefault(start - tableau.c[j], [0.0] * rows)[2 * j + 1] = float(explicit_row[j])
+            return StageTerms(tuple((None if f == 0 else float(f), tuple(row)) for f, row in groups.items()))
+        row = [0.0] * rows
+        row[0] = 1.0
+        for j in range(upto):
+            row[2 * j + 1] = float(explicit_row[j])
+            if implicit_row is not None:
+                row[2 * j + 2] = float(implicit_row[j])
+        return StageTerms(((None, tuple(row)),))
+
+    stages = [combination(tableau.c[i], tableau.a[i], implicit[i] if implicit else None, i) for i in range(s)]
+    update = combination(1, tableau.b, b_implicit, s)
+    diagonal = [float(implicit[i][i]) if implicit and family == "imex" else 0.0 for i in range(s)]
+    return stages, update, diagonal
 
 
-def explicit_step(tableau: Tableau, lam: torch.Tensor, nonlinear, t: float, c: torch.Tensor,
-                  dt: float) -> torch.Tensor:
-    """One explicit Runge-Kutta step of c' = lam c + N(t, c), the diffusion stepped with the transport:
-    stable only while dt max|lam| stays in the scheme's stability region (2.78 for RK4 on the negative axis)."""
-    return imex_step(tableau, lam, lambda s, u: lam * u + nonlinear(s, u), t, c, dt)
+class StepFactors:
+    """What a step needs that depends on dt and lam only, computed once per interval of equal steps: dt (a float,
+    or a tensor (M, 1) for members' own steps), dt lam, the implicit solves' 1 / (1 - dt ai_ii lam) and the
+    propagators exp(f dt lam), as real tensors (M, N) over the real view of the coefficients."""
+
+    def __init__(self, scheme: "RungeKutta", lam: torch.Tensor, dt):
+        self.dt = dt
+        self.dt_lam = dt * lam
+        self.solve = {a: 1 / (1 - a * self.dt_lam) for a in set(scheme.diagonal) if a}
+        fractions = {f for terms in scheme.stages + [scheme.update] for f, _ in terms.groups if f is not None}
+        self.propagator = {f: torch.exp(f * self.dt_lam) for f in fractions}
 
 
-def lawson_step(tableau: Tableau, lam: torch.Tensor, nonlinear, t: float, c: torch.Tensor, dt: float) -> torch.Tensor:
-    """One integrating-factor step: U_i = E(c_i) c + dt sum_j a_ij E(c_i - c_j) N_j, E(s) = exp(s dt lam)."""
-    def propagate(fraction, value):
-        return value if fraction == 0 else torch.exp((float(fraction) * dt) * lam) * value
+class RungeKutta:
+    """One step c -> c' of the scheme `name` of SCHEMES for a batch (module docstring), and its adjoint.
 
-    terms = []
-    for i in range(tableau.stages):
-        stage = propagate(tableau.c[i], c)
-        for j in range(i):
-            if tableau.a[i][j]:
-                stage = stage + (dt * float(tableau.a[i][j])) * propagate(tableau.c[i] - tableau.c[j], terms[j])
-        terms.append(nonlinear(t + float(tableau.c[i]) * dt, stage))
-    update = propagate(1, c)
-    for i in range(tableau.stages):
-        if tableau.b[i]:
-            update = update + (dt * float(tableau.b[i])) * propagate(1 - tableau.c[i], terms[i])
-    return update
+    States are real (M, N): the real view of each member's complex coefficients (or any real vector);
+    lam is real (M, N).  `rate(i, U)` is N at stage i (the stage's time is t + fractions[i] dt).
+    """
 
+    def __init__(self, name: str):
+        family, tableau = SCHEMES[name]
+        self.scheme, self.order, self.stages_count = name, tableau.order, tableau.stages
+        self.fractions = [float(c) for c in tableau.c]
+        self.stages, self.update, self.diagonal = _terms(tableau, family)
+        rows = 2 * tableau.stages + 1
+        later = self.stages[1:] + [self.update]
+        used = [any(row[k] for terms in later for _, row in terms.groups) for k in range(rows)]
+        self.explicit_needed = [used[2 * i + 1] for i in range(tableau.stages)]
+        self.implicit_needed = [used[2 * i + 2] for i in range(tableau.stages)]
+        self._coefficients, self._buffers = {}, {}
 
-def make_stepper(scheme: str):
-    """step(lam, nonlinear, t, c, dt) -> c at t + dt, for a scheme name of SCHEMES."""
-    family, tableau = SCHEMES[scheme]
-    step = {"imex": imex_step, "explicit": explicit_step, "lawson": lawson_step}[family]
+    def factors(self, lam: torch.Tensor, dt) -> StepFactors:
+        return StepFactors(self, lam, dt)
 
-    def stepper(lam, nonlinear, t, c, dt):
-        return step(tableau, lam, nonlinear, t, c, dt)
+    def _rows(self, terms: StageTerms, like: torch.Tensor):
+        """The groups of `terms` as (fraction, coefficients (1, rows)) on the device and dtype of `like`."""
+        key = (id(terms), like.dtype, like.device)
+        if key not in self._coefficients:
+            self._coefficients[key] = [(f, torch.tensor([row], dtype=like.dtype, device=like.device))
+                                       for f, row in terms.groups]
+        return self._coefficients[key]
 
-    stepper.order = tableau.order
-    stepper.scheme = scheme
-    return stepper
+    def _buffer(self, like: torch.Tensor, role: str) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """A (2 s + 1, M, N) buffer of the step's rows, kept between steps (zeroed by each: a zero coefficient
+        times a row another run left non-finite would still be NaN), with its flat view (2 s + 1, M N) and its
+        rows."""
+        key = (role, like.shape, like.dtype, like.device)
+        if key not in self._buffers:
+            buffer = like.new_zeros((2 * self.stages_count + 1,) + like.shape)
+            self._buffers[key] = buffer, buffer.view(buffer.shape[0], -1), list(buffer.unbind(0))
+        return self._buffers[key]
+
+    def _combine(self, terms: StageTerms, flat: torch.Tensor, factors: StepFactors, shape) -> torch.Tensor:
+        """sum over groups of P_f (coefficients . rows): one product over the rows per group."""
+        total = None
+        for f, coefficients in self._rows(terms, flat):
+            part = torch.mm(coefficients, flat).view(shape)
+            if f is not None:
+                part = part * factors.propagator[f]
+            total = part if total is None else total + part
+        return total
+
+    def step(self, c: torch.Tensor, rate, factors: StepFactors, keep: list | None = None) -> torch.Tensor:
+        """c at t + dt; with `keep` (a list) the stage inputs U_i are appended to it (for `adjoint`)."""
+        buffer, flat, rows = self._buffer(c, "step")
+        buffer.zero_()
+        rows[0].copy_(c)
+        for i, terms in enumerate(self.stages):
+            stage = c if i == 0 and self.diagonal[0] == 0 else self._combine(terms, flat, factors, c.shape)
+            if self.diagonal[i]:
+                stage = stage * factors.solve[self.diagonal[i]]
+            if keep is not None:
+                keep.append(stage)
+            if self.explicit_needed[i]:
+                torch.mul(rate(i, stage), factors.dt, out=rows[2 * i + 1])
+            if self.implicit_needed[i]:
+                torch.mul(stage, factors.dt_lam, out=rows[2 * i + 2])
+        return self._combine(self.update, flat, factors, c.shape)
+
+    def adjoint(self, c_bar: torch.Tensor, stages: list, rate_vjp, factors: StepFactors) -> torch.Tensor:
+        """The cotangent of the step's start from that of its end, c_bar: the transpose of `step`'s linear
+        algebra, with rate_vjp(i, U_i, e_bar) the cotangent of U_i from the cotangent e_bar of N(U_i) (it may
+        accumulate other cotangents itself)."""
+        bar, flat, rows = self._buffer(c_bar, "adjoint")
+        bar.zero_()
+        self._scatter(self.update, flat, c_bar, factors)
+        for i in reversed(range(self.stages_count)):
+            stage_bar = None
+            if self.explicit_needed[i]:
+                stage_bar = rate_vjp(i, stages[i], rows[2 * i + 1] * factors.dt)
+            if self.implicit_needed[i]:
+                stage_bar = (rows[2 * i + 2] * factors.dt_lam if stage_bar is None
+                             else torch.addcmul(stage_bar, rows[2 * i + 2], factors.dt_lam))
+            if stage_bar is None:
+                continue
+            if self.diagonal[i]:
+                stage_bar = stage_bar.mul_(factors.solve[self.diagonal[i]])
+            if i == 0 and self.diagonal[0] == 0:
+                rows[0] += stage_bar
+            else:
+                self._scatter(self.stages[i], flat, stage_bar, factors)
+        return rows[0].clone()
+
+    def _scatter(self, terms: StageTerms, flat: torch.Tensor, value: torch.Tensor, factors: StepFactors) -> None:
+        """The transpose of `_combine`: rows += coefficients (outer) P_f value, for each group."""
+        for f, coefficients in self._rows(terms, flat):
+            part = value if f is None else value * factors.propagator[f]
+            flat.addmm_(coefficients.T, part.reshape(1, -1))

@@ -1,4 +1,5 @@
-"""Training: minimise J(W) = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt over piecewise-constant W (DESIGN §2).
+"""Training: minimise J(W) = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt over piecewise-constant W (DESIGN §2), for
+one member or M members in lockstep.
 
 A case with a [control] section is a training run (`spherepde run CASE.toml`, `spherepde.run`):
 
@@ -18,11 +19,16 @@ A case with a [control] section is a training run (`spherepde run CASE.toml`, `s
    ``quasi_newton``).  It stops after control.iterations iterations, when
    the line search finds no decrease, or (tol > 0) when (J_{k-1} - J_k) <= tol max(|J_k|, |J_{k-1}|, 1)
    or max |dJ/dW| <= tol; the history holds the accepted iterates.
-2. The trained forward run: the forward equation with the final W, each interval between
-   consecutive save times and slice boundaries split into equal steps no longer than time.dt (so
-   every save time is hit and W is constant over every step), recorded with the Eulerian solver's
-   diagnostics.  Should it fail where the training's steps passed, its last good state (exit status 3)
-   holds W and the training's history beside the saves before the failure.
+2. The trained forward run: the training's own forward map (solvers.adjoint: the time grid of the saves and
+   the layer boundaries, steps no longer than time.dt) at the final W, recorded at the save times with the
+   Eulerian solver's diagnostics.
+
+Members in lockstep (`train_members`): every member has its own optimizer, run in its own thread, and its own
+state (Adam's moments, L-BFGS's memory and line search); whenever every member still training has asked for
+its next J and dJ/dW, the requests are evaluated together, in one batched forward and one backward pass
+(`Lockstep`).  A member that stops (converged, iterations reached, L-BFGS's line search done, a failure)
+drops out of the batch: the next evaluations run the others only (ControlledForward.select).  So each member
+sees the evaluations its serial training would see, to round-off, and takes the same steps.
 
 Output: the Eulerian Dataset of the trained run plus `W` (layer, row, col), `loss` (iteration: J),
 `terminal_loss` (iteration: l(mu_T)), `gradient_norm` (iteration: |dJ/dW|_F), `adjoint_norm` (time:
@@ -39,6 +45,7 @@ is made again.
 """
 
 import math
+import threading
 import time as wallclock
 
 import numpy as np
@@ -47,12 +54,12 @@ import xarray as xr
 
 from spherepde import turnpike
 from spherepde.errors import NumericalFailure
-from spherepde.initial import initial_density
 from spherepde.progress import Progress
 
 from .adjoint import GRADIENTS, ControlledForward, Gradient
-from .eulerian import Recorder, checked_state, save_times
+from .eulerian import ForwardHooks, Recorder, only
 from .journal import Journal
+from .timegrid import integrate
 
 
 class TrainingResult:
@@ -101,14 +108,148 @@ class Adam:
 OPTIMIZERS = {"gd": GradientDescent, "adam": Adam}
 
 
-def train(forward: ControlledForward, c0: torch.Tensor, progress: bool | None = None,
-          start: torch.Tensor | None = None, checkpoint=None) -> TrainingResult:
-    """Run the optimizer of the case's [control] section from W_l = model.W (module docstring, step 1),
-    or from the controls `start` (layers, d, d); its evaluations are kept in `checkpoint` (and replayed from
-    it when it is marked resume), see solvers/journal.py."""
-    gradient_of = GRADIENTS[forward.case["control"]["gradient"]]
-    return journaled_optimise(forward.case, starting_W(forward, start), forward.layers,
-                              lambda controls: gradient_of(forward, c0, controls), progress, checkpoint)
+class Stopped(Exception):
+    """Raised in a member's optimizer thread when the lockstep is abandoned (an interrupt, another member's
+    error): the thread ends without a result."""
+
+
+class Lockstep:
+    """Evaluations of J and dJ/dW for M optimizers that run in their own threads, gathered into batched
+    evaluations (module docstring).
+
+    `evaluate(members, controls)` evaluates the members at the indices `members` (a list) at controls
+    (len(members), L, d, d) and returns per member a Gradient or the NumericalFailure of its run.  `run(tasks)`
+    runs task_m(gradient_of_m) for every member (gradient_of_m(controls) -> Gradient, or raising its
+    NumericalFailure) and returns per member the task's result; with one member it runs in this thread.
+    """
+
+    def __init__(self, evaluate, progress: bool | None = None, total: float = 1.0):
+        self.evaluate = evaluate
+        self.progress, self.total = progress, total
+
+    def run(self, tasks: list) -> list:
+        if len(tasks) == 1:
+            return [tasks[0](lambda controls: _raised(self.evaluate([0], controls[None])[0]))]
+        condition = threading.Condition()
+        pending, results, errors = {}, {}, {}
+        answers = {}
+        abandoned = threading.Event()
+
+        def gradient_of(member):
+            def ask(controls):
+                with condition:
+                    if abandoned.is_set():
+                        raise Stopped
+                    pending[member] = controls
+                    condition.notify_all()
+                    while member not in answers:
+                        condition.wait()
+                        if abandoned.is_set():
+                            raise Stopped
+                    answer = answers.pop(member)
+                return _raised(answer)
+            return ask
+
+        def work(member):
+            try:
+                result = tasks[member](gradient_of(member))
+            except Stopped:
+                result = None
+            except BaseException as error:  # noqa: B902 - handed to the coordinating thread
+                with condition:
+                    errors[member] = error
+                    condition.notify_all()
+                return
+            with condition:
+                results[member] = result
+                condition.notify_all()
+
+        threads = [threading.Thread(target=work, args=(m,), daemon=True) for m in range(len(tasks))]
+        bar = Progress(self.total, enabled=self.progress)
+        rounds = 0
+        for thread in threads:
+            thread.start()
+        try:
+            while True:
+                with condition:
+                    condition.wait_for(lambda: errors or len(pending) + len(results) == len(tasks))
+                    if errors:
+                        break
+                    if not pending:
+                        break
+                    members = sorted(pending)
+                    controls = torch.stack([pending.pop(m) for m in members])
+                for m, answer in zip(members, self.evaluate(members, controls)):
+                    answers[m] = answer
+                rounds += 1
+                bar.update(min(float(rounds), self.total), members=len(members))
+                with condition:
+                    condition.notify_all()
+        finally:
+            with condition:
+                abandoned.set()
+                condition.notify_all()
+            for thread in threads:
+                thread.join()
+            bar.close()
+        if errors:
+            interrupt = next((e for e in errors.values() if isinstance(e, KeyboardInterrupt)), None)
+            raise interrupt or next(iter(errors.values()))
+        return [results[m] for m in range(len(tasks))]
+
+
+def _raised(answer):
+    """A Gradient, or its NumericalFailure raised."""
+    if isinstance(answer, BaseException):
+        raise answer
+    return answer
+
+
+def train_members(forward: ControlledForward, progress: bool | None = None, starts: list | None = None,
+                  checkpoints: list | None = None, states: torch.Tensor | None = None) -> list:
+    """Run every member's optimizer (module docstring, step 1) from W_l = model.W, or from its controls `starts[m]`
+    (layers, d, d); returns per member its TrainingResult, or the NumericalFailure of its first evaluation.  Each
+    member's evaluations are kept in `checkpoints[m]` (and replayed from it when it is marked resume)."""
+    states = forward.initial() if states is None else states
+    kind = forward.case["control"]["gradient"]
+    cache = {}
+
+    def evaluate(members, controls):
+        key = tuple(members)
+        if key not in cache:
+            cache.clear()  # a member dropped out: the batch of the rest
+            cache[key] = forward if len(members) == forward.members else forward.select(members)
+        return GRADIENTS[kind](cache[key], states[members], controls)
+
+    def task(member):
+        case = forward.cases[member]
+        start = starts[member] if starts is not None and starts[member] is not None else None
+        checkpoint = checkpoints[member] if checkpoints is not None else None
+
+        def run(gradient_of):
+            W = starting_W(forward, member, start)
+            try:
+                return journaled_optimise(case, W, forward.layers, gradient_of,
+                                          progress if forward.members == 1 else False, checkpoint)
+            except NumericalFailure as failure:
+                return failure
+        return run
+
+    total = max(member["control"]["iterations"] for member in forward.cases) + 1
+    return Lockstep(evaluate, progress if forward.members > 1 else False, float(total)).run(
+        [task(m) for m in range(forward.members)])
+
+
+def train(forward: ControlledForward, c0=None, progress: bool | None = None, start: torch.Tensor | None = None,
+          checkpoint=None) -> TrainingResult:
+    """The training of a one-member forward map (`train_members`); raises its NumericalFailure."""
+    return only(train_members(forward, progress, [start], [checkpoint], None if c0 is None else _states(forward, c0)))
+
+
+def _states(forward: ControlledForward, c0) -> torch.Tensor:
+    from spherepde.transport import real_state
+
+    return real_state(c0[None]) if c0.is_complex() else c0
 
 
 def journaled_optimise(case, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None,
@@ -129,9 +270,10 @@ def journaled_optimise(case, W: torch.Tensor, layers: int, gradient_of, progress
     return result
 
 
-def starting_W(forward: ControlledForward, start: torch.Tensor | None) -> torch.Tensor:
-    """The W the optimizer starts from on every layer: model.W, or the controls `start` (layers, d, d)."""
-    return forward.problem.model.W if start is None else forward.problem.placement.tensor(start)
+def starting_W(forward: ControlledForward, member: int, start: torch.Tensor | None) -> torch.Tensor:
+    """The W member `member` starts from on every layer: its model.W, or the controls `start` (layers, d, d)."""
+    problem = forward.problem
+    return problem.batch.models[member].W if start is None else problem.placement.tensor(start)
 
 
 def _checked(gradient, iteration: int, loss: str | None):
@@ -246,38 +388,94 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
                           [float(g.dW.norm()) for _, g in history], history[0][1], final, stop)
 
 
-def step_knots(timing: dict, layers: int) -> tuple[np.ndarray, np.ndarray]:
-    """(save times, knots): the knots are the save times and the slice boundaries l t_end / layers together,
-    in order, coincident ones (to 1e-12 t_end) merged; a trained run steps from knot to knot."""
-    t_end = timing["t_end"]
-    saves = save_times(t_end, timing["save_every"])
-    knots = np.unique(np.concatenate([saves, t_end * np.arange(layers + 1) / layers]))
-    return saves, knots[np.concatenate([[True], np.diff(knots) > 1e-12 * max(1.0, t_end)])]
+def trained_runs(forward: ControlledForward, controls: torch.Tensor, states: torch.Tensor | None = None) -> list:
+    """The forward runs with W = controls (M, L, d, d), recorded at the case's save times (module docstring, step
+    2): per member its Recorder, or the NumericalFailure that stopped it (with its saves so far)."""
+    problem = forward.problem
+    states = forward.initial() if states is None else states
+    coefficients = problem.coefficients(states)
+    densities = problem.basis.synthesis(coefficients).cpu().double().numpy()
+    recorders = [Recorder(problem, m, densities[m], controlled=True) for m in range(forward.members)]
+    for m, recorder in enumerate(recorders):
+        recorder.record(0.0, coefficients[m])
+    drives = forward.drives(controls)
+    hooks = ForwardHooks(problem, recorders, Progress(1.0, enabled=False))
+    current = {}
 
+    def begin(plan):
+        current["drive"], current["factors"] = drives[plan.interval.layer], forward.factors(plan)
 
-def trained_run(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor) -> Recorder:
-    """The forward run with W = controls, recorded at the case's save times (module docstring, step 2)."""
-    problem, case = forward.problem, forward.case
-    timing = case["time"]
-    saves, knots = step_knots(timing, forward.layers)
-    recorder = Recorder(problem, case, problem.basis.synthesis(c0).cpu().double().numpy(), forward.stepper.scheme)
-    recorder.record(0.0, c0)
-    c = c0
-    recorder.start_clock()
+    plans = iter(forward.plans)
+    for recorder in recorders:
+        recorder.start_clock()
     with torch.no_grad():
-        for t0, t1 in zip(knots[:-1], knots[1:]):
-            W = controls[forward.layer_at(0.5 * (t0 + t1))]
-            substeps = max(1, math.ceil((t1 - t0) / timing["dt"] - 1e-9))
-            dt = (t1 - t0) / substeps
-            for _ in range(substeps):
-                c = forward.stepper(problem.lam, lambda t, u: forward.transport(u, W), 0.0, c, dt)
-                if problem.filter is not None:
-                    c = c * problem.filter
-            recorder.steps += substeps
-            if np.any(np.abs(saves - t1) <= 1e-12 * max(1.0, forward.t_end)):
-                recorder.keep(float(t1), *checked_state(recorder, c, t0, t1, dt))
-    recorder.tick()
-    return recorder
+        integrate(forward.grid, states, lambda interval, state: next(plans), begin,
+                  lambda state: problem.step(state, current["drive"], current["factors"]), hooks)
+    for recorder in recorders:
+        recorder.tick()
+    return [hooks.failures.get(m, recorder) for m, recorder in enumerate(recorders)]
+
+
+def run_trainings(cases, progress: bool | None = None, starts: list | None = None, checkpoints: list | None = None):
+    """Train the members `cases` in lockstep and return per member the Dataset of its trained forward run
+    (module docstring), or the NumericalFailure that ended it (carrying its last good state)."""
+    forward = ControlledForward(cases)
+    states = forward.initial()
+    started = wallclock.perf_counter()
+    results = train_members(forward, progress, starts, checkpoints, states)
+    training_seconds = wallclock.perf_counter() - started
+    outcomes = [None] * forward.members
+    trained = [m for m, result in enumerate(results) if isinstance(result, TrainingResult)]
+    for m, result in enumerate(results):
+        if isinstance(result, NumericalFailure):  # the first evaluation failed
+            start = starting_W(forward, m, starts[m] if starts else None).expand(forward.layers, -1, -1)
+            single = forward.select([m])
+            outcomes[m] = kept_at_start(result, forward.cases[m], start,
+                                        lambda controls: _run_dataset(single, controls, states[[m]], "failed"))
+    if trained:
+        batch = forward if len(trained) == forward.members else forward.select(trained)
+        controls = torch.stack([results[m].controls for m in trained])
+        recorders = trained_runs(batch, controls, states[trained])
+        want_phi = [m for m in trained if forward.cases[m]["control"]["save_adjoint"]]
+        phi = adjoint_variables(forward.select(want_phi), controls[[trained.index(m) for m in want_phi]],
+                                states[want_phi]) if want_phi else {}
+        for i, m in enumerate(trained):
+            outcomes[m] = _trained_dataset(batch, i, forward.cases[m], results[m], recorders[i], training_seconds,
+                                           phi.get(want_phi.index(m)) if m in want_phi else None)
+    return outcomes
+
+
+def _run_dataset(forward: ControlledForward, controls: torch.Tensor, states: torch.Tensor, status: str) -> xr.Dataset:
+    """The Dataset of one member's trained run at `controls` (layers, d, d), or its failure's dataset raised."""
+    (recorder,) = trained_runs(forward, controls[None], states)
+    if isinstance(recorder, NumericalFailure):
+        raise recorder
+    return recorder.dataset(status)
+
+
+def _trained_dataset(forward: ControlledForward, member: int, case, result: TrainingResult, recorder,
+                     training_seconds: float, phi: dict | None):
+    """The output of a member's training: its trained run with the control variables, or the failure."""
+    if isinstance(recorder, NumericalFailure):  # the trained run failed where the training passed
+        return NumericalFailure(f"{recorder} (the trained run; W and the loss history are kept)",
+                                control_variables(recorder.dataset, case, result))
+    recorder.notes += result.notes
+    dataset = recorder.dataset("completed")
+    dataset = control_variables(dataset, case, result)
+    norms = np.interp(dataset["time"].values, result.final.times, result.final.adjoint_norm)
+    dataset["adjoint_norm"] = (("time",), norms,
+                               {"long_name": "|grad phi_t|_{L2(mu_t)} of the adjoint at the trained W", "units": "1"})
+    if phi is not None:
+        dataset = dataset.assign(phi)
+    dataset = dataset.assign(turnpike_variables(forward, member, dataset, result.first))
+    dataset.attrs.update({"training": "trained control (solvers/training.py)", "gradient": case["control"]["gradient"],
+                          "optimizer": case["control"]["optimizer"], "iterations": len(result.costs) - 1,
+                          "optimizer_stop": result.stop, "training_steps": forward.steps,
+                          "training_dt": forward.dt, "training_seconds": training_seconds})
+    try:
+        return finished(dataset, result)
+    except NumericalFailure as failure:
+        return failure
 
 
 def run_training(case, progress: bool | None = None, start: torch.Tensor | None = None, checkpoint=None) -> xr.Dataset:
@@ -287,36 +485,7 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
     e.g. to continue an earlier training from its `W`.  `checkpoint`: a spherepde.checkpoint.Checkpoint that
     keeps the training's evaluations (and, marked resume, holds those of an interrupted training).
     """
-    forward = ControlledForward(case)
-    c0 = initial_density(case["initial"], forward.problem.basis)
-    started = wallclock.perf_counter()
-    try:
-        result = train(forward, c0, progress, start, checkpoint)
-    except NumericalFailure as failure:
-        raise kept_at_start(failure, case, starting_W(forward, start).expand(forward.layers, -1, -1),
-                            lambda controls: trained_run(forward, c0, controls).dataset("failed")) from None
-    training_seconds = wallclock.perf_counter() - started
-    try:
-        recorder = trained_run(forward, c0, result.controls)
-    except NumericalFailure as failure:  # its steps differ from the training's: keep W and the history
-        raise NumericalFailure(f"{failure} (the trained run; W and the loss history are kept)",
-                               control_variables(failure.dataset, case, result)) from None
-    recorder.notes += result.notes
-    dataset = recorder.dataset("completed")
-    dataset = control_variables(dataset, case, result)
-    norms = np.interp(dataset["time"].values, result.final.times, result.final.adjoint_norm)
-    dataset["adjoint_norm"] = (("time",), norms,
-                               {"long_name": "|grad phi_t|_{L2(mu_t)} of the adjoint at the trained W", "units": "1"})
-    if case["control"]["save_adjoint"]:
-        dataset = dataset.assign(adjoint_variables(forward, c0, result.controls, dataset))
-    dataset = dataset.assign(turnpike_variables(forward, dataset, result.first))
-    dataset.attrs.update({"training": "trained control (solvers/training.py)", "gradient": case["control"]["gradient"],
-                          "optimizer": case["control"]["optimizer"], "iterations": len(result.costs) - 1,
-                          "optimizer_stop": result.stop,
-                          "training_steps_per_layer": forward.steps_per_layer,
-                          "training_dt": forward.dt, "training_seconds": training_seconds,
-                          "adjoint_checkpoint_every": forward.checkpoint_every})
-    return finished(dataset, result)
+    return only(run_trainings([case], progress, [start], [checkpoint]))
 
 
 def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
@@ -346,20 +515,27 @@ def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_a
                             "and their forward run", dataset)
 
 
-def adjoint_variables(forward: ControlledForward, c0: torch.Tensor, controls: torch.Tensor,
-                      dataset: xr.Dataset) -> dict:
-    """`phi` (adjoint_time, grid): the adjoint phi_t of one more gradient evaluation at the trained controls, on
-    the density's grid, at the step of the training's grid nearest each save time (`adjoint_time`, within half
-    a training step of it)."""
-    steps = sorted({int(round(t / forward.dt)) for t in dataset["time"].values})
-    gradient = GRADIENTS[forward.case["control"]["gradient"]](forward, c0, controls, keep=frozenset(steps))
+def adjoint_variables(forward: ControlledForward, controls: torch.Tensor, states: torch.Tensor) -> dict:
+    """Per member (by position) `phi` (adjoint_time, grid): the adjoint phi_t of one more gradient evaluation at
+    the trained controls, on the density's grid, at the step of the training's grid nearest each save time
+    (`adjoint_time`, within half a training step of it)."""
+    step_times = forward.step_times
+    saves = forward.grid.saves
+    steps = sorted({int(np.argmin(np.abs(step_times - t))) for t in saves})
+    gradients = GRADIENTS[forward.case["control"]["gradient"]](forward, states, controls, keep=frozenset(steps))
     basis = forward.problem.basis
-    grid = dataset["density"].dims[1:]
-    values = np.stack([basis.synthesis(gradient.phi[n]).real.cpu().double().numpy() for n in steps])
-    return {"phi": (("adjoint_time",) + grid, values,
-                    {"long_name": "adjoint phi_t = dJ / dmu_t at the trained W (first variation)", "units": "1"}),
-            "adjoint_time": ("adjoint_time", [forward.time(n) for n in steps],
-                             {"long_name": "step time of phi nearest each save", "units": "1"})}
+    grid = ("theta",) if basis.dim == 2 else ("lat", "lon")
+    variables = {}
+    for m, gradient in enumerate(gradients):
+        if isinstance(gradient, NumericalFailure):
+            continue
+        values = np.stack([basis.synthesis(gradient.phi[n]).real.cpu().double().numpy() for n in steps])
+        variables[m] = {"phi": (("adjoint_time",) + grid, values,
+                                {"long_name": "adjoint phi_t = dJ / dmu_t at the trained W (first variation)",
+                                 "units": "1"}),
+                        "adjoint_time": ("adjoint_time", [float(step_times[n]) for n in steps],
+                                         {"long_name": "step time of phi nearest each save", "units": "1"})}
+    return variables
 
 
 def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.Dataset:
@@ -385,9 +561,9 @@ def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.D
     return dataset
 
 
-def turnpike_variables(forward: ControlledForward, dataset: xr.Dataset, first: Gradient) -> dict:
-    """Seed-004 diagnostics of the trained run (spherepde.turnpike): `energy_gap` and `mean_angle` (time),
-    and the global attributes plateau_width, initial_width, terminal_width, three_phase ("true"/"false"),
+def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Dataset, first: Gradient) -> dict:
+    """Seed-004 diagnostics of member `member`'s trained run (spherepde.turnpike): `energy_gap` and `mean_angle`
+    (time), and the global attributes plateau_width, initial_width, terminal_width, three_phase ("true"/"false"),
     plateau_relative_variance, terminal_lift, terminal_energy_rate, escape_rate (from `first`, the gradient
     at the initial control), adjoint_rate, rayleigh_quotient, h_minus_one_quotient, h_minus_one_norm,
     terminal_displacement, min_energy.
@@ -395,7 +571,7 @@ def turnpike_variables(forward: ControlledForward, dataset: xr.Dataset, first: G
     The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0); for
     other models the energy-based attributes are NaN and three_phase is "false"."""
     problem = forward.problem
-    model, basis = problem.model, problem.basis
+    model, basis, exp_kernel = problem.batch.models[member], problem.basis, problem.kernels.member(member)
     times = dataset["time"].values
     angle = turnpike.mean_angle(dataset["mean"].values)
     variables = {"mean_angle": (("time",), angle, {"long_name": "angle of the mean position", "units": "radian"})}
@@ -405,7 +581,7 @@ def turnpike_variables(forward: ControlledForward, dataset: xr.Dataset, first: G
     attrs["three_phase"] = "false"
     if model.kernel == "unnormalized" and model.eps > 0 and not model.zero_temperature:
         centre = int(np.argmin(np.abs(times - 0.5 * times[-1])))
-        theory = turnpike.plateau_theory(model, problem.exp_kernel, basis, forward.loss,
+        theory = turnpike.plateau_theory(model, exp_kernel, basis, forward.losses[member],
                                          torch.as_tensor(dataset["mean"].values[centre]))
         gap = dataset["free_energy"].values - theory["min_energy"]
         variables["energy_gap"] = (("time",), gap, {"long_name": "energy gap E(mu_t) - min E", "units": "1"})

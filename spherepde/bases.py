@@ -2,10 +2,10 @@
 
 A basis holds the state space of the solver: a density is stored as its spectral
 coefficients up to degree `lmax` and evaluated on a grid fine enough that quadratic
-products (rho * v) are dealiased by the 3/2 rule.  Vector fields live on the grid in
-ambient Cartesian components (..., d), tangent to the sphere; `gradient` and
-`divergence` convert to and from the intrinsic frame, so that the model and the
-diagnostics never see coordinates.
+products (rho * v) are dealiased by the 3/2 rule.  Tangent vector fields live on the grid
+either in ambient Cartesian components (..., *grid, d) (`gradient`, `divergence`) or in the
+components along an orthonormal tangent frame e_k(x), k < d - 1 (..., d - 1, *grid)
+(`gradient_frame`, `divergence_frame`: what the time stepper uses, one component less).
 
 Shared interface (`CircleBasis`, `SphereBasis`):
     dim            ambient dimension d (2 or 3)
@@ -13,10 +13,24 @@ Shared interface (`CircleBasis`, `SphereBasis`):
     weights        (*grid,) quadrature weights, sum = |S^{d-1}| (2 pi or 4 pi)
     degree         (*coeff,) degree l (S^2) or |k| (S^1) of each coefficient
     laplacian      (*coeff,) eigenvalue of the Laplace-Beltrami operator: -l(l+1) or -k^2
+    frame          (d - 1, *grid, d) orthonormal tangent frame: t (S^1); e_theta, e_phi (S^2)
     analysis / synthesis, gradient (coeffs -> tangent field), divergence (tangent field -> coeffs)
+    synthesis_adjoint, divergence_adjoint: their exact transposes (for hand-written adjoints)
     norm_squared   L2(sigma) norm^2 computed from coefficients (Parseval)
+
+Transposes.  Coefficients are complex and a real function of them has the cotangent
+b = dL/dRe c + i dL/dIm c (torch's convention), so dL = sum Re(conj(b) dc) over the stored
+modes.  With the quadrature analysis a_lm = sum_j w_j f_j conj(Y_lm(x_j)) and the synthesis
+f = sum multiplicity Re(c Y) (multiplicity 1 at order 0, 2 for the +-m pairs stored once),
+
+    synthesis^T r = multiplicity * analysis(r / w),
+    divergence_frame^T b = -w * gradient_frame(b / multiplicity)   (the weak divergence:
+                           (div F)_lm = -sum_j w_j F(x_j) . conj(grad Y_lm(x_j))),
+
+exact in exact arithmetic on both grids (modes outside the triangle, multiplicity 0, get 0).
 """
 
+import functools
 import math
 
 import torch
@@ -66,6 +80,29 @@ class _SpectralBasis:
     def integrate(self, f: torch.Tensor) -> torch.Tensor:
         """Quadrature of a grid function over the sphere (dsigma)."""
         return (f * self.weights).flatten(-self.weights.dim()).sum(-1)
+
+    def gradient(self, c: torch.Tensor) -> torch.Tensor:
+        """grad f in ambient components (..., *grid, d) from the coefficients of f."""
+        components = self.gradient_frame(c).unbind(-1 - len(self.grid_shape))
+        return sum(component[..., None] * e for component, e in zip(components, self.frame))
+
+    def divergence(self, field: torch.Tensor) -> torch.Tensor:
+        """Coefficients of div F for a tangent field F in ambient components (..., *grid, d)."""
+        return self.divergence_frame(torch.stack([inner(field, e) for e in self.frame], dim=-1 - len(self.grid_shape)))
+
+    def synthesis_adjoint(self, r: torch.Tensor) -> torch.Tensor:
+        """The transpose of `synthesis` (module docstring): multiplicity * analysis(r / w)."""
+        return self.multiplicity * self.analysis(r / self.weights)
+
+    def divergence_adjoint(self, b: torch.Tensor) -> torch.Tensor:
+        """The transpose of `divergence_frame` (module docstring): -w * gradient_frame(b / multiplicity)."""
+        return -self.weights * self.gradient_frame(b * self.inverse_multiplicity)
+
+    @functools.cached_property
+    def inverse_multiplicity(self) -> torch.Tensor:
+        """1 / multiplicity, and 0 outside the triangle (multiplicity 0)."""
+        m = self.multiplicity
+        return torch.where(m > 0, 1 / torch.where(m > 0, m, 1.0), 0.0)
 
     def resize(self, c: torch.Tensor, lmax: int) -> torch.Tensor:
         """Coefficients truncated or zero-padded to degree `lmax` (spectral interpolation)."""
@@ -128,7 +165,7 @@ class CircleBasis(_SpectralBasis):
         theta = self.fourier.theta
         self.theta = theta
         self.points = torch.stack([torch.cos(theta), torch.sin(theta)], dim=-1)
-        self.tangent = torch.stack([-torch.sin(theta), torch.cos(theta)], dim=-1)
+        self.frame = torch.stack([-torch.sin(theta), torch.cos(theta)], dim=-1)[None]  # t = (-sin, cos)
         self.weights = torch.full_like(theta, 2 * math.pi / n)
         self.degree = torch.arange(lmax + 1, device=placement.device)
         self.multiplicity = torch.where(self.degree == 0, 1.0, 2.0).to(placement.real)
@@ -155,13 +192,13 @@ class CircleBasis(_SpectralBasis):
     def synthesis(self, c: torch.Tensor) -> torch.Tensor:
         return self.fourier.synthesis(c)
 
-    def gradient(self, c: torch.Tensor) -> torch.Tensor:
-        """grad f = (df/dtheta) t(theta), t = (-sin theta, cos theta); (..., n, 2)."""
-        return self.synthesis(self.fourier.derivative(c))[..., None] * self.tangent
+    def gradient_frame(self, c: torch.Tensor) -> torch.Tensor:
+        """grad f = (df/dtheta) t(theta) as its frame component (..., 1, n)."""
+        return self.synthesis(self.fourier.derivative(c))[..., None, :]
 
-    def divergence(self, field: torch.Tensor) -> torch.Tensor:
-        """Coefficients of div F = d/dtheta <F, t> for a tangent field F (..., n, 2)."""
-        return self.fourier.derivative(self.analysis(inner(field, self.tangent)))
+    def divergence_frame(self, field: torch.Tensor) -> torch.Tensor:
+        """Coefficients of div F = d/dtheta F_t for the frame component F_t (..., 1, n) of a tangent field."""
+        return self.fourier.derivative(self.analysis(field[..., 0, :]))
 
     def coordinates(self) -> dict:
         return {"theta": self.theta}
@@ -199,8 +236,9 @@ class SphereBasis(_SpectralBasis):
         st, ct, sp, cp = torch.sin(theta), torch.cos(theta), torch.sin(phi), torch.cos(phi)
         zero = torch.zeros_like(st * sp)
         self.points = torch.stack([st * cp, st * sp, ct.expand_as(st * sp)], dim=-1)
-        self.e_theta = torch.stack([ct * cp, ct * sp, (-st).expand_as(zero)], dim=-1)
-        self.e_phi = torch.stack([-sp.expand_as(zero), cp.expand_as(zero), zero], dim=-1)
+        e_theta = torch.stack([ct * cp, ct * sp, (-st).expand_as(zero)], dim=-1)
+        e_phi = torch.stack([-sp.expand_as(zero), cp.expand_as(zero), zero], dim=-1)
+        self.frame = torch.stack([e_theta, e_phi])
         weights = self.sht.weights.to(placement.device, placement.real)[:, None] * (2 * math.pi / nlon)
         self.weights = weights.expand(nlat, nlon).contiguous()
         m = torch.arange(lmax + 1, device=placement.device)[:, None]
@@ -244,12 +282,13 @@ class SphereBasis(_SpectralBasis):
     def synthesis(self, c: torch.Tensor) -> torch.Tensor:
         return self.sht.synthesis(c).to(self.placement.device)
 
-    def gradient(self, c: torch.Tensor) -> torch.Tensor:
-        v_theta, v_phi = self.sht.gradient(c)
-        return v_theta.to(self.placement.device)[..., None] * self.e_theta + v_phi.to(self.placement.device)[..., None] * self.e_phi
+    def gradient_frame(self, c: torch.Tensor) -> torch.Tensor:
+        """grad f along (e_theta, e_phi): (..., 2, nlat, nlon)."""
+        return torch.stack(self.sht.gradient(c), dim=-3).to(self.placement.device)
 
-    def divergence(self, field: torch.Tensor) -> torch.Tensor:
-        return self.sht.divergence(inner(field, self.e_theta), inner(field, self.e_phi)).to(self.placement.device)
+    def divergence_frame(self, field: torch.Tensor) -> torch.Tensor:
+        """Coefficients of div F for the frame components (F_theta, F_phi) = field[..., k, :, :]."""
+        return self.sht.divergence(field[..., 0, :, :], field[..., 1, :, :]).to(self.placement.device)
 
     def coordinates(self) -> dict:
         return {"lat": self.latitude, "lon": self.longitude}
@@ -265,7 +304,8 @@ class SphereBasis(_SpectralBasis):
             x = points[start:start + block].to(torch.float64).cpu()
             legendre = torch.as_tensor(legendre_tables(self.lmax, x[:, 2].clamp(-1, 1).numpy())[0])
             legendre = legendre.to(c.device, self.placement.real)
-            series = torch.einsum("ml,mlp->mp", (c * self.multiplicity).to(self.placement.complex), legendre.to(c.dtype))
+            weighted = (c * self.multiplicity).to(self.placement.complex)
+            series = torch.einsum("ml,mlp->mp", weighted, legendre.to(c.dtype))
             phi = torch.atan2(x[:, 1], x[:, 0]).to(c.device, self.placement.real)
             values.append((series * torch.exp(1j * order[:, None] * phi[None, :])).real.sum(0))
         return torch.cat(values)

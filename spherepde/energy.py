@@ -67,11 +67,12 @@ class FreeEnergy:
         return cls(eps, V, weight, mean_field, weight is not None and still, reason)
 
     @classmethod
-    def of_model(cls, model) -> "FreeEnergy":
-        """FreeEnergy.of for a spherepde.model.Model (its tensors brought to the host)."""
+    def of_model(cls, model, controlled: bool = False) -> "FreeEnergy":
+        """FreeEnergy.of for a spherepde.model.Model (its tensors brought to the host); `controlled`: the run's W_t
+        is a trained control, not model.W."""
         host = lambda matrix: matrix.cpu().double().numpy()  # noqa: E731
         return cls.of(model.kernel, model.beta, host(model.B), host(model.V), host(model.W), model.eps,
-                      controlled=model.controls is not None)
+                      controlled=controlled)
 
     def interaction(self, interaction_energy: float, mean: np.ndarray) -> float:
         """U from the run's interaction_energy and mean M = int x drho (NaN where no U exists)."""

@@ -51,6 +51,7 @@ The transform is linear and never divides: whether N / Z is well defined is the 
 business (`model.attention_mean`).
 """
 
+import copy
 import math
 import warnings
 
@@ -82,28 +83,32 @@ MAX_CHEBYSHEV_NODES = 64
 DENSE_MATRIX_BYTES = 64 * 2 ** 20
 
 
-def shifted_exp_kernel(x: torch.Tensor, y: torch.Tensor, C: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel matrix exp(beta <x_i, C y_j> - log_scale_i) (Nx, Ny) and log_scale (Nx,).
+def shifted_exp_kernel(x: torch.Tensor, y: torch.Tensor, C: torch.Tensor, beta) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel matrix exp(beta <x_i, C y_j> - log_scale_i) (..., Nx, Ny) and log_scale (..., Nx).
 
     log_scale_i = max_j beta <x_i, C y_j> (log-sum-exp shift: the largest entry of each row is exactly 1).
+    Leading batch dimensions (members) broadcast as in torch.matmul; beta is a number or a tensor (...,).
     """
     return _shifted_block(*_logit_operands(x, y, C, beta))
 
 
-def _logit_operands(x: torch.Tensor, y: torch.Tensor, C: torch.Tensor, beta: float):
-    """(queries (Nx, d + 1), keys (Ny, d + 1), bound (Nx,)) with queries @ keys.T = beta <C^T x_i, y_j> - bound_i
-    <= 0, bound_i = beta |C^T x_i|: the shift rides along as an extra coordinate, so one matmul gives the logits."""
+def _logit_operands(x: torch.Tensor, y: torch.Tensor, C: torch.Tensor, beta):
+    """(queries (..., Nx, d + 1), keys (..., Ny, d + 1), bound (..., Nx)) with queries @ keys^T = beta <C^T x_i, y_j>
+    - bound_i <= 0, bound_i = beta |C^T x_i|: the shift rides along as an extra coordinate, so one matmul gives the
+    logits."""
     u = x @ C  # rows are (C^T x_i)^T
-    bound = beta * norm(u)
-    return torch.cat([beta * u, -bound[:, None]], dim=1), torch.cat([y, torch.ones_like(y[:, :1])], dim=1), bound
+    scale = beta if not torch.is_tensor(beta) else beta[..., None]
+    bound = scale * norm(u)
+    queries = torch.cat([(scale if not torch.is_tensor(beta) else scale[..., None]) * u, -bound[..., None]], dim=-1)
+    return queries, torch.cat([y, torch.ones_like(y[..., :1])], dim=-1), bound
 
 
 def _shifted_block(queries: torch.Tensor, keys: torch.Tensor, bound: torch.Tensor):
     """shifted_exp_kernel for the rows of `queries`, from `_logit_operands`."""
-    kernel = queries @ keys.T
+    kernel = queries @ keys.transpose(-1, -2)
     # Detached: T_C f does not depend on the shift, so no gradient needs to flow through it.
-    shift = kernel.amax(dim=1, keepdim=True).detach()
-    return kernel.sub_(shift).clamp_(min=exponent_floor(kernel.dtype)).exp_(), bound + shift[:, 0]
+    shift = kernel.amax(dim=-1, keepdim=True).detach()
+    return kernel.sub_(shift).clamp_(min=exponent_floor(kernel.dtype)).exp_(), bound + shift[..., 0]
 
 
 def exponent_floor(dtype: torch.dtype) -> float:
@@ -129,21 +134,24 @@ def block_rows(chunk: int | str, columns: int, dtype: torch.dtype, device: torch
     return max(CPU_BLOCK_MIN_ROWS, CPU_BLOCK_BYTES // row_bytes)
 
 
-def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch.Tensor, beta: float,
+def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch.Tensor, beta,
                      chunk: int | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """Sum_j exp(beta <x_i, C y_j>) f_j for points x (Nx, d), y (Ny, d), channels f (Ny, c).
+    """Sum_j exp(beta <x_i, C y_j>) f_j for points x (..., Nx, d), y (..., Ny, d), channels f (..., Ny, c).
 
-    Quadrature weights are part of f.  Returns (scaled (Nx, c), log_scale (Nx,)) as `shifted_exp_kernel`,
-    holding `block_rows(chunk, ...)` rows of the kernel matrix at a time.
+    Quadrature weights are part of f.  Returns (scaled (..., Nx, c), log_scale (..., Nx)) as `shifted_exp_kernel`,
+    holding `block_rows(chunk, ...)` rows of the kernel matrix at a time (for "auto", of all batch members
+    together).
     """
-    rows = block_rows(chunk, y.shape[0], y.dtype, y.device)
+    rows = block_rows(chunk, y.shape[-2], y.dtype, y.device)
+    if chunk == "auto":  # the block's bytes, not its rows, are what the cache holds: share them among the members
+        rows = max(1, rows // max(math.prod(x.shape[:-2]), 1))
     queries, keys, bound = _logit_operands(x, y, C, beta)
     blocks, log_scales = [], []
-    for start in range(0, x.shape[0], rows):
-        kernel, log_scale = _shifted_block(queries[start:start + rows], keys, bound[start:start + rows])
+    for start in range(0, x.shape[-2], rows):
+        kernel, log_scale = _shifted_block(queries[..., start:start + rows, :], keys, bound[..., start:start + rows])
         blocks.append(kernel @ f)
         log_scales.append(log_scale)
-    return torch.cat(blocks), torch.cat(log_scales)
+    return torch.cat(blocks, dim=-2), torch.cat(log_scales, dim=-1)
 
 
 class DenseExpKernel:
@@ -167,19 +175,30 @@ class DenseExpKernel:
 
     def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """f: (*grid, c) grid values -> (scaled (*grid, c), log_scale (*grid))."""
-        channels = f.shape[-1]
-        flat = f.reshape(-1, channels) * self.weights[:, None]
+        scaled, log_scale = self.fields(torch.movedim(f, -1, 0))
+        return torch.movedim(scaled, 0, -1), log_scale
+
+    def fields(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transform of fields given first: f (F, *grid) -> (scaled (F, *grid), log_scale (*grid))."""
+        count = f.shape[0]
+        flat = f.reshape(count, -1) * self.weights
         if self.beta == 0:  # constant kernel: every point sees the plain integral
-            integral = flat.sum(0).expand(*self.grid_shape, channels)
-            return integral, torch.zeros(self.grid_shape, dtype=f.dtype, device=f.device)
+            integral = flat.sum(1, keepdim=True).expand_as(flat)
+            return integral.reshape(f.shape), torch.zeros(self.grid_shape, dtype=f.dtype, device=f.device)
         if self.keeps_matrix:
-            if self._matrix is None:
-                self._matrix = shifted_exp_kernel(self.points, self.points, self.C, self.beta)
-            matrix, log_scale = self._matrix
-            scaled = matrix @ flat
+            matrix, log_scale = self.matrix()
+            scaled = flat @ matrix.T
         else:
-            scaled, log_scale = dense_exp_kernel(self.points, self.points, flat, self.C, self.beta, self.chunk)
-        return scaled.reshape(*self.grid_shape, channels), log_scale.reshape(self.grid_shape)
+            scaled, log_scale = dense_exp_kernel(self.points, self.points, flat.T, self.C, self.beta, self.chunk)
+            scaled = scaled.T
+        return scaled.reshape(f.shape), log_scale.reshape(self.grid_shape)
+
+    def matrix(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept kernel matrix of `shifted_exp_kernel` over the grid (N, N) and its log_scale (N,), computed at
+        the first call."""
+        if self._matrix is None:
+            self._matrix = shifted_exp_kernel(self.points, self.points, self.C, self.beta)
+        return self._matrix
 
     def cost(self, channels: int) -> float:
         """Floating-point operations of one call: N^2 kernel entries (one exponential ~ 20 flops) unless
@@ -445,12 +464,14 @@ class DuccEvaluator:
     """Spherical-harmonic series at scattered points by ducc0.sht.synthesis_general (CPU): per field an
     SHT onto an auxiliary equiangular grid and a type-2 non-uniform FFT, O(L^2 log L + N), to accuracy
     `eps` relative to the field's coefficients.  ducc0 stores a_lm (m >= 0, l >= m) m-major, the order of
-    our [m, l] array with l < m dropped, with the same orthonormal, Condon-Shortley Y_lm."""
+    our [m, l] array with l < m dropped, with the same orthonormal, Condon-Shortley Y_lm.  Differentiable:
+    the transpose is ducc0's adjoint_synthesis_general times the multiplicity (1 at m = 0, 2 above; see
+    bases.py on transposes)."""
 
     def __init__(self, lmax: int, points: np.ndarray, eps: float, dtype):
         import ducc0
 
-        self._synthesis = ducc0.sht.synthesis_general
+        self._synthesis, self._adjoint_synthesis = ducc0.sht.synthesis_general, ducc0.sht.adjoint_synthesis_general
         self.lmax = lmax
         theta, phi = _polar_angles(points)
         self._location = np.ascontiguousarray(np.stack([theta, phi], axis=1))
@@ -461,11 +482,26 @@ class DuccEvaluator:
 
     def __call__(self, c: torch.Tensor) -> torch.Tensor:
         """(F, M, L) coefficients (CPU) -> (N, F) values."""
-        packed = c[:, self._mask].numpy()
+        return _DuccSynthesis.apply(c, self)
+
+    def values(self, c: torch.Tensor) -> torch.Tensor:
+        packed = c.detach()[:, self._mask].numpy()
         threads = torch.get_num_threads()
         values = [self._synthesis(alm=row[None, :], spin=0, lmax=self.lmax, loc=self._location, epsilon=self._eps,
                                   nthreads=threads)[0] for row in packed]
         return torch.from_numpy(np.stack(values, axis=1))
+
+    def transpose(self, g: torch.Tensor) -> torch.Tensor:
+        """The transpose of `values`: (N, F) real -> (F, M, L) complex cotangents."""
+        threads = torch.get_num_threads()
+        out = torch.zeros((g.shape[1],) + tuple(self._mask.shape), dtype=torch.complex128 if g.dtype == torch.float64
+                          else torch.complex64)
+        multiplicity = torch.where(torch.arange(self.lmax + 1) == 0, 1.0, 2.0)[:, None].expand_as(self._mask)
+        for f, column in enumerate(g.detach().T.contiguous().numpy()):
+            alm = self._adjoint_synthesis(map=column[None, :], spin=0, lmax=self.lmax, loc=self._location,
+                                          epsilon=self._eps, nthreads=threads)[0]
+            out[f][self._mask] = torch.from_numpy(alm).to(out.dtype) * multiplicity[self._mask]
+        return out
 
     def cost(self, count: int) -> float:
         """Flops of `count` fields, including ~5e5 flops-worth of fixed overhead per ducc0 call."""
@@ -637,21 +673,26 @@ class SpectralExpKernel:
 
     def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """f: (*grid, c) grid values -> (scaled (*grid, c), log_scale (*grid))."""
-        channels = f.shape[-1]
-        coefficients = self.transform.analysis(torch.movedim(f, -1, 0))  # (c, *coeff)
+        scaled, log_scale = self.fields(torch.movedim(f, -1, 0))
+        return torch.movedim(scaled, 0, -1), log_scale
+
+    def fields(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transform of fields given first: f (F, *grid) -> (scaled (F, *grid), log_scale (*grid))."""
+        count = f.shape[0]
+        coefficients = self.transform.analysis(f)  # (F, *coeff)
         if self.evaluator is None:
             coefficients = coefficients * self._weights
             if self.rotation is not None:
                 coefficients = self.rotation(coefficients)
-            values = self.transform.synthesis(coefficients).reshape(channels, -1)
+            values = self.transform.synthesis(coefficients).reshape(count, -1)
             if self.permutation is not None:
                 values = values[:, self.permutation]
-            return torch.movedim(values.reshape(channels, *self.grid_shape), 0, -1), self._log_scale
+            return values.reshape(f.shape), self._log_scale
         nodes = len(self.nodes)
-        per_node = (self._weights[:, None] * coefficients[None]).reshape(nodes * channels, *coefficients.shape[1:])
-        values = self.evaluator(per_node).reshape(-1, nodes, channels)  # (N, n, c)
-        scaled = torch.einsum("pk,pkc->pc", self._ell, values.to(self._ell.device))
-        return scaled.reshape(*self.grid_shape, channels), self._log_scale
+        per_node = (self._weights[:, None] * coefficients[None]).reshape(nodes * count, *coefficients.shape[1:])
+        values = self.evaluator(per_node).reshape(-1, nodes, count)  # (N, n, F)
+        scaled = torch.einsum("pk,pkc->cp", self._ell, values.to(self._ell.device))
+        return scaled.reshape(f.shape), self._log_scale
 
     def cost(self, channels: int) -> float:
         """Floating-point operations of one call (estimate): transforms, rotation, scattered evaluation."""
@@ -661,6 +702,19 @@ class SpectralExpKernel:
         if self.evaluator is not None:
             cost += self.evaluator.cost(len(self.nodes) * channels)
         return cost
+
+
+class _DuccSynthesis(torch.autograd.Function):
+    """DuccEvaluator's series at the points, with its transpose as the backward pass."""
+
+    @staticmethod
+    def forward(ctx, c, evaluator):
+        ctx.evaluator = evaluator
+        return evaluator.values(c)
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.evaluator.transpose(g), None
 
 
 def _has_ducc0() -> bool:
@@ -732,3 +786,70 @@ def make_exp_kernel(basis, C: torch.Tensor, beta: float, field: str, tol: float,
         return dense
     channels = basis.dim + 1
     return spectral if spectral.cost(channels) < dense.cost(channels) else dense
+
+
+class MemberKernels:
+    """The exponential-kernel transforms of a batch of members on one basis grid (solver.field for each member's
+    C = B_m and beta_m): one transform per distinct (B, beta), members sharing it transformed in one call.
+
+    Called like a transform, with a member axis and the grid flattened: f (M, P, c) -> (scaled (M, P, c),
+    log_scale (M, P)).  `member(m)` is member m's own transform (grid-shaped calls, as `make_exp_kernel`'s).
+    """
+
+    def __init__(self, basis, B: torch.Tensor, beta, field: str, tol: float, chunk: int | str = "auto"):
+        self.grid_shape, self.device = basis.grid_shape, B.device
+        self.kernels, self._of_member, groups = [], [], {}
+        for m, (C, b) in enumerate(zip(B, beta)):
+            key = (float(b), C.detach().cpu().double().numpy().tobytes())
+            if key not in groups:
+                groups[key] = len(self.kernels)
+                self.kernels.append(make_exp_kernel(basis, C, float(b), field, tol, chunk))
+            self._of_member.append(groups[key])
+        self._group()
+
+    def _group(self) -> None:
+        """(kernel, member indices) of every transform some member uses."""
+        self._groups = [(kernel, torch.as_tensor([m for m, k in enumerate(self._of_member) if k == g],
+                                                 device=self.device))
+                        for g, kernel in enumerate(self.kernels) if g in self._of_member]
+
+    def select(self, members: list) -> "MemberKernels":
+        """The transforms of the members at the indices `members` (a list), in that order."""
+        chosen = copy.copy(self)
+        chosen._of_member = [self._of_member[m] for m in members]
+        chosen._group()
+        return chosen
+
+    @property
+    def name(self) -> str:
+        """The transforms' `name` ("dense" or "spectral"), or "mixed"."""
+        names = {kernel.name for kernel in self.kernels}
+        return names.pop() if len(names) == 1 else "mixed"
+
+    def member(self, m: int):
+        return self.kernels[self._of_member[m]]
+
+    def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Channels last: f (M, P, c) -> (scaled (M, P, c), log_scale (M, P))."""
+        scaled, log_scale = self.fields(f.transpose(1, 2))
+        return scaled.transpose(1, 2), log_scale
+
+    def fields(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Channels first: f (M, c, P) -> (scaled (M, c, P), log_scale (M, P)); the members' fields go through
+        their transform together, as one batch of M c fields."""
+        if len(self._groups) == 1:
+            return _members_through(self._groups[0][0], f, self.grid_shape)
+        scaled, log_scale = torch.empty_like(f), f.new_empty((f.shape[0], f.shape[2]))
+        for kernel, members in self._groups:
+            part, part_scale = _members_through(kernel, f.index_select(0, members), self.grid_shape)
+            scaled.index_copy_(0, members, part)
+            log_scale.index_copy_(0, members, part_scale)
+        return scaled, log_scale
+
+
+def _members_through(kernel, f: torch.Tensor, grid_shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """One transform applied to the fields of every member at once: (M, c, P), the member axis riding along with
+    the channels."""
+    members, channels, points = f.shape
+    scaled, log_scale = kernel.fields(f.reshape((members * channels,) + tuple(grid_shape)))
+    return scaled.reshape(members, channels, points), log_scale.reshape(1, points).expand(members, points)

@@ -22,7 +22,7 @@ from .exp_kernel import kernel_degree
 
 @dataclass(frozen=True)
 class Model:
-    """Parameters of the forward equation; matrices are (d, d) tensors on the run's device."""
+    """Parameters of the forward equation of one run; matrices are (d, d) tensors on the run's device."""
 
     kernel: str
     beta: float
@@ -30,9 +30,6 @@ class Model:
     V: torch.Tensor
     W: torch.Tensor
     eps: float
-    # Trained control: W_t = controls[l] on the l-th of controls.shape[0] equal slices of [0, horizon].
-    controls: torch.Tensor | None = None
-    horizon: float = math.inf
 
     @classmethod
     def from_case(cls, case, placement: Placement) -> "Model":
@@ -54,24 +51,64 @@ class Model:
     def zero_temperature(self) -> bool:
         return math.isinf(self.beta)
 
-    def layer(self, t: float) -> int:
-        """Index l of the slice [l T / L, (l + 1) T / L) holding t (T = horizon, L layers; t = T in the last)."""
-        layers = self.controls.shape[0]
-        return min(max(int(math.floor(t * layers / self.horizon)), 0), layers - 1)
 
-    def feed_forward(self, t: float) -> torch.Tensor:
-        """W_t: model.W, or the piecewise-constant control of slice `layer(t)` when `controls` is set.
+@dataclass(frozen=True)
+class ModelBatch:
+    """The models of M members advanced together, their parameters stacked on a leading member axis.
 
-        Right-continuous at slice boundaries: a Runge-Kutta stage at the end of a step that ends on a
-        boundary gets the next slice's W, so solvers that need W constant over a step (training) pass
-        the step's W explicitly instead of calling this with stage times.
-        """
-        return self.W if self.controls is None else self.controls[self.layer(t)]
+    Members share the kernel ("softmax" or "unnormalized") and whether beta is infinite; B, V, W (M, d, d),
+    beta and eps (M,) may differ.  `models` keeps each member's own Model for the work done member by member
+    (diagnostics, resolution checks, the seed-004 theory).
+    """
+
+    models: tuple
+    B: torch.Tensor
+    V: torch.Tensor
+    W: torch.Tensor
+    beta: torch.Tensor
+    eps: torch.Tensor
+
+    @classmethod
+    def of(cls, models) -> "ModelBatch":
+        models = tuple(models)
+        first = models[0]
+        for model in models[1:]:
+            if model.kernel != first.kernel or model.zero_temperature != first.zero_temperature:
+                raise ValueError("ModelBatch: members must share model.kernel and whether beta is infinite")
+        real = first.B
+        return cls(models, torch.stack([m.B for m in models]), torch.stack([m.V for m in models]),
+                   torch.stack([m.W for m in models]), real.new_tensor([m.beta for m in models]),
+                   real.new_tensor([m.eps for m in models]))
+
+    @property
+    def kernel(self) -> str:
+        return self.models[0].kernel
+
+    @property
+    def zero_temperature(self) -> bool:
+        return self.models[0].zero_temperature
+
+    @property
+    def members(self) -> int:
+        return len(self.models)
+
+    @property
+    def dim(self) -> int:
+        return self.B.shape[-1]
+
+    def select(self, members) -> "ModelBatch":
+        """The batch of the members at the indices `members` (a list), in that order."""
+        return ModelBatch.of([self.models[m] for m in members])
 
 
-def zero_temperature_mean(model: Model, points: torch.Tensor) -> torch.Tensor:
-    """m(x) = B^T x / |B^T x| (0 where B^T x = 0)."""
-    u = points @ model.B
+def pointwise_product(points: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+    """x^T A_m at every point x, member by member: points (P, d) shared or (M, P, d), A (M, d, d) -> (M, P, d)."""
+    return torch.matmul(points, A)
+
+
+def zero_temperature_mean(B: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+    """m(x) = B^T x / |B^T x| (0 where B^T x = 0): B (M, d, d), points (P, d) or (M, P, d) -> (M, P, d)."""
+    u = pointwise_product(points, B)
     length = norm(u)[..., None]
     return torch.where(length > 0, u / torch.where(length > 0, length, 1.0), 0.0)
 
@@ -81,53 +118,54 @@ def zero_temperature_mean(model: Model, points: torch.Tensor) -> torch.Tensor:
 NEGLIGIBLE_DENSITY = 1e-10
 
 
-def attention_mean(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
-    """m[rho](x) on the grid: N / Z (softmax) or N (unnormalized); (*grid, d).
-
-    For rho >= 0, Z > 0 and |N| <= Z.  A spectral density may dip below zero; both transforms
-    compute Z of the band-limited rho without dividing (the spectral one to about kernel_tol / 100
-    of its scale), so Z stays positive while the undershoot is small against the mass within a
-    kernel width.  Where it does not, m is undefined: it is NaN there (not clipped), and the run's
-    finiteness check turns that into a numerical failure at the next save, without a host round
-    trip per evaluation (which would stall a GPU at every Runge-Kutta stage).  The exception is
-    where rho itself is negligible (softmax_mean).
-    """
-    return attention(model, exp_kernel, points, rho)[0]
-
-
 def softmax_mean(N: torch.Tensor, Z: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
-    """m = N / Z; where |rho(x)| <= NEGLIGIBLE_DENSITY max |rho|, bounded by |m| <= 1 (as the mean of a
-    probability measure on the sphere is) and 0 where Z <= 0.
+    """m = N / Z (M, P, d) from N (M, P, d), Z (M, P); where |rho(x)| <= NEGLIGIBLE_DENSITY max |rho| (the
+    member's maximum), bounded by |m| <= 1 (as the mean of a probability measure on the sphere is) and 0 where
+    Z <= 0.
 
-    At large beta Z(x) at a point far from all the mass is exp(-beta gap) of its scale, below the transform's
-    accuracy: N / Z there is round-off, and Z may reach 0 or below.  Such points carry no mass either (between
-    clusters, say), so bounding m there changes rho v only at the level of rho's own round-off, where an
-    unbounded or undefined m would end a resolved run (beta = 1000, eps = 1e-2: |m| up to 2 on a quarter of
-    the grid, then NaN).  Elsewhere Z <= 0 still gives NaN and the run fails: the density is under-resolved.
+    A spectral density may dip below zero; both transforms compute Z of the band-limited rho without dividing
+    (the spectral one to about kernel_tol / 100 of its scale), so Z stays positive while the undershoot is small
+    against the mass within a kernel width.  Where it does not, m is undefined: NaN (not clipped), and the run's
+    finiteness check turns that into a numerical failure at the next save, without a host round trip per
+    evaluation.  At large beta Z(x) at a point far from all the mass is exp(-beta gap) of its scale, below the
+    transform's accuracy: N / Z there is round-off, and Z may reach 0 or below.  Such points carry no mass either
+    (between clusters, say), so bounding m there changes rho v only at the level of rho's own round-off, where an
+    unbounded or undefined m would end a resolved run (beta = 1000, eps = 1e-2: |m| up to 2 on a quarter of the
+    grid, then NaN).
     """
-    mean = torch.where(Z > 0, N / torch.where(Z > 0, Z, 1.0), torch.nan)
-    void = rho.abs()[..., None] <= NEGLIGIBLE_DENSITY * rho.abs().max()
+    mean = torch.where(Z[..., None] > 0, N / torch.where(Z > 0, Z, 1.0)[..., None], torch.nan)
+    magnitude = rho.abs()
+    void = (magnitude <= NEGLIGIBLE_DENSITY * magnitude.amax(-1, keepdim=True))[..., None]
     bounded = mean / norm(mean)[..., None].clamp(min=1)
     return torch.where(void, torch.nan_to_num(bounded, nan=0.0), mean)
 
 
-def attention(model: Model, exp_kernel, points: torch.Tensor, rho: torch.Tensor):
-    """(m[rho], rho / Z) on the grid: the attention mean of `attention_mean` and, for the softmax at
-    finite beta, the density of the softmax weights rho(y) / Z(x) (what the adjoint's nonlocal term
-    integrates; None for the unnormalized kernel and at beta = inf)."""
-    if model.zero_temperature:
-        return zero_temperature_mean(model, points), None
+def attention(batch: ModelBatch, exp_kernel, points: torch.Tensor, rho: torch.Tensor):
+    """(m[rho], rho / Z) at the points: the attention mean (M, P, d), N / Z (softmax) or N (unnormalized),
+    and for the softmax at finite beta the density of the softmax weights rho(y) / Z(x) (M, P) (what the
+    continuous adjoint's nonlocal term integrates; None for the unnormalized kernel and at beta = inf).
+
+    points (P, d) shared or (M, P, d); rho (M, P): densities on a grid, or ones for particles (the
+    quadrature weights are the transform's); exp_kernel maps channels (M, P, c) to (scaled, log_scale) as
+    `spherepde.exp_kernel` transforms do, member by member."""
+    if batch.zero_temperature:
+        return zero_temperature_mean(batch.B, points), None
     channels = torch.cat([rho[..., None], rho[..., None] * points], dim=-1)
     scaled, log_scale = exp_kernel(channels)
-    Z, N = scaled[..., :1], scaled[..., 1:]
-    if model.kernel == "unnormalized":
+    Z, N = scaled[..., 0], scaled[..., 1:]
+    if batch.kernel == "unnormalized":
         return N * torch.exp(log_scale)[..., None], None
-    return softmax_mean(N, Z, rho), rho * torch.exp(-log_scale) / Z[..., 0]
+    return softmax_mean(N, Z, rho), rho * torch.exp(-log_scale) / Z
 
 
-def velocity(model: Model, points: torch.Tensor, mean_field: torch.Tensor, t: float) -> torch.Tensor:
-    """v(x, t) = P_x(W_t x + V m(x)) as ambient vectors (*grid, d)."""
-    drift = points @ model.feed_forward(t).T + mean_field @ model.V.T
+def attention_mean(batch: ModelBatch, exp_kernel, points: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+    """m[rho] (M, P, d) of `attention`."""
+    return attention(batch, exp_kernel, points, rho)[0]
+
+
+def velocity(batch: ModelBatch, points: torch.Tensor, mean_field: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """v(x) = P_x(W x + V m(x)) as ambient vectors (M, P, d); W (M, d, d) the members' feed-forward matrices."""
+    drift = pointwise_product(points, W.transpose(-1, -2)) + pointwise_product(mean_field, batch.V.transpose(-1, -2))
     return tangent_projection(points, drift)
 
 

@@ -57,8 +57,7 @@ def grid_coordinates(basis) -> tuple[dict, tuple, str]:
 
 def eulerian_dataset(recorder, status: str) -> xr.Dataset:
     """The Dataset of an Eulerian run from its recorded saves."""
-    problem, case = recorder.problem, recorder.case
-    basis = problem.basis
+    case, basis = recorder.case, recorder.basis
     coords, grid_dims, density_units = grid_coordinates(basis)
     area_units = "radian" if basis.dim == 2 else "sr"
     coords.update(common_coordinates(recorder.times, basis.dim, recorder.lyapunov_p))
@@ -79,12 +78,13 @@ def eulerian_dataset(recorder, status: str) -> xr.Dataset:
         "grid": "uniform" if basis.dim == 2 else "gauss-legendre",
         "grid_shape": list(basis.grid_shape),
         "lmax": basis.lmax,
-        "dtype": problem.placement.name,
-        "device": str(problem.placement.device),
-        "field": problem.exp_kernel.name,
+        "dtype": basis.placement.name,
+        "device": str(basis.placement.device),
+        "field": recorder.exp_kernel.name,
         "scheme": recorder.scheme,
         "steps": int(recorder.steps),
         "wall_seconds": float(recorder.wall_seconds),
+        "batch_members": int(recorder.batch_members),
         "w2_quantisation_bound": float(recorder.w2_error_bound),
         "resolved_until": "end" if recorder.resolved_until is None else float(recorder.resolved_until),
         "notes": "\n".join(recorder.notes),
@@ -144,6 +144,7 @@ def particle_dataset(recorder, status: str) -> xr.Dataset:
         "dtype": str(recorder.model.B.dtype).removeprefix("torch."),
         "device": str(recorder.model.B.device),
         "wall_seconds": float(recorder.wall_seconds),
+        "batch_members": int(recorder.batch_members),
         "w2_quantisation_bound": float(recorder.w2_error_bound),
         "replicas": section["replicas"],
         "stderr": ("Monte Carlo standard errors: i.i.d. formulas (std / sqrt(n) of per-particle integrands; delta "

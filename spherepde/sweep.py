@@ -10,10 +10,13 @@ repeated N times with ``--seeds N``: replicate r of every combination gets
 the replicates are independent and every combination sees the same seeds. Every member
 is resolved and validated before anything runs (bad input: exit 2, nothing written).
 
-A member runs in a Dask task that gets the member's resolved case text, writes
-DIR/member-NNN.nc atomically and returns its path and a few numbers, never arrays. The
-cluster is a LocalCluster (one single-threaded worker process per GPU where there are
-GPUs, worker k on GPU k; else one per core; torch threads split evenly) or, with
+Members that share a grid and the shapes of their state run together, as one batch in one
+tensor program (spherepde.ensemble: which keys may differ); a batch runs in a Dask task that
+gets its members' resolved case texts, writes each member's DIR/member-NNN.nc atomically (the
+file its serial run would write) and returns their paths and a few numbers, never arrays: Dask
+distributes batches, not members.  Batches hold at most ceil(members / workers) members, so that
+every worker has work.  The cluster is a LocalCluster (one single-threaded worker process per GPU
+where there are GPUs, worker k on GPU k; else one per core; torch threads split evenly) or, with
 ``--scheduler``, an existing one; its workers must see DIR at the same path. When all
 members are done, DIR/sweep.nc combines them along a `member` dimension
 (xr.open_mfdataset), with the swept keys (and `seed`) as member coordinates and each
@@ -105,30 +108,36 @@ def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -
     return members
 
 
-def run_member(index: int, case_text: str, path: str, threads: int | None = None) -> dict:
-    """Run one member (in a Dask task) and write its file; returns its summary."""
+def run_batch(indices: list, case_texts: list, paths: list, threads: int | None = None) -> list:
+    """Run one batch of members together (in a Dask task; spherepde.ensemble.run_batch) and write each member's
+    file; returns their summaries."""
     import torch
 
-    from . import load_case_text, run
+    from . import load_case_text
+    from .ensemble import run_batch as run_members
     from .output import write_dataset
 
     if threads is not None:
         torch.set_num_threads(threads)
     _use_worker_gpu()
-    case = load_case_text(case_text, origin=f"sweep member {index}")
-    exit_status = 0
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # recorded in the notes of the output
-            dataset = run(case, progress=False)
-    except CaseError as error:
-        return {"member": index, "path": None, "status": f"bad input: {error}", "exit_status": 2}
-    except NumericalFailure as failure:
-        if failure.dataset is None:
-            return {"member": index, "path": None, "status": f"failed: {failure}", "exit_status": 3}
-        dataset, exit_status = failure.dataset, 3
-    write_dataset(dataset, path)
-    return summarise(index, path, dataset, exit_status)
+    cases = [load_case_text(text, origin=f"sweep member {index}") for index, text in zip(indices, case_texts)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # recorded in the notes of the outputs
+        outcomes = run_members(cases, progress=False)
+    summaries = []
+    for index, path, outcome in zip(indices, paths, outcomes):
+        if isinstance(outcome, CaseError):
+            summaries.append({"member": index, "path": None, "status": f"bad input: {outcome}", "exit_status": 2})
+            continue
+        exit_status, dataset = 0, outcome
+        if isinstance(outcome, NumericalFailure):
+            if outcome.dataset is None:
+                summaries.append({"member": index, "path": None, "status": f"failed: {outcome}", "exit_status": 3})
+                continue
+            exit_status, dataset = 3, outcome.dataset
+        write_dataset(dataset, path)
+        summaries.append(summarise(index, path, dataset, exit_status))
+    return summaries
 
 
 def summarise(index: int, path: str, dataset, exit_status: int) -> dict:
@@ -220,17 +229,24 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
             print(f"spherepde: keeping {len(summaries)} completed members of {len(members)}", file=sys.stderr)
     pending = [m for m in members if m.index not in summaries]
     if pending:
+        from .ensemble import batches
+
         count = workers or default_workers(len(pending))
         threads = None if scheduler else max(1, (os.cpu_count() or 1) // count)
+        groups = [[pending[i] for i in group]
+                  for group in batches([m.case for m in pending], largest=-(-len(pending) // count))]
         from distributed import as_completed
 
         with _cluster(scheduler, count) as client:
-            futures = [client.submit(run_member, m.index, m.case.text, m.path, threads, pure=False) for m in pending]
-            for done, future in enumerate(as_completed(futures), start=1):
-                summary = future.result()
-                summaries[summary["member"]] = summary
-                print(f"spherepde: member {summary['member']} ({members[summary['member']].label()}) "
-                      f"{summary['status']} [{done}/{len(pending)}]", file=sys.stderr)
+            futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
+                                     [m.path for m in group], threads, pure=False) for group in groups]
+            done = 0
+            for future in as_completed(futures):
+                for summary in future.result():
+                    done += 1
+                    summaries[summary["member"]] = summary
+                    print(f"spherepde: member {summary['member']} ({members[summary['member']].label()}) "
+                          f"{summary['status']} [{done}/{len(pending)}]", file=sys.stderr)
     combine(case, members, summaries, combined, params, seeds)
     _raise_failures(members, summaries)
     return combined

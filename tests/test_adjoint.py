@@ -117,13 +117,18 @@ def test_zero_temperature_gradient_matches_central_differences():
 
 
 def test_discrete_adjoint_state_at_the_end_is_the_first_variation():
-    """phi_N (from the cotangent of c_N) = dl_align/dmu = -<x, e_2>: the mode k = 1 only."""
+    """phi_N (from the cotangent of c_N) = dl_align/dmu = -<x, e_2>: the mode k = 1 only; the hand-written
+    cotangent (synthesis^T of w dl/dmu) equals torch autograd's of the loss."""
     forward, c0, controls = setup(training_case())
-    c = forward.checkpoints(c0, controls)[forward.steps].requires_grad_(True)
-    (a,) = torch.autograd.grad(forward.terminal_loss(c), c)
-    basis = forward.problem.basis
+    end, _ = forward.run(forward.initial(), controls[None])
+    cotangent = forward.terminal_cotangent(end)
+    basis, problem = forward.problem.basis, forward.problem
     expected = basis.analysis(-basis.points[..., 1])
-    assert torch.allclose(coefficients_to_field(basis, a), expected, atol=1e-14)
+    assert torch.allclose(coefficients_to_field(basis, problem.coefficients(cotangent)[0]), expected, atol=1e-14)
+    coefficients = problem.coefficients(end)[0].clone().requires_grad_(True)
+    masses = (basis.synthesis(coefficients) * basis.weights).reshape(-1)
+    (autograd,) = torch.autograd.grad(forward.losses[0].value(forward.flat_points, masses), coefficients)
+    assert torch.allclose(problem.coefficients(cotangent)[0], autograd, rtol=0, atol=1e-15)
 
 
 def test_checkpointing_does_not_change_the_gradient():

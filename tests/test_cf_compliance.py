@@ -21,7 +21,7 @@ import xarray as xr
 import spherepde
 from spherepde.errors import CaseError
 from spherepde.output import write_dataset
-from spherepde.sweep import combine, plan, run_member
+from spherepde.sweep import combine, plan, run_batch
 from test_cli import SMALL_S1
 
 KNOWN_FALSE_POSITIVES = ("Coordinate variable 'time' should have standard_name='time'",)
@@ -64,7 +64,8 @@ def outputs(tmp_path_factory):
             paths["compare"] = folder / "compare.nc"
             write_report(compare(a, b), str(paths["compare"]))
     members = plan(spherepde.load_case_text(S1), ["model.eps=0.1,0.2"], str(folder / "sweep"))
-    summaries = {m.index: run_member(m.index, m.case.text, m.path) for m in members}
+    summaries = {s["member"]: s for s in run_batch([m.index for m in members], [m.case.text for m in members],
+                                                     [m.path for m in members])}
     combine(members[0].case, members, summaries, str(folder / "sweep.nc"), ["model.eps=0.1,0.2"], None)
     paths["sweep"] = folder / "sweep.nc"
     return paths

@@ -59,7 +59,7 @@ def test_gradient_of_the_regulariser_alone():
             return 0.0 * (masses @ points).sum() + 0.7
 
     forward = ParticleControl(particle_case({"lambda_reg": 0.3}))
-    forward.loss = ConstantLoss()
+    forward.losses = [ConstantLoss()]
     controls = random_controls(forward.case)
     gradient = forward.gradient(controls)
     assert torch.allclose(gradient.dW, 0.3 * 0.2 * controls, rtol=1e-14, atol=0)

@@ -18,7 +18,7 @@ from spherepde.bases import make_basis
 from spherepde.compare import compare
 from spherepde.device import placement
 from spherepde.errors import CaseError
-from spherepde.model import Model
+from spherepde.model import Model, ModelBatch
 from spherepde.output import split_both
 from spherepde.sampling import DensityFileSampler, initial_particles, uniform, vmf_mixture, von_mises_fisher
 from solvers.particles import (Integrator, ParticleField, c_transform, empirical_transport, fused_softmax_mean,
@@ -142,22 +142,26 @@ def test_density_file_of_another_sphere_is_a_case_error(tmp_path):
 # --- the drift ---------------------------------------------------------------------------------------
 
 
+def batch_of(case, place=CPU64):
+    return ModelBatch.of([Model.from_case(case, place)])
+
+
 def test_fused_and_dense_attention_agree_and_hardmax_is_the_zero_temperature_limit():
     case = make_case(3, 12, model={"beta": 3.0, "B": [[1.0, 0.2, 0.0], [0.0, 0.9, 0.1], [0.1, 0.0, 1.1]]})
-    model = Model.from_case(case, CPU64)
-    x = uniform(700, 3, generator(5))
-    assert ParticleField.from_case(case, model).attention == "dense"  # fused attention is for CUDA only
-    dense = ParticleField(model, "dense", 128).mean_field(x)
-    fused = fused_softmax_mean(model, x, 100)
+    batch = batch_of(case)
+    x = uniform(700, 3, generator(5))[None]
+    assert ParticleField.from_case(case, batch).attention == "dense"  # fused attention is for CUDA only
+    dense = ParticleField(batch, "dense", 128).mean_field(x)
+    fused = fused_softmax_mean(batch.B, batch.beta, x, 100)
     assert torch.abs(dense - fused).max() <= 1e-13
-    cold = Model.from_case(case.with_overrides(["model.beta=1e5"]), CPU64)
-    assert torch.equal(hardmax_mean(cold, x, 64), hardmax_mean(model, x, 1000))
+    cold = batch_of(case.with_overrides(["model.beta=1e5"]))
+    assert torch.equal(hardmax_mean(cold.B, x, 64), hardmax_mean(batch.B, x, 1000))
     # where the best score leads the runner-up by 1e-3, softmax weights off the argmax are below e^(-100)
-    scores = torch.sort((x @ model.B) @ x.T, dim=1, descending=True).values
+    scores = torch.sort((x[0] @ batch.B[0]) @ x[0].T, dim=1, descending=True).values
     clear = scores[:, 0] - scores[:, 1] > 1e-3
     assert int(clear.sum()) > 400
-    difference = fused_softmax_mean(cold, x, 100) - hardmax_mean(cold, x, 64)
-    assert torch.abs(difference[clear]).max() <= 1e-12
+    difference = fused_softmax_mean(cold.B, cold.beta, x, 100) - hardmax_mean(cold.B, x, 64)
+    assert torch.abs(difference[0][clear]).max() <= 1e-12
 
 
 @pytest.mark.cuda
@@ -168,10 +172,10 @@ def test_cuda_fused_attention_matches_the_cpu_dense_mean(dtype, tolerance):
     case = make_case(3, 12, model={"beta": 3.0, "B": [[1.0, 0.2, 0.0], [0.0, 0.9, 0.1], [0.1, 0.0, 1.1]]},
                      solver={"device": "cuda", "dtype": dtype})
     gpu = placement("cuda", dtype)
-    field = ParticleField.from_case(case, Model.from_case(case, gpu))
+    field = ParticleField.from_case(case, batch_of(case, gpu))
     assert field.attention == "fused"
-    x = uniform(5000, 3, generator(5))
-    dense = ParticleField(Model.from_case(case, CPU64), "dense", 512).mean_field(x)
+    x = uniform(5000, 3, generator(5))[None]
+    dense = ParticleField(batch_of(case), "dense", 512).mean_field(x)
     fused = field.mean_field(x.to(gpu.device, gpu.real)).cpu().double()
     assert torch.abs(fused - dense).max() <= tolerance
 
@@ -181,12 +185,12 @@ def test_replicas_are_independent_systems_with_batch_mean_errors():
     error of a diagnostic is the spread of the R block estimates / sqrt(R)."""
     case = particle_case(3, 600, model={"beta": 2.0, "eps": 0.1}, particles={"replicas": 3, "save": 600},
                          time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1})
-    model = Model.from_case(case, CPU64)
-    x = uniform(600, 3, generator(9))
-    field = ParticleField.from_case(case, model)
+    batch = batch_of(case)
+    x = uniform(600, 3, generator(9))[None]
+    field = ParticleField.from_case(case, batch)
     assert field.replicas == 3
-    single = ParticleField(model, field.attention, 4096)
-    assert torch.equal(field(0.0, x)[200:400], single(0.0, x[200:400]))
+    single = ParticleField(batch, field.attention, 4096)
+    assert torch.equal(field(x, batch.W)[:, 200:400], single(x[:, 200:400], batch.W))
     dataset = run_particles(case)
     blocks = dataset["particles"].values[-1].reshape(3, 200, 3)
     block_means = blocks.mean(1)
@@ -205,12 +209,12 @@ def test_deterministic_orders(integrator, order):
     case = make_case(3, 12, model={"beta": 1.0, "B": [[1.0, 0.2, 0.0], [0.0, 0.9, 0.1], [0.1, 0.0, 1.1]],
                                    "V": [[1.0, 0.0, 0.3], [0.0, 0.8, 0.0], [0.2, 0.0, 1.2]],
                                    "W": [[0.0, 0.5, 0.0], [-0.5, 0.0, 0.2], [0.0, -0.2, 0.0]]})
-    model = Model.from_case(case, CPU64)
-    field = ParticleField.from_case(case, model)
-    x0 = uniform(64, 3, generator(6))
-    reference = Integrator("rk4", field, 0.0, None).interval(0.0, x0, 1 / 640, 640)
-    errors = [float((Integrator(integrator, field, 0.0, None).interval(0.0, x0, 1 / steps, steps) - reference)
-                    .norm(dim=1).max()) for steps in (10, 20, 40)]
+    batch = batch_of(case)
+    field = ParticleField.from_case(case, batch)
+    x0 = uniform(64, 3, generator(6))[None]
+    reference = Integrator("rk4", field, batch.eps).interval(x0, batch.W, 1 / 640, 640, None)
+    errors = [float((Integrator(integrator, field, batch.eps).interval(x0, batch.W, 1 / steps, steps, None)
+                     - reference).norm(dim=-1).max()) for steps in (10, 20, 40)]
     orders = np.log2(np.array(errors[:-1]) / np.array(errors[1:]))
     assert np.all(np.abs(orders - order) <= 0.1), (errors, orders)
 

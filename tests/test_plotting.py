@@ -11,7 +11,7 @@ from spherepde.cli import main
 from spherepde.output import write_dataset
 from spherepde.plotting import (PIXELS, SphereDensity, SphereView, _circle_centre, _circle_window, _controls, _curves,
                                 _diagnostics, _disk_points, _view_frame)
-from spherepde.sweep import combine, plan, run_member
+from spherepde.sweep import combine, plan, run_batch
 from test_cli import SMALL_S1
 
 S2 = SMALL_S1.replace("dim = 2", "dim = 3").replace("lmax = 16", "lmax = 12").replace(
@@ -136,7 +136,8 @@ def test_plot_command_writes_every_figure(results, tmp_path, capsys, name, optio
 
 def test_sweep_figure_and_one_line_refusals(tmp_path, capsys):
     members = plan(spherepde.load_case_text(SMALL_S1), ["model.eps=0.1,0.3"], str(tmp_path / "sweep"))
-    summaries = {m.index: run_member(m.index, m.case.text, m.path) for m in members}
+    summaries = {s["member"]: s for s in run_batch([m.index for m in members], [m.case.text for m in members],
+                                                     [m.path for m in members])}
     combine(members[0].case, members, summaries, str(tmp_path / "sweep.nc"), ["model.eps=0.1,0.3"], None)
     assert main(["plot", str(tmp_path / "sweep.nc")]) == 0
     assert (tmp_path / "sweep.png").stat().st_size > 50_000

@@ -272,7 +272,7 @@ def counted_gradients(monkeypatch):
 
     for name, gradient_of in list(GRADIENTS.items()):
         monkeypatch.setitem(GRADIENTS, name, counting(gradient_of))
-    monkeypatch.setattr(ParticleControl, "gradient", counting(ParticleControl.gradient))
+    monkeypatch.setattr(ParticleControl, "gradients", counting(ParticleControl.gradients))
     return calls, interrupt_at
 
 

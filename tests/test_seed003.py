@@ -290,7 +290,7 @@ def test_attention_mean_between_sharp_clusters_at_beta_1000():
     scaled, _ = problem.exp_kernel(channels)
     raw = scaled[..., 1:] / scaled[..., :1]
     assert not (torch.linalg.vector_norm(raw, dim=-1) <= 1.0).all()
-    mean = attention_mean(model, problem.exp_kernel, points, rho)
+    mean = attention_mean(problem.batch, problem.kernels, points.reshape(-1, 3), rho.reshape(1, -1))[0]
     assert torch.isfinite(mean).all() and torch.linalg.vector_norm(mean, dim=-1).max() <= 1 + 1e-12
     y, weights = points.reshape(-1, 3), basis.weights.reshape(-1)
     exact = 0.5 * (vmf_density(y, [1.0, 0.0, 0.0], 100.0) + vmf_density(y, [-1.0, 0.0, 0.0], 100.0))

@@ -189,10 +189,9 @@ def test_training_run_writes_the_control_variables(tmp_path):
 
 @pytest.mark.parametrize("gradient", ["discrete", "continuous"])
 def test_saved_adjoint_ends_at_the_first_variation_of_the_loss(tmp_path, gradient):
-    """control.save_adjoint writes phi_t.  At T it is dl/dmu of the align loss l = 1 - <int x dmu, e2>, i.e.
-    -sin(theta), and |grad phi_T|^2_{L2(mu_T)} = int cos^2 theta dmu_T is the adjoint_norm at T squared (saves
-    every 0.5: the trained run then steps on the training's grid, so mu_T is the same).  With saves every 0.25
-    phi is written at the nearest steps of 0.1."""
+    """control.save_adjoint writes phi_t at the save times (they are knots of the training's grid).  At T it is
+    dl/dmu of the align loss l = 1 - <int x dmu, e2>, i.e. -sin(theta), and |grad phi_T|^2_{L2(mu_T)} =
+    int cos^2 theta dmu_T is the adjoint_norm at T squared."""
     path = tmp_path / "train.toml"
     path.write_text(CASE)
     output = tmp_path / "train.nc"
@@ -200,7 +199,7 @@ def test_saved_adjoint_ends_at_the_first_variation_of_the_loss(tmp_path, gradien
     assert main(["run", str(path), "-o", str(output), *options]) == 0
     with xr.open_dataset(output) as dataset:
         assert dataset["phi"].dims == ("adjoint_time", "theta")
-        assert np.allclose(dataset["adjoint_time"].values, [0.0, 0.2, 0.5, 0.8, 1.0])
+        assert np.allclose(dataset["adjoint_time"].values, [0.0, 0.25, 0.5, 0.75, 1.0])
     assert main(["run", str(path), "-o", str(output), "--overwrite", "--set", "time.save_every=0.5", *options]) == 0
     with xr.open_dataset(output) as dataset:
         assert np.allclose(dataset["adjoint_time"].values, dataset["time"].values)
@@ -212,19 +211,20 @@ def test_saved_adjoint_ends_at_the_first_variation_of_the_loss(tmp_path, gradien
         assert np.abs(dataset["phi"].values[0]).max() > 0.1  # the adjoint went back to t = 0
 
 
-def test_trained_run_matches_the_training_forward_map():
-    """The output run (save times and slice boundaries as knots) ends where the training's forward map does."""
-    from solvers.training import trained_run
+@pytest.mark.parametrize("save_every", [0.5, 0.3])
+def test_trained_run_is_the_training_forward_map(save_every):
+    """The output run steps the training's own grid (knots at the saves and the slice boundaries), so it ends
+    where the training's forward map does, bit for bit, whether the saves fall on the slice boundaries or not."""
+    from solvers.training import trained_runs
 
-    case = training_case(t_end=1.0, dt=0.1).with_overrides(["time.save_every=0.5"])
+    case = training_case(t_end=1.0, dt=0.1).with_overrides([f"time.save_every={save_every}"])
     forward = ControlledForward(case)
-    c0 = initial_density(case["initial"], forward.problem.basis)
-    controls = 0.3 * torch.ones(2, 2, 2, dtype=torch.float64)
-    recorder = trained_run(forward, c0, controls)
-    assert recorder.times == [0.0, 0.5, 1.0]
-    end = forward.checkpoints(c0, controls)[forward.steps]
-    # save times on the slice boundaries: the same steps, so the same density to round-off
-    assert np.allclose(recorder.densities[-1], forward.problem.basis.synthesis(end).numpy(), rtol=0, atol=1e-13)
+    controls = 0.3 * torch.ones(1, 2, 2, 2, dtype=torch.float64)
+    (recorder,) = trained_runs(forward, controls)
+    assert np.allclose(recorder.times, forward.grid.saves, rtol=0, atol=1e-15)
+    end, _ = forward.run(forward.initial(), controls)
+    density = forward.problem.basis.synthesis(forward.problem.coefficients(end))[0]
+    assert np.array_equal(recorder.densities[-1], density.numpy())
 
 
 @pytest.mark.parametrize("override, key", [
@@ -267,15 +267,16 @@ def test_seed004_cases_load():
 
 
 def test_piecewise_constant_feed_forward():
-    from dataclasses import replace
+    """W_t = W_l on the slice [l T / L, (l + 1) T / L): right-continuous at the boundaries, t = T in the last; the
+    knots merge the saves with the slice boundaries and every interval lies in one slice."""
+    from solvers.timegrid import TimeGrid
 
-    from solvers.eulerian import ForwardProblem
-
-    model = ForwardProblem(training_case()).model
-    controls = torch.arange(3.0, dtype=torch.float64)[:, None, None] * torch.ones(3, 2, 2, dtype=torch.float64)
-    layered = replace(model, controls=controls, horizon=3.0)
-    assert [float(layered.feed_forward(t)[0, 0]) for t in (0.0, 0.99, 1.0, 2.5, 3.0)] == [0, 0, 1, 2, 2]
-    assert model.feed_forward(1.0) is model.W
+    grid = TimeGrid(3.0, 0.4, layers=3)
+    assert [grid.layer_at(t) for t in (0.0, 0.99, 1.0, 2.5, 3.0)] == [0, 0, 1, 2, 2]
+    knots = [interval.t1 for interval in grid.intervals]
+    assert np.allclose(knots, [0.4, 0.8, 1.0, 1.2, 1.6, 2.0, 2.4, 2.8, 3.0])
+    assert [interval.layer for interval in grid.intervals] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [interval.save for interval in grid.intervals] == [True, True, False, True, True, True, True, True, True]
 
 
 @pytest.mark.parametrize("optimizer", ["gd", "adam"])
@@ -347,19 +348,19 @@ def test_a_loss_that_is_not_finite_at_the_start_names_its_key(tmp_path, capsys, 
 
 @pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
 def test_a_training_whose_starting_run_blows_up_keeps_its_first_save(tmp_path, capsys, optimizer):
-    # model.W = 1e300 I: the forward run at the starting controls blows up within its first save interval, so
-    # the last good state is its t = 0 save, kept with W = those controls and no iteration (exit 3); it was
-    # no output at all before
+    # model.W = 1e300 J (J the rotation generator: the tangential drift 1e300; W = c I drives nothing tangent to the
+    # circle): the forward run at the starting controls blows up within its first save interval, so the last good
+    # state is its t = 0 save, kept with W = those controls and no iteration (exit 3)
     path = tmp_path / "train.toml"
     path.write_text(CASE)
     output = tmp_path / "train.nc"
-    options = ["--set", "model.W=[[1e300, 0.0], [0.0, 1e300]]", "--set", f"control.optimizer='{optimizer}'"]
+    options = ["--set", "model.W=[[0.0, -1e300], [1e300, 0.0]]", "--set", f"control.optimizer='{optimizer}'"]
     assert main(["run", str(path), "-o", str(output), "--quiet", *options]) == 3
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "keeps the starting controls" in err, err
     with xr.open_dataset(output) as dataset:
         assert dataset.sizes["iteration"] == 0 and list(dataset["time"].values) == [0.0]
-        assert np.all(dataset["W"].values[:, [0, 1], [0, 1]] == 1e300)
+        assert np.all(dataset["W"].values[:, [1, 0], [0, 1]] == [1e300, -1e300])
         assert abs(float(dataset["mass"][0]) - 1) <= 1e-12
     from spherepde.summary import describe
 
@@ -382,18 +383,18 @@ def test_info_summarises_a_training(tmp_path, capsys):
 
 
 def test_a_trained_run_that_fails_keeps_the_training(tmp_path, capsys, monkeypatch):
-    # The trained run steps between save times and layer boundaries, not on the training's grid, so it can fail
-    # where the training passed (injected here at its third save): the output keeps W and the loss history
-    # beside the saves before the failure.
-    import solvers.training
-    from solvers.eulerian import _fail
+    # The trained run checks every save (the training's forward map only its densities), so it can fail where the
+    # training passed (injected here at its third save): the output keeps W and the loss history beside the saves
+    # before the failure.
+    import solvers.eulerian
+    from solvers.eulerian import failure
 
     saves = []
 
     def failing_at_the_third_save(recorder, candidate, t0, t1, dt):
         saves.append(t1)
         if len(saves) == 3:
-            _fail(recorder, f"injected at t = {t1:g}")
+            raise failure(recorder, f"injected at t = {t1:g}")
         return checked_state(recorder, candidate, t0, t1, dt)
 
     path = tmp_path / "train.toml"
@@ -402,7 +403,7 @@ def test_a_trained_run_that_fails_keeps_the_training(tmp_path, capsys, monkeypat
     assert main(["run", str(path), "-o", str(output), "--quiet"]) == 0
     with xr.open_dataset(output) as trained:
         W, loss = trained["W"].values, trained["loss"].values
-    monkeypatch.setattr(solvers.training, "checked_state", failing_at_the_third_save)
+    monkeypatch.setattr(solvers.eulerian, "checked_state", failing_at_the_third_save)
     assert main(["run", str(path), "-o", str(output), "--quiet", "--overwrite"]) == 3
     assert capsys.readouterr().err.strip().endswith("(the trained run; W and the loss history are kept)")
     with xr.open_dataset(output) as dataset:
@@ -418,7 +419,7 @@ def test_a_blown_up_forward_run_is_a_failure_not_a_cost():
     from solvers.adjoint import evaluate_cost
     from spherepde.errors import NumericalFailure
 
-    case = training_case(t_end=0.5, dt=0.25)
+    case = training_case(t_end=0.5, dt=0.25).with_overrides(["time.save_every=0.25"])  # steps of 0.25
     forward = ControlledForward(case)
     c0 = initial_density(case["initial"], forward.problem.basis)
     strain = torch.tensor([[1.0, 0.0], [0.0, -1.0]], dtype=torch.float64).expand(2, 2, 2)
@@ -436,16 +437,16 @@ def test_a_blow_up_that_passes_is_still_a_failure():
     from solvers.adjoint import evaluate_cost
     from spherepde.errors import NumericalFailure
 
-    case = training_case(t_end=0.5, dt=0.1)
+    case = training_case(t_end=0.5, dt=0.1).with_overrides(["time.save_every=0.25"])
     forward = ControlledForward(case)
     c0 = initial_density(case["initial"], forward.problem.basis)
     controls = torch.zeros(2, 2, 2, dtype=torch.float64)
     for evaluate in (evaluate_cost, discrete_gradient):
-        calls = iter(range(forward.steps))
-        forward.step = lambda c, W: c * {1: 1e6, 2: 1e-6}.get(next(calls), 1.0)
-        with pytest.raises(NumericalFailure, match=f"at t = {forward.time(2):g}: the forward run blew up"):
+        calls = iter(range(10 * forward.steps))
+        forward.problem.step = lambda c, drive, factors, keep=None: c * {1: 1e6, 2: 1e-6}.get(next(calls), 1.0)
+        with pytest.raises(NumericalFailure, match="the forward run blew up between t = 0 and 0.25"):
             evaluate(forward, c0, controls)
-    forward.step = lambda c, W: c  # the same states without the excursion pass
+    forward.problem.step = lambda c, drive, factors, keep=None: c  # the same states without the excursion pass
     assert math.isfinite(evaluate_cost(forward, c0, controls))
 
 

@@ -10,6 +10,7 @@ import torch
 
 from solvers.adjoint import ControlledForward, discrete_gradient
 from solvers.eulerian import ForwardProblem
+from spherepde.transport import real_state
 from spherepde.bases import make_basis
 from spherepde.device import placement
 from spherepde.turnpike import (exponential_rate, free_energy, gibbs_minimum, h_minus_one_quotient, phases,
@@ -60,9 +61,9 @@ def test_gibbs_minimum_is_a_stationary_state_of_the_forward_equation():
     case = training_case(lmax=64).with_overrides(["control.layers=1"])  # the Gibbs state resolved to round-off
     problem = ForwardProblem(case)
     rho, energy = gibbs_state(problem)
-    c = problem.basis.analysis(rho)
-    rate = problem.lam * c + problem.transport(0.0, c)
-    assert float(rate.abs().max()) < 1e-9 * float(c.abs().max())
+    state = real_state(problem.basis.analysis(rho)[None])
+    rate = problem.lam * state + problem.transport(state, problem.transport.feed_forward(problem.batch.W))
+    assert float(rate.abs().max()) < 1e-9 * float(state.abs().max())
     direction = -torch.tensor([1.0, 0.0], dtype=torch.float64)
     _, energy_flipped = gibbs_minimum(problem.model, problem.exp_kernel, problem.basis, direction)
     assert energy_flipped == pytest.approx(energy, rel=1e-12)  # the two wells +-e_1
@@ -132,7 +133,7 @@ def test_adjoint_grows_towards_the_output_layer_at_the_rayleigh_quotient(loss):
     problem, basis = forward.problem, forward.problem.basis
     rho, _ = gibbs_state(problem)
     masses = (rho * basis.weights).reshape(-1)
-    g = forward.loss.first_variation(forward.flat_points, masses).reshape(basis.grid_shape)
+    g = forward.losses[0].first_variation(forward.flat_points, masses).reshape(basis.grid_shape)
     quotient = rayleigh_quotient(problem.model, problem.exp_kernel, basis, rho, g)
     gradient = discrete_gradient(forward, basis.analysis(rho), torch.zeros(6, 2, 2, dtype=torch.float64))
     times, norms = np.array(gradient.times), np.array(gradient.adjoint_norm)

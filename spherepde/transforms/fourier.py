@@ -20,6 +20,7 @@ class FourierTransform:
         self.theta = 2 * math.pi * torch.arange(n, device=device, dtype=dtype) / n
         self.wavenumber = torch.arange(kmax + 1, device=device, dtype=dtype)
         self._scale = math.sqrt(2 * math.pi) / n
+        self._i_wavenumber = 1j * self.wavenumber
 
     def analysis(self, f: torch.Tensor) -> torch.Tensor:
         """(..., n) real -> (..., kmax+1) complex coefficients c_k."""
@@ -31,4 +32,4 @@ class FourierTransform:
 
     def derivative(self, c: torch.Tensor) -> torch.Tensor:
         """Coefficients of d/dtheta: i k c_k."""
-        return c * (1j * self.wavenumber)
+        return c * self._i_wavenumber

@@ -1,0 +1,339 @@
+"""Ensembles and the lean time step: every ratio of the ensembles issue, measured side by side in one run.
+
+    OMP_NUM_THREADS=1 python3 benchmarks/ensembles.py [--baseline COMMIT] [--quick] [--training OLD.npz]
+
+On one CPU thread, each time is the thread's CPU time (a shared machine's waits for a core do not count), the
+median of --repeats repetitions.  Measured, for the S^1 case of seed 004 (A = diag(1, 0.65) as B = V,
+eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense field):
+
+1. a forward step at M = 1 against a plain numpy step on the same grid with the same six stages and the same
+   dense kernel, precomputed (`numpy_step`: FFTs, one matrix-vector product for the attention, the IMEX
+   combinations written as loops over the stages), and an evaluation of J and dJ/dW per step against the
+   forward run's step (the discrete gradient of an align training over 40 layers, T = 80 / 10);
+2. the same per member at M = 20, against M = 1;
+3. the particle training at the seed's scale (N = 64 tokens, T = 80, particles.dt = time.dt = 0.01): one
+   evaluation of 20 trainings batched, per member, against one serial evaluation of the code at --baseline;
+4. S^2, softmax, lmax 32, the spectral field (the quick-start's model): a step per member at M = 16 against M = 1;
+5. the code at --baseline (default: the commit the ensembles issue started from), checked out into a temporary
+   folder (git archive) and measured in a child process on the same cases: its forward step and its evaluation
+   per step, against today's;
+6. with --training OLD.npz (results of the baseline's seed-scale bow kappa_cand = 2 training, L-BFGS to
+   tol 1e-7 from W = 0 as results/seed004_seed_scale.py trains it, which --record-baseline-training OLD.npz makes:
+   about an hour): the same training with today's code, its CPU time and trained W against the stored ones.
+
+--quick shortens the horizons (the ratios stay per step) for a run of a few minutes.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+import spherepde  # noqa: E402
+
+BASELINE = "77c4626"  # the commit the ensembles issue started from
+S1_CASE = os.path.join(ROOT, "cases", "seed004-align-l065.toml")
+S1 = ["sphere.lmax=64", "time.dt=0.02", "solver.field='dense'", "control.gradient='discrete'"]
+BOW = os.path.join(ROOT, "cases", "seed004-bow-k2.toml")
+BOW_TRAINING = ["sphere.lmax=64", "time.dt=0.02", "solver.field='dense'", "control.gradient='discrete'",
+                "control.optimizer='lbfgs'", "control.tol=1e-7", "control.iterations=300"]
+S2_CASE = os.path.join(ROOT, "cases", "quickstart.toml")
+S2 = ["sphere.lmax=32", "solver.field='spectral'"]
+
+
+def clock(function, repeats: int) -> float:
+    """Median thread CPU time of function() over `repeats` calls, seconds."""
+    times = []
+    for _ in range(repeats):
+        start = time.thread_time()
+        function()
+        times.append(time.thread_time() - start)
+    return statistics.median(times)
+
+
+# --- the numpy yardstick -------------------------------------------------------------------------------
+
+
+def numpy_step(case):
+    """A plain numpy IMEX step of the S^1 case (same grid, stages and dense kernel as the solver's): returns
+    (step(c) -> c, c0)."""
+    from solvers.timesteppers import SCHEMES
+
+    _, tableau = SCHEMES["imex-ark436"]
+    lmax, eps, dt = case["sphere"]["lmax"], case["model"]["eps"], case["time"]["dt"]
+    n = 200
+    theta = 2 * np.pi * np.arange(n) / n
+    x = np.stack([np.cos(theta), np.sin(theta)], 1)
+    t = np.stack([-np.sin(theta), np.cos(theta)], 1)
+    A, V = np.array(case["model"]["B"]), np.array(case["model"]["V"])
+    w = 2 * np.pi / n
+    G = np.exp(x @ A @ x.T) * w * ((t @ V) @ x.T)  # <t(x_i), V y_j> exp(<x_i, A y_j>) w: v = G rho
+    k = np.arange(lmax + 1)
+    lam = -eps * k ** 2
+    scale = math.sqrt(2 * math.pi) / n
+    derivative = 1j * k * scale
+    a = [[float(v) for v in row] for row in tableau.a]
+    ai = [[float(v) for v in row] for row in tableau.a_implicit]
+    b, bi = [float(v) for v in tableau.b], [float(v) for v in tableau.b_implicit]
+    stages = tableau.stages
+
+    def transport(c):
+        rho = np.fft.irfft(c, n) / scale
+        return np.fft.rfft(rho * (G @ rho))[: lmax + 1] * derivative
+
+    def step(c):
+        explicit, implicit = [], []
+        for i in range(stages):
+            rhs = c.copy()
+            for j in range(i):
+                rhs += (dt * a[i][j]) * explicit[j] + (dt * ai[i][j]) * implicit[j]
+            stage = rhs / (1 - dt * ai[i][i] * lam) if ai[i][i] else rhs
+            implicit.append(lam * stage)
+            explicit.append(transport(stage))
+        out = c.copy()
+        for i in range(stages):
+            out += (dt * b[i]) * explicit[i] + (dt * bi[i]) * implicit[i]
+        return out
+
+    rho0 = np.exp(np.cos(theta - 0.46))  # a vMF-like start; the cost does not depend on it
+    return step, np.fft.rfft(rho0 / (rho0.sum() * w))[: lmax + 1] * scale
+
+
+# --- today's code ------------------------------------------------------------------------------------------
+
+
+def load(path, overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return spherepde.load_case(path, overrides)
+
+
+def eulerian_costs(members: int, t_end: float, layers: int, repeats: int) -> dict:
+    """(forward step, evaluation per step) seconds of `members` copies of the S^1 align training."""
+    from solvers.adjoint import ControlledForward, discrete_gradients
+
+    case = load(S1_CASE, S1 + [f"time.t_end={t_end}", f"control.layers={layers}"])
+    forward = ControlledForward([case] * members)
+    states = forward.initial()
+    controls = 0.1 * torch.randn((members, layers, 2, 2), generator=torch.Generator().manual_seed(0),
+                                 dtype=torch.float64)
+    with torch.no_grad():
+        forward.run(states, controls)  # warm-up: matrices, buffers
+        run = clock(lambda: forward.run(states, controls), repeats)
+    evaluation = clock(lambda: discrete_gradients(forward, states, controls), repeats)
+    return {"step": run / forward.steps, "evaluation": evaluation / forward.steps, "steps": forward.steps,
+            "path": forward.problem.transport.path, "attention": forward.problem.transport.attention_mode}
+
+
+def particle_costs(members: int, t_end: float, repeats: int) -> dict:
+    """Seconds of one batched evaluation of `members` particle trainings (N = 64, seeds 0..), per member."""
+    from solvers.particle_training import ParticleControl
+
+    overrides = ["solver.method='particles'", "particles.n=64", f"time.t_end={t_end}"]
+    cases = [load(BOW, overrides + [f"particles.seed={seed}"]) for seed in range(members)]
+    control = ParticleControl(cases)
+    controls = torch.zeros((members, control.layers, 2, 2), dtype=torch.float64)
+    seconds = clock(lambda: control.gradients(controls), repeats)
+    return {"evaluation": seconds / members, "steps": control.steps}
+
+
+def sphere_costs(members: int, repeats: int) -> dict:
+    """Seconds of a forward step of `members` copies of the S^2 spectral case, per member."""
+    from solvers.eulerian import ForwardProblem
+    from solvers.timegrid import Plan, TimeGrid
+
+    case = load(S2_CASE, S2)
+    problem = ForwardProblem([case] * members)
+    state = problem.initial()
+    dt = 0.01
+    factors = problem.factors(Plan(TimeGrid(dt, dt).intervals[0], np.full(members, 1), np.full(members, dt)))
+    drive = problem.transport.feed_forward(problem.batch.W)
+    with torch.no_grad():
+        problem.step(state, drive, factors)
+        seconds = clock(lambda: problem.step(state, drive, factors), repeats)
+    return {"step": seconds / members, "path": problem.transport.path, "field": problem.kernels.name}
+
+
+# --- the baseline's code, in a child process --------------------------------------------------------------
+
+BASELINE_CHILD = r'''
+import json, os, statistics, sys, time, warnings
+import torch
+torch.set_num_threads(1)
+sys.path.insert(0, sys.argv[1])
+import spherepde
+from solvers.eulerian import ForwardProblem
+from solvers.timesteppers import choose_scheme, make_stepper
+from solvers.adjoint import ControlledForward, discrete_gradient
+from spherepde.initial import initial_density
+settings = json.loads(sys.argv[2])
+def clock(function, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.thread_time(); function(); times.append(time.thread_time() - start)
+    return statistics.median(times)
+def load(path, overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return spherepde.load_case(path, overrides)
+out = {}
+case = load(os.path.join(sys.argv[1], "cases", settings["s1_case"]),
+            settings["s1"] + [f"time.t_end={settings['t_end']}", f"control.layers={settings['layers']}"])
+problem = ForwardProblem(case)
+step = make_stepper(choose_scheme(case["time"]["scheme"], problem.model.eps))
+c = initial_density(case["initial"], problem.basis)
+dt = case["time"]["dt"]
+def steps(count=200):
+    global c
+    for _ in range(count):
+        c = step(problem.lam, problem.transport, 0.0, c, dt)
+steps(10)
+out["step"] = clock(steps, settings["repeats"]) / 200
+forward = ControlledForward(case)
+c0 = initial_density(case["initial"], forward.problem.basis)
+controls = 0.1 * torch.randn((settings["layers"], 2, 2), generator=torch.Generator().manual_seed(0),
+                             dtype=torch.float64)
+out["evaluation"] = clock(lambda: discrete_gradient(forward, c0, controls), 1) / forward.steps
+from solvers.particle_training import ParticleControl
+particles = load(os.path.join(sys.argv[1], "cases", settings["bow"]),
+                 ["solver.method='particles'", "particles.n=64", f"time.t_end={settings['particle_t_end']}",
+                  "particles.seed=0"])
+control = ParticleControl(particles)
+zero = torch.zeros((control.layers, 2, 2), dtype=torch.float64)
+out["particle_evaluation"] = clock(lambda: control.gradient(zero), 1)
+print(json.dumps(out))
+'''
+
+
+BASELINE_TRAINING = r'''
+import json, os, sys, time, warnings
+import numpy as np, torch
+torch.set_num_threads(1)
+sys.path.insert(0, sys.argv[1])
+import spherepde
+settings = json.loads(sys.argv[2])
+case = spherepde.load_case(os.path.join(sys.argv[1], "cases", settings["bow"]), settings["overrides"])
+start = time.process_time()
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    dataset = spherepde.run(case, progress=False)
+np.savez(settings["out"], W=dataset["W"].values, loss=dataset["loss"].values, cpu=time.process_time() - start,
+         stop=dataset.attrs["optimizer_stop"])
+'''
+
+
+def in_baseline(commit: str, child: str, settings: dict) -> str:
+    """Run the script `child` (argv: the baseline's folder, settings as JSON) on the code at `commit`, checked out
+    with git archive into a temporary folder; its standard output."""
+    with tempfile.TemporaryDirectory(prefix="spherepde-baseline-") as folder:
+        archive = subprocess.run(["git", "-C", ROOT, "archive", commit], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+        return subprocess.run([sys.executable, "-c", child, folder, json.dumps(settings)], check=True,
+                              capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
+
+
+def baseline_costs(commit: str, settings: dict) -> dict:
+    """The child's measurements of the code at `commit`."""
+    return json.loads(in_baseline(commit, BASELINE_CHILD, settings).strip().splitlines()[-1])
+
+
+# --- the seed-scale training -----------------------------------------------------------------------------
+
+
+def bow_training():
+    """Today's seed-scale bow kappa_cand = 2 training (L-BFGS, tol 1e-7): (W, J history, CPU seconds)."""
+    case = load(BOW, BOW_TRAINING)
+    start = time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dataset = spherepde.run(case, progress=False)
+    return dataset["W"].values, dataset["loss"].values, time.process_time() - start, dataset.attrs["optimizer_stop"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", default=BASELINE, help=f"commit to compare with (default {BASELINE})")
+    parser.add_argument("--quick", action="store_true", help="shorter horizons (the ratios are per step)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--training", metavar="OLD.npz", help="compare today's bow training with the stored one")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the baseline's measurements")
+    parser.add_argument("--record-baseline-training", metavar="OUT.npz",
+                        help="run the baseline's bow training (about an hour) and store W, J and its CPU time")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.record_baseline_training:
+        in_baseline(args.baseline, BASELINE_TRAINING, {"bow": os.path.basename(BOW), "overrides": BOW_TRAINING,
+                                                        "out": os.path.abspath(args.record_baseline_training)})
+        return
+    t_end, particle_t_end = (8.0, 8.0) if args.quick else (80.0, 80.0)
+    layers = 40
+    print(f"spherepde ensembles benchmark: 1 CPU thread, thread CPU time, median of {args.repeats}; "
+          f"S^1 align T = {t_end:g}, particles T = {particle_t_end:g}\n")
+
+    step, c0 = numpy_step(load(S1_CASE, S1))
+    state = {"c": c0}
+
+    def numpy_steps(count=200):
+        for _ in range(count):
+            state["c"] = step(state["c"])
+    numpy_steps(10)
+    numpy_seconds = clock(numpy_steps, args.repeats) / 200
+
+    single = eulerian_costs(1, t_end, layers, args.repeats)
+    batch = eulerian_costs(20, t_end, layers, max(1, args.repeats - 1))
+    print("1. S^1 seed 004 (lmax 64, 200 points, dt 0.02, imex-ark436, dense field), M = 1:")
+    print(f"   numpy step (6 stages, dense kernel)   {1e3 * numpy_seconds:8.3f} ms")
+    print(f"   spherepde forward step ({single['path']} path, {single['attention']} attention) "
+          f"{1e3 * single['step']:8.3f} ms   ratio to numpy {single['step'] / numpy_seconds:5.2f}   (criterion <= 2)")
+    print(f"   evaluation of J and dJ/dW per step     {1e3 * single['evaluation']:8.3f} ms   ratio to the forward step "
+          f"{single['evaluation'] / single['step']:5.2f}   (criterion <= 3)")
+    print("2. M = 20, per member:")
+    print(f"   forward step    {1e3 * batch['step'] / 20:8.4f} ms   ratio to M = 1 "
+          f"{batch['step'] / 20 / single['step']:6.3f}   (criterion <= 0.1)")
+    print(f"   evaluation      {1e3 * batch['evaluation'] / 20:8.4f} ms   ratio to M = 1 "
+          f"{batch['evaluation'] / 20 / single['evaluation']:6.3f}   (criterion <= 0.1)")
+
+    particles = particle_costs(20, particle_t_end, 1)
+    s2_single, s2_batch = sphere_costs(1, args.repeats), sphere_costs(16, max(1, args.repeats - 1))
+    print(f"4. S^2 softmax, lmax 32, {s2_single['field']} field ({s2_single['path']} path): step per member "
+          f"{1e3 * s2_single['step']:.2f} ms at M = 1, {1e3 * s2_batch['step']:.2f} ms at M = 16: ratio "
+          f"{s2_batch['step'] / s2_single['step']:.3f}   (criterion <= 0.25)")
+    if not args.no_baseline:
+        settings = {"s1_case": os.path.basename(S1_CASE), "s1": S1, "t_end": t_end, "layers": layers,
+                    "repeats": args.repeats, "bow": os.path.basename(BOW), "particle_t_end": particle_t_end}
+        old = baseline_costs(args.baseline, settings)
+        print(f"3. particle trainings, N = 64, T = {particle_t_end:g} ({particles['steps']} steps): one evaluation "
+              f"per member at M = 20 {particles['evaluation']:.3f} s, the baseline's serial evaluation "
+              f"{old['particle_evaluation']:.2f} s: {old['particle_evaluation'] / particles['evaluation']:.1f}x "
+              "cheaper   (criterion >= 50)")
+        print(f"5. the baseline ({args.baseline}): forward step {1e3 * old['step']:.3f} ms "
+              f"({old['step'] / single['step']:.1f}x today's), evaluation per step {1e3 * old['evaluation']:.3f} ms "
+              f"({old['evaluation'] / single['evaluation']:.1f}x today's)")
+    else:
+        print(f"3. particle trainings: one evaluation per member at M = 20 {particles['evaluation']:.3f} s "
+              f"({particles['steps']} steps)")
+    if args.training:
+        stored = np.load(args.training)
+        W, loss, seconds, stop = bow_training()
+        baseline_seconds = float(stored["cpu"])
+        print(f"6. seed-scale bow kappa_cand = 2 training: {seconds:.1f} CPU s today, {baseline_seconds:.1f} s at the "
+              f"baseline: {baseline_seconds / seconds:.1f}x cheaper   (criterion >= 20); max |W - W_baseline| = "
+              f"{np.abs(W - stored['W']).max():.2e}   (criterion <= 1e-8); J {loss[-1]:.10f} against "
+              f"{float(stored['loss'][-1]):.10f}; {stop}")
+
+
+if __name__ == "__main__":
+    main()

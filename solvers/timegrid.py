@@ -1,0 +1,161 @@
+"""The time grid of a run and the one loop that steps it: forward runs, trainings, particles, and the adjoint.
+
+Knots are the save times 0, save_every, 2 save_every, ..., t_end and, with a trained control of L layers,
+the layer boundaries l t_end / L (coincident ones, to 1e-12 t_end, merged).  Between two knots the velocity
+does not change in time (W_t is constant on a layer), so every interval is split into equal steps no longer
+than the case's dt (time.dt, particles.dt, or the CFL rule at the interval's start), every save time is hit
+exactly, and no Runge-Kutta stage sees two layers.  The layer of an interval is the one holding its midpoint.
+
+`integrate` advances M members together over the intervals, each member with its own number of steps and
+step length where a CFL rule gives them (a member that needs fewer steps is masked, its state kept, while
+the others go on), and calls the run's hooks: after every step (checkpoints, interrupts, progress) and at
+every knot (saves, finiteness checks, which may stop a member).  The solver supplies the step itself.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def save_times(t_end: float, save_every: float) -> np.ndarray:
+    """0, save_every, 2 save_every, ..., t_end (the last interval may be shorter)."""
+    count = int(math.floor(t_end / save_every + 1e-9))
+    times = [k * save_every for k in range(count + 1)]
+    if t_end - times[-1] > 1e-12 * max(1.0, t_end):
+        times.append(t_end)
+    return np.array(times)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """[t0, t1] between consecutive knots: its index, the layer holding it, and whether t1 is a save time."""
+
+    index: int
+    t0: float
+    t1: float
+    layer: int
+    save: bool
+
+    @property
+    def length(self) -> float:
+        return self.t1 - self.t0
+
+
+class TimeGrid:
+    """The knots of a run (module docstring): `intervals`, `saves`, `layers` (1 without a control)."""
+
+    def __init__(self, t_end: float, save_every: float, layers: int = 1):
+        self.t_end, self.layers = t_end, layers
+        self.saves = save_times(t_end, save_every)
+        boundaries = t_end * np.arange(layers + 1) / layers
+        close = np.abs(boundaries[:, None] - self.saves[None, :]).min(1) <= 1e-12 * max(1.0, t_end)
+        knots = np.unique(np.concatenate([self.saves, boundaries[~close]]))  # a save's own value where they meet
+        self.intervals = [Interval(k, float(t0), float(t1), self.layer_at(0.5 * (t0 + t1)), self._is_save(t1))
+                          for k, (t0, t1) in enumerate(zip(knots[:-1], knots[1:]))]
+
+    @classmethod
+    def from_case(cls, case) -> "TimeGrid":
+        timing = case["time"]
+        layers = case["control"]["layers"] if case["control"] else 1
+        return cls(timing["t_end"], timing["save_every"], layers)
+
+    def _is_save(self, t: float) -> bool:
+        return bool(np.any(np.abs(self.saves - t) <= 1e-12 * max(1.0, self.t_end)))
+
+    def layer_at(self, t: float) -> int:
+        """The layer l whose slice [l T / L, (l + 1) T / L) holds t (t = T in the last)."""
+        return min(max(int(math.floor(t * self.layers / self.t_end)), 0), self.layers - 1)
+
+    def layer_start(self, layer: int) -> float:
+        return self.t_end * layer / self.layers
+
+
+def fixed_steps(interval: Interval, dt: float) -> int:
+    """Equal steps no longer than dt over the interval."""
+    return max(1, math.ceil(interval.length / dt - 1e-9))
+
+
+@dataclass
+class Plan:
+    """How an interval is stepped: steps[m] equal steps of length dt[m] for member m (numpy arrays); members
+    that cannot step it (a non-finite velocity, too many steps) are in `stopped` with the reason."""
+
+    interval: Interval
+    steps: np.ndarray
+    dt: np.ndarray
+    stopped: dict = None
+
+    def __post_init__(self):
+        self.stopped = dict(self.stopped or {})
+
+    @property
+    def uniform(self) -> bool:
+        return bool((self.steps == self.steps[0]).all() and (self.dt == self.dt[0]).all())
+
+
+class Hooks:
+    """What a run does around its steps (every method optional): `after_step(plan, done, state)` after each
+    step of all members (done of plan.steps taken), `at_knot(plan, state)` at the end of each interval,
+    returning the members that stop there (indices; e.g. failed ones, which the hook has recorded), and
+    `stop(member, reason, plan)` for a member that cannot step the interval of `plan` (the loop's limits and
+    the plan's `stopped`)."""
+
+    def after_step(self, plan: Plan, done: int, state) -> None:
+        pass
+
+    def at_knot(self, plan: Plan, state) -> list:
+        return []
+
+    def stop(self, member: int, reason: str, plan: Plan) -> None:
+        pass
+
+
+def integrate(grid: TimeGrid, state: torch.Tensor, plan_of, begin, step, hooks: Hooks, max_steps: int | None = None,
+              start: tuple = (0, 0, None, 0), active: np.ndarray | None = None):
+    """Advance `state` (M, ...) over the grid's intervals; returns (state, plans, active).
+
+    plan_of(interval, state) -> Plan (the steps of each member); begin(plan) prepares an interval (the layer's
+    W, the step factors of dt); step(state) -> state is one step of every member.  `max_steps` bounds each
+    member's total step count (the member stops before the interval that would exceed it).  `start` = (interval
+    index, steps already taken in it, its plan, and the steps taken before it) resumes an interrupted run;
+    `active` (bool per member) marks the members still running (a stopped member keeps its state).  `plans`
+    lists the intervals' plans in order (what an adjoint steps back through).
+    """
+    members = state.shape[0]
+    active = np.ones(members, dtype=bool) if active is None else active
+    first, done, plan, taken = start
+    taken = np.broadcast_to(np.asarray(taken, dtype=np.int64), (members,)).copy()
+    plans = []
+    for interval in grid.intervals[first:]:
+        if not active.any():
+            break
+        if plan is None or interval.index != first:
+            plan = plan_of(interval, state)
+            done = 0
+        if max_steps is not None:
+            for m in np.nonzero(active & (taken + plan.steps > max_steps))[0]:
+                plan.stopped.setdefault(int(m), f"time.max_steps = {max_steps} would be exceeded before "
+                                                f"t = {interval.t1:.6g}")
+        for m, reason in plan.stopped.items():
+            if active[m]:
+                active[m] = False
+                hooks.stop(m, reason, plan)
+        if not active.any():
+            break
+        taken += np.where(active, plan.steps, 0)
+        plans.append(plan)
+        begin(plan)
+        steps = np.where(active, plan.steps, 0)
+        masked = not (steps == steps[0]).all()
+        for k in range(done, int(steps.max(initial=0))):
+            stepped = step(state)
+            if masked:
+                moving = torch.as_tensor(k < steps, device=state.device).reshape((members,) + (1,) * (state.dim() - 1))
+                stepped = torch.where(moving, stepped, state)
+            state = stepped
+            hooks.after_step(plan, k + 1, state)
+        for m in hooks.at_knot(plan, state):
+            active[m] = False
+    return state, plans, active

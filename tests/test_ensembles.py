@@ -1,0 +1,152 @@
+"""Members run together (spherepde/ensemble.py and the solvers' member axis): a batched member is its serial run,
+to round-off for densities, diagnostics and trained controls, bit for bit for particles."""
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from spherepde import run
+from spherepde.case import case_from_dict
+from spherepde.ensemble import batches, run_batch
+
+# Attributes that say how a run was made, not what it computed.
+RUN_ATTRIBUTES = {"wall_seconds", "batch_members", "history", "training_seconds"}
+
+
+def eulerian_members(dim, kernel, beta, field, lmax, extra=None, members=None):
+    """Three members of one grid with different initial laws, W, V, B, beta, eps (`members` overrides each)."""
+    diagonal = [1.0, 0.65, 0.4][:dim]
+    A = [[diagonal[i] * (i == j) for j in range(dim)] for i in range(dim)]
+    other = [[0.6 * (i == j) + 0.1 * (i < j) for j in range(dim)] for i in range(dim)]
+    strain = [[0.2 * (i == j) * (-1) ** i for j in range(dim)] for i in range(dim)]
+    zero = [[0.0] * dim for _ in range(dim)]
+    variants = members or [
+        {"model": {"B": A, "V": A, "W": zero, "eps": 0.05}, "initial": {"mean": [1.0, 0.2, 0.1][:dim], "kappa": 2.0}},
+        {"model": {"B": other, "V": A, "W": strain, "eps": 0.08},
+         "initial": {"mean": [0.0, 1.0, 0.3][:dim], "kappa": 3.0}},
+        {"model": {"B": A, "V": other, "W": zero, "eps": 0.05, "beta": 0.5 if beta != "inf" else "inf"},
+         "initial": {"mean": [-1.0, 0.3, 0.0][:dim], "kappa": 1.0}},
+    ]
+    cases = []
+    for variant in variants:
+        table = {"sphere": {"dim": dim, "lmax": lmax},
+                 "model": {"kernel": kernel, "beta": beta} | variant["model"],
+                 "initial": {"kind": "vmf"} | variant["initial"],
+                 "time": {"t_end": 0.4, "save_every": 0.2} | (extra or {"dt": 0.05}),
+                 "solver": {"device": "cpu", "field": field}}
+        cases.append(case_from_dict(table))
+    return cases
+
+
+def assert_same_file(batched: xr.Dataset, serial: xr.Dataset, tolerance: float):
+    """Every variable within `tolerance` relative to its scale (0: identical), every attribute equal but those of
+    RUN_ATTRIBUTES."""
+    assert set(batched.data_vars) == set(serial.data_vars)
+    for name in serial.data_vars:
+        a, b = batched[name].values, serial[name].values
+        if tolerance == 0 or a.dtype.kind not in "fc":
+            assert np.array_equal(a, b, equal_nan=True), name
+        else:
+            scale = max(1.0, float(np.nanmax(np.abs(b))) if np.isfinite(b).any() else 1.0)
+            assert np.allclose(a, b, rtol=0, atol=tolerance * scale, equal_nan=True), (name, np.nanmax(np.abs(a - b)))
+    for key, value in serial.attrs.items():
+        if key in RUN_ATTRIBUTES:
+            continue
+        if isinstance(value, float) and tolerance:
+            assert np.isclose(batched.attrs[key], value, rtol=tolerance, atol=0, equal_nan=True), key
+        else:
+            assert batched.attrs[key] == value, key
+
+
+@pytest.mark.parametrize("dim, kernel, beta, field, lmax, extra", [
+    (2, "unnormalized", 1.0, "dense", 24, None),       # matrix path, a folded operator per member
+    (2, "softmax", 2.0, "spectral", 24, None),         # grid path, spectral transforms
+    (3, "softmax", 2.0, "spectral", 8, None),
+    (3, "softmax", "inf", "auto", 8, None),            # zero temperature
+    (2, "softmax", 2.0, "dense", 24, {"cfl": 0.5}),    # CFL: members take different numbers of steps
+])
+def test_batched_eulerian_members_are_their_serial_runs(dim, kernel, beta, field, lmax, extra):
+    cases = eulerian_members(dim, kernel, beta, field, lmax, extra)
+    assert batches(cases) == [[0, 1, 2]]
+    batched = run_batch(cases, progress=False)
+    if extra:  # the CFL rule gave the members their own steps
+        assert len({dataset.attrs["steps"] for dataset in batched}) > 1
+    for case, dataset in zip(cases, batched):
+        assert dataset.attrs["batch_members"] == 3
+        assert_same_file(dataset, run(case, progress=False), 1e-13)
+
+
+def training_members(optimizers, method="eulerian"):
+    """S^1 trainings of one grid with their own target, lambda_reg, start and optimizer."""
+    cases = []
+    for k, optimizer in enumerate(optimizers):
+        table = {"sphere": {"dim": 2, "lmax": 12},
+                 "model": {"kernel": "unnormalized", "beta": 1.0, "B": [[1.0, 0.0], [0.0, 0.65]],
+                           "V": [[1.0, 0.0], [0.0, 0.65]], "eps": 0.05},
+                 "initial": {"kind": "vmf", "mean": [1.0, 0.2 + 0.3 * k], "kappa": 2.0},
+                 "time": {"t_end": 0.5, "dt": 0.1, "save_every": 0.25},
+                 "solver": {"device": "cpu", "method": method, "field": "dense"},
+                 "control": {"loss": "align", "target": [0.3 * k, 1.0], "layers": 2, "lambda_reg": 0.1 * (k + 1),
+                             "optimizer": optimizer, "iterations": 3 + 2 * k, "learning_rate": 0.5,
+                             "tol": 1e-9 if optimizer == "lbfgs" else 0.0}}
+        if method == "particles":
+            table["particles"] = {"n": 12, "seed": k}
+            table["model"]["eps"] = 0.1
+        cases.append(case_from_dict(table))
+    return cases
+
+
+@pytest.mark.parametrize("method", ["eulerian", "particles"])
+def test_batched_trainings_are_their_serial_trainings(method):
+    """Adam, gradient descent and L-BFGS members in lockstep: each takes the steps of its serial training (the
+    L-BFGS members stop after different numbers of evaluations and drop out of the batch), so its trained W and
+    J history agree with the serial ones to round-off."""
+    cases = training_members(["adam", "lbfgs", "gd", "lbfgs"], method)
+    assert batches(cases) == [[0, 1, 2, 3]]
+    batched = run_batch(cases, progress=False)
+    evaluations = set()
+    for case, dataset in zip(cases, batched):
+        serial = run(case, progress=False)
+        assert np.allclose(dataset["W"].values, serial["W"].values, rtol=0, atol=1e-10)
+        assert np.allclose(dataset["loss"].values, serial["loss"].values, rtol=1e-12, atol=0)
+        assert dataset.attrs["optimizer_stop"] == serial.attrs["optimizer_stop"]
+        evaluations.add(dataset.sizes["iteration"])
+        assert_same_file(dataset, serial, 1e-10)
+    assert len(evaluations) > 1  # the members did stop at different points
+
+
+def test_batched_particles_are_their_serial_runs_bit_for_bit():
+    """Members of other seeds and V, each of 2 replica systems, with noise (heun's split): identical files."""
+    cases = []
+    for seed, scale in ((0, 1.0), (7, 1.0), (3, 0.6)):
+        cases.append(case_from_dict({
+            "sphere": {"dim": 3, "lmax": 8},
+            "model": {"kernel": "softmax", "beta": 2.0, "V": [[scale, 0, 0], [0, 1.0, 0], [0, 0, 1.2]], "eps": 0.1},
+            "initial": {"kind": "vmf", "mean": [1.0, 0.0, 0.0], "kappa": 1.0},
+            "time": {"t_end": 0.3, "dt": 0.05, "save_every": 0.1},
+            "solver": {"method": "particles", "device": "cpu"},
+            "particles": {"n": 60, "seed": seed, "replicas": 2, "save": 60}}))
+    batched = run_batch(cases, progress=False)
+    for case, dataset in zip(cases, batched):
+        assert_same_file(dataset, run(case, progress=False), 0)
+
+
+def test_batches_group_what_can_run_together():
+    """Seeds, eps, matrices and initial laws may differ within a batch; the grid, the step, the kernel and what
+    eps implies (the scheme "auto" picks) may not; particles stepped by the CFL rule run alone."""
+    base = {"sphere": {"dim": 2, "lmax": 12}, "model": {"kernel": "softmax", "beta": 1.0, "eps": 0.1},
+            "time": {"t_end": 0.2, "dt": 0.1}}
+
+    def case(**sections):
+        table = {key: dict(base.get(key, {})) | sections.get(key, {}) for key in set(base) | set(sections)}
+        return case_from_dict(table)
+
+    cases = [case(), case(model={"eps": 0.3, "V": [[2.0, 0.0], [0.0, 1.0]]}), case(sphere={"lmax": 16}),
+             case(model={"eps": 0.0}), case(time={"dt": 0.05}),
+             case(initial={"kind": "vmf", "mean": [0, 1], "kappa": 2.0}),
+             case(model={"kernel": "unnormalized"})]
+    assert batches(cases) == [[0, 1, 5], [2], [3], [4], [6]]
+    assert batches(cases, largest=2) == [[0, 1], [2], [3], [4], [5], [6]]
+    cfl = [case_from_dict({"sphere": base["sphere"], "time": {"t_end": 0.2, "cfl": 0.5},
+                           "solver": {"method": "particles"}, "particles": {"seed": seed}}) for seed in range(3)]
+    assert batches(cfl) == [[0], [1], [2]]

@@ -1,0 +1,104 @@
+"""The transport term (spherepde/transport.py): the rate against the model's ambient formula, its paths and
+attention modes against each other, and its hand-written transpose against torch autograd."""
+
+import pytest
+import torch
+
+from spherepde.bases import make_basis
+from spherepde.case import case_from_dict
+from spherepde.device import placement
+from spherepde.exp_kernel import MemberKernels
+from spherepde.initial import initial_density
+from spherepde.model import Model, ModelBatch, attention, velocity
+from spherepde.transport import Transport, complex_state, real_state
+
+CPU64 = placement("cpu", "float64")
+
+# (dim, kernel, beta, lmax, field): the attention modes and both paths on S^1 and S^2
+SETUPS = [(2, "unnormalized", 1.0, 16, "dense"), (2, "softmax", 3.0, 16, "dense"), (2, "softmax", 3.0, 16, "spectral"),
+          (2, "unnormalized", 0.0, 16, "dense"), (2, "softmax", "inf", 16, "dense"), (3, "softmax", 2.0, 8, "dense"),
+          (3, "unnormalized", 1.0, 8, "spectral"), (3, "softmax", 2.0, 8, "spectral")]
+
+
+def member_cases(dim, kernel, beta, lmax, field):
+    """Two members: the seed's A = diag(1, 0.65(, 0.4)) as B = V, and another V and B, with different starts."""
+    diagonal = [1.0, 0.65, 0.4][:dim]
+    A = [[diagonal[i] * (i == j) for j in range(dim)] for i in range(dim)]
+    other = [[0.5 * (i == j) + 0.1 * (i != j) for j in range(dim)] for i in range(dim)]
+    cases = []
+    for B, V, mean in ((A, A, [1.0, 0.2, 0.1]), (other, other, [0.3, 1.0, -0.2])):
+        cases.append(case_from_dict({
+            "sphere": {"dim": dim, "lmax": lmax},
+            "model": {"kernel": kernel, "beta": beta, "B": B, "V": V, "eps": 0.05},
+            "initial": {"kind": "vmf", "mean": mean[:dim], "kappa": 2.0}, "time": {"t_end": 1.0, "dt": 0.1},
+            "solver": {"device": "cpu", "field": field}}))
+    return cases
+
+
+def setup(dim, kernel, beta, lmax, field):
+    cases = member_cases(dim, kernel, beta, lmax, field)
+    basis = make_basis(dim, lmax, CPU64)
+    batch = ModelBatch.of([Model.from_case(case, CPU64) for case in cases])
+    kernels = MemberKernels(basis, batch.B, [m.beta for m in batch.models], field, 1e-10)
+    state = real_state(torch.stack([initial_density(case["initial"], basis) for case in cases]))
+    W = 0.3 * torch.randn(2, dim, dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    return basis, batch, kernels, state, W
+
+
+def relative(a, b):
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("setup_", SETUPS)
+def test_rate_is_minus_the_divergence_of_rho_v(setup_):
+    """The frame-component rate, on whichever path and attention mode, against -div(rho v) computed from the
+    model's ambient velocity P_x(W x + V m[rho]) (spherepde.model) and the basis's ambient divergence."""
+    basis, batch, kernels, state, W = setup(*setup_)
+    transport = Transport(basis, batch, kernels)
+    rate = transport(state, transport.feed_forward(W))
+    points = basis.points.reshape(-1, basis.dim)
+    rho = basis.synthesis(complex_state(state, transport.coefficient_shape)).reshape(2, -1)
+    v = velocity(batch, points, attention(batch, kernels, points, rho)[0], W)
+    reference = -basis.divergence((rho[..., None] * v).reshape((2,) + basis.grid_shape + (basis.dim,)))
+    assert relative(rate, real_state(reference)) < 1e-13
+
+
+@pytest.mark.parametrize("setup_", SETUPS)
+def test_matrix_and_grid_paths_agree(setup_):
+    """Forcing the grid path (basis transforms) where the cost rule chose the matrices gives the same rate."""
+    basis, batch, kernels, state, W = setup(*setup_)
+    chosen = Transport(basis, batch, kernels)
+    grid = Transport(basis, batch, kernels, matrix_bytes=0)
+    assert grid.path == "grid"
+    assert relative(chosen(state, chosen.feed_forward(W)), grid(state, grid.feed_forward(W))) < 1e-13
+
+
+@pytest.mark.parametrize("setup_", SETUPS)
+@pytest.mark.parametrize("matrix_bytes", [None, 0])
+def test_vjp_is_the_transpose_of_the_derivative(setup_, matrix_bytes):
+    """The hand-written cotangents of the state and of W equal torch autograd's through the grid path."""
+    basis, batch, kernels, state, W = setup(*setup_)
+    options = {} if matrix_bytes is None else {"matrix_bytes": matrix_bytes}
+    transport = Transport(basis, batch, kernels, **options)
+    reference = Transport(basis, batch, kernels, matrix_bytes=0)
+    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    state_bar, drive_bar = transport.vjp(state, transport.feed_forward(W), b)
+    W_bar = transport.feed_forward_adjoint(drive_bar)
+    leaf_state, leaf_W = state.clone().requires_grad_(True), W.clone().requires_grad_(True)
+    expected_state, expected_W = torch.autograd.grad(reference(leaf_state, reference.feed_forward(leaf_W)),
+                                                     (leaf_state, leaf_W), b)
+    assert relative(state_bar, expected_state) < 1e-12
+    assert relative(W_bar, expected_W) < 1e-12
+
+
+def test_the_seed_case_runs_the_matrix_path_with_a_low_rank_operator():
+    """S^1, A = diag(1, 0.65), lmax 64: the kernel's numerical rank is far below the 200 points; its truncated SVD
+    reproduces the full operator's attention to round-off."""
+    basis, batch, kernels, state, W = setup(2, "unnormalized", 1.0, 64, "dense")
+    transport = Transport(basis, batch, kernels)
+    assert (transport.attention_mode, transport.path) == ("operator", "matrix")
+    operator = transport._operator
+    assert operator.left is not None and operator.left.shape[-1] < 60
+    rho = basis.synthesis(complex_state(state, transport.coefficient_shape)).reshape(2, -1)
+    full = torch.matmul(rho[:, None, :], operator.matrix)[:, 0]
+    assert relative(operator._product(rho), full) < 1e-14
