@@ -21,6 +21,9 @@ eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense
    tol 1e-7 from W = 0 as results/seed004_seed_scale.py trains it, which --record-baseline-training OLD.npz makes:
    about an hour): the same training with today's code, its CPU time and trained W against the stored ones.
 
+--paths adds the measurement behind Transport's choice between its matrix and grid paths: a step on each,
+forced, at a few grids and batch sizes, beside the path the cost estimate picks.
+
 --quick shortens the horizons (the ratios stay per step) for a run of a few minutes.
 """
 
@@ -167,6 +170,35 @@ def sphere_costs(members: int, repeats: int) -> dict:
     return {"step": seconds / members, "path": problem.transport.path, "field": problem.kernels.name}
 
 
+def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
+    """Seconds of a forward step per path (forced) and the path Transport's estimate picks."""
+    import spherepde.transport as transport
+    from solvers.eulerian import ForwardProblem
+    from solvers.timegrid import Plan, TimeGrid
+
+    case = load(path, overrides)
+    out = {}
+    for forced in ("matrix", "grid"):
+        problem = ForwardProblem([case] * members)
+        chosen = problem.transport.path
+        if forced == "grid":
+            problem.transport._matrices, problem.transport.path = None, "grid"
+        elif problem.transport._matrices is None:
+            problem.transport._matrices = transport.MatrixPath.build(problem.transport, 2 ** 40)
+            problem.transport.path = "matrix"
+        if problem.transport._matrices is None and forced == "matrix":
+            continue
+        state = problem.initial()
+        dt = 0.01
+        factors = problem.factors(Plan(TimeGrid(dt, dt).intervals[0], np.full(members, 1), np.full(members, dt)))
+        drive = problem.transport.feed_forward(problem.batch.W)
+        with torch.no_grad():
+            problem.step(state, drive, factors)
+            out[forced] = clock(lambda: problem.step(state, drive, factors), repeats)
+    out["chosen"] = chosen
+    return out
+
+
 # --- the baseline's code, in a child process --------------------------------------------------------------
 
 BASELINE_CHILD = r'''
@@ -270,6 +302,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--training", metavar="OLD.npz", help="compare today's bow training with the stored one")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline's measurements")
+    parser.add_argument("--paths", action="store_true", help="also time the matrix and the grid path")
     parser.add_argument("--record-baseline-training", metavar="OUT.npz",
                         help="run the baseline's bow training (about an hour) and store W, J and its CPU time")
     args = parser.parse_args(argv)
@@ -325,6 +358,16 @@ def main(argv=None):
     else:
         print(f"3. particle trainings: one evaluation per member at M = 20 {particles['evaluation']:.3f} s "
               f"({particles['steps']} steps)")
+    if args.paths:
+        print("7. Transport's paths, a step (ms), forced; the path the estimate picks:")
+        for path, overrides in ((S1_CASE, ["sphere.lmax=64", "solver.field='dense'"]),
+                                (S1_CASE, ["sphere.lmax=128", "solver.field='dense'"]),
+                                (os.path.join(ROOT, "cases", "convergence-s2.toml"), ["sphere.lmax=12"])):
+            for members in (1, 4, 20):
+                costs = path_costs(path, overrides, members, args.repeats)
+                print(f"   {os.path.basename(path)} {' '.join(overrides)} M = {members:2d}: matrix "
+                      f"{1e3 * costs.get('matrix', math.nan):8.3f}  grid {1e3 * costs['grid']:8.3f}  chosen "
+                      f"{costs['chosen']}")
     if args.training:
         stored = np.load(args.training)
         W, loss, seconds, stop = bow_training()

@@ -150,11 +150,11 @@ def attention(batch: ModelBatch, exp_kernel, points: torch.Tensor, rho: torch.Te
     `spherepde.exp_kernel` transforms do, member by member."""
     if batch.zero_temperature:
         return zero_temperature_mean(batch.B, points), None
-    channels = torch.cat([rho[..., None], rho[..., None] * points], dim=-1)
-    scaled, log_scale = exp_kernel(channels)
-    Z, N = scaled[..., 0], scaled[..., 1:]
-    if batch.kernel == "unnormalized":
+    if batch.kernel == "unnormalized":  # N alone: no Z channel to transform
+        N, log_scale = exp_kernel(rho[..., None] * points)
         return N * torch.exp(log_scale)[..., None], None
+    scaled, log_scale = exp_kernel(torch.cat([rho[..., None], rho[..., None] * points], dim=-1))
+    Z, N = scaled[..., 0], scaled[..., 1:]
     return softmax_mean(N, Z, rho), rho * torch.exp(-log_scale) / Z
 
 

@@ -182,14 +182,15 @@ class Transport:
         if self.attention_mode == "operator":
             return self._operator.attention(rho, self)
         scaled, log_scale = self.kernels.fields(self._channels(rho))
-        N = scaled[:, 1:].transpose(1, 2)
         if self.batch.kernel == "unnormalized":
-            return self._frame_components(N * torch.exp(log_scale)[..., None])
-        return self._frame_components(softmax_mean(N, scaled[:, 0], rho))
+            return self._frame_components(scaled.transpose(1, 2) * torch.exp(log_scale)[..., None])
+        return self._frame_components(softmax_mean(scaled[:, 1:].transpose(1, 2), scaled[:, 0], rho))
 
     def _channels(self, rho: torch.Tensor) -> torch.Tensor:
-        """The fields (rho, rho y) (M, 1 + d, P) of the transform attention."""
-        return torch.cat([rho[:, None], rho[:, None] * self.points.T], dim=1)
+        """The fields of the transform attention: rho y (M, d, P) for the unnormalized kernel (N alone), (rho, rho y)
+        (M, 1 + d, P) for the softmax (Z and N)."""
+        moments = rho[:, None] * self.points.T
+        return moments if self.batch.kernel == "unnormalized" else torch.cat([rho[:, None], moments], dim=1)
 
     def attention_adjoint(self, rho: torch.Tensor, u_bar: torch.Tensor) -> torch.Tensor:
         """rho_bar (M, P): the transpose of the derivative of `attention` at rho, applied to u_bar (M, K, P)."""
@@ -202,13 +203,14 @@ class Transport:
             channels = self._channels(rho).requires_grad_(True)
             scaled, log_scale = self.kernels.fields(channels)
             if self.batch.kernel == "unnormalized":
-                N_bar, Z_bar = m_bar * torch.exp(log_scale)[..., None], torch.zeros_like(rho)
+                scaled_bar = (m_bar * torch.exp(log_scale)[..., None]).transpose(1, 2)
             else:
                 N_bar, Z_bar = softmax_mean_adjoint(scaled[:, 1:].transpose(1, 2).detach(), scaled[:, 0].detach(), rho,
                                                     m_bar)
-            scaled_bar = torch.cat([Z_bar[:, None], N_bar.transpose(1, 2)], dim=1)
+                scaled_bar = torch.cat([Z_bar[:, None], N_bar.transpose(1, 2)], dim=1)
             (channels_bar,) = torch.autograd.grad(scaled, channels, scaled_bar)
-        return channels_bar[:, 0] + (channels_bar[:, 1:] * self.points.T).sum(1)
+        moments_bar = (channels_bar[:, -self.points.shape[1]:] * self.points.T).sum(1)
+        return moments_bar if self.batch.kernel == "unnormalized" else channels_bar[:, 0] + moments_bar
 
     # --- the rate and its transpose ----------------------------------------------------------------
 
