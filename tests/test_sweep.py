@@ -1,5 +1,5 @@
-"""Parameter sweeps on Dask: the members equal serial runs bit for bit, the combined Dataset
-has a `member` dimension, seeds are derived, and an existing scheduler works too."""
+"""Parameter sweeps on Dask: the members, run in batches, equal serial runs bit for bit, the combined
+Dataset has a `member` dimension, seeds are derived, and an existing scheduler works too."""
 
 import json
 import os
@@ -49,6 +49,7 @@ def test_sweep_members_equal_serial_runs(local_sweep):
                 for name in serial.data_vars:
                     assert np.array_equal(member[name].values, serial[name].values, equal_nan=True), (index, name)
                 assert member.attrs["case"] == serial.attrs["case"] == combined["member_case"].values[index]
+                assert member.attrs["batch_members"] == 4  # two batches of 4 (spherepde.ensemble), one per worker
             assert np.array_equal(combined["density"].isel(member=index).values, serial["density"].values)
             assert combined["member_status"].values[index] == "completed"
         assert combined["cell_area"].dims == ("theta",)
