@@ -41,7 +41,9 @@ Two gradients, one step grid (control.gradient):
   operator and the discretised adjoint operator (results/adjoint_verification.md measures both).
 
 The tape (what the backward pass reads of the forward one) is chosen by memory (`Tape`): every step's stage
-inputs when they fit TAPE_BYTES (the backward pass then costs about one forward run more), else every step's
+tokens (Transport.rate_token: on S^1's matrix path the rows (rho, v) of each stage, so that the transpose skips
+their product; else the stage's state) when they fit TAPE_BYTES (the backward pass then costs about one forward
+run more), else every step's
 state (each step is recomputed once, with its stages), else the state at every K-th step,
 K = control.checkpoint_every or ceil(sqrt(steps)) (segments recomputed: one forward run more).  Memory in
 the last case: (steps / K + K + 1) states per member, about 2 sqrt(steps) x 16 (lmax + 1) bytes on S^1 and
@@ -65,7 +67,7 @@ from spherepde.transport import complex_state, real_state
 from .eulerian import BLOW_UP_FACTOR, ForwardProblem, departure, only
 from .timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 
-# Largest tape of a gradient evaluation kept in memory whole (stage inputs, else step states), all members.
+# Largest tape of a gradient evaluation kept in memory whole (the stages' tokens, else step states), all members.
 TAPE_BYTES = 512 * 2 ** 20
 
 
@@ -186,7 +188,7 @@ class ControlledForward:
         def step(state):
             keep = [] if tape is not None and tape.stages else None
             state = self.problem.step(state, current["drive"], current["factors"], keep)
-            hooks.kept = keep
+            hooks.kept = keep[0] if keep else None
             return state
 
         plans = iter(self.plans)
@@ -261,24 +263,26 @@ class TapeHooks(Hooks):
 
 class Tape:
     """What the forward pass keeps for the backward one (module docstring): per step n (numbered from 1 after
-    the start) its stage inputs (`stages`), or its end state at every `every`-th step."""
+    the start) its stages' tokens (`stages`: ForwardProblem.step's, what the transport's transpose reads), and its
+    end state at every `every`-th step."""
 
     def __init__(self, forward: ControlledForward, states: torch.Tensor, every: int):
         self.forward = forward
-        scheme = forward.problem.scheme
+        scheme, transport = forward.problem.scheme, forward.problem.transport
         state_bytes = states.numel() * states.element_size()
-        self.stages = every == 0 and forward.steps * scheme.stages_count * state_bytes <= TAPE_BYTES
+        token_bytes = transport.token_size() * states.shape[0] * states.element_size()
+        self.stages = every == 0 and forward.steps * (scheme.stages_count * token_bytes + state_bytes) <= TAPE_BYTES
         if every == 0:
             every = 1 if forward.steps * state_bytes <= TAPE_BYTES else max(1, math.ceil(math.sqrt(forward.steps)))
         self.every = every
         self.states = {0: states}
-        self.stage_inputs = {}
+        self.stage_tokens = {}
         self.count = 0
 
     def record(self, plan: Plan, done: int, state: torch.Tensor, kept: list | None) -> None:
         self.count += 1
         if kept is not None:
-            self.stage_inputs[self.count] = kept
+            self.stage_tokens[self.count] = kept
         if self.count % self.every == 0 or self.count == self.forward.steps:
             self.states[self.count] = state
 
@@ -288,7 +292,7 @@ class Tape:
                                              (plan for plan in self.forward.plans for _ in range(int(plan.steps[0]))))]
 
     def segments(self, controls_drives: list):
-        """Backward over the stored states: (steps [(n, plan), ...], stages(n, plan) -> the stage inputs of step n,
+        """Backward over the stored states: (steps [(n, plan), ...], stages(n, plan) -> the stage tokens of step n,
         {n: state}) of each segment between stored states, from the last to the first, recomputing what is not
         stored (with every state stored, one segment: the whole run, its stages recomputed a step at a time when
         not kept)."""
@@ -305,10 +309,10 @@ class Tape:
 
             def stages(n, plan, states=states):
                 if self.stages:
-                    return self.stage_inputs[n]
+                    return self.stage_tokens[n]
                 keep = []
                 forward.problem.step(states[n - 1], controls_drives[plan.interval.layer], forward.factors(plan), keep)
-                return keep
+                return keep[0]
             yield segment, stages, states
 
 

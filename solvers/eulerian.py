@@ -107,25 +107,35 @@ class ForwardProblem:
         return complex_state(state, self.transport.coefficient_shape)
 
     def step(self, state: torch.Tensor, drive: torch.Tensor, factors, keep: list | None = None) -> torch.Tensor:
-        """One step of the scheme with the drive of the layer (Transport.feed_forward), then the filter."""
-        state = self.scheme.step(state, lambda stage, U: self.transport(U, drive), factors, keep)
+        """One step of the scheme with the drive of the layer (Transport.feed_forward), then the filter; with `keep`
+        (a list) the step's tokens for `step_adjoint` are appended to it (Transport.rate_token, one per stage)."""
+        if keep is None:
+            state = self.scheme.step(state, lambda stage, U: self.transport(U, drive), factors)
+        else:
+            tokens = [None] * self.scheme.stages_count
+
+            def rate(stage, U):
+                value, tokens[stage] = self.transport.rate_token(U, drive)
+                return value
+
+            state = self.scheme.step(state, rate, factors)
+            keep.append(tokens)
         return state if self.filter is None else state * self.filter
 
-    def step_adjoint(self, state_bar: torch.Tensor, stages: list, drive: torch.Tensor,
+    def step_adjoint(self, state_bar: torch.Tensor, tokens: list, drive: torch.Tensor,
                      factors) -> tuple[torch.Tensor, torch.Tensor]:
         """(the cotangent of the step's start, that of the drive over the step) from the cotangent of its end
-        (`step`'s transpose: the filter is real and diagonal), given the step's stage inputs."""
+        (`step`'s transpose: the filter is real and diagonal), given the tokens `step` kept."""
         if self.filter is not None:
             state_bar = state_bar * self.filter
         drive_bar = torch.zeros_like(drive)
 
-        def rate_vjp(stage, U, e_bar):
-            nonlocal drive_bar
-            U_bar, stage_drive_bar = self.transport.vjp(U, drive, e_bar)
-            drive_bar = drive_bar + stage_drive_bar
+        def rate_vjp(stage, token, e_bar):
+            U_bar, stage_drive_bar = self.transport.vjp_token(token, drive, e_bar)
+            drive_bar.add_(stage_drive_bar)
             return U_bar
 
-        return self.scheme.adjoint(state_bar, stages, rate_vjp, factors), drive_bar
+        return self.scheme.adjoint(state_bar, tokens, rate_vjp, factors), drive_bar
 
     def factors(self, plan: Plan):
         """The step factors of an interval's plan: dt one float when the members share it, else per member."""

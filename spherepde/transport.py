@@ -243,6 +243,27 @@ class Transport:
         c_bar = self.basis.synthesis_adjoint(rho_bar.reshape((members,) + self.grid_shape))
         return real_state(c_bar), v_bar
 
+    def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rate, a token for `vjp_token`): what the transpose needs of this evaluation, the rows (rho, v) of
+        the matrix path's first product where it has them (the transpose then skips that product), else the
+        state."""
+        if self._matrices is not None and self._matrices.single_frame:
+            return self._matrices.rate_token(state, drive)
+        return self(state, drive), state
+
+    def vjp_token(self, token: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                           torch.Tensor]:
+        """`vjp` from the token of `rate_token`."""
+        if self._matrices is not None and self._matrices.single_frame:
+            return self._matrices.vjp_rows(token, b)
+        return self.vjp(token, drive, b)
+
+    def token_size(self) -> int:
+        """Numbers per member of a token of `rate_token`."""
+        if self._matrices is not None and self._matrices.single_frame:
+            return 2 * self.points.shape[0]
+        return 2 * math.prod(self.coefficient_shape)
+
     def max_speed(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
         """max over the grid of |v| (M,): the frame is orthonormal, so |v|^2 = sum_k v_k^2."""
         return torch.sqrt((self.velocity(state, drive)[1] ** 2).sum(1).amax(-1))
@@ -334,21 +355,31 @@ class MatrixPath:
         u = self.transport._frame_components(softmax_mean(N, Z, rho))
         return rho, drive.reshape(u.shape) + u
 
+    def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """S^1 with one operator: (the rate, the rows y = (rho, v)), few operations."""
+        y = torch.addmm(drive, state, self.rows_t[0])
+        return (y[:, :self.points] * y[:, self.points:]) @ self.divergence_t, y
+
+    def vjp_rows(self, y: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """S^1 with one operator: the transpose from the rows y = (rho, v): y_bar = (v f_bar, rho f_bar)."""
+        points = self.points
+        f_bar = b @ self.divergence
+        y_bar = torch.empty_like(y)
+        torch.mul(y[:, points:], f_bar, out=y_bar[:, :points])
+        torch.mul(y[:, :points], f_bar, out=y_bar[:, points:])
+        return y_bar @ self.rows[0], y_bar
+
     def rate(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
-        if self.single_frame:  # S^1, one operator: rho and v side by side, few operations
-            y = torch.addmm(drive, state, self.rows_t[0])
-            return (y[:, :self.points] * y[:, self.points:]) @ self.divergence_t
+        if self.single_frame:
+            return self.rate_token(state, drive)[0]
         rho, v = self.velocity(state, drive)
         flux = rho[:, None] * v
         return flux.reshape(flux.shape[0], -1) @ self.divergence_t
 
     def vjp(self, state: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         members, points = state.shape[0], self.points
-        if self.single_frame:  # y = (rho, v): y_bar = (v f_bar, rho f_bar), few operations
-            y = torch.addmm(drive, state, self.rows_t[0])
-            f_bar = (b @ self.divergence).repeat(1, 2)
-            y_bar = y.roll(points, 1).mul_(f_bar)
-            return y_bar @ self.rows[0], y_bar
+        if self.single_frame:
+            return self.vjp_rows(torch.addmm(drive, state, self.rows_t[0]), b)
         rho, v = self.velocity(state, drive)
         f_bar = (b @ self.divergence).reshape(v.shape)
         v_bar = rho[:, None] * f_bar
