@@ -667,6 +667,8 @@ class ParticleSystem:
     def __init__(self, cases):
         cases = [cases] if not isinstance(cases, (list, tuple)) else list(cases)
         self.cases, self.case = cases, cases[0]
+        if len(cases) > 1 and fixed_step(self.case) is None:
+            raise ValueError("ParticleSystem: members stepped by the CFL rule take their own steps; run them alone")
         solver = self.case["solver"]
         self.placement = make_placement(solver["device"], solver["dtype"])
         self.batch = ModelBatch.of([Model.from_case(member, self.placement) for member in cases])
