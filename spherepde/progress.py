@@ -11,14 +11,16 @@ LOG_NAMES = {"dt": "dt", "mass": "mass", "min_density": "min rho", "max_speed": 
 class Progress:
     """Reports advancement in model time t in [start, total] with the latest run values.
 
-    enabled: None chooses by the stream (a bar on a terminal, a log line every
-    `log_every_seconds` otherwise), False is silent, True forces the bar. The values passed
+    enabled: None chooses by the stream (default: sys.stderr at the call; a bar on a terminal, a log
+    line every `log_every_seconds` otherwise), False is silent, True forces the bar. The values passed
     to `update` (dt, mass, min_density, max_speed, tail: the resolution indicator) are kept
     and shown with every later refresh, so a log line always carries the latest of each.
     """
 
-    def __init__(self, total: float, enabled: bool | None = None, stream=sys.stderr, log_every_seconds: float = 30.0,
+    def __init__(self, total: float, enabled: bool | None = None, stream=None, log_every_seconds: float = 30.0,
                  start: float = 0.0):
+        # sys.stderr at the call, not at import: a test's or caller's redirection of stderr must be honoured
+        stream = sys.stderr if stream is None else stream
         self.total, self.stream, self.silent = total, stream, enabled is False
         self.values: dict[str, float] = {}
         use_bar = stream.isatty() if enabled is None else enabled
