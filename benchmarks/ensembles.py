@@ -19,7 +19,9 @@ eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense
    per step, against today's;
 6. with --training OLD.npz (results of the baseline's seed-scale bow kappa_cand = 2 training, L-BFGS to
    tol 1e-7 from W = 0 as results/seed004_seed_scale.py trains it, which --record-baseline-training OLD.npz makes:
-   about an hour): the same training with today's code, its CPU time and trained W against the stored ones.
+   hours to the tolerance, about a minute an evaluation; --training-iterations K stops both after K L-BFGS
+   iterations, so that the same path is compared at a fraction of the cost): the same training with today's code,
+   its CPU time and trained W against the stored ones.
 
 --paths adds the measurement behind Transport's choice between its matrix and grid paths: a step on each,
 forced, at a few grids and batch sizes, beside the path the cost estimate picks.
@@ -52,7 +54,12 @@ S1_CASE = os.path.join(ROOT, "cases", "seed004-align-l065.toml")
 S1 = ["sphere.lmax=64", "time.dt=0.02", "solver.field='dense'", "control.gradient='discrete'"]
 BOW = os.path.join(ROOT, "cases", "seed004-bow-k2.toml")
 BOW_TRAINING = ["sphere.lmax=64", "time.dt=0.02", "solver.field='dense'", "control.gradient='discrete'",
-                "control.optimizer='lbfgs'", "control.tol=1e-7", "control.iterations=300"]
+                "control.optimizer='lbfgs'", "control.tol=1e-7"]
+
+
+def bow_overrides(iterations: int) -> list:
+    """The seed-scale bow training's overrides, stopped after `iterations` L-BFGS iterations."""
+    return BOW_TRAINING + [f"control.iterations={iterations}"]
 S2_CASE = os.path.join(ROOT, "cases", "quickstart.toml")
 S2 = ["sphere.lmax=32", "solver.field='spectral'"]
 
@@ -263,7 +270,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     dataset = spherepde.run(case, progress=False)
 np.savez(settings["out"], W=dataset["W"].values, loss=dataset["loss"].values, cpu=time.process_time() - start,
-         stop=dataset.attrs["optimizer_stop"])
+         stop=dataset.attrs["optimizer_stop"], iterations=settings["iterations"])
 '''
 
 
@@ -285,9 +292,10 @@ def baseline_costs(commit: str, settings: dict) -> dict:
 # --- the seed-scale training -----------------------------------------------------------------------------
 
 
-def bow_training():
-    """Today's seed-scale bow kappa_cand = 2 training (L-BFGS, tol 1e-7): (W, J history, CPU seconds)."""
-    case = load(BOW, BOW_TRAINING)
+def bow_training(iterations: int):
+    """Today's seed-scale bow kappa_cand = 2 training (L-BFGS, tol 1e-7, at most `iterations` iterations):
+    (W, J history, CPU seconds, the optimizer's stop)."""
+    case = load(BOW, bow_overrides(iterations))
     start = time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -304,11 +312,16 @@ def main(argv=None):
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline's measurements")
     parser.add_argument("--paths", action="store_true", help="also time the matrix and the grid path")
     parser.add_argument("--record-baseline-training", metavar="OUT.npz",
-                        help="run the baseline's bow training (about an hour) and store W, J and its CPU time")
+                        help="run the baseline's bow training (hours) and store W, J and its CPU time")
+    parser.add_argument("--training-iterations", type=int, default=300, metavar="K",
+                        help="with --record-baseline-training: stop after K L-BFGS iterations (default 300, i.e. at "
+                             "tol); --training then trains today's code as far")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.record_baseline_training:
-        in_baseline(args.baseline, BASELINE_TRAINING, {"bow": os.path.basename(BOW), "overrides": BOW_TRAINING,
+        in_baseline(args.baseline, BASELINE_TRAINING, {"bow": os.path.basename(BOW),
+                                                        "overrides": bow_overrides(args.training_iterations),
+                                                        "iterations": args.training_iterations,
                                                         "out": os.path.abspath(args.record_baseline_training)})
         return
     t_end, particle_t_end = (8.0, 8.0) if args.quick else (80.0, 80.0)
@@ -370,9 +383,12 @@ def main(argv=None):
                       f"{costs['chosen']}")
     if args.training:
         stored = np.load(args.training)
-        W, loss, seconds, stop = bow_training()
+        iterations = int(stored["iterations"]) if "iterations" in stored else 300
+        W, loss, seconds, stop = bow_training(iterations)
         baseline_seconds = float(stored["cpu"])
-        print(f"6. seed-scale bow kappa_cand = 2 training: {seconds:.1f} CPU s today, {baseline_seconds:.1f} s at the "
+        print(f"6. seed-scale bow kappa_cand = 2 training, at most {iterations} L-BFGS iterations: {len(loss)} "
+              f"evaluations today, {len(stored['loss'])} at the baseline; "
+              f"{seconds:.1f} CPU s today, {baseline_seconds:.1f} s at the "
               f"baseline: {baseline_seconds / seconds:.1f}x cheaper   (criterion >= 20); max |W - W_baseline| = "
               f"{np.abs(W - stored['W']).max():.2e}   (criterion <= 1e-8); J {loss[-1]:.10f} against "
               f"{float(stored['loss'][-1]):.10f}; {stop}")

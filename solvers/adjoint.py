@@ -40,11 +40,11 @@ Two gradients, one step grid (control.gradient):
   rk4, 3 for imex-ars443), plus the spectrally small difference between the adjoint of the discretised
   operator and the discretised adjoint operator (results/adjoint_verification.md measures both).
 
-The tape (what the backward pass reads of the forward one) is chosen by memory (`Tape`): every step's stage
-tokens (Transport.rate_token: on S^1's matrix path the rows (rho, v) of each stage, so that the transpose skips
-their product; else the stage's state) when they fit TAPE_BYTES (the backward pass then costs about one forward
-run more), else every step's
-state (each step is recomputed once, with its stages), else the state at every K-th step,
+The tape (what the backward pass reads of the forward one) is chosen by memory (`Tape`): every step's state,
+and the stage tokens (Transport.rate_token: on S^1's matrix path the rows (rho, v) of each stage, so that the
+transpose skips their product; else the stage's state) of as many of the first steps as fit TAPE_BYTES beside
+them (a step whose tokens are kept costs the backward pass no recomputation; one without is recomputed once,
+with its stages), else the state at every K-th step,
 K = control.checkpoint_every or ceil(sqrt(steps)) (segments recomputed: one forward run more).  Memory in
 the last case: (steps / K + K + 1) states per member, about 2 sqrt(steps) x 16 (lmax + 1) bytes on S^1 and
 2 sqrt(steps) x 16 (lmax + 1)^2 bytes on S^2.  None changes the gradient beyond round-off.
@@ -186,7 +186,7 @@ class ControlledForward:
             current["drive"], current["factors"] = drives[plan.interval.layer], self.factors(plan)
 
         def step(state):
-            keep = [] if tape is not None and tape.stages else None
+            keep = [] if tape is not None and tape.keeps_next() else None
             state = self.problem.step(state, current["drive"], current["factors"], keep)
             hooks.kept = keep[0] if keep else None
             return state
@@ -262,22 +262,29 @@ class TapeHooks(Hooks):
 
 
 class Tape:
-    """What the forward pass keeps for the backward one (module docstring): per step n (numbered from 1 after
-    the start) its stages' tokens (`stages`: ForwardProblem.step's, what the transport's transpose reads), and its
-    end state at every `every`-th step."""
+    """What the forward pass keeps for the backward one (module docstring): its end state at every `every`-th
+    step, and for the steps n = 1..`token_steps` (numbered from 1 after the start) their stages' tokens
+    (ForwardProblem.step's, what the transport's transpose reads; none with `tokens` False: the continuous
+    gradient reads states only)."""
 
-    def __init__(self, forward: ControlledForward, states: torch.Tensor, every: int):
+    def __init__(self, forward: ControlledForward, states: torch.Tensor, every: int, tokens: bool = True):
         self.forward = forward
         scheme, transport = forward.problem.scheme, forward.problem.transport
         state_bytes = states.numel() * states.element_size()
-        token_bytes = transport.token_size() * states.shape[0] * states.element_size()
-        self.stages = every == 0 and forward.steps * (scheme.stages_count * token_bytes + state_bytes) <= TAPE_BYTES
+        step_tokens_bytes = scheme.stages_count * transport.token_size() * states.shape[0] * states.element_size()
+        self.token_steps = 0
         if every == 0:
             every = 1 if forward.steps * state_bytes <= TAPE_BYTES else max(1, math.ceil(math.sqrt(forward.steps)))
+            if every == 1 and tokens:
+                self.token_steps = min(forward.steps, (TAPE_BYTES - forward.steps * state_bytes) // step_tokens_bytes)
         self.every = every
         self.states = {0: states}
         self.stage_tokens = {}
         self.count = 0
+
+    def keeps_next(self) -> bool:
+        """Whether the next step's stage tokens are to be kept."""
+        return self.count < self.token_steps
 
     def record(self, plan: Plan, done: int, state: torch.Tensor, kept: list | None) -> None:
         self.count += 1
@@ -308,7 +315,7 @@ class Tape:
                                                  forward.factors(plan))
 
             def stages(n, plan, states=states):
-                if self.stages:
+                if n in self.stage_tokens:
                     return self.stage_tokens[n]
                 keep = []
                 forward.problem.step(states[n - 1], controls_drives[plan.interval.layer], forward.factors(plan), keep)
@@ -448,7 +455,7 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
     NumericalFailure of its forward run; the adjoint's coefficients are kept at the steps in `keep`."""
     problem, basis = forward.problem, forward.problem.basis
     operator = AdjointOperator(forward)
-    tape = Tape(forward, states, forward.case["control"]["checkpoint_every"])
+    tape = Tape(forward, states, forward.case["control"]["checkpoint_every"], tokens=False)
     members, d = states.shape[0], basis.dim
     shape = problem.transport.coefficient_shape
     with torch.no_grad():

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import solvers.adjoint as adjoint
 from solvers.adjoint import (ControlledForward, central_differences, coefficients_to_field, continuous_gradient,
                              discrete_gradient, evaluate_cost)
 from spherepde.case import case_from_dict
@@ -137,6 +138,22 @@ def test_checkpointing_does_not_change_the_gradient():
     every_step = ControlledForward(training_case(control={"checkpoint_every": 1}))
     assert torch.allclose(discrete_gradient(forward, c0, controls).dW, discrete_gradient(every_step, c0, controls).dW,
                           rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("kernel, dim", [("unnormalized", 2), ("softmax", 3)])
+def test_a_tape_keeping_the_tokens_of_some_steps_gives_the_gradient_of_one_keeping_all(monkeypatch, kernel, dim):
+    """Steps whose stage tokens did not fit the tape are recomputed in the backward pass: the same arithmetic,
+    so the same dW bit for bit, whichever steps those are."""
+    case = training_case(kernel, dim=dim, lmax=12 if dim == 2 else 6)
+    forward, c0, controls = setup(case)
+    whole = discrete_gradient(forward, c0, controls).dW
+    state_bytes = forward.initial().numel() * 8
+    step_bytes = forward.problem.scheme.stages_count * forward.problem.transport.token_size() * 8
+    monkeypatch.setattr(adjoint, "TAPE_BYTES", forward.steps * state_bytes + 3 * step_bytes)
+    tape = adjoint.Tape(forward, forward.initial(), 0)
+    assert (tape.every, tape.token_steps) == (1, 3) and forward.steps > 3
+    partial = discrete_gradient(forward, c0, controls).dW
+    assert torch.equal(partial, whole)
 
 
 @pytest.mark.slow
