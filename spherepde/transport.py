@@ -284,6 +284,11 @@ class MatrixPath:
         # the transposes, contiguous: a product with a transposed view runs slower on the CPU
         self.rows, self.divergence = rows_t.transpose(-1, -2).contiguous(), divergence_t.T.contiguous()
         self.single_frame = kind == "unnormalized" and rows_t.shape[0] == 1 and transport.frame.shape[0] == 1
+        if self.single_frame:
+            # the transpose's cotangent of the rows (rho, v) is (v f_bar, rho f_bar) = swap(y * f_bar): kept in
+            # the swapped order, (rho_bar, v_bar) -> (v_bar, rho_bar), with the rows' blocks swapped to match
+            self.first, points = rows_t[0], self.points
+            self.swapped_rows = torch.cat([self.rows[0, points:], self.rows[0, :points]]).contiguous()
 
     @classmethod
     def build(cls, transport: Transport, matrix_bytes: int) -> "MatrixPath | None":
@@ -328,7 +333,9 @@ class MatrixPath:
         return flat
 
     def drive_part(self, drive_bar: torch.Tensor) -> torch.Tensor:
-        """The cotangent of a from that of the drive."""
+        """The cotangent of a from that of the drive (`vjp`'s; in the swapped order on the single-frame path)."""
+        if self.single_frame:
+            return drive_bar[:, :self.points]
         return drive_bar[:, self.points:] if self.kind == "unnormalized" else drive_bar
 
     def _rows(self, state: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -356,18 +363,16 @@ class MatrixPath:
         return rho, drive.reshape(u.shape) + u
 
     def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """S^1 with one operator: (the rate, the rows y = (rho, v)), few operations."""
-        y = torch.addmm(drive, state, self.rows_t[0])
-        return (y[:, :self.points] * y[:, self.points:]) @ self.divergence_t, y
+        """S^1 with one operator: (the rate, the rows y = (rho, v)), in three operations."""
+        y = torch.addmm(drive, state, self.first)
+        return y.view(-1, 2, self.points).prod(1) @ self.divergence_t, y
 
     def vjp_rows(self, y: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """S^1 with one operator: the transpose from the rows y = (rho, v): y_bar = (v f_bar, rho f_bar)."""
-        points = self.points
+        """S^1 with one operator: the transpose from the rows y = (rho, v), with f_bar = D^T b their cotangent
+        y_bar = (v f_bar, rho f_bar), formed swapped (y * f_bar, no slicing) and returned so as the drive's."""
         f_bar = b @ self.divergence
-        y_bar = torch.empty_like(y)
-        torch.mul(y[:, points:], f_bar, out=y_bar[:, :points])
-        torch.mul(y[:, :points], f_bar, out=y_bar[:, points:])
-        return y_bar @ self.rows[0], y_bar
+        swapped = (y.view(-1, 2, self.points) * f_bar[:, None]).view(y.shape)
+        return swapped @ self.swapped_rows, swapped
 
     def rate(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
         if self.single_frame:
@@ -379,7 +384,7 @@ class MatrixPath:
     def vjp(self, state: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         members, points = state.shape[0], self.points
         if self.single_frame:
-            return self.vjp_rows(torch.addmm(drive, state, self.rows_t[0]), b)
+            return self.vjp_rows(torch.addmm(drive, state, self.first), b)
         rho, v = self.velocity(state, drive)
         f_bar = (b @ self.divergence).reshape(v.shape)
         v_bar = rho[:, None] * f_bar
