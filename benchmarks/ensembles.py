@@ -163,25 +163,29 @@ def particle_costs(members: int, t_end: float, repeats: int) -> dict:
 def sphere_costs(members: int, repeats: int) -> dict:
     """Seconds of a forward step of `members` copies of the S^2 spectral case, per member."""
     from solvers.eulerian import ForwardProblem
+
+    problem = ForwardProblem([load(S2_CASE, S2)] * members)
+    return {"step": step_seconds(problem, repeats) / members, "path": problem.transport.path,
+            "field": problem.kernels.name}
+
+
+def step_seconds(problem, repeats: int, dt: float = 0.01) -> float:
+    """Seconds of one forward step of all of `problem`'s members (after a warm-up step)."""
     from solvers.timegrid import Plan, TimeGrid
 
-    case = load(S2_CASE, S2)
-    problem = ForwardProblem([case] * members)
+    members = problem.batch.members
     state = problem.initial()
-    dt = 0.01
     factors = problem.factors(Plan(TimeGrid(dt, dt).intervals[0], np.full(members, 1), np.full(members, dt)))
     drive = problem.transport.feed_forward(problem.batch.W)
     with torch.no_grad():
         problem.step(state, drive, factors)
-        seconds = clock(lambda: problem.step(state, drive, factors), repeats)
-    return {"step": seconds / members, "path": problem.transport.path, "field": problem.kernels.name}
+        return clock(lambda: problem.step(state, drive, factors), repeats)
 
 
 def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
     """Seconds of a forward step per path (forced) and the path Transport's estimate picks."""
     import spherepde.transport as transport
     from solvers.eulerian import ForwardProblem
-    from solvers.timegrid import Plan, TimeGrid
 
     case = load(path, overrides)
     out = {}
@@ -195,13 +199,7 @@ def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
             problem.transport.path = "matrix"
         if problem.transport._matrices is None and forced == "matrix":
             continue
-        state = problem.initial()
-        dt = 0.01
-        factors = problem.factors(Plan(TimeGrid(dt, dt).intervals[0], np.full(members, 1), np.full(members, dt)))
-        drive = problem.transport.feed_forward(problem.batch.W)
-        with torch.no_grad():
-            problem.step(state, drive, factors)
-            out[forced] = clock(lambda: problem.step(state, drive, factors), repeats)
+        out[forced] = step_seconds(problem, repeats)
     out["chosen"] = chosen
     return out
 

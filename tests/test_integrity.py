@@ -45,18 +45,7 @@ def stopped_run(folder, text, every_steps, checkpoints):
     case = folder / "case.toml"
     case.write_text(text)
     output = folder / "out.nc"
-    checkpoint = Checkpoint(output, every_steps=every_steps)
-    written = []
-
-    def stop(state, segment, steps):
-        Checkpoint.write(checkpoint, state, segment, steps)
-        written.append(steps)
-        if len(written) == checkpoints:
-            raise KeyboardInterrupt
-
-    checkpoint.write = stop
-    with pytest.raises(KeyboardInterrupt):
-        spherepde.run(spherepde.load_case(case), progress=False, checkpoint=checkpoint)
+    interrupt(case, output, checkpoints, every_steps)
     return case, output
 
 

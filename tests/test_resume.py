@@ -99,9 +99,10 @@ def test_sigkill_midway_then_resume_is_bit_identical(tmp_path, capsys):
     assert not os.path.exists(checkpoint_folder(output))
 
 
-def interrupt(case, output, checkpoints: int) -> None:
-    """Run `case`, checkpointing every 2 steps, and stop it at its `checkpoints`-th checkpoint, as a kill would."""
-    checkpoint = Checkpoint(output, every_steps=2)
+def interrupt(case, output, checkpoints: int, every_steps: int = 2) -> None:
+    """Run `case`, checkpointing every `every_steps` steps (a training: evaluations), and stop it at its
+    `checkpoints`-th checkpoint, as a kill would."""
+    checkpoint = Checkpoint(output, every_steps=every_steps)
     written = []
 
     def stop(state, segment, steps):
