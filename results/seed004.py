@@ -1,0 +1,645 @@
+"""Seed 004 at the seed's scale: every row of its main table and of its ablation table (issue 25).
+
+    OMP_NUM_THREADS=1 python3 results/seed004.py [--rows KEY ...] [--workers 2] [--report-only]
+
+The seed (../shared/seeds/004, now DESIGN's seed-004 section): S^1, N = 64 tokens, depth T = 80, A = diag(1, lambda_2)
+as B = V, the unnormalized kernel at beta = 1, eps = 1e-2, lambda_reg = 0.01, W_t piecewise constant on 40 slices of
+width 2, 20 independent runs per row.  Every row of both tables is one entry of ROWS: a case file of cases/ and
+the overrides that make the row.  For each row:
+
+- particles: 20 trainings of N tokens, particles.seed = 0..19 (the initial sample and the noise path: common
+  random numbers, so each run's J is a smooth function of W), batched in one program (solvers/particle_training.py),
+  L-BFGS from W = 0 to control.tol = 1e-7 (scipy's ftol and gtol) or 300 iterations; Heun with the Strang-split
+  geodesic noise at particles.dt = PARTICLE_DT (see PARTICLE_DT for why that step is enough);
+- Eulerian: the mean-field training of the same case (discrete gradient, L-BFGS, the same tolerance) on the grid
+  EULERIAN_GRID, and its J at the trained W on the finer CHECK_GRID (the report prints both: that is how we know
+  J is converged), where eps >= 1e-2; below that a grid that resolves the Gibbs width costs hours per evaluation
+  (see the row's note), so those rows have particles only.
+
+Each run's summary (everything the report reads: the diagnostics at the save times, W, the J history, the full
+case text of every member, the commit, the CPU seconds) is written to results/seed004_runs/<row>.<kind>.json,
+which is committed.  A run is redone only when its case texts differ from the summary's, so on a fresh clone
+`--report-only` rewrites results/seed004.md and its figures from the summaries in seconds.
+
+What the report measures per run, from the stored series (spherepde.turnpike): the three-phase test on the
+energy gap (particles: the interaction energy, the entropy of 64 atoms being undefined; Eulerian: the free
+energy), the plateau and boundary-layer widths, the terminal displacement (angle of the mean at T minus at the
+save nearest the plateau's middle) and the fitted terminal rate (least-squares slope of log(gap - gap on the
+plateau) over the terminal layer, the seed's "fitted a").
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SUMMARIES = ROOT / "results" / "seed004_runs"
+REPORT = ROOT / "results" / "seed004.md"
+SEEDS = range(20)
+TRAINING = ["control.optimizer='lbfgs'", "control.tol=1e-7", "control.iterations=300"]
+# The particles' step.  Heun is of order 2 for the drift, and the Strang-split geodesic noise of weak order 2:
+# at the Eulerian optimum of align lambda_2 = 0.65 without noise (eps = 0, where one path is the whole law),
+# the angle of the mean at T = 80 is 1.56840 at dt = 0.0125, 1.56836 at 0.025, 1.56819 at 0.05, 1.56752 at
+# 0.1 (J 0.009359, ..., 0.009361): the step's bias at 0.1, 9e-4 rad in the displacement and 2e-4 of J, is
+# below the standard error of a mean over 20 runs (the seed's 0.010 / sqrt(20) = 2e-3 rad).
+PARTICLE_DT = 0.1
+EULERIAN_GRID = ["sphere.lmax=64", "time.dt=0.02", "solver.field='dense'", "control.gradient='discrete'"]
+CHECK_GRID = ["sphere.lmax=128", "time.dt=0.01", "solver.field='dense'"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of a seed table: cases/<case>.toml with `overrides`; N tokens; `trained` (else W = 0 throughout);
+    `eulerian`: None where the row has an Eulerian run, else why it has none; `seed`: the seed's values of the
+    row's cells, as the seed prints them."""
+
+    key: str
+    title: str
+    case: str
+    overrides: tuple = ()
+    n: int = 64
+    trained: bool = True
+    eulerian: str | None = None
+    eulerian_trained: bool = True  # False: the Eulerian run is at W = 0, to see how far the grid resolves it
+    same_as: str | None = None  # a row whose runs this row's are (the ablation's base is a main-table row)
+    seed: dict = field(default_factory=dict)
+
+
+UNRESOLVED = ("no Eulerian training: the Gibbs width sqrt(eps / lambda_1) = {width:.3f} rad needs lmax ~ {lmax} and "
+              "dt ~ {dt:g} (explicit advection), about {hours:g} CPU hours per evaluation of J and dJ/dW")
+
+ROWS = [
+    Row("no-train", "no-train, lambda_2 = 0.65", "seed004-no-train", trained=False,
+        seed={"phases": "collapse, locked in one cluster", "displacement": 0.0, "rate": 0.0}),
+    Row("align-l020", "align, lambda_2 = 0.20", "seed004-align-l020",
+        seed={"phases": "three phases, deep plateau", "displacement": 1.55, "rate": 0.19, "R": 0.18}),
+    Row("align-l065", "align, lambda_2 = 0.65", "seed004-align-l065",
+        seed={"phases": "three phases", "displacement": 1.55, "rate": 0.08, "R": 0.07}),
+    Row("align-l080", "align, lambda_2 = 0.80", "seed004-align-l080",
+        seed={"phases": "plateau weakens", "rate": 0.03, "R": 0.02}),
+    Row("bow-k2", "bow, kappa_cand = 2", "seed004-bow-k2",
+        seed={"displacement": 0.763, "displacement_sd": 0.343, "rate": 2.10, "R": 2.15}),
+    Row("bow-k10", "bow, kappa_cand = 10", "seed004-bow-k10",
+        seed={"displacement": 0.169, "displacement_sd": 0.006, "rate": 0.35, "R": 0.38}),
+    Row("seeds", "20 seeds (align, lambda_2 = 0.65)", "seed004-align-l065", same_as="align-l065",
+        seed={"three_phase": 20, "plateau": 71.2, "displacement": 1.554, "displacement_sd": 0.010, "rate": 0.246,
+              "rate_sd": 0.007}),
+    Row("eps-0", "eps = 0", "seed004-align-l065", ("model.eps=0.0",), eulerian_trained=False,
+        seed={"three_phase": 20}),
+    Row("eps-1e-4", "eps = 1e-4", "seed004-eps-1e-4",
+        eulerian=UNRESOLVED.format(width=0.01, lmax=1300, dt=1e-3, hours=2),
+        seed={"three_phase_of": ("eps-1e-4", "eps-1e-3", "align-l065"), "three_phase": 59, "plateau_range": (70, 71)}),
+    Row("eps-1e-3", "eps = 1e-3", "seed004-eps-1e-3",
+        eulerian=UNRESOLVED.format(width=0.032, lmax=416, dt=2.5e-3, hours=0.2)),
+    Row("eps-1e-1", "eps = 0.1", "seed004-eps-1e-1", seed={"three_phase": 0}),
+    Row("T40", "T = 40", "seed004-align-T40", seed={"three_phase": 20, "plateau": 32.0, "initial": 2.67,
+                                                    "terminal": 5.33}),
+    Row("T80", "T = 80", "seed004-align-l065", same_as="align-l065",
+        seed={"three_phase": 20, "plateau": 71.2, "initial": 2.67, "terminal": 6.15}),
+    Row("T120", "T = 120", "seed004-align-T120", seed={"three_phase": 20, "plateau": 109.7, "initial": 2.67,
+                                                       "terminal": 7.62}),
+    Row("N32", "N = 32", "seed004-align-l065", n=32, eulerian="the Eulerian run is align-l065's (N does not enter)",
+        seed={"three_phase_of": ("N32", "N64", "N128"), "three_phase": 60}),
+    Row("N64", "N = 64", "seed004-align-l065", same_as="align-l065"),
+    Row("N128", "N = 128", "seed004-align-l065", n=128, eulerian="the Eulerian run is align-l065's (N does not enter)"),
+    Row("lambda-0.01", "lambda_reg = 0.01", "seed004-align-l065", same_as="align-l065",
+        seed={"three_phase": 20, "displacement": 1.560, "displacement_sd": 0.008}),
+    Row("lambda-0", "lambda_reg = 0", "seed004-align-l065", ("control.lambda_reg=0.0",), seed={"three_phase": 20}),
+]
+BY_KEY = {row.key: row for row in ROWS}
+
+
+def runs_of(row: Row) -> Row:
+    """The row whose runs `row` reports (itself unless it repeats another)."""
+    return BY_KEY[row.same_as] if row.same_as else row
+
+
+def load_case(row: Row, overrides: list):
+    import spherepde
+
+    return spherepde.load_case(ROOT / "cases" / f"{row.case}.toml", list(row.overrides) + overrides)
+
+
+def particle_cases(row: Row) -> list:
+    shared = ["solver.method='particles'", f"particles.n={row.n}", f"particles.dt={PARTICLE_DT}"]
+    return [load_case(row, shared + (TRAINING if row.trained else []) + [f"particles.seed={seed}"]) for seed in SEEDS]
+
+
+def eulerian_case(row: Row, grid: list = EULERIAN_GRID):
+    training = (TRAINING if row.eulerian_trained else ["control.iterations=0"]) if row.trained else []
+    return load_case(row, training + grid)
+
+
+def summary_path(row: Row, kind: str) -> Path:
+    return SUMMARIES / f"{row.key}.{kind}.json"
+
+
+def planned_cases(row: Row, kind: str) -> list:
+    return [case.text for case in (particle_cases(row) if kind == "particles" else [eulerian_case(row)])]
+
+
+def is_current(row: Row, kind: str) -> bool:
+    """The summary exists and was made from the cases the plan holds now."""
+    path = summary_path(row, kind)
+    if not path.exists():
+        return False
+    return json.loads(path.read_text())["cases"] == planned_cases(row, kind)
+
+
+def commit() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                          text=True, check=False).stdout.strip() or "unknown"
+
+
+def rounded(values, digits: int = 10):
+    """Nested lists of floats with `digits` significant digits (the summaries' size; the report reads 4)."""
+    return json.loads(json.dumps(np.asarray(values, dtype=float).tolist()), parse_float=lambda text: float(
+        f"{float(text):.{digits}g}"))
+
+
+def write_summary(row: Row, kind: str, summary: dict) -> None:
+    """JSON written beside the target, then renamed (no half-written summary)."""
+    SUMMARIES.mkdir(parents=True, exist_ok=True)
+    path = summary_path(row, kind)
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(summary, indent=1) + "\n")
+    os.replace(temporary, path)
+
+
+def run_particles(key: str) -> str:
+    """Train the row's 20 particle systems in one batch and write their summary."""
+    from spherepde.ensemble import run_batch
+
+    row = BY_KEY[key]
+    cases = particle_cases(row)
+    start = time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        outcomes = run_batch(cases, progress=False)
+    seconds = time.process_time() - start
+    members = []
+    for seed, outcome in zip(SEEDS, outcomes):
+        dataset = outcome if not isinstance(outcome, Exception) else getattr(outcome, "dataset", None)
+        member = {"seed": seed, "status": "completed" if dataset is outcome else f"failed: {outcome}"}
+        if dataset is not None:
+            member.update({
+                "iterations": int(dataset.sizes.get("iteration", 1) - 1),
+                "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
+                "loss": rounded(dataset["loss"].values), "W": rounded(dataset["W"].values),
+                "mean": rounded(dataset["mean"].values), "interaction_energy": rounded(dataset["interaction_energy"].values)})
+            if seed == SEEDS[0]:
+                points = dataset["particles"].values
+                member["particle_angle"] = rounded(np.arctan2(points[..., 1], points[..., 0]), 6)
+        members.append(member)
+    times = next(o for o in outcomes if not isinstance(o, Exception))["time"].values
+    write_summary(row, "particles", {"row": key, "kind": "particles", "commit": commit(), "cpu_seconds": seconds,
+                                     "particle_dt": PARTICLE_DT, "times": rounded(times), "members": members,
+                                     "cases": [case.text for case in cases]})
+    return f"{key} particles: {seconds:.0f} CPU s"
+
+
+def run_eulerian(key: str) -> str:
+    """The row's Eulerian training, its J at the trained W on CHECK_GRID, and their summary."""
+    import torch
+
+    import spherepde
+    from solvers.adjoint import ControlledForward, evaluate_cost
+    from spherepde.errors import NumericalFailure
+    from spherepde.initial import initial_density
+
+    row = BY_KEY[key]
+    case = eulerian_case(row)
+    start = time.process_time()
+    status = "completed"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+            dataset = spherepde.run(case, progress=False)
+            check = ControlledForward(eulerian_case(row, CHECK_GRID))
+            c0 = initial_density(check.case["initial"], check.problem.basis)
+            check_cost = evaluate_cost(check, c0, torch.as_tensor(dataset["W"].values))
+        except NumericalFailure as failure:  # eps = 0: the run up to its last good state
+            dataset, status, check_cost = failure.dataset, f"failed: {failure}", math.nan
+    seconds = time.process_time() - start
+    attributes = {name: float(dataset.attrs.get(name, math.nan)) for name in (
+        "rayleigh_quotient", "escape_rate", "terminal_energy_rate", "min_energy", "plateau_width", "terminal_displacement")}
+    series = {name: rounded(dataset[name].values if name in dataset else []) for name in (
+        "loss", "W", "mean", "free_energy", "interaction_energy", "adjoint_norm")}
+    write_summary(row, "eulerian", {
+        "row": key, "kind": "eulerian", "commit": commit(), "cpu_seconds": seconds, "status": status,
+        "grid": EULERIAN_GRID, "check_grid": CHECK_GRID, "check_cost": check_cost, "attributes": attributes,
+        "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
+        "resolved_until": dataset.attrs.get("resolved_until"), "times": rounded(dataset["time"].values)} | series
+        | {"cases": [case.text]})
+    return f"{key} eulerian: {seconds:.0f} CPU s"
+
+
+def pending(keys: list) -> list:
+    """(runner, row key) of every run of the rows `keys` whose summary is missing or stale."""
+    jobs = []
+    for key in keys:
+        row = runs_of(BY_KEY[key])
+        if not is_current(row, "particles"):
+            jobs.append((run_particles, row.key))
+        if row.eulerian is None and not is_current(row, "eulerian"):
+            jobs.append((run_eulerian, row.key))
+    return sorted(dict.fromkeys(jobs), key=estimated_cost, reverse=True)
+
+
+def estimated_cost(job) -> float:
+    """Relative CPU cost of a run (longest first keeps the workers busy to the end): the particles' pair sums
+    grow as N^2 per unit depth, the Eulerian grid is the same for every row."""
+    runner, key = job
+    row = BY_KEY[key]
+    t_end = load_case(row, [])["time"]["t_end"]
+    return t_end * (row.n / 64) ** 2 if runner is run_particles else 0.5 * t_end
+
+
+def execute(jobs: list, workers: int) -> None:
+    print(f"seed004: {len(jobs)} runs to make: " + ", ".join(f"{key} ({runner.__name__[4:]})" for runner, key in jobs),
+          file=sys.stderr, flush=True)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for line in pool.map(_call, jobs):
+            print(line, file=sys.stderr, flush=True)
+
+
+def _call(job):
+    runner, key = job
+    return runner(key)
+
+
+# ---------------------------------------------------------------------------------------
+# The report, from the summaries alone
+# ---------------------------------------------------------------------------------------
+
+VERDICT_RULE = (
+    "Verdicts, by rules fixed before any run: a count (three phases in k of n runs) agrees when Fisher's exact test "
+    "of ours against the seed's gives p >= 0.05; a mean the seed gives with its spread over 20 runs agrees when the "
+    "two means differ by at most twice the standard error of their difference, sqrt(sd_seed^2 / 20 + sd_ours^2 / 20); "
+    "a value the seed gives alone (a mean without spread, or a single figure) agrees when it lies within twice our "
+    "standard error of our mean, widened by half a unit of the seed's last printed digit; a range (\"70 ~ 71\") "
+    "when our mean +- two standard errors meets it.  The Eulerian value is printed beside the particles' but the "
+    "verdict is the particles' (the seed's are particle runs).")
+
+
+def run_measures(times: np.ndarray, gap: np.ndarray, mean: np.ndarray) -> dict:
+    """The seed's measures of one run from its energy gap and mean at the save times: the three-phase test and its
+    widths (spherepde.turnpike.phases), the terminal displacement and the fitted terminal rate a, the slope of
+    log(gap - gap on the plateau) over the terminal layer (the gap grows like exp(a t) towards T)."""
+    from spherepde import turnpike
+
+    test = turnpike.phases(times, gap)
+    angle = turnpike.mean_angle(mean)
+    middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
+    return {"three_phase": test["three_phase"], "escape": test["terminal_lift"] >= 0.1,
+            "plateau": test["plateau_width"], "initial": test["initial_width"], "terminal": test["terminal_width"],
+            "displacement": float(angle[-1] - angle[middle]),
+            "rate": turnpike.exponential_rate(times, gap - test["gap_reference"], test["plateau_end"])}
+
+
+def rate_variants(times: np.ndarray, gap: np.ndarray, mean: np.ndarray, W: np.ndarray) -> dict:
+    """Other fits of the seed's "fitted a" over the terminal layer (t >= the plateau's end), per unit depth: of the
+    control's size |W_l|_F at the slices' start times (the adjoint theory's amplification: W_t ∝ grad phi_t),
+    of the angle the mean has turned since the plateau's middle, and of sqrt(gap) (the gap is quadratic in a
+    small displacement); each per layer of width T / layers is twice these at T = 80, 40 layers."""
+    from spherepde import turnpike
+
+    test = turnpike.phases(times, gap)
+    end = test["plateau_end"]
+    layer_times = np.arange(W.shape[0]) * times[-1] / W.shape[0]
+    angle = turnpike.mean_angle(mean)
+    middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + end))))
+    lift = gap - test["gap_reference"]
+    return {"W": turnpike.exponential_rate(layer_times, np.linalg.norm(W, axis=(1, 2)), end),
+            "angle": turnpike.exponential_rate(times, np.abs(angle - angle[middle]), end),
+            "sqrt_gap": turnpike.exponential_rate(times, np.sqrt(np.clip(lift, 0, None)), end)}
+
+
+def particle_measures(summary: dict) -> list:
+    times = np.array(summary["times"])
+    out = []
+    for member in summary["members"]:
+        if member["status"] == "completed":
+            gap, mean = np.array(member["interaction_energy"]), np.array(member["mean"])
+            out.append(run_measures(times, gap, mean) | {
+                "variants": rate_variants(times, gap, mean, np.array(member["W"]))})
+    return out
+
+
+def eulerian_measures(summary: dict) -> dict:
+    times = np.array(summary["times"])
+    gap = np.array(summary["free_energy"]) - summary["attributes"]["min_energy"]
+    mean = np.array(summary["mean"])
+    return run_measures(times, gap, mean) | {
+        "R": summary["attributes"]["rayleigh_quotient"], "J": summary["loss"][-1], "check": summary["check_cost"],
+        "escape_rate": summary["attributes"]["escape_rate"],
+        "variants": rate_variants(times, gap, mean, np.array(summary["W"]))}
+
+
+def read_summaries(folder: Path) -> dict:
+    """{(row key, kind): summary} of every summary in `folder`."""
+    return {(path.name.split(".")[0], path.name.split(".")[1]): json.loads(path.read_text())
+            for path in sorted(folder.glob("*.json"))}
+
+
+def digits_unit(value: float) -> float:
+    """Half a unit of the last digit `value` is printed with in the seed (ROWS hold them as printed)."""
+    text = repr(float(value)).rstrip("0").rstrip(".")
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return 0.5 * 10.0 ** -decimals
+
+
+def mean_sd(values) -> tuple:
+    values = np.asarray([v for v in values if np.isfinite(v)], dtype=float)
+    if values.size == 0:
+        return math.nan, math.nan, 0
+    return float(values.mean()), float(values.std(ddof=1)) if values.size > 1 else math.nan, values.size
+
+
+def verdict_of_mean(ours: tuple, seed: float, seed_sd: float | None = None) -> str:
+    mean, sd, count = ours
+    if count < 2 or not np.isfinite(mean):
+        return "no measurement"
+    if seed_sd is not None:
+        bound = 2 * math.sqrt(seed_sd ** 2 / 20 + sd ** 2 / count)
+    else:
+        bound = 2 * sd / math.sqrt(count) + digits_unit(seed)
+    return "agrees" if abs(mean - seed) <= bound else "disagrees"
+
+
+def verdict_of_count(ours: int, total: int, seed: int, seed_total: int) -> str:
+    from scipy.stats import fisher_exact
+
+    if total == 0:
+        return "no measurement"
+    p = fisher_exact([[ours, total - ours], [seed, seed_total - seed]])[1]
+    return f"{'agrees' if p >= 0.05 else 'disagrees'} (p = {p:.2g})"
+
+
+def fmt(value: float, digits: int = 3) -> str:
+    return "n/a" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def fmt_mean(ours: tuple, digits: int = 3) -> str:
+    mean, sd, count = ours
+    return "n/a" if count == 0 else f"{mean:.{digits}f} +- {fmt(sd, digits)}"
+
+
+def cells(row: Row, measures: dict, eulerian: dict | None) -> list:
+    """The report's lines for the seed's cells of `row`: (quantity, seed, particles, Eulerian, verdict)."""
+    seed, runs = row.seed, measures.get(runs_of(row).key)
+    if runs is None:
+        return [("(all)", "", "not run yet", "", "")]
+    out = []
+    phased = sum(run["three_phase"] for run in runs)
+    euler = (lambda key, digits=3: fmt(eulerian[key], digits) if eulerian else "-")
+    if "three_phase_of" in seed:
+        pooled = [measures.get(runs_of(BY_KEY[key]).key) for key in seed["three_phase_of"]]
+        if all(pooled):
+            count, total = sum(sum(r["three_phase"] for r in p) for p in pooled), sum(len(p) for p in pooled)
+            rows = ", ".join(seed["three_phase_of"])
+            out.append((f"three phases, pooled over {rows}", f"{seed['three_phase']} / {20 * len(pooled)}",
+                        f"{count} / {total}", "", verdict_of_count(count, total, seed["three_phase"], 20 * len(pooled))))
+        else:
+            out.append(("three phases, pooled", f"{seed['three_phase']} / {20 * len(pooled)}", "not all rows run", "", ""))
+    elif "three_phase" in seed:
+        out.append(("three phases", f"{seed['three_phase']} / 20", f"{phased} / {len(runs)}",
+                    ("true" if eulerian["three_phase"] else "false") if eulerian else "-",
+                    verdict_of_count(phased, len(runs), seed["three_phase"], 20)))
+    elif "phases" in seed:
+        out.append(("phases", seed["phases"], f"three phases in {phased} / {len(runs)}",
+                    ("three phases" if eulerian["three_phase"] else "not three phases") if eulerian else "-",
+                    "see the notes"))
+    if row.key == "eps-1e-1":
+        escaped = sum(run["escape"] for run in runs)
+        out.append(("terminal escape (lift >= 0.1)", "20 / 20", f"{escaped} / {len(runs)}",
+                    ("true" if eulerian["escape"] else "false") if eulerian else "-",
+                    verdict_of_count(escaped, len(runs), 20, 20)))
+    for key, name, digits in (("plateau", "plateau width", 1), ("initial", "initial layer width", 2),
+                              ("terminal", "terminal layer width", 2), ("displacement", "terminal displacement (rad)", 3),
+                              ("rate", "fitted terminal rate a", 3)):
+        if key in seed:
+            ours = mean_sd(run[key] for run in runs)
+            spread = seed.get(f"{key}_sd")
+            shown = f"{seed[key]}" + (f" +- {spread}" if spread is not None else "")
+            out.append((name, shown, fmt_mean(ours, digits), euler(key, digits), verdict_of_mean(ours, seed[key], spread)))
+    if "plateau_range" in seed:
+        low, high = seed["plateau_range"]
+        mean, sd, count = ours = mean_sd(run["plateau"] for run in runs)
+        reach = 2 * sd / math.sqrt(count) if count > 1 else math.nan
+        agrees = mean - reach <= high + 0.5 and mean + reach >= low - 0.5
+        out.append(("plateau width", f"{low} ~ {high}", fmt_mean(ours, 1), euler("plateau", 1),
+                    "agrees" if agrees else "disagrees"))
+    if "R" in seed:
+        out.append(("Rayleigh quotient R (theory)", f"{seed['R']}", "", euler("R"),
+                    "agrees" if eulerian and abs(eulerian["R"] - seed["R"]) <= digits_unit(seed["R"]) else
+                    "disagrees" if eulerian else "no measurement"))
+    return out
+
+
+def report_text(summaries: dict) -> str:
+    measures = {key: particle_measures(summary) for (key, kind), summary in summaries.items() if kind == "particles"}
+    eulerian = {key: eulerian_measures(summary) for (key, kind), summary in summaries.items()
+                if kind == "eulerian" and summary["status"] == "completed" and BY_KEY[key].eulerian_trained}
+    lines = ["# Seed 004 at the seed's scale: every cell of both tables (issue 25)", "",
+             "Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004.py --workers 2` (runs only what has no current "
+             "summary in results/seed004_runs/, then writes this report and results/seed004_*.png); "
+             "`python3 results/seed004.py --report-only` writes them from the summaries alone.", "",
+             f"Scale: S^1, N = 64 tokens (the N rows: 32, 128), T = 80 (the T rows: 40, 120) with slices of width 2, "
+             f"A = diag(1, lambda_2) as B = V, unnormalized kernel, beta = 1, eps = 1e-2, lambda_reg = 0.01, "
+             f"initial law vMF(mean (1, 0.5), kappa 1) as the case files have it.  Particles: 20 trainings per row "
+             f"(particles.seed = 0..19, common noise), Heun with split noise at dt = {PARTICLE_DT}; Eulerian: "
+             f"{' '.join(EULERIAN_GRID)}; both L-BFGS from W = 0, {' '.join(TRAINING)}.", "", VERDICT_RULE, ""]
+    for title, keys in (("Main table", ["no-train", "align-l020", "align-l065", "align-l080", "bow-k2", "bow-k10"]),
+                        ("Ablation table", ["seeds", "eps-0", "eps-1e-4", "eps-1e-3", "eps-1e-1", "T40", "T80", "T120",
+                                            "N32", "N64", "N128", "lambda-0.01", "lambda-0"])):
+        lines += [f"## {title}", "", "| row | quantity | seed | particles, mean +- sd over the runs | Eulerian | verdict |",
+                  "|---|---|---|---|---|---|"]
+        for key in keys:
+            row = BY_KEY[key]
+            source = runs_of(row).key
+            for quantity, seed, ours, euler, verdict in cells(row, measures, eulerian.get(source)):
+                lines.append(f"| {row.title} | {quantity} | {seed} | {ours} | {euler} | {verdict} |")
+        lines.append("")
+    lines += ["## Every row measured", "",
+              "| row | runs | three phases | plateau | initial / terminal layer | displacement (rad) | fitted a | "
+              "final J | Eulerian: three phases, plateau, displacement, a, R, J (check grid) | CPU s (particles, "
+              "Eulerian) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in ROWS:
+        if row.same_as or row.key not in measures:
+            continue
+        runs, summary = measures[row.key], summaries[(row.key, "particles")]
+        final = mean_sd(member["loss"][-1] for member in summary["members"] if member["status"] == "completed")
+        euler = eulerian.get(row.key)
+        euler_text = (f"{'true' if euler['three_phase'] else 'false'}, {euler['plateau']:.1f}, "
+                      f"{euler['displacement']:.3f}, {fmt(euler['rate'])}, {fmt(euler['R'])}, "
+                      f"{euler['J']:.6f} ({euler['check']:.6f})") if euler else eulerian_note(row, summaries)
+        seconds = f"{summary['cpu_seconds']:.0f}" + (f", {summaries[(row.key, 'eulerian')]['cpu_seconds']:.0f}"
+                                                     if (row.key, "eulerian") in summaries else "")
+        lines.append(
+            f"| {row.title} | {len(runs)} | {sum(r['three_phase'] for r in runs)} | "
+            f"{fmt_mean(mean_sd(r['plateau'] for r in runs), 1)} | "
+            f"{fmt_mean(mean_sd(r['initial'] for r in runs), 2)} / {fmt_mean(mean_sd(r['terminal'] for r in runs), 2)} "
+            f"| {fmt_mean(mean_sd(r['displacement'] for r in runs))} | {fmt_mean(mean_sd(r['rate'] for r in runs))} | "
+            f"{fmt_mean(final, 4)} | {euler_text} | {seconds} |")
+    lines += rate_section(measures, eulerian)
+    missing = [row.key for row in ROWS if not row.same_as and row.key not in measures]
+    lines += ["", "Rows not run yet: " + (", ".join(missing) if missing else "none") + ".", ""]
+    return "\n".join(lines)
+
+
+RATE_ROWS = ["align-l020", "align-l065", "align-l080", "bow-k2", "bow-k10"]
+VARIANTS = {"gap": "energy gap", "sqrt_gap": "sqrt(gap)", "angle": "turned angle", "W": "Frobenius norm of W_l"}
+
+
+def rate_section(measures: dict, eulerian: dict) -> list:
+    """The fitted terminal rate by each fit of VARIANTS beside the seed's a and R, and the ratio seed / ours."""
+    lines = ["", "## The escape rate: which fit gives the seed's a", "",
+             "Each fit is a least-squares slope of a log over the terminal layer (t >= the plateau's end), per unit "
+             "depth (per layer of width 2: twice these).  Particles: mean +- sd over the runs; E: the Eulerian run; "
+             "R: the Rayleigh quotient at the Gibbs minimum and the first gradient's adjoint rate (spherepde/turnpike.py, "
+             "results/seed004_escape.md), both Eulerian.  A normalisation that explains the seed would show as one "
+             "ratio seed / ours for every row.", "",
+             "| row | seed a | seed R | " + " | ".join(f"{name} (particles; E)" for name in VARIANTS.values())
+             + " | R; first-gradient rate (E) | seed a / ours, per fit |", "|---" * (5 + len(VARIANTS)) + "|"]
+    for key in RATE_ROWS + ["seeds"]:
+        row = BY_KEY[key]
+        runs, euler = measures.get(runs_of(row).key), eulerian.get(runs_of(row).key)
+        if runs is None:
+            continue
+        fits, ratios = [], []
+        for variant in VARIANTS:
+            values = [run["rate"] if variant == "gap" else run["variants"][variant] for run in runs]
+            ours = mean_sd(values)
+            mine = euler["rate"] if variant == "gap" else euler["variants"][variant] if euler else math.nan
+            fits.append(f"{fmt_mean(ours)}; {fmt(mine)}")
+            ratios.append(fmt(row.seed["rate"] / ours[0], 2) if ours[2] else "n/a")
+        theory = f"{fmt(euler['R'])}; {fmt(euler['escape_rate'])}" if euler else "-"
+        lines.append(f"| {row.title} | {row.seed['rate']} | {row.seed.get('R', '-')} | " + " | ".join(fits)
+                     + f" | {theory} | {', '.join(ratios)} |")
+    return lines
+
+
+def eulerian_note(row: Row, summaries: dict) -> str:
+    """What stands in the Eulerian column of a row without an Eulerian training."""
+    summary = summaries.get((row.key, "eulerian"))
+    if summary is None:
+        return row.eulerian or "not run yet"
+    until = summary["resolved_until"]
+    resolved = f"resolved (spectral tail <= diagnostics.tail_tol) until t = {until:g}" if until is not None else \
+        "resolved throughout"
+    ending = (f"; {summary['status'].split(': ', 1)[1].split(';')[0]}" if summary["status"] != "completed" else "")
+    return f"W = 0 on {summary['grid'][0]}: {resolved}{ending}"
+
+
+def write_report(summaries_folder: Path, target: Path) -> None:
+    """The report and its figures (beside it, seed004_*.png) from the summaries in `summaries_folder`."""
+    summaries = read_summaries(summaries_folder)
+    target.write_text(report_text(summaries))
+    write_figures(summaries, target.parent)
+
+
+def write_figures(summaries: dict, folder: Path) -> None:
+    """seed004_angles.png: the angles of one run's tokens (seed 0) along depth, per row, with the Eulerian mean's
+    angle; seed004_plateau.png: plateau width against T; seed004_rates.png: fitted terminal rate against the
+    Rayleigh quotient.  PNGs without a timestamp, so that the same summaries give the same bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spherepde import turnpike
+
+    rows = [row for row in ROWS if not row.same_as and (row.key, "particles") in summaries]
+    if not rows:
+        return
+    columns = 4
+    figure, axes = plt.subplots(math.ceil(len(rows) / columns), columns, figsize=(4 * columns, 2.6 * math.ceil(
+        len(rows) / columns)), squeeze=False, constrained_layout=True)
+    for axis, row in zip(axes.flat, rows):
+        summary = summaries[(row.key, "particles")]
+        times, angle = np.array(summary["times"]), np.array(summary["members"][0]["particle_angle"])
+        axis.plot(np.repeat(times, angle.shape[1]), angle.ravel(), ",", color="0.3")
+        if (row.key, "eulerian") in summaries:
+            euler = summaries[(row.key, "eulerian")]
+            axis.plot(euler["times"], turnpike.mean_angle(np.array(euler["mean"])), color="tab:red", lw=1,
+                      label="Eulerian mean")
+        axis.set_title(row.title, fontsize=9)
+        axis.set_ylim(-math.pi, math.pi)
+        axis.set_xlabel("depth t")
+        axis.set_ylabel("angle (rad)")
+    for axis in list(axes.flat)[len(rows):]:
+        axis.axis("off")
+    save(figure, folder / "seed004_angles.png")
+
+    depth = [row for row in (BY_KEY["T40"], BY_KEY["T80"], BY_KEY["T120"]) if (runs_of(row).key, "particles") in summaries]
+    if depth:
+        figure, axis = plt.subplots(figsize=(5, 3.6), constrained_layout=True)
+        ends = [load_case(row, [])["time"]["t_end"] for row in depth]
+        plateaus = [mean_sd(run["plateau"] for run in particle_measures(summaries[(runs_of(row).key, "particles")]))
+                    for row in depth]
+        axis.errorbar(ends, [p[0] for p in plateaus], yerr=[p[1] for p in plateaus], fmt="o-", capsize=3,
+                      label="particles, mean +- sd")
+        eulerian = [(end, eulerian_measures(summaries[(runs_of(row).key, "eulerian")])["plateau"])
+                    for end, row in zip(ends, depth) if (runs_of(row).key, "eulerian") in summaries]
+        if eulerian:
+            axis.plot(*zip(*eulerian), "s--", label="Eulerian")
+        axis.plot(ends, [row.seed["plateau"] for row in depth], "k^:", label="seed")
+        axis.set_xlabel("depth T")
+        axis.set_ylabel("plateau width")
+        axis.legend()
+        save(figure, folder / "seed004_plateau.png")
+
+    rated = [row for row in map(BY_KEY.get, RATE_ROWS) if (row.key, "eulerian") in summaries
+             and (row.key, "particles") in summaries]
+    if rated:
+        figure, axis = plt.subplots(figsize=(5, 3.6), constrained_layout=True)
+        for row in rated:
+            euler = eulerian_measures(summaries[(row.key, "eulerian")])
+            ours = mean_sd(run["rate"] for run in particle_measures(summaries[(row.key, "particles")]))
+            axis.errorbar(euler["R"], ours[0], yerr=ours[1], fmt="o", capsize=3, color="tab:blue")
+            axis.plot(euler["R"], euler["rate"], "s", color="tab:red")
+            axis.plot(row.seed["R"], row.seed["rate"], "k^")
+            axis.annotate(row.key, (euler["R"], ours[0]), fontsize=7)
+        axis.plot([], [], "o", color="tab:blue", label="ours, particles (energy-gap fit)")
+        axis.plot([], [], "s", color="tab:red", label="ours, Eulerian")
+        axis.plot([], [], "k^", label="seed (its own R)")
+        limit = max(axis.get_xlim()[1], axis.get_ylim()[1])
+        axis.plot([0, limit], [0, limit], color="0.7", lw=0.8)
+        axis.set_xlabel("Rayleigh quotient R")
+        axis.set_ylabel("fitted terminal rate a")
+        axis.legend(fontsize=7)
+        save(figure, folder / "seed004_rates.png")
+
+
+def save(figure, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    figure.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(figure)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="+", choices=list(BY_KEY), default=list(BY_KEY))
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true", help="write the report from the summaries alone")
+    args = parser.parse_args(argv)
+    if not args.report_only:
+        execute(pending(args.rows), args.workers)
+    write_report(SUMMARIES, REPORT)
+
+
+if __name__ == "__main__":
+    main()

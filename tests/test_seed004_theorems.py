@@ -1,0 +1,116 @@
+"""Seed 004's theorems as tests that can fail, each beside a case that must fail it (issue 25).
+
+The seed's energy on S^1 (spherepde/turnpike.py): E(mu) = eps int rho log rho - 1/2 int int exp(<x, A y>) dmu dmu,
+A = diag(1, lambda_2), its Gibbs minimum rho_* and gap Delta(mu) = E(mu) - E(rho_*).
+
+Local Polyak-Lojasiewicz inequality: D(mu) = int |grad dE/dmu|^2 dmu >= c_PL Delta(mu) near rho_*.  Linearised
+(s = K psi, K = -div(rho_* grad .), H the flat second variation of E): Delta = 1/2 <psi, H K psi>_K and
+D = <H K psi, H K psi>_K, so the sharp local constant is c_PL = 2 lambda_min(H K), and the slowest mode of H K
+is the rotation of the cluster, whose rate is the Rayleigh quotient R of the align gradient sin(theta)
+(tests/test_turnpike.py checks that R is the adjoint's rate).  So D / Delta >= 2 R on every small perturbation,
+with equality along the rotation.  Near the cluster at e_2 (the Gibbs fixed point in the second eigenvector's
+direction: a critical point of E that is a saddle, not a minimum), D vanishes while Delta does not: no c_PL > 0
+holds there, the case that must fail the inequality.
+"""
+
+import math
+
+import pytest
+import torch
+
+from solvers.eulerian import ForwardProblem
+from spherepde.turnpike import free_energy, gibbs_minimum, rayleigh_quotient
+
+from test_adjoint import training_case
+from test_turnpike import rotated
+
+
+def seed_problem(lambda_2=0.65, eps=1e-2, lmax=128):
+    case = training_case(lmax=lmax).with_overrides([
+        f"model.eps={eps}", f"model.B=[[1.0, 0.0], [0.0, {lambda_2}]]", f"model.V=[[1.0, 0.0], [0.0, {lambda_2}]]"])
+    return ForwardProblem(case)
+
+
+def dissipation(problem, rho: torch.Tensor, log_rho: torch.Tensor) -> float:
+    """D(mu) = int |grad (eps log rho - U[rho])|^2 rho dtheta, U[rho] = int exp(<x, A y>) rho(y) dsigma(y); log rho
+    given apart so that no logarithm of a tail of 1e-100 is taken."""
+    basis = problem.basis
+    scaled, log_scale = problem.exp_kernel(rho[..., None])
+    potential = scaled[..., 0] * torch.exp(log_scale)
+    gradient = basis.gradient(basis.analysis(problem.model.eps * log_rho - potential))
+    return float(basis.integrate((gradient * gradient).sum(-1) * rho))
+
+
+def pl_ratio(problem, log_rho: torch.Tensor, energy: float) -> float:
+    """D(mu) / Delta(mu) for the density exp(log_rho) normalised (energy: min E)."""
+    basis = problem.basis
+    log_rho = log_rho - torch.log(basis.integrate(torch.exp(log_rho)))
+    rho = torch.exp(log_rho)
+    return dissipation(problem, rho, log_rho) / (free_energy(problem.model, problem.exp_kernel, basis, rho) - energy)
+
+
+def log_gibbs(problem, rho: torch.Tensor) -> torch.Tensor:
+    """log rho up to a constant for a Gibbs fixed point rho ∝ exp(U[rho] / eps), from its smooth potential."""
+    scaled, log_scale = problem.exp_kernel(rho[..., None])
+    return scaled[..., 0] * torch.exp(log_scale) / problem.model.eps
+
+
+def fourier_modes(problem, orders=range(1, 6)) -> list:
+    theta = torch.atan2(problem.basis.points[..., 1], problem.basis.points[..., 0])
+    return [f(k * theta) for k in orders for f in (torch.cos, torch.sin)]
+
+
+def gibbs(problem):
+    return gibbs_minimum(problem.model, problem.exp_kernel, problem.basis, torch.tensor([1.0, 0.0],
+                                                                                       dtype=torch.float64))
+
+
+def saddle_at_e2(problem, iterations=2000):
+    """(rho, E) at the Gibbs fixed point rho ∝ exp(U[rho] / eps) clustered at e_2: the damped fixed-point iteration
+    of turnpike.gibbs_minimum, kept symmetric under x_1 -> -x_1 at every step (without it round-off turns the
+    cluster to the minimum at e_1)."""
+    basis, eps = problem.basis, problem.model.eps
+    points = basis.points
+    mirror = torch.cdist(points * torch.tensor([-1.0, 1.0], dtype=points.dtype), points).argmin(-1)
+    potential = math.exp(1.0) * points[..., 1]
+    for _ in range(iterations):
+        rho = torch.exp((potential - potential.max()) / eps)
+        rho = rho / basis.integrate(rho)
+        scaled, log_scale = problem.exp_kernel(rho[..., None])
+        update = scaled[..., 0] * torch.exp(log_scale)
+        update = 0.5 * (update + update[mirror])
+        if float((update - potential).abs().max()) <= 1e-13 * float(update.abs().max()):
+            break
+        potential = 0.5 * (potential + update)
+    return rho, free_energy(problem.model, problem.exp_kernel, basis, rho)
+
+
+@pytest.mark.parametrize("lambda_2", [0.2, 0.65, 0.8])
+def test_local_polyak_lojasiewicz_constant_is_twice_the_rotation_rate(lambda_2):
+    """Near rho_*: D / Delta >= 2 R (to 1% of R) for density perturbations exp(delta h) of every Fourier order up
+    to 5 and the rotation by 0.01 rad, and D / Delta = 2 R (to 1e-3) along the rotation: c_PL = 2 R measured."""
+    problem = seed_problem(lambda_2)
+    rho, energy = gibbs(problem)
+    theta = torch.atan2(problem.basis.points[..., 1], problem.basis.points[..., 0])
+    rate = rayleigh_quotient(problem.model, problem.exp_kernel, problem.basis, rho, torch.sin(theta))
+    assert rate > 0
+    log_rho = log_gibbs(problem, rho)
+    ratios = [pl_ratio(problem, log_rho + 1e-2 * h, energy) for h in fourier_modes(problem)]
+    rotation = pl_ratio(problem, rotated(problem.basis, log_rho, 0.01), energy)
+    assert min(ratios) >= 2 * rate * (1 - 1e-2)
+    assert rotation == pytest.approx(2 * rate, rel=1e-3)
+
+
+def test_polyak_lojasiewicz_fails_near_the_saddle_at_the_second_eigenvector():
+    """The case that must fail: the cluster at e_2 is a critical point of E above the minimum (by 1e-3 at least);
+    near it D / Delta falls below 1% of the c_PL above, and by 100x when the perturbation shrinks 10x."""
+    problem = seed_problem(0.65)
+    rho, energy = gibbs(problem)
+    theta = torch.atan2(problem.basis.points[..., 1], problem.basis.points[..., 0])
+    rate = rayleigh_quotient(problem.model, problem.exp_kernel, problem.basis, rho, torch.sin(theta))
+    saddle, saddle_energy = saddle_at_e2(problem)
+    assert saddle_energy > energy + 1e-3
+    log_saddle = log_gibbs(problem, saddle)
+    ratios = [pl_ratio(problem, log_saddle + size * torch.sin(theta), energy) for size in (1e-2, 1e-3)]
+    assert all(ratio < 1e-2 * 2 * rate for ratio in ratios)
+    assert ratios[1] < 0.02 * ratios[0]
