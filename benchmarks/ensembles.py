@@ -18,7 +18,7 @@ eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense
    folder (git archive) and measured in a child process on the same cases: its forward step and its evaluation
    per step, against today's;
 6. with --training OLD.npz (results of the baseline's seed-scale bow kappa_cand = 2 training, L-BFGS to
-   tol 1e-7 from W = 0 as results/seed004_seed_scale.py trains it, which --record-baseline-training OLD.npz makes:
+   tol 1e-7 from W = 0 as results/seed004.py's Eulerian rows train it, which --record-baseline-training OLD.npz makes:
    hours to the tolerance, about a minute an evaluation; --training-iterations K stops both after K L-BFGS
    iterations, so that the same path is compared at a fraction of the cost): the same training with today's code,
    its CPU time and trained W against the stored ones.

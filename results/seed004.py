@@ -9,7 +9,7 @@ the overrides that make the row.  For each row:
 
 - particles: 20 trainings of N tokens, particles.seed = 0..19 (the initial sample and the noise path: common
   random numbers, so each run's J is a smooth function of W), batched in one program (solvers/particle_training.py),
-  L-BFGS from W = 0 to control.tol = 1e-7 (scipy's ftol and gtol) or 300 iterations; Heun with the Strang-split
+  L-BFGS from W = 0 to TRAINING's tolerance (1e-7); Heun with the Strang-split
   geodesic noise at particles.dt = PARTICLE_DT (see PARTICLE_DT for why that step is enough);
 - Eulerian: the mean-field training of the same case (discrete gradient, L-BFGS, the same tolerance) on the grid
   EULERIAN_GRID, and its J at the trained W on the finer CHECK_GRID (the report prints both: that is how we know
@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SUMMARIES = ROOT / "results" / "seed004_runs"
 REPORT = ROOT / "results" / "seed004.md"
 SEEDS = range(20)
+# L-BFGS (scipy's, ftol = gtol = control.tol: it stops when an iteration lowers J by at most tol max(|J|, 1), or
+# the projected gradient's largest entry is below tol), 300 iterations at most.
 TRAINING = ["control.optimizer='lbfgs'", "control.tol=1e-7", "control.iterations=300"]
 # The particles' step.  Heun is of order 2 for the drift, and the Strang-split geodesic noise of weak order 2:
 # at the Eulerian optimum of align lambda_2 = 0.65 without noise (eps = 0, where one path is the whole law),
@@ -81,11 +83,12 @@ UNRESOLVED = ("no Eulerian training: the Gibbs width sqrt(eps / lambda_1) = {wid
 
 ROWS = [
     Row("no-train", "no-train, lambda_2 = 0.65", "seed004-no-train", trained=False,
-        seed={"phases": "collapse, locked in one cluster", "displacement": 0.0, "rate": 0.0}),
+        seed={"phases": "collapse, locked in one cluster", "phases_count": 0, "displacement": 0.0,
+              "rate": 0.0}),
     Row("align-l020", "align, lambda_2 = 0.20", "seed004-align-l020",
-        seed={"phases": "three phases, deep plateau", "displacement": 1.55, "rate": 0.19, "R": 0.18}),
+        seed={"phases": "three phases, deep plateau", "phases_count": 20, "displacement": 1.55, "rate": 0.19, "R": 0.18}),
     Row("align-l065", "align, lambda_2 = 0.65", "seed004-align-l065",
-        seed={"phases": "three phases", "displacement": 1.55, "rate": 0.08, "R": 0.07}),
+        seed={"phases": "three phases", "phases_count": 20, "displacement": 1.55, "rate": 0.08, "R": 0.07}),
     Row("align-l080", "align, lambda_2 = 0.80", "seed004-align-l080",
         seed={"phases": "plateau weakens", "rate": 0.03, "R": 0.02}),
     Row("bow-k2", "bow, kappa_cand = 2", "seed004-bow-k2",
@@ -173,7 +176,7 @@ def write_summary(row: Row, kind: str, summary: dict) -> None:
     SUMMARIES.mkdir(parents=True, exist_ok=True)
     path = summary_path(row, kind)
     temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(summary, indent=1) + "\n")
+    temporary.write_text(json.dumps(summary, separators=(",", ":")) + "\n")
     os.replace(temporary, path)
 
 
@@ -254,29 +257,16 @@ def pending(keys: list) -> list:
             jobs.append((run_particles, row.key))
         if row.eulerian is None and not is_current(row, "eulerian"):
             jobs.append((run_eulerian, row.key))
-    return sorted(dict.fromkeys(jobs), key=estimated_cost, reverse=True)
-
-
-def estimated_cost(job) -> float:
-    """Relative CPU cost of a run (longest first keeps the workers busy to the end): the particles' pair sums
-    grow as N^2 per unit depth, the Eulerian grid is the same for every row."""
-    runner, key = job
-    row = BY_KEY[key]
-    t_end = load_case(row, [])["time"]["t_end"]
-    return t_end * (row.n / 64) ** 2 if runner is run_particles else 0.5 * t_end
+    return list(dict.fromkeys(jobs))
 
 
 def execute(jobs: list, workers: int) -> None:
     print(f"seed004: {len(jobs)} runs to make: " + ", ".join(f"{key} ({runner.__name__[4:]})" for runner, key in jobs),
           file=sys.stderr, flush=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for line in pool.map(_call, jobs):
-            print(line, file=sys.stderr, flush=True)
-
-
-def _call(job):
-    runner, key = job
-    return runner(key)
+        futures = [pool.submit(runner, key) for runner, key in jobs]
+        for done, future in enumerate(as_completed(futures), start=1):
+            print(f"[{done}/{len(jobs)}] {future.result()}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -309,10 +299,12 @@ def run_measures(times: np.ndarray, gap: np.ndarray, mean: np.ndarray) -> dict:
 
 
 def rate_variants(times: np.ndarray, gap: np.ndarray, mean: np.ndarray, W: np.ndarray) -> dict:
-    """Other fits of the seed's "fitted a" over the terminal layer (t >= the plateau's end), per unit depth: of the
-    control's size |W_l|_F at the slices' start times (the adjoint theory's amplification: W_t ∝ grad phi_t),
-    of the angle the mean has turned since the plateau's middle, and of sqrt(gap) (the gap is quadratic in a
-    small displacement); each per layer of width T / layers is twice these at T = 80, 40 layers."""
+    """Other fits of the seed's "fitted a", per unit depth: of the angle the mean has turned since the plateau's
+    middle and of sqrt(gap) (the gap is quadratic in a small displacement), over the terminal layer (t >= the
+    plateau's end); and of the control's size |W_l|_F (the adjoint theory's amplification: W_t ∝ grad phi_t)
+    over the slices that start in [T - 10, T - 2), the last slice left out (the turn saturates there; chosen
+    after seeing the first row's profile, where |W_l| grows 70-fold a slice over the four before it).  Per
+    layer of width T / layers (2 here) each is twice these."""
     from spherepde import turnpike
 
     test = turnpike.phases(times, gap)
@@ -321,7 +313,8 @@ def rate_variants(times: np.ndarray, gap: np.ndarray, mean: np.ndarray, W: np.nd
     angle = turnpike.mean_angle(mean)
     middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + end))))
     lift = gap - test["gap_reference"]
-    return {"W": turnpike.exponential_rate(layer_times, np.linalg.norm(W, axis=(1, 2)), end),
+    T = times[-1]
+    return {"W": turnpike.exponential_rate(layer_times, np.linalg.norm(W, axis=(1, 2)), T - 10, T - 2 - 1e-9),
             "angle": turnpike.exponential_rate(times, np.abs(angle - angle[middle]), end),
             "sqrt_gap": turnpike.exponential_rate(times, np.sqrt(np.clip(lift, 0, None)), end)}
 
@@ -418,9 +411,13 @@ def cells(row: Row, measures: dict, eulerian: dict | None) -> list:
                     ("true" if eulerian["three_phase"] else "false") if eulerian else "-",
                     verdict_of_count(phased, len(runs), seed["three_phase"], 20)))
     elif "phases" in seed:
-        out.append(("phases", seed["phases"], f"three phases in {phased} / {len(runs)}",
+        implied = seed.get("phases_count")
+        out.append(("phases", seed["phases"] + (f" (read as three phases in {implied} / 20)" if implied is not None
+                                                else ""),
+                    f"three phases in {phased} / {len(runs)}",
                     ("three phases" if eulerian["three_phase"] else "not three phases") if eulerian else "-",
-                    "see the notes"))
+                    verdict_of_count(phased, len(runs), implied, 20) if implied is not None else
+                    "no verdict: the seed gives words, not a count"))
     if row.key == "eps-1e-1":
         escaped = sum(run["escape"] for run in runs)
         out.append(("terminal escape (lift >= 0.1)", "20 / 20", f"{escaped} / {len(runs)}",
@@ -429,7 +426,12 @@ def cells(row: Row, measures: dict, eulerian: dict | None) -> list:
     for key, name, digits in (("plateau", "plateau width", 1), ("initial", "initial layer width", 2),
                               ("terminal", "terminal layer width", 2), ("displacement", "terminal displacement (rad)", 3),
                               ("rate", "fitted terminal rate a", 3)):
-        if key in seed:
+        if key == "rate" and seed.get(key) == 0.0:  # the seed's "a = 0.00 (no escape phase)"
+            still = sum(run["terminal"] == 0.0 and not run["escape"] for run in runs)
+            out.append((name, "0.00 (no escape phase)", f"no terminal layer in {still} / {len(runs)}",
+                        ("no terminal layer" if eulerian["terminal"] == 0.0 else "a terminal layer") if eulerian else "-",
+                        verdict_of_count(still, len(runs), 20, 20)))
+        elif key in seed:
             ours = mean_sd(run[key] for run in runs)
             spread = seed.get(f"{key}_sd")
             shown = f"{seed[key]}" + (f" +- {spread}" if spread is not None else "")
@@ -494,6 +496,7 @@ def report_text(summaries: dict) -> str:
             f"| {fmt_mean(mean_sd(r['displacement'] for r in runs))} | {fmt_mean(mean_sd(r['rate'] for r in runs))} | "
             f"{fmt_mean(final, 4)} | {euler_text} | {seconds} |")
     lines += rate_section(measures, eulerian)
+    lines += turnpike_section(summaries)
     missing = [row.key for row in ROWS if not row.same_as and row.key not in measures]
     lines += ["", "Rows not run yet: " + (", ".join(missing) if missing else "none") + ".", ""]
     return "\n".join(lines)
@@ -522,12 +525,38 @@ def rate_section(measures: dict, eulerian: dict) -> list:
         for variant in VARIANTS:
             values = [run["rate"] if variant == "gap" else run["variants"][variant] for run in runs]
             ours = mean_sd(values)
-            mine = euler["rate"] if variant == "gap" else euler["variants"][variant] if euler else math.nan
+            mine = (euler["rate"] if variant == "gap" else euler["variants"][variant]) if euler else math.nan
             fits.append(f"{fmt_mean(ours)}; {fmt(mine)}")
             ratios.append(fmt(row.seed["rate"] / ours[0], 2) if ours[2] else "n/a")
         theory = f"{fmt(euler['R'])}; {fmt(euler['escape_rate'])}" if euler else "-"
         lines.append(f"| {row.title} | {row.seed['rate']} | {row.seed.get('R', '-')} | " + " | ".join(fits)
                      + f" | {theory} | {', '.join(ratios)} |")
+    return lines
+
+
+def turnpike_section(summaries: dict) -> list:
+    """The seed's turnpike bound Delta(t) <= C (exp(-a t) + exp(-a (T - t))) fitted on every trained Eulerian run
+    (spherepde.turnpike.turnpike_bound), beside the spectral gap 1 - lambda_2 and R."""
+    from spherepde import turnpike
+
+    lines = ["", "## The turnpike bound on the trained Eulerian runs", "",
+             "C = max(Delta(0), Delta(T)), a the largest rate with Delta(t) <= C (exp(-a t) + exp(-a (T - t))) at every "
+             "save (spherepde.turnpike.turnpike_bound; Delta = free energy - min E on the run's grid).  The seed: C and a "
+             "do not depend on T, and a is set by the spectral gap 1 - lambda_2 / lambda_1.", "",
+             "| row | T | 1 - lambda_2 | C | a | a / (1 - lambda_2) | R | smallest Delta on the plateau |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in ROWS:
+        summary = summaries.get((row.key, "eulerian"))
+        if row.same_as or summary is None or summary["status"] != "completed" or not row.trained:
+            continue
+        case = load_case(row, [])
+        times = np.array(summary["times"])
+        gap = np.array(summary["free_energy"]) - summary["attributes"]["min_energy"]
+        C, a = turnpike.turnpike_bound(times, gap)
+        spectral_gap = 1 - case["model"]["B"][1][1] / case["model"]["B"][0][0]
+        middle = (times > 0.25 * times[-1]) & (times < 0.75 * times[-1])
+        lines.append(f"| {row.title} | {times[-1]:g} | {spectral_gap:.2f} | {C:.4f} | {a:.4f} | {a / spectral_gap:.3f} | "
+                     f"{fmt(summary['attributes']['rayleigh_quotient'])} | {gap[middle].min():.2e} |")
     return lines
 
 

@@ -126,6 +126,9 @@ def mean_std(values):
 
 def report(draws, seeds, starts):
     print("# Seed 004, bow kappa_cand = 2: redrawn candidates, and how well J fixes the displacement\n")
+    print("At the reduced scale; results/seed004.md has the seed-scale bow rows. What this report still adds: "
+          "the spread of the bow displacement over redrawn candidates and how weakly J fixes the displacement "
+          "at the optimum.\n")
     print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_candidates.py --workers 2 > "
           "results/seed004_candidates.md` (about 2.5 CPU hours)\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")

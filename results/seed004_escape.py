@@ -77,6 +77,8 @@ def main(argv=None):
         rows = list(pool.map(measure, SEED))
     first = rows[0]
     print("# Seed 004: escape rate of the adjoint vs the Rayleigh quotient (issue 4, criterion 4)\n")
+    print("The first gradient step (the seed's 1-GD) at the seed's scale; results/seed004.md fits the trained "
+          "runs' terminal rates beside these.\n")
     print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_escape.py --workers 2 > results/seed004_escape.md`.\n")
     print(f"Each case of `cases/` at its own scale (S^1, eps = {first['eps']:g}, T = {first['T']:g}, lmax {first['lmax']}, "
           f"dt = {first['dt']:g}): the first gradient step at W = 0 (the seed's 1-GD), continuous adjoint. "

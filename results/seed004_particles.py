@@ -397,6 +397,9 @@ def main():
             if args.retrain or not os.path.exists(continued_path(warm[0], learning_rate)):
                 continue_eulerian(warm[0], learning_rate, args.continue_iterations)
     print("# Seed 004 through the particle system (issue 4, criterion 5)\n")
+    print("At the reduced scale; results/seed004.md has the seed-scale particle statistics. What this report "
+          "still adds: trainings on fresh noise, warm starts from the Eulerian W, and particle systems up to N "
+          "= 4096 at the Eulerian optimum.\n")
     print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_particles.py --seeds "
           f"{args.seeds} --bow-seeds {args.bow_seeds} --warm-seeds {args.warm_seeds} --warm-n "
           f"{' '.join(map(str, args.warm_n))} --continue-iterations {args.continue_iterations} --converged-seeds "

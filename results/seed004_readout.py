@@ -142,6 +142,8 @@ def main():
         escapes = dict(zip(jobs, pool.map(escape, jobs)))
     print("# Seed 004, bow: Eulerian and particle trainings, the candidates as written and centred on the cluster "
           "(issue 4, criteria 4 and 5)\n")
+    print("At the reduced scale; results/seed004.md has the seed-scale bow rows. What this report still adds: "
+          "bow with the candidates centred on the cluster (control.target = e_1).\n")
     print(f"Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_readout.py --seeds {args.seeds} --workers 2 > "
           "results/seed004_readout.md`.  The script's docstring says what is run; in short, cases/seed004-bow-k*.toml "
           f"as written and with `{' '.join(READOUTS['cluster'][0])}`: trained by L-BFGS at the reduced scale (Eulerian, "

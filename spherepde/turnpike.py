@@ -145,6 +145,28 @@ def exponential_rate(times: np.ndarray, values: np.ndarray, start: float, end: f
     return float(np.polyfit(times[chosen], np.log(values[chosen]), 1)[0])
 
 
+def turnpike_bound(times: np.ndarray, gap: np.ndarray) -> tuple[float, float]:
+    """(C, a) of the seed's turnpike bound Delta(t) <= C (exp(-a t) + exp(-a (T - t))) on a run's energy gap:
+    C = max(Delta(0), Delta(T)) (the bound at the ends is C (1 + exp(-a T))), and a the largest rate for which the
+    bound holds at every save time (0 when Delta exceeds 2 C somewhere: no exponential bound with this C).  Each
+    time t in (0, T) bounds a by the root of Delta(t) = C (exp(-a t) + exp(-a (T - t))) (the right side falls in
+    a), found by bisection; times with Delta(t) <= 0 (round-off below min E on the plateau) bound nothing."""
+    T = times[-1]
+    C = float(max(gap[0], gap[-1]))
+    inner = (times > 0) & (times < T) & (gap > 0)
+    t, target = times[inner], gap[inner] / C
+    if np.any(target >= 2):
+        return C, 0.0
+    low, high = np.zeros_like(t), np.full_like(t, 1.0)
+    while np.any(np.exp(-high * t) + np.exp(-high * (T - t)) > target):  # a bracket for every time
+        high = np.where(np.exp(-high * t) + np.exp(-high * (T - t)) > target, 2 * high, high)
+    for _ in range(100):
+        middle = 0.5 * (low + high)
+        holds = np.exp(-middle * t) + np.exp(-middle * (T - t)) >= target
+        low, high = np.where(holds, middle, low), np.where(holds, high, middle)
+    return C, float(low.min()) if t.size else math.inf
+
+
 def weighted_poisson(basis, rho: torch.Tensor, f: torch.Tensor, tol: float = 1e-12, iterations: int = 2000):
     """Coefficients of u solving -div(rho grad u) = f (f of zero integral, rho > 0), mean-zero u; preconditioned CG."""
     multiplicity = basis.multiplicity

@@ -11,15 +11,26 @@ is the rotation of the cluster, whose rate is the Rayleigh quotient R of the ali
 with equality along the rotation.  Near the cluster at e_2 (the Gibbs fixed point in the second eigenvector's
 direction: a critical point of E that is a saddle, not a minimum), D vanishes while Delta does not: no c_PL > 0
 holds there, the case that must fail the inequality.
+
+Turnpike bound on trained runs: Delta(mu_t) <= C (exp(-a t) + exp(-a (T - t))) with C and a independent of T
+(spherepde.turnpike.turnpike_bound fits them), read from the Eulerian trainings of results/seed004.py (their committed
+summaries in results/seed004_runs/: the trained W, the free energy at the saves, min E).  The case that must fail:
+the same trained controls moved 15 slices towards the input, so that the cluster turns at mid-depth.
 """
 
+import json
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from solvers.eulerian import ForwardProblem
-from spherepde.turnpike import free_energy, gibbs_minimum, rayleigh_quotient
+from solvers.adjoint import ControlledForward
+from solvers.training import trained_runs
+from spherepde.case import load_case_text
+from spherepde.turnpike import free_energy, gibbs_minimum, rayleigh_quotient, turnpike_bound
 
 from test_adjoint import training_case
 from test_turnpike import rotated
@@ -114,3 +125,30 @@ def test_polyak_lojasiewicz_fails_near_the_saddle_at_the_second_eigenvector():
     ratios = [pl_ratio(problem, log_saddle + size * torch.sin(theta), energy) for size in (1e-2, 1e-3)]
     assert all(ratio < 1e-2 * 2 * rate for ratio in ratios)
     assert ratios[1] < 0.02 * ratios[0]
+
+
+SUMMARIES = Path(__file__).resolve().parent.parent / "results" / "seed004_runs"
+
+
+def trained_run(key: str) -> tuple:
+    """(summary, save times, energy gap Delta = E - min E) of row `key`'s Eulerian training."""
+    summary = json.loads((SUMMARIES / f"{key}.eulerian.json").read_text())
+    gap = np.array(summary["free_energy"]) - summary["attributes"]["min_energy"]
+    return summary, np.array(summary["times"]), gap
+
+
+def test_turnpike_bound_of_a_trained_run_fails_when_its_controls_move_to_mid_depth():
+    """align, lambda_2 = 0.65, T = 80: the trained run obeys the bound with a >= 0.2 (measured 0.31); replayed here it
+    gives the same gap (to 1e-8), and with its controls moved 15 slices earlier the rate a falls below a quarter
+    of that (measured 0.03): the cluster leaves the well at mid-depth, where the bound wants it in."""
+    summary, times, gap = trained_run("align-l065")
+    C, a = turnpike_bound(times, gap)
+    assert a >= 0.2
+    forward = ControlledForward(load_case_text(summary["cases"][0]))
+    W = torch.as_tensor(np.array(summary["W"]))
+    with pytest.warns(RuntimeWarning, match="resolution lost"):
+        (replayed,), (moved,) = (trained_runs(forward, controls[None]) for controls in (W, torch.roll(W, -15, 0)))
+    minimum = summary["attributes"]["min_energy"]
+    assert np.abs(replayed.dataset("completed")["free_energy"].values - minimum - gap).max() < 1e-8
+    _, moved_rate = turnpike_bound(times, moved.dataset("completed")["free_energy"].values - minimum)
+    assert moved_rate < 0.25 * a

@@ -14,7 +14,7 @@ from spherepde.transport import real_state
 from spherepde.bases import make_basis
 from spherepde.device import placement
 from spherepde.turnpike import (exponential_rate, free_energy, gibbs_minimum, h_minus_one_quotient, phases,
-                                rayleigh_quotient, wasserstein_hessian)
+                                rayleigh_quotient, turnpike_bound, wasserstein_hessian)
 
 from test_adjoint import training_case
 
@@ -78,6 +78,20 @@ def test_three_phase_test_on_a_synthetic_gap():
     assert exponential_rate(times, gap - test["gap_reference"], test["plateau_end"]) == pytest.approx(0.5, rel=0.05)
     flat = phases(times, 0.5 * np.exp(-2 * times) + 1e-4)
     assert not flat["three_phase"] and flat["terminal_lift"] < 0.1
+
+
+def test_turnpike_bound_recovers_the_rate_of_an_exact_profile_and_fails_on_a_bump():
+    """Delta = C0 (exp(-a0 t) + exp(-a0 (T - t))) gives (C, a) = (C0 (1 + exp(-a0 T)), a0 less a relative
+    exp(-a0 T)); a bump of 1% of C0 at mid-depth caps a at log(2 C0 / Delta(T / 2)) / (T / 2); round-off below min E
+    (negative gaps) leaves a unchanged."""
+    times = np.linspace(0.0, 80.0, 161)
+    profile = 0.3 * (np.exp(-0.9 * times) + np.exp(-0.9 * (80.0 - times)))
+    C, a = turnpike_bound(times, profile)
+    assert C == pytest.approx(0.3, rel=1e-12) and a == pytest.approx(0.9, rel=1e-9)
+    assert turnpike_bound(times, np.where(np.abs(times - 40) < 1e-9, -1e-12, profile))[1] == pytest.approx(0.9)
+    bumped = profile + 0.003 * np.exp(-((times - 40.0) / 2.0) ** 2)
+    assert turnpike_bound(times, bumped)[1] == pytest.approx(math.log(2 * 0.3 / 0.003) / 40.0, rel=1e-3)
+    assert turnpike_bound(times, profile + 0.7 * np.exp(-((times - 40.0) / 2.0) ** 2))[1] == 0.0
 
 
 def rotated(basis, rho: torch.Tensor, angle: float) -> torch.Tensor:
