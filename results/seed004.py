@@ -86,7 +86,8 @@ ROWS = [
         seed={"phases": "collapse, locked in one cluster", "phases_count": 0, "displacement": 0.0,
               "rate": 0.0}),
     Row("align-l020", "align, lambda_2 = 0.20", "seed004-align-l020",
-        seed={"phases": "three phases, deep plateau", "phases_count": 20, "displacement": 1.55, "rate": 0.19, "R": 0.18}),
+        seed={"phases": "three phases, deep plateau", "phases_count": 20, "displacement": 1.55, "rate": 0.19,
+              "R": 0.18}),
     Row("align-l065", "align, lambda_2 = 0.65", "seed004-align-l065",
         seed={"phases": "three phases", "phases_count": 20, "displacement": 1.55, "rate": 0.08, "R": 0.07}),
     Row("align-l080", "align, lambda_2 = 0.80", "seed004-align-l080",
@@ -200,7 +201,8 @@ def run_particles(key: str) -> str:
                 "iterations": int(dataset.sizes.get("iteration", 1) - 1),
                 "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
                 "loss": rounded(dataset["loss"].values), "W": rounded(dataset["W"].values),
-                "mean": rounded(dataset["mean"].values), "interaction_energy": rounded(dataset["interaction_energy"].values)})
+                "mean": rounded(dataset["mean"].values),
+                "interaction_energy": rounded(dataset["interaction_energy"].values)})
             if seed == SEEDS[0]:
                 points = dataset["particles"].values
                 member["particle_angle"] = rounded(np.arctan2(points[..., 1], points[..., 0]), 6)
@@ -236,7 +238,8 @@ def run_eulerian(key: str) -> str:
             dataset, status, check_cost = failure.dataset, f"failed: {failure}", math.nan
     seconds = time.process_time() - start
     attributes = {name: float(dataset.attrs.get(name, math.nan)) for name in (
-        "rayleigh_quotient", "escape_rate", "terminal_energy_rate", "min_energy", "plateau_width", "terminal_displacement")}
+        "rayleigh_quotient", "escape_rate", "terminal_energy_rate", "min_energy", "plateau_width",
+        "terminal_displacement")}
     series = {name: rounded(dataset[name].values if name in dataset else []) for name in (
         "loss", "W", "mean", "free_energy", "interaction_energy", "adjoint_norm")}
     write_summary(row, "eulerian", {
@@ -403,9 +406,11 @@ def cells(row: Row, measures: dict, eulerian: dict | None) -> list:
             count, total = sum(sum(r["three_phase"] for r in p) for p in pooled), sum(len(p) for p in pooled)
             rows = ", ".join(seed["three_phase_of"])
             out.append((f"three phases, pooled over {rows}", f"{seed['three_phase']} / {20 * len(pooled)}",
-                        f"{count} / {total}", "", verdict_of_count(count, total, seed["three_phase"], 20 * len(pooled))))
+                        f"{count} / {total}", "",
+                        verdict_of_count(count, total, seed["three_phase"], 20 * len(pooled))))
         else:
-            out.append(("three phases, pooled", f"{seed['three_phase']} / {20 * len(pooled)}", "not all rows run", "", ""))
+            out.append(("three phases, pooled", f"{seed['three_phase']} / {20 * len(pooled)}", "not all rows run", "",
+                        ""))
     elif "three_phase" in seed:
         out.append(("three phases", f"{seed['three_phase']} / 20", f"{phased} / {len(runs)}",
                     ("true" if eulerian["three_phase"] else "false") if eulerian else "-",
@@ -424,18 +429,21 @@ def cells(row: Row, measures: dict, eulerian: dict | None) -> list:
                     ("true" if eulerian["escape"] else "false") if eulerian else "-",
                     verdict_of_count(escaped, len(runs), 20, 20)))
     for key, name, digits in (("plateau", "plateau width", 1), ("initial", "initial layer width", 2),
-                              ("terminal", "terminal layer width", 2), ("displacement", "terminal displacement (rad)", 3),
+                              ("terminal", "terminal layer width", 2),
+                              ("displacement", "terminal displacement (rad)", 3),
                               ("rate", "fitted terminal rate a", 3)):
         if key == "rate" and seed.get(key) == 0.0:  # the seed's "a = 0.00 (no escape phase)"
             still = sum(run["terminal"] == 0.0 and not run["escape"] for run in runs)
             out.append((name, "0.00 (no escape phase)", f"no terminal layer in {still} / {len(runs)}",
-                        ("no terminal layer" if eulerian["terminal"] == 0.0 else "a terminal layer") if eulerian else "-",
+                        ("no terminal layer" if eulerian["terminal"] == 0.0 else "a terminal layer")
+                        if eulerian else "-",
                         verdict_of_count(still, len(runs), 20, 20)))
         elif key in seed:
             ours = mean_sd(run[key] for run in runs)
             spread = seed.get(f"{key}_sd")
             shown = f"{seed[key]}" + (f" +- {spread}" if spread is not None else "")
-            out.append((name, shown, fmt_mean(ours, digits), euler(key, digits), verdict_of_mean(ours, seed[key], spread)))
+            out.append((name, shown, fmt_mean(ours, digits), euler(key, digits),
+                        verdict_of_mean(ours, seed[key], spread)))
     if "plateau_range" in seed:
         low, high = seed["plateau_range"]
         mean, sd, count = ours = mean_sd(run["plateau"] for run in runs)
@@ -466,7 +474,8 @@ def report_text(summaries: dict) -> str:
     for title, keys in (("Main table", ["no-train", "align-l020", "align-l065", "align-l080", "bow-k2", "bow-k10"]),
                         ("Ablation table", ["seeds", "eps-0", "eps-1e-4", "eps-1e-3", "eps-1e-1", "T40", "T80", "T120",
                                             "N32", "N64", "N128", "lambda-0.01", "lambda-0"])):
-        lines += [f"## {title}", "", "| row | quantity | seed | particles, mean +- sd over the runs | Eulerian | verdict |",
+        lines += [f"## {title}", "",
+                  "| row | quantity | seed | particles, mean +- sd over the runs | Eulerian | verdict |",
                   "|---|---|---|---|---|---|"]
         for key in keys:
             row = BY_KEY[key]
@@ -511,7 +520,8 @@ def rate_section(measures: dict, eulerian: dict) -> list:
     lines = ["", "## The escape rate: which fit gives the seed's a", "",
              "Each fit is a least-squares slope of a log over the terminal layer (t >= the plateau's end), per unit "
              "depth (per layer of width 2: twice these).  Particles: mean +- sd over the runs; E: the Eulerian run; "
-             "R: the Rayleigh quotient at the Gibbs minimum and the first gradient's adjoint rate (spherepde/turnpike.py, "
+             "R: the Rayleigh quotient at the Gibbs minimum and the first gradient's adjoint rate "
+             "(spherepde/turnpike.py, "
              "results/seed004_escape.md), both Eulerian.  A normalisation that explains the seed would show as one "
              "ratio seed / ours for every row.", "",
              "| row | seed a | seed R | " + " | ".join(f"{name} (particles; E)" for name in VARIANTS.values())
@@ -540,9 +550,9 @@ def turnpike_section(summaries: dict) -> list:
     from spherepde import turnpike
 
     lines = ["", "## The turnpike bound on the trained Eulerian runs", "",
-             "C = max(Delta(0), Delta(T)), a the largest rate with Delta(t) <= C (exp(-a t) + exp(-a (T - t))) at every "
-             "save (spherepde.turnpike.turnpike_bound; Delta = free energy - min E on the run's grid).  The seed: C and a "
-             "do not depend on T, and a is set by the spectral gap 1 - lambda_2 / lambda_1.", "",
+             "C = max(Delta(0), Delta(T)), a the largest rate with Delta(t) <= C (exp(-a t) + exp(-a (T - t))) at "
+             "every save (spherepde.turnpike.turnpike_bound; Delta = free energy - min E on the run's grid).  "
+             "The seed: C and a do not depend on T, and a is set by the spectral gap 1 - lambda_2 / lambda_1.", "",
              "| row | T | 1 - lambda_2 | C | a | a / (1 - lambda_2) | R | smallest Delta on the plateau |",
              "|---|---|---|---|---|---|---|---|"]
     for row in ROWS:
@@ -555,7 +565,8 @@ def turnpike_section(summaries: dict) -> list:
         C, a = turnpike.turnpike_bound(times, gap)
         spectral_gap = 1 - case["model"]["B"][1][1] / case["model"]["B"][0][0]
         middle = (times > 0.25 * times[-1]) & (times < 0.75 * times[-1])
-        lines.append(f"| {row.title} | {times[-1]:g} | {spectral_gap:.2f} | {C:.4f} | {a:.4f} | {a / spectral_gap:.3f} | "
+        lines.append(f"| {row.title} | {times[-1]:g} | {spectral_gap:.2f} | {C:.4f} | {a:.4f} | "
+                     f"{a / spectral_gap:.3f} | "
                      f"{fmt(summary['attributes']['rayleigh_quotient'])} | {gap[middle].min():.2e} |")
     return lines
 
@@ -612,7 +623,8 @@ def write_figures(summaries: dict, folder: Path) -> None:
         axis.axis("off")
     save(figure, folder / "seed004_angles.png")
 
-    depth = [row for row in (BY_KEY["T40"], BY_KEY["T80"], BY_KEY["T120"]) if (runs_of(row).key, "particles") in summaries]
+    depth = [row for row in (BY_KEY["T40"], BY_KEY["T80"], BY_KEY["T120"])
+             if (runs_of(row).key, "particles") in summaries]
     if depth:
         figure, axis = plt.subplots(figsize=(5, 3.6), constrained_layout=True)
         ends = [load_case(row, [])["time"]["t_end"] for row in depth]
