@@ -79,7 +79,8 @@ class Row:
 
 
 UNRESOLVED = ("no Eulerian training: the Gibbs width sqrt(eps / lambda_1) = {width:.3f} rad needs lmax ~ {lmax} and "
-              "dt ~ {dt:g} (explicit advection), about {hours:g} CPU hours per evaluation of J and dJ/dW")
+              "dt ~ {dt:g} (explicit advection), about {hours:g} CPU hours per evaluation of J and dJ/dW (an estimate "
+              "from the dense field's n^2 cost per stage, not measured)")
 
 ROWS = [
     Row("no-train", "no-train, lambda_2 = 0.65", "seed004-no-train", trained=False,
@@ -589,8 +590,10 @@ def notes_section(measures: dict, eulerian: dict) -> list:
             "(a factor 2) or loss scale (which multiplies g, not its quotient) maps one onto the other.  Tried, in the "
             "rate table: fits of the energy gap, of its square root, of the turned angle and of the controls' "
             "growth |W_l| (the adjoint theory's amplification, which follows our R), on the trained runs and on the "
-            "first gradient step, for N = 32, 64, 128 (the N rows' fitted a in the table of every row).  None gives "
-            "one ratio to the seed's a across the rows.  The seed is not consistent with itself either: its main "
+            "first gradient step, for N = 32, 64, 128 (the N rows' fitted a in the table of every row).  Within the "
+            "align rows one fit's ratio seed / ours varies by 40-100% (the table's last column: the energy-gap fit "
+            "comes closest, about 1/7), and the bow rows' ratios lie 5-25 times away from the align rows': no "
+            "normalisation serves both tasks.  The seed is not consistent with itself either: its main "
             "table gives a ~ 0.08 for align lambda_2 = 0.65, its ablation table 0.246 +- 0.007 for what reads as the "
             "same configuration (20 seeds, T = 80, eps = 1e-2).")
     initial = mean_sd(run["initial"] for key, runs in measures.items() if BY_KEY[key].trained for run in runs)
