@@ -196,3 +196,12 @@ def test_turnpike_bound_of_a_trained_run_fails_when_its_controls_move_to_mid_dep
     assert np.abs(replayed.dataset("completed")["free_energy"].values - minimum - gap).max() < 1e-8
     _, moved_rate = turnpike_bound(times, moved.dataset("completed")["free_energy"].values - minimum)
     assert moved_rate < 0.25 * a
+
+
+def test_turnpike_bound_of_the_trained_runs_has_one_constant_and_one_rate_at_every_depth():
+    """align, lambda_2 = 0.65 trained from W = 0 at T = 40, 80, 120: C and a agree to 1% across T (measured
+    C = 0.622, a = 0.313 at all three; a is set by the initial layer, the slower side of this start)."""
+    bounds = [turnpike_bound(*trained_run(key)[1:]) for key in ("T40", "align-l065", "T120")]
+    for C, a in bounds[1:]:
+        assert C == pytest.approx(bounds[0][0], rel=1e-2) and a == pytest.approx(bounds[0][1], rel=1e-2)
+    assert bounds[0][1] > 0.2
