@@ -38,7 +38,8 @@ from solvers.adjoint import ControlledForward, discrete_gradient
 from solvers.training import trained_runs
 from spherepde.case import load_case_text
 from spherepde.transport import real_state
-from spherepde.turnpike import exponential_rate, free_energy, gibbs_minimum, rayleigh_quotient, turnpike_bound
+from spherepde.turnpike import (_interaction_potential, exponential_rate, free_energy, gibbs_minimum,
+                                rayleigh_quotient, turnpike_bound)
 
 from test_adjoint import training_case
 from test_turnpike import rotated
@@ -54,8 +55,7 @@ def dissipation(problem, rho: torch.Tensor, log_rho: torch.Tensor) -> float:
     """D(mu) = int |grad (eps log rho - U[rho])|^2 rho dtheta, U[rho] = int exp(<x, A y>) rho(y) dsigma(y); log rho
     given apart so that no logarithm of a tail of 1e-100 is taken."""
     basis = problem.basis
-    scaled, log_scale = problem.exp_kernel(rho[..., None])
-    potential = scaled[..., 0] * torch.exp(log_scale)
+    potential = _interaction_potential(problem.exp_kernel, rho)
     gradient = basis.gradient(basis.analysis(problem.model.eps * log_rho - potential))
     return float(basis.integrate((gradient * gradient).sum(-1) * rho))
 
@@ -70,8 +70,7 @@ def pl_ratio(problem, log_rho: torch.Tensor, energy: float) -> float:
 
 def log_gibbs(problem, rho: torch.Tensor) -> torch.Tensor:
     """log rho up to a constant for a Gibbs fixed point rho ∝ exp(U[rho] / eps), from its smooth potential."""
-    scaled, log_scale = problem.exp_kernel(rho[..., None])
-    return scaled[..., 0] * torch.exp(log_scale) / problem.model.eps
+    return _interaction_potential(problem.exp_kernel, rho) / problem.model.eps
 
 
 def fourier_modes(problem, orders=range(1, 6)) -> list:
@@ -95,8 +94,7 @@ def saddle_at_e2(problem, iterations=2000):
     for _ in range(iterations):
         rho = torch.exp((potential - potential.max()) / eps)
         rho = rho / basis.integrate(rho)
-        scaled, log_scale = problem.exp_kernel(rho[..., None])
-        update = scaled[..., 0] * torch.exp(log_scale)
+        update = _interaction_potential(problem.exp_kernel, rho)
         update = 0.5 * (update + update[mirror])
         if float((update - potential).abs().max()) <= 1e-13 * float(update.abs().max()):
             break
