@@ -182,40 +182,44 @@ def write_summary(row: Row, kind: str, summary: dict) -> None:
     os.replace(temporary, path)
 
 
-def run_particles(key: str) -> str:
-    """Train the row's 20 particle systems in one batch and write their summary."""
+def run_particles(keys: tuple, made_by: str) -> str:
+    """Train the 20 particle systems of each row `keys` in one batch (rows that spherepde.ensemble.batches puts
+    together: the same N, T and step) and write each row's summary (`made_by`: the commit the plan runs)."""
     from spherepde.ensemble import run_batch
 
-    row = BY_KEY[key]
-    cases = particle_cases(row)
+    rows = [BY_KEY[key] for key in keys]
+    cases = [case for row in rows for case in particle_cases(row)]
     start = time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         outcomes = run_batch(cases, progress=False)
     seconds = time.process_time() - start
-    members = []
-    for seed, outcome in zip(SEEDS, outcomes):
-        dataset = outcome if not isinstance(outcome, Exception) else getattr(outcome, "dataset", None)
-        member = {"seed": seed, "status": "completed" if dataset is outcome else f"failed: {outcome}"}
-        if dataset is not None:
-            member.update({
-                "iterations": int(dataset.sizes.get("iteration", 1) - 1),
-                "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
-                "loss": rounded(dataset["loss"].values), "W": rounded(dataset["W"].values),
-                "mean": rounded(dataset["mean"].values),
-                "interaction_energy": rounded(dataset["interaction_energy"].values)})
-            if seed == SEEDS[0]:
-                points = dataset["particles"].values
-                member["particle_angle"] = rounded(np.arctan2(points[..., 1], points[..., 0]), 6)
-        members.append(member)
-    times = next(o for o in outcomes if not isinstance(o, Exception))["time"].values
-    write_summary(row, "particles", {"row": key, "kind": "particles", "commit": commit(), "cpu_seconds": seconds,
-                                     "particle_dt": PARTICLE_DT, "times": rounded(times), "members": members,
-                                     "cases": [case.text for case in cases]})
-    return f"{key} particles: {seconds:.0f} CPU s"
+    for index, row in enumerate(rows):
+        row_cases, row_outcomes = cases[index * len(SEEDS):(index + 1) * len(SEEDS)], outcomes[index * len(SEEDS):]
+        members = []
+        for seed, outcome in zip(SEEDS, row_outcomes):
+            dataset = outcome if not isinstance(outcome, Exception) else getattr(outcome, "dataset", None)
+            member = {"seed": seed, "status": "completed" if dataset is outcome else f"failed: {outcome}"}
+            if dataset is not None:
+                member.update({
+                    "iterations": int(dataset.sizes.get("iteration", 1) - 1),
+                    "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
+                    "loss": rounded(dataset["loss"].values), "W": rounded(dataset["W"].values),
+                    "mean": rounded(dataset["mean"].values),
+                    "interaction_energy": rounded(dataset["interaction_energy"].values)})
+                if seed == SEEDS[0]:
+                    points = dataset["particles"].values
+                    member["particle_angle"] = rounded(np.arctan2(points[..., 1], points[..., 0]), 6)
+            members.append(member)
+        times = next(o for o in row_outcomes[:len(SEEDS)] if not isinstance(o, Exception))["time"].values
+        write_summary(row, "particles", {"row": row.key, "kind": "particles", "commit": made_by,
+                                         "cpu_seconds": seconds, "batch": list(keys), "particle_dt": PARTICLE_DT,
+                                         "times": rounded(times), "members": members,
+                                         "cases": [case.text for case in row_cases]})
+    return f"{', '.join(keys)} particles: {seconds:.0f} CPU s"
 
 
-def run_eulerian(key: str) -> str:
+def run_eulerian(key: str, made_by: str) -> str:
     """The row's Eulerian training, its J at the trained W on CHECK_GRID, and their summary."""
     import torch
 
@@ -244,7 +248,7 @@ def run_eulerian(key: str) -> str:
     series = {name: rounded(dataset[name].values if name in dataset else []) for name in (
         "loss", "W", "mean", "free_energy", "interaction_energy", "adjoint_norm")}
     write_summary(row, "eulerian", {
-        "row": key, "kind": "eulerian", "commit": commit(), "cpu_seconds": seconds, "status": status,
+        "row": key, "kind": "eulerian", "commit": made_by, "cpu_seconds": seconds, "status": status,
         "grid": EULERIAN_GRID, "check_grid": CHECK_GRID, "check_cost": check_cost, "attributes": attributes,
         "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
         "resolved_until": dataset.attrs.get("resolved_until"), "times": rounded(dataset["time"].values)} | series
@@ -253,22 +257,24 @@ def run_eulerian(key: str) -> str:
 
 
 def pending(keys: list) -> list:
-    """(runner, row key) of every run of the rows `keys` whose summary is missing or stale."""
-    jobs = []
-    for key in keys:
-        row = runs_of(BY_KEY[key])
-        if not is_current(row, "particles"):
-            jobs.append((run_particles, row.key))
-        if row.eulerian is None and not is_current(row, "eulerian"):
-            jobs.append((run_eulerian, row.key))
-    return list(dict.fromkeys(jobs))
+    """(runner, argument) of every run of the rows `keys` whose summary is missing or stale: the particle rows in
+    the batches that spherepde.ensemble.batches makes of them (largest first), then the Eulerian runs."""
+    from spherepde.ensemble import batches
+
+    rows = [BY_KEY[key] for key in dict.fromkeys(runs_of(BY_KEY[key]).key for key in keys)]
+    particle_rows = [row for row in rows if not is_current(row, "particles")]
+    groups = batches([particle_cases(row)[0] for row in particle_rows])
+    jobs = [(run_particles, tuple(particle_rows[i].key for i in group)) for group in sorted(groups, key=len, reverse=True)]
+    return jobs + [(run_eulerian, row.key) for row in rows if row.eulerian is None and not is_current(row, "eulerian")]
 
 
 def execute(jobs: list, workers: int) -> None:
-    print(f"seed004: {len(jobs)} runs to make: " + ", ".join(f"{key} ({runner.__name__[4:]})" for runner, key in jobs),
-          file=sys.stderr, flush=True)
+    print(f"seed004: {len(jobs)} runs to make: " + ", ".join(
+        f"{'+'.join(key) if isinstance(key, tuple) else key} ({runner.__name__[4:]})" for runner, key in jobs),
+        file=sys.stderr, flush=True)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(runner, key) for runner, key in jobs]
+        made_by = commit()  # at the start: editing the tree while the plan runs does not change what made it
+        futures = [pool.submit(runner, key, made_by) for runner, key in jobs]
         for done, future in enumerate(as_completed(futures), start=1):
             print(f"[{done}/{len(jobs)}] {future.result()}", file=sys.stderr, flush=True)
 

@@ -1,4 +1,5 @@
-"""Training through the particle system by torch autograd: the particle counterpart of solvers/training.py.
+"""Training through the particle system by reverse-mode differentiation: the particle counterpart of
+solvers/training.py.
 
 The particles of solvers/particles.py (same Model, drift and integrator), with W_t = W_l on slice
 l = [l T / L, (l + 1) T / L) of L = control.layers equal slices:
@@ -25,7 +26,8 @@ smooth function of W, and reverse-mode differentiation through the whole traject
 attention sum and exponential map) gives its exact gradient dJ/dW: the gradient of the cost of this one
 noise path, not of E J (tests/test_particle_training.py checks it against central differences).  The
 forward pass keeps every step's state and Gaussian draws (the tape, O(steps n d) numbers per member);
-the backward pass then takes torch autograd through one step at a time, from the last.  The
+the backward pass then transposes one step at a time, from the last (solvers/particle_adjoint.py: by hand
+where the attention is formed whole, else torch autograd through the step taken again).  The
 optimum is then that path's: with few particles it can lie far from the mean-field one
 (results/seed004_particles.md, bow loss).  "fresh": evaluation k draws its own x_0 and noise, as
 particles.seed = the k-th child of numpy's SeedSequence(particles.seed) would, so dJ/dW is an unbiased
@@ -73,6 +75,7 @@ from spherepde.errors import CaseError, NumericalFailure
 from spherepde.losses import make_loss
 from spherepde.model import interaction_energy
 
+from . import particle_adjoint
 from .adjoint import Gradient
 from .eulerian import ForwardProblem, only
 from .particles import ParticleSystem, initial_state, run_members
@@ -110,6 +113,7 @@ class ParticleControl:
         self.lambda_reg = self.placement.tensor([member["control"]["lambda_reg"] for member in self.cases])
         n = self.x0.shape[1]
         self.masses = torch.full((n,), 1 / n, dtype=self.x0.dtype, device=self.x0.device)
+        self.by_hand = particle_adjoint.supports(self.system.integrator, self.x0)  # else autograd's transposes
 
     @property
     def members(self) -> int:
@@ -169,7 +173,8 @@ class ParticleControl:
     def gradients(self, controls: torch.Tensor) -> list:
         """Per member J and dJ/dW (a Gradient; no adjoint norms: Gradient.times is empty), or the NumericalFailure
         of a run whose particles left the finite numbers: one forward pass keeping its tape, then the transpose of
-        every step by autograd through that step alone, from the last."""
+        every step from the last (solvers/particle_adjoint.py: by hand for the direct dense attention, else by
+        autograd through that step alone)."""
         controls = controls.detach()
         x0, seeds = self.samples()
         tape = []
@@ -180,13 +185,12 @@ class ParticleControl:
             W_all = controls.clone().requires_grad_(True)
             costs, losses = self.costs(x, W_all)
             x_bar, W_bar = torch.autograd.grad(costs.sum(), (x, W_all))
-            W_bar = W_bar.clone()
-            integrator = self.system.integrator
+        W_bar = W_bar.clone()
+        integrator = self.system.integrator
+        transpose = particle_adjoint.transpose_step if self.by_hand else particle_adjoint.autograd_transpose
+        with torch.no_grad():
             for (state, W, h, k, steps, draws, taken), plan_layer in zip(reversed(tape), reversed(self._layers())):
-                state = state.detach().requires_grad_(True)
-                W = W.detach().requires_grad_(True)
-                stepped = integrator.step(state, W, h, k, steps, draws.replay(taken))
-                x_bar, layer_bar = torch.autograd.grad(stepped, (state, W), x_bar)
+                x_bar, layer_bar = transpose(integrator, state, W, h, k, steps, draws.replay(taken), x_bar)
                 W_bar[:, plan_layer] += layer_bar
         finite = torch.isfinite(x_end).flatten(1).all(1).tolist()
         costs, losses = costs.detach(), losses.detach()
@@ -294,7 +298,8 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
             dataset = dataset.assign(phase_variables(forward.cases[m], dataset))
             dataset.attrs.update({
                 "training": "trained control through the particle system (solvers/particle_training.py)",
-                "gradient": f"autograd ({forward.case['control']['noise']} noise)",
+                "gradient": (f"{'transposed steps by hand' if forward.by_hand else 'autograd'} "
+                             f"({forward.case['control']['noise']} noise)"),
                 "optimizer": forward.cases[m]["control"]["optimizer"], "iterations": len(result.costs) - 1,
                 "optimizer_stop": result.stop, "training_seconds": training_seconds})
             if isinstance(outcome, NumericalFailure):

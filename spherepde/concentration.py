@@ -30,7 +30,7 @@ from .case import load_case_text
 from .device import placement as make_placement
 from .exp_kernel import dense_exp_kernel
 from .initial import initial_density
-from solvers.particles import normalise, rk4_flow  # the characteristics are integrated like particles
+from solvers.particles import RK4, explicit_flow, normalise  # the characteristics are integrated like particles
 
 # ---------------------------------------------------------------------------------------
 # Points and masses of saved results
@@ -241,7 +241,8 @@ def temperature_coupling(dataset, quadrature_lmax: int = 16) -> dict:
     rows = {"time": [0.0], "upper": [0.0], "lower": [0.0]}
     for k in range(0, len(times) - 2, 2):
         # A step of 2 ds from save k has its Runge-Kutta stages exactly on saves k, k + 1, k + 2.
-        x_beta, x_inf = rk4_flow(finite, k * ds, x_beta, 2 * ds), rk4_flow(infinite, k * ds, x_inf, 2 * ds)
+        x_beta = explicit_flow(lambda x, offset: finite(k * ds + offset * 2 * ds, x), x_beta, 2 * ds, RK4)
+        x_inf = explicit_flow(lambda x, offset: infinite(k * ds + offset * 2 * ds, x), x_inf, 2 * ds, RK4)
         difference = x_beta - x_inf
         rows["time"].append(float(times[k + 2]))
         rows["upper"].append(float(torch.sqrt(masses @ (difference ** 2).sum(-1))))

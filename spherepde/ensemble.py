@@ -11,7 +11,7 @@ but the kernel, the whole [initial] section, particles.seed and particles.save, 
 of a training's [control] its loss and target, lambda_reg, the optimizer and its learning rate, iterations
 and tolerance, the bow candidates' keys and save_adjoint.  Everything else (sphere, time, solver, the
 particles' size, replicas and integrator, the layers and the gradient) is shared, and so must be what it
-implies: the time scheme ("auto" depends on eps), whether beta is infinite, whether the particles are noisy.
+implies: the time scheme of a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy.
 Particle runs stepped by the CFL rule (no fixed dt) each run alone: their members would take different steps
 and their draws would not be those of their serial runs.
 """
@@ -39,9 +39,9 @@ def batch_key(case: Case, index: int) -> tuple:
     shared = {section: {key: value for key, value in values.items()
                         if MEMBER_KEYS.get(section, set()) is not None and key not in MEMBER_KEYS.get(section, set())}
               for section, values in case.data.items()}
-    model = case["model"]
-    implied = (choose_scheme(case["time"]["scheme"], model["eps"]), math.isinf(model["beta"]), model["eps"] > 0)
-    method = case["solver"]["method"]
+    model, method = case["model"], case["solver"]["method"]
+    scheme = choose_scheme(case["time"]["scheme"], model["eps"]) if method != "particles" else None
+    implied = (scheme, math.isinf(model["beta"]), model["eps"] > 0)
     if method != "eulerian" and "dt" not in case["particles"] and "dt" not in case["time"]:
         implied += (index,)  # CFL-stepped particles run alone
     if method == "both":

@@ -163,10 +163,14 @@ def attention_mean(batch: ModelBatch, exp_kernel, points: torch.Tensor, rho: tor
     return attention(batch, exp_kernel, points, rho)[0]
 
 
+def drift(batch: ModelBatch, points: torch.Tensor, mean_field: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """u(x) = W x + V m(x) (M, P, d), before the tangent projection; W (M, d, d) the members' feed-forward matrices."""
+    return pointwise_product(points, W.transpose(-1, -2)) + pointwise_product(mean_field, batch.V.transpose(-1, -2))
+
+
 def velocity(batch: ModelBatch, points: torch.Tensor, mean_field: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """v(x) = P_x(W x + V m(x)) as ambient vectors (M, P, d); W (M, d, d) the members' feed-forward matrices."""
-    drift = pointwise_product(points, W.transpose(-1, -2)) + pointwise_product(mean_field, batch.V.transpose(-1, -2))
-    return tangent_projection(points, drift)
+    """v(x) = P_x(W x + V m(x)) as ambient vectors (M, P, d)."""
+    return tangent_projection(points, drift(batch, points, mean_field, W))
 
 
 def interaction_energy(model: Model, exp_kernel, basis, rho: torch.Tensor) -> float:

@@ -150,3 +150,6 @@ def test_batches_group_what_can_run_together():
     cfl = [case_from_dict({"sphere": base["sphere"], "time": {"t_end": 0.2, "cfl": 0.5},
                            "solver": {"method": "particles"}, "particles": {"seed": seed}}) for seed in range(3)]
     assert batches(cfl) == [[0], [1], [2]]
+    # Particles take no time scheme: eps = 1e-4 and 0.1 (two schemes under "auto") run together, eps = 0 not.
+    particles = [case(solver={"method": "particles"}, model={"eps": eps}) for eps in (1e-4, 0.1, 0.0)]
+    assert batches(particles) == [[0, 1], [2]]
