@@ -163,8 +163,14 @@ def is_current(row: Row, kind: str) -> bool:
 
 
 def commit() -> str:
-    return subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
-                          text=True, check=False).stdout.strip() or "unknown"
+    """The commit the plan runs, "-dirty" when tracked files other than the plan's own outputs (the summaries, the
+    report, its figures) differ from it."""
+    def git(*arguments):
+        return subprocess.run(["git", "-C", str(ROOT), *arguments], capture_output=True, text=True,
+                              check=False).stdout.strip()
+    outputs = [":!results/seed004_runs", ":!results/seed004.md", ":!results/seed004_*.png"]
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", "--", ".", *outputs) else "")
 
 
 def rounded(values, digits: int = 10):
@@ -503,8 +509,10 @@ def report_text(summaries: dict) -> str:
         euler_text = (f"{'true' if euler['three_phase'] else 'false'}, {euler['plateau']:.1f}, "
                       f"{euler['displacement']:.3f}, {fmt(euler['rate'])}, {fmt(euler['R'])}, "
                       f"{euler['J']:.6f} ({euler['check']:.6f})") if euler else eulerian_note(row, summaries)
-        seconds = f"{summary['cpu_seconds']:.0f}" + (f", {summaries[(row.key, 'eulerian')]['cpu_seconds']:.0f}"
-                                                     if (row.key, "eulerian") in summaries else "")
+        batch = summary.get("batch", [row.key])
+        seconds = (f"{summary['cpu_seconds']:.0f}" + (f" (one batch of {len(batch)} rows)" if len(batch) > 1 else "")
+                   + (f", {summaries[(row.key, 'eulerian')]['cpu_seconds']:.0f}"
+                      if (row.key, "eulerian") in summaries else ""))
         lines.append(
             f"| {row.title} | {len(runs)} | {sum(r['three_phase'] for r in runs)} | "
             f"{fmt_mean(mean_sd(r['plateau'] for r in runs), 1)} | "
@@ -516,7 +524,20 @@ def report_text(summaries: dict) -> str:
     lines += notes_section(measures, eulerian)
     missing = [row.key for row in ROWS if not row.same_as and row.key not in measures]
     lines += ["", "Rows not run yet: " + (", ".join(missing) if missing else "none") + ".", ""]
+    lines += cost_lines(summaries)
     return "\n".join(lines)
+
+
+def cost_lines(summaries: dict) -> list:
+    """The plan's CPU time from the summaries: each particle batch once, every Eulerian run."""
+    batches = {tuple(summary.get("batch", [key])): summary["cpu_seconds"]
+               for (key, kind), summary in summaries.items() if kind == "particles"}
+    eulerian = sum(summary["cpu_seconds"] for (key, kind), summary in summaries.items() if kind == "eulerian")
+    total = sum(batches.values()) + eulerian
+    made_by = sorted({summary["commit"] for summary in summaries.values()})
+    return [f"CPU time of the runs these summaries hold (process CPU seconds, one thread each): particles "
+            f"{sum(batches.values()):.0f} s in {len(batches)} batches, Eulerian {eulerian:.0f} s, in all {total:.0f} s "
+            f"= {total / 3600:.2f} h; made by commit {', '.join(made_by)}.", ""]
 
 
 RATE_ROWS = ["align-l020", "align-l065", "align-l080", "bow-k2", "bow-k10"]

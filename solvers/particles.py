@@ -62,6 +62,7 @@ from spherepde.sampling import initial_particles
 
 from .eulerian import MAX_STEPS_PER_SAVE, WallClock, failure, only, outcomes
 from .timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
+from .timesteppers import HEUN, RK4, Tableau
 
 # Largest block of Gaussian draws made at once per member (bytes).
 NOISE_BYTES = 2 ** 26
@@ -230,25 +231,12 @@ def exponential_map(points: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor
     return normalise(torch.cos(length) * points + torch.sin(length) * direction)
 
 
-@dataclass(frozen=True)
-class Tableau:
-    """An explicit Runge-Kutta method: stage i at x + h sum_{j<i} a[i][j] k_j, time offset c_i h, weights b."""
-
-    a: tuple
-    b: tuple
-
-    @property
-    def c(self) -> tuple:
-        return tuple(sum(row) for row in self.a)
-
-
-HEUN = Tableau(a=((), (1.0,)), b=(0.5, 0.5))
-RK4 = Tableau(a=((), (0.5,), (0.0, 0.5), (0.0, 0.0, 1.0)), b=(1 / 6, 1 / 3, 1 / 3, 1 / 6))
 TABLEAUX = {"heun": HEUN, "rk4": RK4}
 
 
 def explicit_increment(velocity, x: torch.Tensor, h: float, tableau: Tableau) -> torch.Tensor:
-    """y = x + h sum_i b_i k_i with k_i = velocity(x + h sum_{j<i} a_ij k_j, c_i): one step in R^d."""
+    """y = x + h sum_i b_i k_i with k_i = velocity(x + h sum_{j<i} a_ij k_j, c_i): one step in R^d of an
+    explicit tableau of solvers.timesteppers."""
     slopes = []
     for row, offset in zip(tableau.a, tableau.c):
         stage = x

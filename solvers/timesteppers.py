@@ -89,6 +89,8 @@ ARK436 = Tableau(
     b_implicit=_ARK436_B,
 )
 
+HEUN = Tableau(name="heun", order=2, a=((0, 0), (1, 0)), b=(F(1, 2), F(1, 2)), c=(0, 1))  # the particles' step
+
 RK4 = Tableau(
     name="rk4",
     order=4,
