@@ -31,8 +31,8 @@ import torch  # noqa: E402
 import xarray as xr  # noqa: E402
 
 import spherepde  # noqa: E402
-from spherepde.errors import NumericalFailure  # noqa: E402
-from spherepde.output import DIAGNOSTIC_ATTRS  # noqa: E402
+from spherepde.base.errors import NumericalFailure  # noqa: E402
+from spherepde.io.output import DIAGNOSTIC_ATTRS  # noqa: E402
 
 CASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", "baseline-inf.toml")
 

@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from spherepde.exp_kernel import block_rows, dense_exp_kernel  # noqa: E402
+from spherepde.kernels.exp_kernel import block_rows, dense_exp_kernel  # noqa: E402
 
 MEBIBYTES = [0.25, 1.0, 4.0, 16.0, 64.0]
 

@@ -80,7 +80,7 @@ def clock(function, repeats: int) -> float:
 def numpy_step(case):
     """A plain numpy IMEX step of the S^1 case (same grid, stages and dense kernel as the solver's): returns
     (step(c) -> c, c0)."""
-    from solvers.timesteppers import SCHEMES
+    from spherepde.discretisation.timesteppers import SCHEMES
 
     _, tableau = SCHEMES["imex-ark436"]
     lmax, eps, dt = case["sphere"]["lmax"], case["model"]["eps"], case["time"]["dt"]
@@ -184,7 +184,7 @@ def step_seconds(problem, repeats: int, dt: float = 0.01) -> float:
 
 def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
     """Seconds of a forward step per path (forced) and the path Transport's estimate picks."""
-    import spherepde.transport as transport
+    import spherepde.model.transport as transport
     from solvers.eulerian import ForwardProblem
 
     case = load(path, overrides)
@@ -213,9 +213,9 @@ torch.set_num_threads(1)
 sys.path.insert(0, sys.argv[1])
 import spherepde
 from solvers.eulerian import ForwardProblem
-from solvers.timesteppers import choose_scheme, make_stepper
+from spherepde.discretisation.timesteppers import choose_scheme, make_stepper
 from solvers.adjoint import ControlledForward, discrete_gradient
-from spherepde.initial import initial_density
+from spherepde.model.initial import initial_density
 settings = json.loads(sys.argv[2])
 def clock(function, repeats):
     times = []

@@ -43,8 +43,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import spherepde  # noqa: E402
-from spherepde.case import case_from_dict  # noqa: E402
-from spherepde.errors import NumericalFailure  # noqa: E402
+from spherepde.io.case import case_from_dict  # noqa: E402
+from spherepde.base.errors import NumericalFailure  # noqa: E402
 from solvers.particles import run_particles  # noqa: E402
 
 TOLERANCE = 1e-3

@@ -31,9 +31,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from spherepde.bases import dealiased_gauss_grid  # noqa: E402
-from spherepde.transforms.sht_shtns import ShtnsSHT  # noqa: E402
-from spherepde.transforms.sht_torch import LAYOUTS, TorchSHT, default_layout  # noqa: E402
+from spherepde.discretisation.bases import dealiased_gauss_grid  # noqa: E402
+from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT  # noqa: E402
+from spherepde.discretisation.transforms.sht_torch import LAYOUTS, TorchSHT, default_layout  # noqa: E402
 
 
 def best_times(functions: dict, repeats: int) -> dict:

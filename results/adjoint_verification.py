@@ -13,8 +13,8 @@ import time
 import torch
 
 from solvers.adjoint import ControlledForward, central_differences, continuous_gradient, discrete_gradient
-from spherepde.case import case_from_dict
-from spherepde.initial import initial_density
+from spherepde.io.case import case_from_dict
+from spherepde.model.initial import initial_density
 
 
 def make_case(kernel="unnormalized", dim=2, lmax=12, t_end=0.5, dt=0.05, scheme="auto", beta=1.0, loss="align",

@@ -14,11 +14,11 @@ from scipy.optimize import brentq
 from scipy.special import i0e, i1e
 
 import spherepde
-from spherepde.bases import make_basis
-from spherepde.concentration import hemisphere_mass
-from spherepde.device import placement
-from spherepde.transforms.sht_shtns import ShtnsSHT
-from spherepde.transforms.sht_torch import TorchSHT
+from spherepde.discretisation.bases import make_basis
+from spherepde.analysis.concentration import hemisphere_mass
+from spherepde.base.device import placement
+from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT
+from spherepde.discretisation.transforms.sht_torch import TorchSHT
 
 CPU64 = placement("cpu", "float64")
 

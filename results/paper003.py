@@ -43,9 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import spherepde
-from spherepde import concentration as cc
-from spherepde.checkpoint import Checkpoint
-from spherepde.output import write_dataset
+from spherepde.analysis import concentration as cc
+from solvers.checkpoint import Checkpoint
+from spherepde.io.output import write_dataset
 
 SUMMARIES = ROOT / "results" / "paper003_runs"
 # Dimensions of the fields a summary leaves out (densities, particles), and of its second moments.
@@ -126,7 +126,7 @@ NOISE_READING = [
     "t = 15.0 against 14.8 from the projected Gaussian law (beta = 30; alignment within 0.059 of the particles' "
     "while resolved), at 7.75 against 8.75 from the perturbed uniform law (beta = 10; its bump breaks the symmetry "
     "by about as much as sampling 2000 tokens does, and the particles' own sample adds a part of the same size).",
-    "- Why the pair on E is left, and where noise keeps it (the fourth table). spherepde/concentration.py "
+    "- Why the pair on E is left, and where noise keeps it (the fourth table). spherepde/analysis/concentration.py "
     "(two_cluster_stability) linearises the pair of clusters at +-e1 to first order in eps. Turned rigidly "
     "towards e3 it grows at sigma = -lambda_3 + 2 / (1 + beta s_3) (V_33 = -2; lambda_3 and s_3 are the restoring "
     "rate and variance of two_cluster_widths); shifted together towards e2 it decays. Point clusters (no noise) "
@@ -168,7 +168,7 @@ NOISE_READING = [
     "below its limit, happens to come within 0.22 eps of the n = 2000 particles, against 1.5 and 1.3 eps at the "
     "larger eps.) At beta = 1000 only two eps are there and beta eps >= 3: the linear extrapolation, 0.99939, is "
     "5e-4 below the particles at n = 8000. On E the stationary 1 - alignment is the clusters' thermal variance, which "
-    "spherepde/concentration.py (two_cluster_alignment) derives to first order in eps and every order in beta eps: "
+    "spherepde/analysis/concentration.py (two_cluster_alignment) derives to first order in eps and every order in beta eps: "
     "each token attends to the opposite cluster through a Gaussian tilt that the sphere's curvature narrows. The "
     "Eulerian runs match it at t = 20 to a relative 2.5e-4, 3.3e-5, 5e-6 at beta = 10 and 4.3e-4, 6.8e-5, 1e-5 at "
     "beta = 30 (eps = 1e-2, 3e-3, 1e-3: faster than eps), and to 2.9e-3 and 5.2e-4 at beta = 1000 (eps = 1e-2, "
@@ -185,7 +185,7 @@ NOISE_READING = [
     "The Eulerian runs at eps = 1e-2 (lmax 128) and 3e-3 (lmax 224) stay on E, resolved (tails 4e-7 and 9.5e-8), "
     "with 1 - alignment 0.0093124 and 0.0032120 at t = 20 against the theory's 0.0092851 and 0.0032103 (beta eps "
     "= 10 and 3). At eps = 1e-3 the clusters need lmax 336 (resolving_lmax), about 5 CPU hours: not run here. "
-    "They need the bounded attention mean of spherepde/model.py (softmax_mean). Between the sharp clusters Z is "
+    "They need the bounded attention mean of spherepde/model/attention.py (softmax_mean). Between the sharp clusters Z is "
     "exp(-beta gap) of its scale, below the transform's accuracy. The raw N / Z there reached |m| = 2 on a quarter "
     "of the grid, and then NaN at t = 8 (exit 3). The density there is round-off too, so bounding m by 1 changes "
     "rho v only at that level.",
@@ -607,7 +607,7 @@ def eulerian_eps_limit(data: dict) -> list:
     lines = ["", "Eulerian as eps -> 0, against the Eulerian run at eps = 0 (largest difference over the saves both "
              "have while both are resolved) and the particles at eps = 0 (at the time of their peak alignment with "
              "E, with their Monte Carlo standard error); last column: the alignment at t = 20 of the runs that "
-             "stay on E against the stationary pair of clusters at +-e1 to first order in eps (spherepde/concentration.py, "
+             "stay on E against the stationary pair of clusters at +-e1 to first order in eps (spherepde/analysis/concentration.py, "
              "two_cluster_alignment):", "",
              "| beta | rho_0 | eps | max abs(align E - Eulerian eps = 0) (over t <=) | the same / eps | at t | "
              "align E: Eulerian / particles eps = 0 (s.e.) | difference / eps | at t = 20: 1 - align E, Eulerian / "
@@ -680,7 +680,7 @@ def stability_section(data: dict) -> list:
     """The pair of clusters on E against cc.two_cluster_stability: its rotation towards e3 grows where
     beta eps < 1/2 (for the seed's V, B) and decays beyond; the measured rate of the Eulerian runs (rotation_rate)
     and whether the particles at the same eps leave E."""
-    lines = ["", "Stability of the pair of clusters at +-e1 (spherepde/concentration.py, two_cluster_stability, first "
+    lines = ["", "Stability of the pair of clusters at +-e1 (spherepde/analysis/concentration.py, two_cluster_stability, first "
              "order in eps): growth rate of its rigid rotation towards e3 and of its shift towards e2 (< 0: decay), "
              "against the Eulerian run's measured rotation rate (the growth of int x1 x3 drho while linear and "
              "resolved, from t = 3; from the uniform law it grows from round-off) and the particles at the same "

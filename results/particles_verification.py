@@ -40,13 +40,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import spherepde  # noqa: E402
 from benchmarks import particles_cross_validation as cross  # noqa: E402
 from benchmarks import particles_vs_eulerian as cost_benchmark  # noqa: E402
-from spherepde.case import case_from_dict  # noqa: E402
-from spherepde.compare import write_report  # noqa: E402
-from spherepde.concentration import hemisphere_mass  # noqa: E402
-from spherepde.diagnostics import wasserstein2  # noqa: E402
-from spherepde.model import principal_subspace  # noqa: E402
-from spherepde.output import write_dataset  # noqa: E402
-from spherepde.sampling import DensityFileSampler  # noqa: E402
+from spherepde.io.case import case_from_dict  # noqa: E402
+from spherepde.analysis.compare import write_report  # noqa: E402
+from spherepde.analysis.concentration import hemisphere_mass  # noqa: E402
+from spherepde.measures.diagnostics import wasserstein2  # noqa: E402
+from spherepde.model.attention import principal_subspace  # noqa: E402
+from spherepde.io.output import write_dataset  # noqa: E402
+from spherepde.model.sampling import DensityFileSampler  # noqa: E402
 from solvers.particles import run_particles  # noqa: E402
 
 FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "particles")

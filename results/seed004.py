@@ -21,7 +21,7 @@ case text of every member, the commit, the CPU seconds) is written to results/se
 which is committed.  A run is redone only when its case texts differ from the summary's, so on a fresh clone
 `--report-only` rewrites results/seed004.md and its figures from the summaries in seconds.
 
-What the report measures per run, from the stored series (spherepde.turnpike): the three-phase test on the
+What the report measures per run, from the stored series (spherepde.analysis.turnpike): the three-phase test on the
 energy gap (particles: the interaction energy, the entropy of 64 atoms being undefined; Eulerian: the free
 energy), the plateau and boundary-layer widths, the terminal displacement (angle of the mean at T minus at the
 save nearest the plateau's middle) and the fitted terminal rate (least-squares slope of log(gap - gap on the
@@ -189,9 +189,9 @@ def write_summary(row: Row, kind: str, summary: dict) -> None:
 
 
 def run_particles(keys: tuple, made_by: str) -> str:
-    """Train the 20 particle systems of each row `keys` in one batch (rows that spherepde.ensemble.batches puts
+    """Train the 20 particle systems of each row `keys` in one batch (rows that spherepde.api.ensemble.batches puts
     together: the same N, T and step) and write each row's summary (`made_by`: the commit the plan runs)."""
-    from spherepde.ensemble import run_batch
+    from spherepde.api.ensemble import run_batch
 
     rows = [BY_KEY[key] for key in keys]
     cases = [case for row in rows for case in particle_cases(row)]
@@ -231,8 +231,8 @@ def run_eulerian(key: str, made_by: str) -> str:
 
     import spherepde
     from solvers.adjoint import ControlledForward, evaluate_cost
-    from spherepde.errors import NumericalFailure
-    from spherepde.initial import initial_density
+    from spherepde.base.errors import NumericalFailure
+    from spherepde.model.initial import initial_density
 
     row = BY_KEY[key]
     case = eulerian_case(row)
@@ -264,8 +264,8 @@ def run_eulerian(key: str, made_by: str) -> str:
 
 def pending(keys: list) -> list:
     """(runner, argument) of every run of the rows `keys` whose summary is missing or stale: the particle rows in
-    the batches that spherepde.ensemble.batches makes of them (largest first), then the Eulerian runs."""
-    from spherepde.ensemble import batches
+    the batches that spherepde.api.ensemble.batches makes of them (largest first), then the Eulerian runs."""
+    from spherepde.api.ensemble import batches
 
     rows = [BY_KEY[key] for key in dict.fromkeys(runs_of(BY_KEY[key]).key for key in keys)]
     particle_rows = [row for row in rows if not is_current(row, "particles")]
@@ -301,9 +301,9 @@ VERDICT_RULE = (
 
 def run_measures(times: np.ndarray, gap: np.ndarray, mean: np.ndarray) -> dict:
     """The seed's measures of one run from its energy gap and mean at the save times: the three-phase test and its
-    widths (spherepde.turnpike.phases), the terminal displacement and the fitted terminal rate a, the slope of
+    widths (spherepde.analysis.turnpike.phases), the terminal displacement and the fitted terminal rate a, the slope of
     log(gap - gap on the plateau) over the terminal layer (the gap grows like exp(a t) towards T)."""
-    from spherepde import turnpike
+    from spherepde.analysis import turnpike
 
     test = turnpike.phases(times, gap)
     angle = turnpike.mean_angle(mean)
@@ -321,7 +321,7 @@ def rate_variants(times: np.ndarray, gap: np.ndarray, mean: np.ndarray, W: np.nd
     over the slices that start in [T - 10, T - 2), the last slice left out (the turn saturates there; chosen
     after seeing the first row's profile, where |W_l| grows 70-fold a slice over the four before it).  Per
     layer of width T / layers (2 here) each is twice these."""
-    from spherepde import turnpike
+    from spherepde.analysis import turnpike
 
     test = turnpike.phases(times, gap)
     end = test["plateau_end"]
@@ -550,7 +550,7 @@ def rate_section(measures: dict, eulerian: dict) -> list:
              "Each fit is a least-squares slope of a log over the terminal layer (t >= the plateau's end), per unit "
              "depth (per layer of width 2: twice these).  Particles: mean +- sd over the runs; E: the Eulerian run; "
              "R: the Rayleigh quotient at the Gibbs minimum and the first gradient's adjoint rate "
-             "(spherepde/turnpike.py, "
+             "(spherepde/analysis/turnpike.py, "
              "results/seed004_escape.md), both Eulerian.  A normalisation that explains the seed would show as one "
              "ratio seed / ours for every row.", "",
              "| row | seed a | seed R | " + " | ".join(f"{name} (particles; E)" for name in VARIANTS.values())
@@ -575,12 +575,12 @@ def rate_section(measures: dict, eulerian: dict) -> list:
 
 def turnpike_section(summaries: dict) -> list:
     """The seed's turnpike bound Delta(t) <= C (exp(-a t) + exp(-a (T - t))) fitted on every trained Eulerian run
-    (spherepde.turnpike.turnpike_bound), beside the spectral gap 1 - lambda_2 and R."""
-    from spherepde import turnpike
+    (spherepde.analysis.turnpike.turnpike_bound), beside the spectral gap 1 - lambda_2 and R."""
+    from spherepde.analysis import turnpike
 
     lines = ["", "## The turnpike bound on the trained Eulerian runs", "",
              "C = max(Delta(0), Delta(T)), a the largest rate with Delta(t) <= C (exp(-a t) + exp(-a (T - t))) at "
-             "every save (spherepde.turnpike.turnpike_bound; Delta = free energy - min E on the run's grid).  "
+             "every save (spherepde.analysis.turnpike.turnpike_bound; Delta = free energy - min E on the run's grid).  "
              "The seed: C and a do not depend on T, and a is set by the spectral gap 1 - lambda_2 / lambda_1.", "",
              "| row | T | 1 - lambda_2 | C | a | a / (1 - lambda_2) | R | smallest Delta on the plateau |",
              "|---|---|---|---|---|---|---|---|"]
@@ -679,7 +679,7 @@ def write_figures(summaries: dict, folder: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from spherepde import turnpike
+    from spherepde.analysis import turnpike
 
     rows = [row for row in ROWS if not row.same_as and (row.key, "particles") in summaries]
     if not rows:

@@ -80,7 +80,7 @@ def train(job):
     """Train one run of `job` = (kind, draw, seed, delta) to its file (the module docstring)."""
     from solvers.particle_training import run_particle_training
     from solvers.training import run_training
-    from spherepde.output import write_dataset
+    from spherepde.io.output import write_dataset
 
     kind, draw, seed, delta = job
     case = load(NAME, job_overrides(kind, draw, seed))
@@ -108,7 +108,7 @@ def figures(path):
     """J at the end, the displacement, the optimiser's stop and, for an Eulerian run, its largest spectral tail."""
     import xarray as xr
 
-    from spherepde.case import load_case_text
+    from spherepde.io.case import load_case_text
 
     with xr.open_dataset(path) as dataset:
         tail = float(dataset["spectral_tail"].max()) if "spectral_tail" in dataset else np.nan

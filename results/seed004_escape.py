@@ -6,7 +6,7 @@ For each seed-004 case as written in cases/ (S^1, eps = 1e-2, T = 80, lmax 128, 
 gradient step of training (the seed's 1-GD) is computed at W = model.W = 0: the forward run from the case's
 initial law, then the adjoint backward from phi_T = dl/dmu(mu_T), the continuous one (control.gradient =
 "continuous": 4x cheaper here than the discrete one, and equal to it in these rates to 5 digits in a
-check at lmax 32, eps = 0.05).  Reported (spherepde.turnpike):
+check at lmax 32, eps = 0.05).  Reported (spherepde.analysis.turnpike):
 
   R_mu(g)      Rayleigh quotient of the Wasserstein Hessian along grad g, g = dl/dmu at the Gibbs minimum
                in the well nearest the initial mean: the predicted escape rate;
@@ -46,7 +46,7 @@ def measure(name: str, overrides: tuple = ()) -> dict:
     torch.set_num_threads(1)
     import spherepde
     from solvers.adjoint import ControlledForward, continuous_gradient, discrete_gradient
-    from spherepde import turnpike
+    from spherepde.analysis import turnpike
 
     case = spherepde.load_case(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", f"{name}.toml"),
                                ["control.gradient='continuous'", *overrides])
@@ -83,7 +83,7 @@ def main(argv=None):
     print(f"Each case of `cases/` at its own scale (S^1, eps = {first['eps']:g}, T = {first['T']:g}, lmax {first['lmax']}, "
           f"dt = {first['dt']:g}): the first gradient step at W = 0 (the seed's 1-GD), continuous adjoint. "
           "R_mu(g) is the Rayleigh quotient of the Wasserstein Hessian of E along grad g at the Gibbs minimum "
-          "(spherepde/turnpike.py explains why this, not the seed's printed formula, is the rate: the adjoint is "
+          "(spherepde/analysis/turnpike.py explains why this, not the seed's printed formula, is the rate: the adjoint is "
           "phi_t = exp(-(T - t) H K) g near the minimum); the escape rate is the fitted growth rate of "
           "|grad phi_t|_{L2(mu_t)} over the last 1 / R_mu(g) of depth, the slope at T that over the last step, "
           "the deep rate that over [T - 10, T - 2] (the slowest mode present in g; the script's docstring says why "

@@ -72,8 +72,8 @@ def mean_field_cost(name, overrides):
     import torch
 
     from solvers.adjoint import ControlledForward, evaluate_cost
-    from spherepde.errors import NumericalFailure
-    from spherepde.initial import initial_density
+    from spherepde.base.errors import NumericalFailure
+    from spherepde.model.initial import initial_density
 
     forward = ControlledForward(load(name, overrides))
     c0 = initial_density(forward.case["initial"], forward.problem.basis)
@@ -95,7 +95,7 @@ def particle_path(name, seed, warm_n=None, training="adam"):
 def train_particles(name, seed, warm_n=None, start=None, training="adam"):
     """Train one particle run (cold, from W = 0; or, with warm_n, N = warm_n particles from `start`) to its file."""
     from solvers.particle_training import run_particle_training
-    from spherepde.output import write_dataset
+    from spherepde.io.output import write_dataset
 
     overrides = particle_overrides(training) + [f"particles.seed={seed}"]
     if warm_n:
@@ -114,7 +114,7 @@ def particle_row(name, seed, eulerian_W, training="adam"):
     import xarray as xr
 
     from solvers.particle_training import ParticleControl
-    from spherepde.case import load_case_text
+    from spherepde.io.case import load_case_text
 
     with xr.open_dataset(particle_path(name, seed, training=training)) as dataset:
         attrs = dataset.attrs
@@ -131,7 +131,7 @@ def eulerian_rows(name, training="adam"):
     (turnpike.phases is blind to the constant min E, so the energies themselves serve as gaps), and its W."""
     import xarray as xr
 
-    from spherepde import turnpike
+    from spherepde.analysis import turnpike
 
     if not os.path.exists(path_of(name, T_END, training)):
         member((name, T_END, training))
@@ -210,7 +210,7 @@ def continue_eulerian(name, learning_rate, iterations):
     import torch
 
     from solvers.training import run_training
-    from spherepde.output import write_dataset
+    from spherepde.io.output import write_dataset
 
     case = load(name, overrides_of("adam", T_END) + [f"control.learning_rate={learning_rate}",
                                                       f"control.iterations={iterations}"])
@@ -290,7 +290,7 @@ def run_particles_at(name, W, n, seeds, path, overrides=()):
     import xarray as xr
 
     from solvers.particle_training import ParticleControl
-    from spherepde.output import write_dataset
+    from spherepde.io.output import write_dataset
 
     W = torch.as_tensor(W)
     costs, orders = [], []

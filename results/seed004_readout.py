@@ -63,7 +63,7 @@ def train(job):
     torch.set_num_threads(1)
     import spherepde
     from solvers.particle_training import run_particle_training
-    from spherepde.output import write_dataset
+    from spherepde.io.output import write_dataset
 
     readout, name, seed = job
     if os.path.exists(path_of(readout, name, seed)):

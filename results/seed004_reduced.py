@@ -53,7 +53,7 @@ def member(job):
     import warnings
 
     import spherepde
-    from spherepde.output import write_dataset
+    from spherepde.io.output import write_dataset
 
     overrides = overrides_of(training, t_end)
     if name == "seed004-no-train":
@@ -124,7 +124,7 @@ def print_tables(rows):
     """The three tables of one training: the cases at T = 16, the depth sweep, the adjoint's growth."""
     print("## Phases, escape rate, Rayleigh quotient (T = 16), beside the seed (T = 80, N = 64 particles)\n")
     print("escape rate: growth rate of the first gradient's adjoint over the last 1 / R_mu(g) of depth; R_mu(g): "
-          "Rayleigh quotient of the Wasserstein Hessian (spherepde/turnpike.py); terminal energy rate: slope of "
+          "Rayleigh quotient of the Wasserstein Hessian (spherepde/analysis/turnpike.py); terminal energy rate: slope of "
           "log(Delta - Delta_ref) over the trained run's terminal layer; iterations and |dJ/dW|_F at the end of "
           "the training.\n")
     print("| case | three phases | plateau | initial / terminal layer | terminal lift | J first -> last | "

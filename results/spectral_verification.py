@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from spherepde.bases import SphereBasis  # noqa: E402
-from spherepde.device import placement  # noqa: E402
-from spherepde.exp_kernel import SpectralExpKernel, dense_exp_kernel, kernel_degree  # noqa: E402
+from spherepde.discretisation.bases import SphereBasis  # noqa: E402
+from spherepde.base.device import placement  # noqa: E402
+from spherepde.kernels.exp_kernel import SpectralExpKernel, dense_exp_kernel, kernel_degree  # noqa: E402
 
 CPU64 = placement("cpu", "float64")
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])

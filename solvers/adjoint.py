@@ -16,7 +16,7 @@ Two gradients, one step grid (control.gradient):
   attention, filter included), composed with l on the grid.  Reverse-mode differentiation written out: the
   cotangent a_n of c_n obeys a_n = (dS_n/dc)^* a_{n+1}, and dJ/dW_l collects (dS_n/dW)^* a_{n+1} over the
   steps of slice l, each a transpose of the scheme's linear algebra (timesteppers.RungeKutta.adjoint) around
-  the transport's (spherepde.transport.Transport.vjp).  It agrees with central finite differences of the
+  the transport's (spherepde.model.transport.Transport.vjp).  It agrees with central finite differences of the
   discrete J to round-off (tests/test_adjoint.py).  The cotangent is the discrete adjoint state: phi_n has
   coefficients a_n / multiplicity (Parseval).
 * "continuous": the adjoint PDE discretised on its own.  phi solves, backward from phi_T = dl/dmu(mu_T),
@@ -57,15 +57,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from spherepde.ambient import inner
-from spherepde.errors import CaseError, NumericalFailure
-from spherepde.exp_kernel import MemberKernels
-from spherepde.losses import make_loss
-from spherepde.model import attention, velocity
-from spherepde.transport import complex_state, real_state
+from spherepde.geometry.ambient import inner
+from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.kernels.exp_kernel import MemberKernels
+from spherepde.model.losses import make_loss
+from spherepde.model.attention import attention, velocity
+from spherepde.model.transport import complex_state, real_state
 
-from .eulerian import BLOW_UP_FACTOR, ForwardProblem, departure, only
-from .timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
+from solvers.eulerian import BLOW_UP_FACTOR, ForwardProblem, departure, only
+from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 
 # Largest tape of a gradient evaluation kept in memory whole (the stages' tokens, else step states), all members.
 TAPE_BYTES = 512 * 2 ** 20

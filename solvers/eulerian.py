@@ -3,7 +3,7 @@
     d_t c = eps Lap c - div(rho v[rho])^        (c = spectral coefficients of rho)
 
 The diffusion is diagonal in the basis (implicit, or an integrating factor), the transport
-(spherepde.transport) is evaluated on the dealiased grid and returned to spectral space through the weak
+(spherepde.model.transport) is evaluated on the dealiased grid and returned to spectral space through the weak
 divergence, whose degree-0 coefficient is zero: mass is conserved to round-off by construction.
 
 Members share the grid, the scheme and the save times, and may differ in the initial law and the model's
@@ -22,20 +22,20 @@ import warnings
 import numpy as np
 import torch
 
-from spherepde import diagnostics as diag
-from spherepde.bases import make_basis
-from spherepde.device import placement as make_placement
-from spherepde.energy import FreeEnergy
-from spherepde.errors import CaseError, NumericalFailure
-from spherepde.exp_kernel import MemberKernels
-from spherepde.initial import initial_density
-from spherepde.model import Model, ModelBatch, check_resolution, interaction_energy, principal_subspace
-from spherepde.output import DIAGNOSTIC_ATTRS, eulerian_dataset
-from spherepde.progress import Progress
-from spherepde.transport import Transport, complex_state, real_diagonal, real_state
+from spherepde.measures import diagnostics as diag
+from spherepde.discretisation.bases import make_basis
+from spherepde.base.device import placement as make_placement
+from spherepde.model.energy import FreeEnergy
+from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.kernels.exp_kernel import MemberKernels
+from spherepde.model.initial import initial_density
+from spherepde.model.attention import Model, ModelBatch, check_resolution, interaction_energy, principal_subspace
+from spherepde.io.output import DIAGNOSTIC_ATTRS, eulerian_dataset
+from spherepde.base.progress import Progress
+from spherepde.model.transport import Transport, complex_state, real_diagonal, real_state
 
-from .timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
-from .timesteppers import RungeKutta, choose_scheme
+from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
+from spherepde.discretisation.timesteppers import RungeKutta, choose_scheme
 
 MAX_STEPS_PER_SAVE = 1e12  # a CFL step asking for more means the velocity blew up
 # A finite state is no density any more when |rho| exceeds this many times the densest one the grid holds
@@ -420,7 +420,7 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
     stopped it (carrying its dataset up to its last good save).
 
     Finiteness is checked at save times and checkpoints only, so that a GPU run never waits on the host inside a
-    save interval.  With a `checkpoint` (spherepde.checkpoint.Checkpoint; one member only) the state is stored
+    save interval.  With a `checkpoint` (solvers.checkpoint.Checkpoint; one member only) the state is stored
     whenever one is due, and a checkpoint marked `resume` continues from its state: the result is bit for bit that
     of an uninterrupted run."""
     case, timing = problem.cases[0], problem.cases[0]["time"]

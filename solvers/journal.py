@@ -14,7 +14,7 @@ torch build or machine: round-off), the rest of the stored evaluations is droppe
 warning and a line in the output's `notes` (the checkpoint keeps the evaluations up to there and the new
 ones); the result is then that of an uninterrupted training on this machine.
 
-In the checkpoint (spherepde.checkpoint) each segment is a Dataset of the evaluations made since the one
+In the checkpoint (solvers.checkpoint) each segment is a Dataset of the evaluations made since the one
 before, along the dimension `evaluation`; the state holds the case text, the number of evaluations (its
 "steps": `--checkpoint-steps N` asks for a checkpoint every N evaluations) and the notes so far.  An
 interrupt takes effect at the end of the evaluation in progress.
@@ -34,9 +34,9 @@ import numpy as np
 import torch
 import xarray as xr
 
-from spherepde.errors import NumericalFailure
+from spherepde.base.errors import NumericalFailure
 
-from .adjoint import Gradient
+from solvers.adjoint import Gradient
 
 
 class Evaluation:

@@ -30,10 +30,12 @@ large beta or large n, beta = 0 and the beta = inf fields are transposed by auto
 
 import torch
 
-from spherepde.ambient import inner, tangent_projection
-from spherepde.model import drift
+from spherepde.geometry.ambient import inner, tangent_projection
+from spherepde.model.attention import drift
 
-from .particles import TABLEAUX, Integrator, direct_attention, explicit_increment, noise_variance, normalise
+from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_increment
+from spherepde.geometry.sphere import normalise
+from solvers.particles import Integrator, direct_attention, noise_variance
 
 
 def supports(integrator: Integrator, x: torch.Tensor) -> bool:
@@ -112,7 +114,7 @@ class Flow:
     """particles.explicit_flow with the integrator's tableau from x (`out`), keeping its stages for `transpose`."""
 
     def __init__(self, integrator: Integrator, x: torch.Tensor, W: torch.Tensor, h: float):
-        self.tableau, self.h, self.W, self.stages = TABLEAUX[integrator.name], h, W, []
+        self.tableau, self.h, self.W, self.stages = EXPLICIT_TABLEAUX[integrator.name], h, W, []
 
         def velocity(point, offset):
             self.stages.append(Stage(integrator.field, point, W))

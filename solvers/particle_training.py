@@ -10,7 +10,7 @@ and the cost
 
     J(W) = l(mu_T^n) + lambda_reg / 2 sum_l |W_l|_F^2 T / L,
 
-with the loss l of control.loss (spherepde.losses, atoms X_i(T) with masses 1/n).
+with the loss l of control.loss (spherepde.model.losses, atoms X_i(T) with masses 1/n).
 
 Forward map.  x_0: particles.n draws from [initial] by a generator seeded with particles.seed
 (solvers.particles.initial_state, as the particle solver draws them).  The particles.integrator
@@ -41,7 +41,7 @@ the final W, recorded at the save times with the particle solver's diagnostics (
 with fresh noise, the path of particles.seed itself.
 
 Phases.  The entropy of an empirical measure is not defined, so the three-phase test
-(spherepde.turnpike.phases) runs on the interaction part of the seed's energy:
+(spherepde.analysis.turnpike.phases) runs on the interaction part of the seed's energy:
 
     interaction_gap(t) = I_n(mu_t^n) - I(rho_*),
     I_n = -1 / (2 n (n - 1)) sum_{i != j} exp(beta <X_i, B X_j>)   (the recorder's interaction_energy,
@@ -70,17 +70,17 @@ import numpy as np
 import torch
 import xarray as xr
 
-from spherepde import turnpike
-from spherepde.errors import CaseError, NumericalFailure
-from spherepde.losses import make_loss
-from spherepde.model import interaction_energy
+from spherepde.analysis import turnpike
+from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.model.losses import make_loss
+from spherepde.model.attention import interaction_energy
 
-from . import particle_adjoint
-from .adjoint import Gradient
-from .eulerian import ForwardProblem, only
-from .particles import ParticleSystem, initial_state, run_members
-from .timegrid import Plan, TimeGrid, fixed_steps
-from .training import Lockstep, control_variables, finished, journaled_optimise, kept_at_start
+from solvers import particle_adjoint
+from solvers.adjoint import Gradient
+from solvers.eulerian import ForwardProblem, only
+from solvers.particles import ParticleSystem, initial_state, run_members
+from solvers.timegrid import Plan, TimeGrid, fixed_steps
+from solvers.training import Lockstep, control_variables, finished, journaled_optimise, kept_at_start
 
 
 class ParticleControl:

@@ -3,7 +3,7 @@
     dX_i = v[mu_n](X_i, t) dt + sqrt(2 eps) dB_i,    mu_n = (1/n) sum_j delta_{X_j},
 
 with B_i independent Brownian motions on the sphere (generator eps Lap).  The drift is the same
-model (spherepde.model: attention, velocity) as the Eulerian solver's, with the empirical measure in place of
+model (spherepde.model.attention: attention, velocity) as the Eulerian solver's, with the empirical measure in place of
 rho: the attention integral is the exponential-kernel sum over the particles with weights 1/n
 (exp_kernel.dense_exp_kernel), or, for the softmax kernel on CUDA, fused scaled-dot-product attention
 m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same sum, memory O(n) per block of rows).  On the CPU the
@@ -49,20 +49,21 @@ import ot
 import torch
 import torch.nn.functional as F
 
-from spherepde import diagnostics as diag
-from spherepde.ambient import tangent_projection
-from spherepde.device import placement as make_placement
-from spherepde.energy import FreeEnergy
-from spherepde.errors import CaseError
-from spherepde.exp_kernel import DenseExpKernel, block_rows, dense_exp_kernel
-from spherepde.model import Model, ModelBatch, attention_mean, principal_subspace, velocity, zero_temperature_mean
-from spherepde.output import particle_dataset
-from spherepde.progress import Progress
-from spherepde.sampling import initial_particles
+from spherepde.measures import diagnostics as diag
+from spherepde.geometry.ambient import tangent_projection
+from spherepde.base.device import placement as make_placement
+from spherepde.model.energy import FreeEnergy
+from spherepde.base.errors import CaseError
+from spherepde.kernels.exp_kernel import DenseExpKernel, block_rows, dense_exp_kernel
+from spherepde.model.attention import Model, ModelBatch, attention_mean, principal_subspace, velocity, zero_temperature_mean
+from spherepde.io.output import particle_dataset
+from spherepde.base.progress import Progress
+from spherepde.model.sampling import initial_particles
 
-from .eulerian import MAX_STEPS_PER_SAVE, WallClock, failure, only, outcomes
-from .timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
-from .timesteppers import HEUN, RK4, Tableau
+from solvers.eulerian import MAX_STEPS_PER_SAVE, WallClock, failure, only, outcomes
+from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
+from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_flow
+from spherepde.geometry.sphere import exponential_map, normalise
 
 # Largest block of Gaussian draws made at once per member (bytes).
 NOISE_BYTES = 2 ** 26
@@ -144,7 +145,7 @@ def direct_attention(points: torch.Tensor, coupling: torch.Tensor, softmax: bool
 
 class SystemKernel:
     """The exponential-kernel sum over each system's particles with weights 1/n_s, where `direct_attention` does
-    not serve: channels (S, n_s, c) -> (scaled, log_scale) as the transforms of spherepde.exp_kernel give them
+    not serve: channels (S, n_s, c) -> (scaled, log_scale) as the transforms of spherepde.kernels.exp_kernel give them
     (model.attention's `exp_kernel`).  beta = 0: the plain sums; else the shifted blocks of
     exp_kernel.dense_exp_kernel."""
 
@@ -220,41 +221,6 @@ class ParticleField:
 # ---------------------------------------------------------------------------------------
 
 
-def normalise(y: torch.Tensor) -> torch.Tensor:
-    return y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
-
-
-def exponential_map(points: torch.Tensor, tangent: torch.Tensor) -> torch.Tensor:
-    """exp_x(u) = cos|u| x + sin|u| u / |u| (x where u = 0), renormalised against round-off."""
-    length = torch.linalg.vector_norm(tangent, dim=-1, keepdim=True)
-    direction = tangent / torch.where(length > 0, length, 1.0)
-    return normalise(torch.cos(length) * points + torch.sin(length) * direction)
-
-
-TABLEAUX = {"heun": HEUN, "rk4": RK4}
-
-
-def explicit_increment(velocity, x: torch.Tensor, h: float, tableau: Tableau) -> torch.Tensor:
-    """y = x + h sum_i b_i k_i with k_i = velocity(x + h sum_{j<i} a_ij k_j, c_i): one step in R^d of an
-    explicit tableau of solvers.timesteppers."""
-    slopes = []
-    for row, offset in zip(tableau.a, tableau.c):
-        stage = x
-        for weight, slope in zip(row, slopes):
-            if weight:
-                stage = torch.add(stage, slope, alpha=h * weight)
-        slopes.append(velocity(stage, offset))
-    for weight, slope in zip(tableau.b, slopes):
-        x = torch.add(x, slope, alpha=h * weight)
-    return x
-
-
-def explicit_flow(velocity, x: torch.Tensor, h: float, tableau: Tableau) -> torch.Tensor:
-    """The step of `tableau` in R^d, then normalised: the sphere is invariant for the drift, so normalising once
-    per step keeps the method's order."""
-    return normalise(explicit_increment(velocity, x, h, tableau))
-
-
 def noise_variance(eps, tau: float, dim: int):
     """sigma^2 = 2 eps tau (1 - (d - 2) eps tau / 3): the geodesic Gaussian step of weak order 2 (eps a number or
     a tensor of the members' eps)."""
@@ -312,7 +278,7 @@ class Integrator:
             if not self.noisy:
                 return normalise(x + drift)
             return exponential_map(x, drift + torch.sqrt(2 * self.eps * h) * self.gaussian(x, next(draws)))
-        flow = TABLEAUX[self.name]
+        flow = EXPLICIT_TABLEAUX[self.name]
         if not self.noisy:
             return explicit_flow(lambda y, offset: self.field(y, W), x, h, flow)
         if k == 0:
@@ -500,7 +466,7 @@ class ParticleRecorder(WallClock):
     std over the R systems of their estimates / sqrt(R), honest at every time (Student t
     with R - 1 degrees of freedom); values from all n tokens, the interaction energy as the
     mean of the R within-system U-statistics.
-    entropy needs a density: NaN for particles; free_energy (spherepde.energy) is its interaction part U
+    entropy needs a density: NaN for particles; free_energy (spherepde.model.energy) is its interaction part U
     when eps = 0, NaN otherwise.
     """
 

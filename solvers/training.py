@@ -37,7 +37,7 @@ times), with control.save_adjoint `phi` (adjoint_time, grid: the adjoint at the 
 `layer_time` (layer: start of each slice) and the seed-004 diagnostics of `turnpike_variables`
 (the escape rate from the first gradient's adjoint, at its step times), and the attribute optimizer_stop:
 why the optimizer stopped (iterations reached, which tolerance, or scipy's message with its count of
-evaluations and of failed trial runs).  With a checkpoint (spherepde.checkpoint: the command line's
+evaluations and of failed trial runs).  With a checkpoint (solvers.checkpoint: the command line's
 --checkpoint-minutes, --checkpoint-steps, --resume) the training keeps its evaluations of J and dJ/dW
 there, and a resumed training replays them and goes on where it was interrupted, ending bit for bit
 where an uninterrupted one ends (solvers/journal.py); the trained run after it is one forward run and
@@ -52,14 +52,14 @@ import numpy as np
 import torch
 import xarray as xr
 
-from spherepde import turnpike
-from spherepde.errors import NumericalFailure
-from spherepde.progress import Progress
+from spherepde.analysis import turnpike
+from spherepde.base.errors import NumericalFailure
+from spherepde.base.progress import Progress
 
-from .adjoint import GRADIENTS, ControlledForward, Gradient
-from .eulerian import ForwardHooks, Recorder, only
-from .journal import Journal
-from .timegrid import integrate
+from solvers.adjoint import GRADIENTS, ControlledForward, Gradient
+from solvers.eulerian import ForwardHooks, Recorder, only
+from solvers.journal import Journal
+from solvers.timegrid import integrate
 
 
 class TrainingResult:
@@ -247,7 +247,7 @@ def train(forward: ControlledForward, c0=None, progress: bool | None = None, sta
 
 
 def _states(forward: ControlledForward, c0) -> torch.Tensor:
-    from spherepde.transport import real_state
+    from spherepde.model.transport import real_state
 
     return real_state(c0[None]) if c0.is_complex() else c0
 
@@ -482,7 +482,7 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
     """Train the case's control and return the Dataset of the trained forward run (module docstring).
 
     `start`: the controls W_l (layers, d, d) the optimizer starts from (None: model.W on every layer),
-    e.g. to continue an earlier training from its `W`.  `checkpoint`: a spherepde.checkpoint.Checkpoint that
+    e.g. to continue an earlier training from its `W`.  `checkpoint`: a solvers.checkpoint.Checkpoint that
     keeps the training's evaluations (and, marked resume, holds those of an interrupted training).
     """
     return only(run_trainings([case], progress, [start], [checkpoint]))
@@ -562,7 +562,7 @@ def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.D
 
 
 def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Dataset, first: Gradient) -> dict:
-    """Seed-004 diagnostics of member `member`'s trained run (spherepde.turnpike): `energy_gap` and `mean_angle`
+    """Seed-004 diagnostics of member `member`'s trained run (spherepde.analysis.turnpike): `energy_gap` and `mean_angle`
     (time), and the global attributes plateau_width, initial_width, terminal_width, three_phase ("true"/"false"),
     plateau_relative_variance, terminal_lift, terminal_energy_rate, escape_rate (from `first`, the gradient
     at the initial control), adjoint_rate, rayleigh_quotient, h_minus_one_quotient, h_minus_one_norm,

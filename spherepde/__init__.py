@@ -5,93 +5,21 @@ Python API (mirrors the command line):
     dataset = spherepde.run(case)          # xarray.Dataset (DESIGN §6)
 """
 
-from .errors import CaseError, NumericalFailure
+from spherepde.api.dispatch import run
+from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.base.version import VERSION
 
-__version__ = "0.2.0"
+__version__ = VERSION
 __all__ = ["Case", "CaseError", "NumericalFailure", "__version__", "load_case", "load_case_text", "run"]
 
 
 def __getattr__(name: str):
-    """Case, load_case and load_case_text, imported from spherepde.case when first asked for: that module brings in
+    """Case, load_case and load_case_text, imported from spherepde.io.case when first asked for: that module brings in
     numpy and xarray (about a second), which neither `spherepde --help` nor the command line's refusal of a second
-    writer of an output (spherepde.locking) should wait for."""
+    writer of an output (spherepde.io.locking) should wait for."""
     if name in ("Case", "load_case", "load_case_text"):
-        from . import case
+        from spherepde.io import case
 
         return getattr(case, name)
     raise AttributeError(f"module 'spherepde' has no attribute {name!r}")
 
-
-def run(case: "Case", progress: bool | None = None, checkpoint=None):
-    """Run a case with the solver its [solver] method names; returns an xarray.Dataset.
-
-    torch runs on solver.threads CPU threads meanwhile (spherepde.threads: one on small problems).
-
-    "both" runs the Eulerian solver and then the particles, and returns one Dataset: the
-    Eulerian run's variables and attributes as they are, the particle run's diagnostics and
-    attributes prefixed with "particles_", and the positions `particles` (see
-    `spherepde.output.both_dataset`; `spherepde.output.split_both` undoes it).  When one of the two fails
-    numerically the other still runs, and the NumericalFailure carries the combined Dataset (the failed run's
-    saves up to its failure, NaN after).
-
-    `checkpoint` (a :class:`spherepde.checkpoint.Checkpoint`) stores the state of a long run
-    now and then and, when marked `resume`, continues the run from it.
-
-    A case with a [control] section is a training run: W is trained, and the Dataset is the
-    forward run with the trained W plus `W`, `loss`, `adjoint_norm`; of the density
-    (solvers.training.run_training) with solver.method = "eulerian", of the particle system
-    (solvers.particle_training.run_particle_training) with "particles".  A training keeps its
-    evaluations of J and dJ/dW in the checkpoint (solvers/journal.py).
-    """
-    from .limits import check_memory
-    from .threads import threads_for  # torch is imported by the run, not by `import spherepde`
-
-    check_memory(case)  # for the API: the command line has checked it already, before taking the lock
-    with threads_for(case):
-        return _run(case, progress, checkpoint)
-
-
-def _run(case: "Case", progress: bool | None, checkpoint):
-    method = case["solver"]["method"]
-    if case["control"]:
-        if method == "particles":
-            from solvers.particle_training import run_particle_training
-
-            return run_particle_training(case, progress=progress, checkpoint=checkpoint)
-        from solvers.training import run_training
-
-        return run_training(case, progress=progress, checkpoint=checkpoint)
-    if method == "particles":
-        if checkpoint is not None:
-            raise CaseError("checkpoints are available for the Eulerian solver and trainings only (a particle run "
-                            "is reproduced bit for bit by its seed)")
-        from solvers.particles import run_particles
-
-        return run_particles(case, progress=progress)
-    from solvers.eulerian import run_eulerian
-
-    if method == "eulerian":
-        return run_eulerian(case, progress=progress, checkpoint=checkpoint)
-    from solvers.particles import run_particles
-
-    from .output import both_dataset
-
-    # each solver's failure keeps its last good state, and the other solver still runs
-    eulerian, eulerian_failure = _kept_on_failure(lambda: run_eulerian(case, progress=progress, checkpoint=checkpoint))
-    particles, particle_failure = _kept_on_failure(lambda: run_particles(case, progress=progress))
-    combined = both_dataset(eulerian, particles)
-    failure = eulerian_failure or particle_failure
-    if failure is not None:
-        failure.dataset = combined
-        raise failure
-    return combined
-
-
-def _kept_on_failure(solve):
-    """(dataset, None) from solve(), or (its last good state, the NumericalFailure) when it fails with one."""
-    try:
-        return solve(), None
-    except NumericalFailure as failure:
-        if failure.dataset is None:
-            raise
-        return failure.dataset, failure

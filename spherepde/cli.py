@@ -8,7 +8,7 @@ import signal
 import sys
 import warnings
 
-from .errors import CaseError, NumericalFailure
+from spherepde.base.errors import CaseError, NumericalFailure
 
 CHECKPOINT_MINUTES = 5.0  # default wall time between checkpoints of `run`
 
@@ -28,7 +28,7 @@ EXAMPLES = {
   spherepde run cases/kuramoto-s1.toml --set model.eps=0.4 --set "model.V=[[2,0],[0,2]]"
   spherepde run cases/kuramoto-s2.toml --solver particles --set particles.n=100000 --set particles.replicas=10
   spherepde run CASE.toml -o OUT.nc --resume       # after an interruption (Ctrl-C, a killed job)
-every key of a case file, with its default: the docstring of spherepde/case.py""",
+every key of a case file, with its default: the docstring of spherepde/io/case.py""",
     "compare": """examples:
   spherepde compare out/both.nc                  # the two halves of a --solver both file
   spherepde compare eulerian.nc particles.nc -o out/report""",
@@ -58,7 +58,7 @@ def _command(commands, name: str, help: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from spherepde import __version__
 
     parser = _Parser(prog="spherepde", description=DESCRIPTION, epilog=EXAMPLES[None],
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,9 +140,9 @@ def _positive(kind):
 def command_run(args) -> int:
     if args.output:
         _hold(args.output, before_reading=True)  # a second writer of it is refused at once
-    from . import load_case, run
-    from .limits import check_memory
-    from .output import check_file, write_dataset
+    from spherepde import load_case, run
+    from spherepde.api.limits import check_memory
+    from spherepde.io.output import check_file, write_dataset
 
     overrides = list(args.set)
     if args.solver:
@@ -184,7 +184,7 @@ def command_run(args) -> int:
         print(f"spherepde: warning: {note}", file=sys.stderr)
     print(f"spherepde: wrote {output}", file=sys.stderr)
     if args.plot:
-        from .plotting import plot_result
+        from spherepde.analysis.plotting import plot_result
 
         for path in plot_result(output):
             print(f"spherepde: wrote {path}", file=sys.stderr)
@@ -193,9 +193,9 @@ def command_run(args) -> int:
 
 def _hold(output: str, before_reading: bool = False) -> None:
     """Hold the lock of `output` (and its checkpoint) for the rest of the command: one writer per output
-    (spherepde.locking); its folder is made for the lock file if missing.  `before_reading`: the attempt made
+    (spherepde.io.locking); its folder is made for the lock file if missing.  `before_reading`: the attempt made
     before the case is read (and xarray imported), skipped where no lock file can be made (check_file names why)."""
-    from .locking import hold_output
+    from spherepde.io.locking import hold_output
 
     folder = os.path.dirname(os.path.abspath(output))
     if before_reading:
@@ -205,7 +205,7 @@ def _hold(output: str, before_reading: bool = False) -> None:
             except OSError:
                 pass
         return
-    from .output import make_folders
+    from spherepde.io.output import make_folders
 
     make_folders(folder)
     hold_output(output)
@@ -221,8 +221,8 @@ def _with_command(dataset, args, output: str):
 
 
 def command_compare(args) -> int:
-    from .compare import compare, default_stem, load_pair, write_report
-    from .output import check_file
+    from spherepde.analysis.compare import compare, default_stem, load_pair, write_report
+    from spherepde.io.output import check_file
 
     if not (0 < args.k < math.inf and 0 <= args.atol < math.inf and args.atoms >= 1):
         raise CaseError("compare: --k must be finite and > 0, --atol finite and >= 0, --atoms >= 1")
@@ -259,7 +259,7 @@ def _not_checkpointed(case) -> str | None:
 def _checkpoint(case, output: str, args):
     """The run's Checkpoint (None for particle runs, which a rerun reproduces, and particle trainings on fresh
     noise), after checking that an existing output or checkpoint is replaced or resumed only when asked to."""
-    from .checkpoint import Checkpoint
+    from solvers.checkpoint import Checkpoint
 
     unsaved = _not_checkpointed(case)
     if unsaved is not None:
@@ -291,14 +291,14 @@ def _checkpoint(case, output: str, args):
 
 
 def command_info(args) -> int:
-    from .summary import describe
+    from spherepde.io.summary import describe
 
     print(describe(args.result))
     return 0
 
 
 def command_plot(args) -> int:
-    from .plotting import plot_result
+    from spherepde.analysis.plotting import plot_result
 
     for path in plot_result(args.result, args.output, args.projection, args.animate, args.snapshots):
         print(f"spherepde: wrote {path}", file=sys.stderr)
@@ -308,15 +308,15 @@ def command_plot(args) -> int:
 def command_sweep(args) -> int:
     import importlib.util
 
-    from .limits import check_seeds
+    from spherepde.api.limits import check_seeds
 
     check_seeds(args.seeds)  # before anything is imported or derived
     if importlib.util.find_spec("distributed") is None:
         raise CaseError("sweep needs the optional Dask packages: pip install 'spherepde[sweep]' "
                         "(or bash scripts/setup.sh test)")
-    from . import load_case
-    from .output import check_folder
-    from .sweep import COMBINED, run_sweep
+    from spherepde import load_case
+    from spherepde.io.output import check_folder
+    from spherepde.api.sweep import COMBINED, run_sweep
 
     case = load_case(args.case, args.set)
     folder = f"{case.name}-sweep" if args.output is None else args.output
@@ -334,11 +334,11 @@ def main(argv=None) -> int:
         status = _dispatch(argv)
         return status
     finally:
-        from .locking import release_all
+        from spherepde.io.locking import release_all
 
         release_all()
-        if "spherepde.output" in sys.modules:  # only it makes folders
-            sys.modules["spherepde.output"].settle_made_folders(failed=status != 0)
+        if "spherepde.io.output" in sys.modules:  # only it makes folders
+            sys.modules["spherepde.io.output"].settle_made_folders(failed=status != 0)
 
 
 def _dispatch(argv) -> int:

@@ -3,9 +3,9 @@ import copy
 import pytest
 import torch
 
-from spherepde.case import case_from_dict
+from spherepde.io.case import case_from_dict
 
-# Every test problem is below spherepde.threads' one-thread sizes, where extra threads only spin; tests that call
+# Every test problem is below spherepde.base.threads' one-thread sizes, where extra threads only spin; tests that call
 # the solvers directly (not through spherepde.run, which applies solver.threads) get the same setting here.
 torch.set_num_threads(1)
 

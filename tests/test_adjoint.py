@@ -1,4 +1,4 @@
-"""The training gradient (solvers/adjoint.py) and the losses (spherepde/losses.py)."""
+"""The training gradient (solvers/adjoint.py) and the losses (spherepde/model/losses.py)."""
 
 import math
 
@@ -8,10 +8,10 @@ import torch
 import solvers.adjoint as adjoint
 from solvers.adjoint import (ControlledForward, central_differences, coefficients_to_field, continuous_gradient,
                              discrete_gradient, evaluate_cost)
-from spherepde.case import case_from_dict
-from spherepde.initial import initial_density
-from spherepde.losses import LOSSES, make_loss
-from spherepde.sampling import uniform
+from spherepde.io.case import case_from_dict
+from spherepde.model.initial import initial_density
+from spherepde.model.losses import LOSSES, make_loss
+from spherepde.model.sampling import uniform
 
 
 def training_case(kernel="unnormalized", dim=2, lmax=12, t_end=0.5, dt=0.05, scheme="auto", control=None,

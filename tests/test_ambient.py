@@ -1,9 +1,9 @@
-"""Pointwise vector algebra (spherepde/ambient.py) in both memory layouts the solvers hand it: components
+"""Pointwise vector algebra (spherepde/geometry/ambient.py) in both memory layouts the solvers hand it: components
 innermost (grid points, particles) and outermost (the exp_kernel's channel-major output)."""
 
 import torch
 
-from spherepde.ambient import inner, norm, tangent_projection
+from spherepde.geometry.ambient import inner, norm, tangent_projection
 
 
 def layouts(shape, d, seed):

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import spherepde.case as case_module
+import spherepde.io.case as case_module
 from conftest import make_case
-from spherepde.case import Case, case_from_dict, load_case, load_case_text, parse_override
-from spherepde.errors import CaseError
+from spherepde.io.case import Case, case_from_dict, load_case, load_case_text, parse_override
+from spherepde.base.errors import CaseError
 
 SPHERE = "[sphere]\ndim = 2\n"
 SPHERE3 = "[sphere]\ndim = 3\n"
@@ -465,7 +465,7 @@ def test_solver_threads_follow_the_problem_size_and_are_restored_after_a_run():
     import torch
 
     import spherepde
-    from spherepde.threads import ONE_THREAD_LMAX, ONE_THREAD_PARTICLES, run_threads
+    from spherepde.base.threads import ONE_THREAD_LMAX, ONE_THREAD_PARTICLES, run_threads
 
     default = torch.get_num_threads()
     small = make_case(dim=2, lmax=16, time={"t_end": 0.1, "dt": 0.1, "save_every": 0.1})

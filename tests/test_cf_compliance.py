@@ -19,9 +19,9 @@ import pytest
 import xarray as xr
 
 import spherepde
-from spherepde.errors import CaseError
-from spherepde.output import write_dataset
-from spherepde.sweep import combine, plan, run_batch
+from spherepde.base.errors import CaseError
+from spherepde.io.output import write_dataset
+from spherepde.api.sweep import combine, plan, run_batch
 from test_cli import SMALL_S1
 
 KNOWN_FALSE_POSITIVES = ("Coordinate variable 'time' should have standard_name='time'",)
@@ -58,7 +58,7 @@ def outputs(tmp_path_factory):
         paths[name] = folder / f"{name}.nc"
         write_dataset(dataset, paths[name])
     if all(isinstance(paths[name], type(folder)) for name in ("s2", "particles")):
-        from spherepde.compare import compare, write_report
+        from spherepde.analysis.compare import compare, write_report
 
         with xr.open_dataset(paths["s2"]) as a, xr.open_dataset(paths["particles"]) as b:
             paths["compare"] = folder / "compare.nc"

@@ -12,7 +12,7 @@ import xarray as xr
 
 import spherepde
 from spherepde.cli import main
-from spherepde.output import write_dataset
+from spherepde.io.output import write_dataset
 
 SMALL_S1 = """
 [case]

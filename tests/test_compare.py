@@ -11,9 +11,9 @@ import xarray as xr
 import spherepde
 from conftest import make_case
 from spherepde.cli import main
-from spherepde.compare import circle_w2, compare, max_z_probability, measure, refined_circle_measure, w2_between
-from spherepde.output import split_both, write_dataset
-from spherepde.sampling import von_mises_fisher
+from spherepde.analysis.compare import circle_w2, compare, max_z_probability, measure, refined_circle_measure, w2_between
+from spherepde.io.output import split_both, write_dataset
+from spherepde.model.sampling import von_mises_fisher
 
 
 def on_circle(angles):
@@ -55,7 +55,7 @@ def test_circle_w2_of_broad_measures_is_certified_within_its_bound(turn):
 
 def test_circle_w2_beyond_the_certified_size_has_no_bound():
     """Above CERTIFIED_PAIRS atom pairs the c-transforms are not paid: the bound is NaN (not certified), not 0."""
-    import spherepde.compare as comparison
+    import spherepde.analysis.compare as comparison
 
     angles = 2 * np.pi * np.arange(300) / 300
     a, b = np.exp(2 * np.cos(angles)), np.exp(2 * np.cos(angles - 0.25))

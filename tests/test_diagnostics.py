@@ -16,9 +16,9 @@ from scipy.integrate import IntegrationWarning, quad
 from scipy.special import beta as beta_function
 from scipy.special import i0e
 
-from spherepde import diagnostics as diag
-from spherepde.bases import make_basis
-from spherepde.device import placement
+from spherepde.measures import diagnostics as diag
+from spherepde.discretisation.bases import make_basis
+from spherepde.base.device import placement
 
 CPU64 = placement("cpu", "float64")
 FRAME = np.linalg.qr(np.random.default_rng(7).normal(size=(3, 3)))[0]  # a generic orthonormal frame of R^3

@@ -1,4 +1,4 @@
-"""The free energy (spherepde/energy.py): the functional the flow dissipates where one exists.
+"""The free energy (spherepde/model/energy.py): the functional the flow dissipates where one exists.
 
 On the noisy Kuramoto model the stationary law is rho_* = exp(a <x, e>) / Z_a with a = K r / eps, so
 F(rho_*) = eps (a r - log Z_a) - K r^2 / 2 = K r^2 / 2 - eps log Z_a, Z_a = 2 pi I_0(a) (S^1) or
@@ -13,8 +13,8 @@ import pytest
 from scipy.special import i0
 
 import spherepde
-from spherepde.case import case_from_dict
-from spherepde.energy import FreeEnergy
+from spherepde.io.case import case_from_dict
+from spherepde.model.energy import FreeEnergy
 
 KURAMOTO = {  # case file, stationary order parameter r (K = 1), eps, log Z_a
     "S1": ("cases/kuramoto-s1.toml", 0.8314620248, 0.25, lambda a: math.log(2 * math.pi * i0(a))),
@@ -23,7 +23,7 @@ KURAMOTO = {  # case file, stationary order parameter r (K = 1), eps, log Z_a
 
 
 def old_free_energy(dataset, case):
-    """The definition before spherepde.energy: eps * entropy + interaction_energy, whatever the model."""
+    """The definition before spherepde.model.energy: eps * entropy + interaction_energy, whatever the model."""
     return case["model"]["eps"] * dataset["entropy"].values + dataset["interaction_energy"].values
 
 

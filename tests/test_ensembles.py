@@ -1,4 +1,4 @@
-"""Members run together (spherepde/ensemble.py and the solvers' member axis): a batched member is its serial run,
+"""Members run together (spherepde/api/ensemble.py and the solvers' member axis): a batched member is its serial run,
 to round-off for densities, diagnostics and trained controls, bit for bit for particles."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 import xarray as xr
 
 from spherepde import run
-from spherepde.case import case_from_dict
-from spherepde.ensemble import batches, run_batch
+from spherepde.io.case import case_from_dict
+from spherepde.api.ensemble import batches, run_batch
 
 # Attributes that say how a run was made, not what it computed.
 RUN_ATTRIBUTES = {"wall_seconds", "batch_members", "history", "training_seconds"}

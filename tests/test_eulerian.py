@@ -10,8 +10,8 @@ from scipy.special import i0e, i1e
 
 import spherepde
 from conftest import identity, make_case
-from spherepde.bases import make_basis
-from spherepde.device import placement
+from spherepde.discretisation.bases import make_basis
+from spherepde.base.device import placement
 
 CPU64 = placement("cpu", "float64")
 

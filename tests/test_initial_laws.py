@@ -12,12 +12,12 @@ import xarray as xr
 from scipy.integrate import quad
 
 from conftest import make_case
-from spherepde.bases import make_basis
-from spherepde.case import load_case_text
-from spherepde.device import placement
-from spherepde.errors import CaseError
-from spherepde.initial import RECURSION_SWITCH, density_from_file, initial_density, projected_gaussian_density
-from spherepde.sampling import DensityFileSampler, initial_particles, projected_gaussian
+from spherepde.discretisation.bases import make_basis
+from spherepde.io.case import load_case_text
+from spherepde.base.device import placement
+from spherepde.base.errors import CaseError
+from spherepde.model.initial import RECURSION_SWITCH, density_from_file, initial_density, projected_gaussian_density
+from spherepde.model.sampling import DensityFileSampler, initial_particles, projected_gaussian
 
 CPU64 = placement("cpu", "float64")
 

@@ -17,11 +17,11 @@ import torch
 import xarray as xr
 
 import spherepde
-from spherepde import plotting
-from spherepde.checkpoint import Checkpoint, checkpoint_folder
+from spherepde.analysis import plotting
+from solvers.checkpoint import Checkpoint, checkpoint_folder
 from spherepde.cli import main
-from spherepde.locking import OutputLock
-from spherepde.output import write_dataset
+from spherepde.io.locking import OutputLock
+from spherepde.io.output import write_dataset
 from test_cli import SMALL_S1
 from test_resume import CASE, assert_same_result, interrupt
 from test_training import CASE as TRAINING_CASE
@@ -496,7 +496,7 @@ def test_a_second_run_on_one_output_exits_2_within_a_second_and_a_killed_one_res
 def test_a_lock_is_held_by_a_live_process_only(tmp_path, capsys):
     """The lock of a live process refuses; its lock file left by a dead one (any pid in it) does not."""
     output = tmp_path / "out.nc"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from spherepde.locking import hold_output; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from spherepde.io.locking import hold_output; "
                                f"hold_output({str(output)!r}, 'a test holder'); print('held', flush=True); "
                                "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
@@ -518,7 +518,7 @@ def test_a_lock_is_held_by_a_live_process_only(tmp_path, capsys):
 
 
 def test_a_file_system_without_flock_warns_and_still_runs(tmp_path, capsys, monkeypatch):
-    from spherepde import locking
+    from spherepde.io import locking
 
     def unsupported(descriptor, operation):
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
@@ -610,7 +610,7 @@ def test_a_both_file_whose_particle_run_failed_is_drawn_with_the_eulerian_densit
         particles = stored.load()
     eulerian = spherepde.run(spherepde.load_case_text(SMALL_S1.replace("t_end = 0.5", "t_end = 1.0").replace(
         "save_every = 0.25", "save_every = 0.5")), progress=False)
-    from spherepde.output import both_dataset, split_both
+    from spherepde.io.output import both_dataset, split_both
 
     combined = both_dataset(eulerian, particles)
     write_dataset(combined, tmp_path / "particles-failed.nc")

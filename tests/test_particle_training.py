@@ -8,9 +8,9 @@ import xarray as xr
 
 from solvers.adjoint import central_differences_of
 from solvers.particle_training import ParticleControl
-from spherepde.case import case_from_dict
+from spherepde.io.case import case_from_dict
 from spherepde.cli import main
-from spherepde.errors import CaseError
+from spherepde.base.errors import CaseError
 
 A = [[1.0, 0.0], [0.0, 0.65]]  # the seed's attention matrix, B = V = A
 
@@ -120,7 +120,7 @@ def test_training_run_reduces_the_loss_and_writes_the_output(tmp_path):
         assert dataset["interaction_gap"].dims == ("time",) and dataset.attrs["three_phase"] in ("true", "false")
         assert dataset.attrs["solver"] == "particles" and "[control]" in dataset.attrs["case"]
         # the recorded run is the training's forward map at the final W: the same terminal loss
-        from spherepde.losses import make_loss
+        from spherepde.model.losses import make_loss
 
         x_end = torch.as_tensor(dataset["particles"].values[-1])
         recorded = make_loss(case["control"], 2).value(x_end, torch.full((16,), 1 / 16, dtype=torch.float64))
@@ -152,7 +152,7 @@ def test_fresh_noise_gradient_is_an_unbiased_estimate_of_the_mean_field_gradient
     import copy
 
     from solvers.adjoint import ControlledForward, discrete_gradient
-    from spherepde.initial import initial_density
+    from spherepde.model.initial import initial_density
 
     table = copy.deepcopy(particle_case({"noise": "fresh"}, n=256).data)
     table["model"]["V"] = [[0.0, 0.0], [0.0, 0.0]]

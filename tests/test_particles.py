@@ -14,13 +14,13 @@ from scipy.special import i0, iv, ive
 
 import spherepde
 from conftest import identity, make_case
-from spherepde.bases import make_basis
-from spherepde.compare import compare
-from spherepde.device import placement
-from spherepde.errors import CaseError
-from spherepde.model import Model, ModelBatch
-from spherepde.output import split_both
-from spherepde.sampling import DensityFileSampler, initial_particles, uniform, vmf_mixture, von_mises_fisher
+from spherepde.discretisation.bases import make_basis
+from spherepde.analysis.compare import compare
+from spherepde.base.device import placement
+from spherepde.base.errors import CaseError
+from spherepde.model.attention import Model, ModelBatch
+from spherepde.io.output import split_both
+from spherepde.model.sampling import DensityFileSampler, initial_particles, uniform, vmf_mixture, von_mises_fisher
 from solvers.particles import (Integrator, ParticleField, c_transform, empirical_transport, fused_softmax_mean,
                                hardmax_mean, noise_variance, run_particles)
 from test_eulerian import hemisphere_mass
@@ -115,7 +115,7 @@ def test_density_file_sampler_reproduces_the_moments_of_the_density(tmp_path, di
                                                              "kappas": [4.0, 2.0], "weights": [0.7, 0.3]},
                      time={"t_end": 0.2, "dt": 0.05, "save_every": 0.2})
     path = tmp_path / "run.nc"
-    from spherepde.output import write_dataset
+    from spherepde.io.output import write_dataset
 
     dataset = spherepde.run(case, progress=False)
     write_dataset(dataset, path)
@@ -132,7 +132,7 @@ def test_density_file_sampler_reproduces_the_moments_of_the_density(tmp_path, di
 
 def test_density_file_of_another_sphere_is_a_case_error(tmp_path):
     case = make_case(2, 8, time={"t_end": 0.1, "dt": 0.05, "save_every": 0.1})
-    from spherepde.output import write_dataset
+    from spherepde.io.output import write_dataset
 
     write_dataset(spherepde.run(case, progress=False), tmp_path / "circle.nc")
     with pytest.raises(CaseError, match=r"initial.path: .* holds a density on S\^1, the case is on S\^2"):
@@ -434,7 +434,7 @@ def test_particle_output_contract():
     assert dataset.attrs["solver"] == "particles" and dataset.attrs["steps"] == 4 and dataset.attrs["dt"] == 0.05
     assert "density" not in dataset and "min_density" not in dataset and "spectral_tail" not in dataset
     assert np.isnan(dataset["entropy"].values).all()
-    # eps = 0, beta = 1, V = B: the free energy is the interaction energy (spherepde/energy.py); the softmax has none
+    # eps = 0, beta = 1, V = B: the free energy is the interaction energy (spherepde/model/energy.py); the softmax has none
     assert np.array_equal(dataset["free_energy"].values, dataset["interaction_energy"].values)
     assert np.isnan(run_particles(case.with_overrides(['model.kernel="softmax"']))["free_energy"].values).all()
     for name in ("mean", "order_parameter", "alignment_E", "lyapunov", "interaction_energy"):

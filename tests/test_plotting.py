@@ -8,10 +8,10 @@ from PIL import Image
 
 import spherepde
 from spherepde.cli import main
-from spherepde.output import write_dataset
-from spherepde.plotting import (PIXELS, SphereDensity, SphereView, _circle_centre, _circle_window, _controls, _curves,
+from spherepde.io.output import write_dataset
+from spherepde.analysis.plotting import (PIXELS, SphereDensity, SphereView, _circle_centre, _circle_window, _controls, _curves,
                                 _diagnostics, _disk_points, _view_frame)
-from spherepde.sweep import combine, plan, run_batch
+from spherepde.api.sweep import combine, plan, run_batch
 from test_cli import SMALL_S1
 
 S2 = SMALL_S1.replace("dim = 2", "dim = 3").replace("lmax = 16", "lmax = 12").replace(

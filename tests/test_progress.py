@@ -4,7 +4,7 @@ import io
 import subprocess
 import sys
 
-from spherepde.progress import Progress
+from spherepde.base.progress import Progress
 
 from test_cli import SMALL_S1
 

@@ -18,7 +18,7 @@ from solvers import journal
 from spherepde import CaseError
 from solvers.adjoint import GRADIENTS
 from solvers.particle_training import ParticleControl
-from spherepde.checkpoint import Checkpoint, checkpoint_folder
+from solvers.checkpoint import Checkpoint, checkpoint_folder
 from spherepde.cli import main
 from test_cli import SMALL_S1
 from test_training import CASE as TRAINING_CASE

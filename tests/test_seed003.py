@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import spherepde
-from spherepde import concentration as cc
-from spherepde.initial import initial_density, vmf_density
-from spherepde.model import attention_mean, principal_subspace
+from spherepde.analysis import concentration as cc
+from spherepde.model.initial import initial_density, vmf_density
+from spherepde.model.attention import attention_mean, principal_subspace
 from solvers.eulerian import ForwardProblem
 
 CASES = Path(__file__).resolve().parent.parent / "cases"

@@ -1,6 +1,6 @@
 """Seed 004's theorems as tests that can fail, each beside a case that must fail it (issue 25).
 
-The seed's energy on S^1 (spherepde/turnpike.py): E(mu) = eps int rho log rho - 1/2 int int exp(<x, A y>) dmu dmu,
+The seed's energy on S^1 (spherepde/analysis/turnpike.py): E(mu) = eps int rho log rho - 1/2 int int exp(<x, A y>) dmu dmu,
 A = diag(1, lambda_2), its Gibbs minimum rho_* and gap Delta(mu) = E(mu) - E(rho_*).
 
 Local Polyak-Lojasiewicz inequality: D(mu) = int |grad dE/dmu|^2 dmu >= c_PL Delta(mu) near rho_*.  Linearised
@@ -19,7 +19,7 @@ must fail: A = I (lambda_2 = lambda_1, the theorem's spectral gap closed), where
 decays at 2 R.
 
 Turnpike bound on trained runs: Delta(mu_t) <= C (exp(-a t) + exp(-a (T - t))) with C and a independent of T
-(spherepde.turnpike.turnpike_bound fits them), read from the Eulerian trainings of results/seed004.py (their committed
+(spherepde.analysis.turnpike.turnpike_bound fits them), read from the Eulerian trainings of results/seed004.py (their committed
 summaries in results/seed004_runs/: the trained W, the free energy at the saves, min E).  The case that must fail:
 the same trained controls moved 15 slices towards the input, so that the cluster turns at mid-depth.
 """
@@ -36,9 +36,9 @@ import torch
 from solvers.eulerian import ForwardProblem
 from solvers.adjoint import ControlledForward, discrete_gradient
 from solvers.training import trained_runs
-from spherepde.case import load_case_text
-from spherepde.transport import real_state
-from spherepde.turnpike import (_interaction_potential, exponential_rate, free_energy, gibbs_minimum,
+from spherepde.io.case import load_case_text
+from spherepde.model.transport import real_state
+from spherepde.analysis.turnpike import (_interaction_potential, exponential_rate, free_energy, gibbs_minimum,
                                 rayleigh_quotient, turnpike_bound)
 
 from test_adjoint import training_case

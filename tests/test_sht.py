@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from spherepde.bases import dealiased_circle_points, dealiased_gauss_grid
-from spherepde.transforms.legendre import gauss_legendre, legendre_tables
-from spherepde.transforms.sht_torch import PACKED_FROM_LMAX, SPARSE_FROM_LMAX, TorchSHT
+from spherepde.discretisation.bases import dealiased_circle_points, dealiased_gauss_grid
+from spherepde.discretisation.transforms.legendre import gauss_legendre, legendre_tables
+from spherepde.discretisation.transforms.sht_torch import PACKED_FROM_LMAX, SPARSE_FROM_LMAX, TorchSHT
 
 LMAX, NLAT, NLON = 63, 96, 192
 
@@ -36,7 +36,7 @@ def random_coefficients(*batch: int, lmax: int = LMAX, seed: int = 0) -> torch.T
 @pytest.fixture(scope="module")
 def shtns_sht():
     pytest.importorskip("shtns")
-    from spherepde.transforms.sht_shtns import ShtnsSHT
+    from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT
 
     return ShtnsSHT(LMAX, NLAT, NLON)
 
@@ -161,7 +161,7 @@ def test_torch_float32_matches_shtns(shtns_sht, layout):
 @pytest.mark.parametrize("layout", ["dense", "packed", "sparse"])
 def test_torch_matches_shtns_on_odd_grid(layout):
     pytest.importorskip("shtns")
-    from spherepde.transforms.sht_shtns import ShtnsSHT
+    from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT
 
     lmax, nlat, nlon = 20, 33, 41
     reference, sht = ShtnsSHT(lmax, nlat, nlon), TorchSHT(lmax, nlat, nlon, layout=layout)
@@ -278,7 +278,7 @@ def test_dealiased_grids_are_the_smallest_with_a_fast_fft(lmax):
 
 def test_shtns_guards():
     pytest.importorskip("shtns")
-    from spherepde.transforms.sht_shtns import ShtnsSHT
+    from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT
 
     with pytest.raises(ValueError, match="nlat >= 32"):
         ShtnsSHT(15, 24, 32)

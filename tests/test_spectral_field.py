@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from spherepde.bases import CircleBasis, SphereBasis
-from spherepde.device import placement
-from spherepde.errors import CaseError
-from spherepde.exp_kernel import (CircleEvaluator, DenseExpKernel, DuccEvaluator, SpectralExpKernel, SphereRotation,
+from spherepde.discretisation.bases import CircleBasis, SphereBasis
+from spherepde.base.device import placement
+from spherepde.base.errors import CaseError
+from spherepde.kernels.exp_kernel import (CircleEvaluator, DenseExpKernel, DuccEvaluator, SpectralExpKernel, SphereRotation,
                                   TorusNUFFT, barycentric_weights, chebyshev_nodes, funk_hecke, grid_permutation,
                                   dense_exp_kernel, make_exp_kernel)
 from solvers.eulerian import run_eulerian
@@ -121,7 +121,7 @@ def test_circle_rotation_is_exact(reflect):
     c = random_coefficients(basis)
     kernel = SpectralExpKernel(basis, torch.as_tensor(Q), 0.0, 1e-10)  # beta = 0: plain integral, no rotation
     assert kernel.rotation is None
-    from spherepde.exp_kernel import CircleRotation
+    from spherepde.kernels.exp_kernel import CircleRotation
 
     rotated = CircleRotation(Q, basis.lmax, torch.device("cpu"), torch.float64)(c)
     expected = basis.evaluate(c, basis.points @ torch.as_tensor(Q))
@@ -141,7 +141,7 @@ def test_chebyshev_node_count_is_the_smallest_meeting_the_tolerance():
         interpolated = barycentric_weights(points, r) @ funk_hecke(3, 100.0 * points[:, None], degree)
         return (np.abs(interpolated - exact) / exact[:, :1]).max()
 
-    from spherepde.exp_kernel import chebyshev_points
+    from spherepde.kernels.exp_kernel import chebyshev_points
 
     assert error(nodes) <= 1.5e-12
     assert error(chebyshev_points(len(nodes) - 1, 1 / 3, 1.0)) > 1e-12

@@ -14,10 +14,10 @@ import xarray as xr
 pytest.importorskip("distributed", reason="the sweep extra (Dask) is not installed: pip install 'spherepde[sweep]'")
 
 import spherepde
-from spherepde import sweep as sweep_module
+from spherepde.api import sweep as sweep_module
 from spherepde.cli import main
-from spherepde.errors import CaseError
-from spherepde.sweep import derived_seeds, parse_param, plan, run_sweep
+from spherepde.base.errors import CaseError
+from spherepde.api.sweep import derived_seeds, parse_param, plan, run_sweep
 from test_cli import SMALL_S1
 
 EPS, BETA = [0.05, 0.1, 0.2, 0.4], [1.0, 3.0]
@@ -49,7 +49,7 @@ def test_sweep_members_equal_serial_runs(local_sweep):
                 for name in serial.data_vars:
                     assert np.array_equal(member[name].values, serial[name].values, equal_nan=True), (index, name)
                 assert member.attrs["case"] == serial.attrs["case"] == combined["member_case"].values[index]
-                assert member.attrs["batch_members"] == 4  # two batches of 4 (spherepde.ensemble), one per worker
+                assert member.attrs["batch_members"] == 4  # two batches of 4 (spherepde.api.ensemble), one per worker
             assert np.array_equal(combined["density"].isel(member=index).values, serial["density"].values)
             assert combined["member_status"].values[index] == "completed"
         assert combined["cell_area"].dims == ("theta",)

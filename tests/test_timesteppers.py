@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from solvers.timesteppers import SCHEMES, RungeKutta
+from spherepde.discretisation.timesteppers import SCHEMES, RungeKutta
 
 
 def _solve(scheme, lam, nonlinear, c0, t_end, steps):

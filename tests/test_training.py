@@ -13,7 +13,7 @@ from solvers.adjoint import ControlledForward, discrete_gradient
 from solvers.eulerian import checked_state
 from solvers.training import train
 from spherepde.cli import main
-from spherepde.initial import initial_density
+from spherepde.model.initial import initial_density
 
 from test_adjoint import training_case
 
@@ -106,7 +106,7 @@ def test_lbfgs_backs_off_from_trial_points_where_the_run_fails():
     a failure at the starting point raises NumericalFailure."""
     from solvers.adjoint import Gradient
     from solvers.training import optimise
-    from spherepde.errors import NumericalFailure
+    from spherepde.base.errors import NumericalFailure
 
     rng = np.random.default_rng(5)
     scales = torch.as_tensor(np.geomspace(1, 1000, 8)).reshape(2, 2, 2)
@@ -251,13 +251,13 @@ def test_training_needs_a_fixed_step(tmp_path, capsys):
     assert "time.dt" in capsys.readouterr().err
 
 
-# --- seed-004 diagnostics (spherepde/turnpike.py) ------------------------------------------------------
+# --- seed-004 diagnostics (spherepde/analysis/turnpike.py) ------------------------------------------------------
 
 
 def test_seed004_cases_load():
     from pathlib import Path
 
-    from spherepde.case import load_case
+    from spherepde.io.case import load_case
 
     paths = sorted(Path(__file__).parent.parent.joinpath("cases").glob("seed004-*.toml"))
     assert len(paths) == 11
@@ -362,14 +362,14 @@ def test_a_training_whose_starting_run_blows_up_keeps_its_first_save(tmp_path, c
         assert dataset.sizes["iteration"] == 0 and list(dataset["time"].values) == [0.0]
         assert np.all(dataset["W"].values[:, [1, 0], [0, 1]] == [1e300, -1e300])
         assert abs(float(dataset["mass"][0]) - 1) <= 1e-12
-    from spherepde.summary import describe
+    from spherepde.io.summary import describe
 
     summary = describe(str(output))
     assert f"training: {optimizer}, no iteration" in summary and "|W_l|_F per layer: inf" in summary, summary
 
 
 def test_info_summarises_a_training(tmp_path, capsys):
-    from spherepde.summary import describe
+    from spherepde.io.summary import describe
 
     path = tmp_path / "train.toml"
     path.write_text(CASE)
@@ -417,7 +417,7 @@ def test_a_blown_up_forward_run_is_a_failure_not_a_cost():
     # Its terminal state is still finite at s = 10 and 30, and its J (3e52, -3e182) would be a line search's
     # best trial point; the forward map refuses such a state (mass no longer conserved, |rho| unbounded).
     from solvers.adjoint import evaluate_cost
-    from spherepde.errors import NumericalFailure
+    from spherepde.base.errors import NumericalFailure
 
     case = training_case(t_end=0.5, dt=0.25).with_overrides(["time.save_every=0.25"])  # steps of 0.25
     forward = ControlledForward(case)
@@ -435,7 +435,7 @@ def test_a_blow_up_that_passes_is_still_a_failure():
     # by 1e6, the next back) must fail the forward map too: a line search accepted such a W (bow loss, reduced
     # scale, control.seed = 6), and its trained run, which checks every save, then failed with exit 3.
     from solvers.adjoint import evaluate_cost
-    from spherepde.errors import NumericalFailure
+    from spherepde.base.errors import NumericalFailure
 
     case = training_case(t_end=0.5, dt=0.1).with_overrides(["time.save_every=0.25"])
     forward = ControlledForward(case)

@@ -1,16 +1,16 @@
-"""The transport term (spherepde/transport.py): the rate against the model's ambient formula, its paths and
+"""The transport term (spherepde/model/transport.py): the rate against the model's ambient formula, its paths and
 attention modes against each other, and its hand-written transpose against torch autograd."""
 
 import pytest
 import torch
 
-from spherepde.bases import make_basis
-from spherepde.case import case_from_dict
-from spherepde.device import placement
-from spherepde.exp_kernel import MemberKernels
-from spherepde.initial import initial_density
-from spherepde.model import Model, ModelBatch, attention, velocity
-from spherepde.transport import Transport, complex_state, real_state
+from spherepde.discretisation.bases import make_basis
+from spherepde.io.case import case_from_dict
+from spherepde.base.device import placement
+from spherepde.kernels.exp_kernel import MemberKernels
+from spherepde.model.initial import initial_density
+from spherepde.model.attention import Model, ModelBatch, attention, velocity
+from spherepde.model.transport import Transport, complex_state, real_state
 
 CPU64 = placement("cpu", "float64")
 
@@ -52,7 +52,7 @@ def relative(a, b):
 @pytest.mark.parametrize("setup_", SETUPS)
 def test_rate_is_minus_the_divergence_of_rho_v(setup_):
     """The frame-component rate, on whichever path and attention mode, against -div(rho v) computed from the
-    model's ambient velocity P_x(W x + V m[rho]) (spherepde.model) and the basis's ambient divergence."""
+    model's ambient velocity P_x(W x + V m[rho]) (spherepde.model.attention) and the basis's ambient divergence."""
     basis, batch, kernels, state, W = setup(*setup_)
     transport = Transport(basis, batch, kernels)
     rate = transport(state, transport.feed_forward(W))

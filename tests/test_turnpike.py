@@ -1,4 +1,4 @@
-"""Seed-004 diagnostics (spherepde/turnpike.py): Gibbs minimum, three-phase test, the H^-1 quotient and the
+"""Seed-004 diagnostics (spherepde/analysis/turnpike.py): Gibbs minimum, three-phase test, the H^-1 quotient and the
 Rayleigh quotient of the Wasserstein Hessian, checked against closed forms, the energy along a rotation and
 the adjoint equation."""
 
@@ -10,10 +10,10 @@ import torch
 
 from solvers.adjoint import ControlledForward, discrete_gradient
 from solvers.eulerian import ForwardProblem
-from spherepde.transport import real_state
-from spherepde.bases import make_basis
-from spherepde.device import placement
-from spherepde.turnpike import (exponential_rate, free_energy, gibbs_minimum, h_minus_one_quotient, phases,
+from spherepde.model.transport import real_state
+from spherepde.discretisation.bases import make_basis
+from spherepde.base.device import placement
+from spherepde.analysis.turnpike import (exponential_rate, free_energy, gibbs_minimum, h_minus_one_quotient, phases,
                                 rayleigh_quotient, turnpike_bound, wasserstein_hessian)
 
 from test_adjoint import training_case
@@ -46,7 +46,7 @@ def test_h_minus_one_quotient_on_the_sphere_uses_the_weighted_poisson_solver():
 
 def test_h_minus_one_quotient_of_a_concentrated_state_is_stable_under_refinement():
     """A vMF(kappa = 30) state: the S^1 closed form does not depend on the grid once rho is resolved."""
-    from spherepde.initial import vmf_density
+    from spherepde.model.initial import vmf_density
 
     values = []
     for lmax in (96, 192):

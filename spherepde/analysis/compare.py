@@ -1,0 +1,526 @@
+"""`spherepde compare`: two runs of the same case side by side (Eulerian vs particles, or any pair).
+
+For every diagnostic of DESIGN §4 that both runs have, at the save times they share:
+
+    difference(t) = B(t) - A(t),   stderr(t) = sqrt(se_A(t)^2 + se_B(t)^2),   z(t) = difference / stderr
+
+with se the Monte Carlo standard errors a particle run stores (`<name>_stderr`; an
+Eulerian run counts as exact, se = 0; the order parameter's is widened by the bias of |m_n|
+at the other run's value, which decides near |m| = 0: `_stderr`).  Verdict per diagnostic: "agrees" when
+|difference| <= k stderr + atol at every shared time and component (atol absorbs
+round-off where both are exact), "disagrees" otherwise, "n/a" when either run lacks the
+diagnostic or a standard error does not exist.  For w2_projection the tolerance also holds
+both runs' quantisation bounds (attribute `w2_projection_floor`), and z is 0 below it: where
+that floor exceeds the standard errors, difference / stderr is the sharper test.  A particle run's
+w2_projection is a W2 between empirical measures, biased upwards by the sampling error it transports
+(at n = 300 on S^1, 0.06-0.1 against standard errors of 0.015-0.03), which its delta-method standard
+error leaves out: the difference and z of that row are taken after subtracting the expected B - A from
+the runs' own estimates of that bias (`w2_projection_bias`, from their `w2_projection_squared_bias`).
+Each row also
+gives P(max|z|) of M, the probability that M independent standard normal errors reach its worst
+|z| (`max_z_probability`; attributes max_z_probability_<name>): a verdict over many values fails
+by chance alone now and then, and a "disagrees" with a large P is what chance gives.
+
+W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
+density (Eulerian) or 1/n for the saved particles:
+  * S^1: for any sizes, by the circular monotone rearrangement with the optimal shift
+    (`circle_w2`) and a certified bound on its excess over W2 from its own Kantorovich
+    potentials (`w2_bound`; 0 up to round-off where it is optimal; NaN, not computed, above
+    CERTIFIED_PAIRS atom pairs, e.g. 1e5 particles against the refined density).  The chordal
+    cost is concave beyond pi/2, so for broad measures a plan moving a little mass the long way
+    round can be cheaper: a vMF of kappa = 2 against itself turned by 0.75 rad (200 atoms) is
+    9.2e-5 (relative) above exact OT.  Where the bound exceeds CERTIFIED and the cost matrix
+    has at most EXACT_PAIRS entries, POT's exact solver is used.
+    An Eulerian density is first re-synthesised on REFINED_CIRCLE points (spectral
+    interpolation, exact for the band-limited density), so that W2 measures the density itself
+    and not its grid (a uniform M-point grid is within W2 ~ pi / (M sqrt 3) of the density it
+    samples).
+  * S^2 and above: exact OT (POT emd) when the cost matrix has at most EXACT_PAIRS
+    entries; above that both measures are quantised onto the same cells of at most
+    `atoms` atoms and the exact OT of the quantised measures is reported with its error
+    bound (`w2_bound`).  No Sinkhorn: its entropic bias is of the order of the
+    regularisation and has no computable bound, while quantisation has one.
+Writes REPORT.nc (the side-by-side series, z-scores, W2(t), verdicts as attributes) and
+REPORT.png (each diagnostic of both runs with the band +- k stderr, and W2(t)).
+"""
+
+import collections
+import math
+import os
+import textwrap
+
+import numpy as np
+import ot
+import xarray as xr
+from scipy.optimize import minimize_scalar
+
+from spherepde.measures import diagnostics as diag
+from spherepde.base.errors import CaseError, printable
+from spherepde.base.version import VERSION
+from spherepde.io.output import DIAGNOSTIC_ATTRS, history, split_both, write_dataset
+from spherepde.io.summary import open_result
+
+REFINED_CIRCLE = 2 ** 13
+EXACT_PAIRS = 10_000_000
+SHIFT_SCAN = 64
+KINK_WINDOW = 1e-7
+MAX_KINKS = 64
+SUPPORT_LENGTH = 1e-14  # coupling pieces shorter than this are round-off at a kink
+CERTIFIED = 1e-7  # a circle W2 this close to optimal needs no exact solver (W2 is the root of a cost: ~sqrt(eps))
+CERTIFIED_PAIRS = 2 ** 26  # the bound's c-transforms take ~2 s at 8192 x 8192 atoms; above this it is NaN
+
+
+# ---------------------------------------------------------------------------------------
+# Measures and W2
+# ---------------------------------------------------------------------------------------
+
+
+def measure(dataset: xr.Dataset, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """(points, masses) of save `index`: saved particles (1/n each) or the density times the cell areas."""
+    if "particles" in dataset and "density" not in dataset:
+        points = dataset["particles"].isel(time=index).values.astype(float)
+        return points, np.full(points.shape[0], 1 / points.shape[0])
+    if "density" not in dataset:
+        raise CaseError("compare: a result holds neither a density nor saved particles (particles.save = 0?)")
+    density = dataset["density"].isel(time=index).values.astype(float)
+    if "theta" in dataset["density"].dims:
+        return refined_circle_measure(density, int(dataset.attrs["lmax"]))
+    lat, lon = np.deg2rad(dataset["lat"].values), np.deg2rad(dataset["lon"].values)
+    lat, lon = np.meshgrid(lat, lon, indexing="ij")
+    points = np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=-1)
+    return points.reshape(-1, 3), (dataset["cell_area"].values * density).reshape(-1)
+
+
+def refined_circle_measure(density: np.ndarray, lmax: int, points: int = REFINED_CIRCLE):
+    """The band-limited density of a circle grid, re-synthesised on `points` equispaced points (masses 2 pi rho / M)."""
+    import torch
+
+    from spherepde.discretisation.bases import CircleBasis
+    from spherepde.base.device import placement
+
+    cpu = placement("cpu", "float64")
+    coefficients = CircleBasis(lmax, cpu, density.shape[0]).analysis(torch.as_tensor(density))
+    fine = CircleBasis(lmax, cpu, points)
+    values = fine.synthesis(coefficients).numpy()
+    return fine.points.numpy(), values * (2 * math.pi / points)
+
+
+def _normalised(masses: np.ndarray) -> np.ndarray:
+    masses = np.maximum(masses, diag.DENSITY_FLOOR)
+    return masses / masses.sum()
+
+
+def circle_w2(points_a, masses_a, points_b, masses_b) -> tuple[float, float, float]:
+    """W2 on S^1 with the chordal cost 2 - 2 cos(theta - phi) by the circular monotone rearrangement: (its W2,
+    its largest displacement, a certified bound on how far that W2 lies above the optimal one, NaN above
+    CERTIFIED_PAIRS atom pairs).
+
+    With quantile functions q_a, q_b of the angles on [0, 1) (periodic), the coupling
+    u -> (q_a(u), q_b(u + s)) costs C(s) = int_0^1 (2 - 2 cos(q_a(u) - q_b(u + s))) du, piecewise linear
+    in s.  The minimum is bracketed by a scan of SHIFT_SCAN shifts, located by a bounded scalar search and
+    refined on the kinks nearby.  For a cost convex in the displacement it is the optimal transport cost
+    (Delon, Salomon & Sobolevski 2010); the chordal cost is concave beyond pi/2, and for broad measures a
+    plan moving a little mass the long way round can be cheaper.  The bound (`_circle_lower_bound`) comes
+    from the coupling's own Kantorovich potentials: 0 up to round-off when the coupling is optimal.
+    """
+    def quantiles(points, masses):
+        angles = np.mod(np.arctan2(points[:, 1], points[:, 0]), 2 * np.pi)
+        order = np.argsort(angles, kind="stable")
+        cumulative = np.cumsum(_normalised(masses)[order])
+        cumulative[-1] = 1.0
+        return cumulative, angles[order]
+
+    (cum_a, ang_a), (cum_b, ang_b) = quantiles(points_a, masses_a), quantiles(points_b, masses_b)
+
+    def pieces(s):
+        cuts = np.sort(np.concatenate([[0.0, 1.0], cum_a[:-1], np.mod(cum_b - s, 1.0)]))
+        middle, length = 0.5 * (cuts[1:] + cuts[:-1]), np.diff(cuts)
+        index_a = np.minimum(np.searchsorted(cum_a, middle, side="right"), len(cum_a) - 1)
+        index_b = np.minimum(np.searchsorted(cum_b, np.mod(middle + s, 1.0), side="right"), len(cum_b) - 1)
+        return length, index_a, index_b
+
+    def cost(s):
+        length, index_a, index_b = pieces(s)
+        return float(length @ (2 - 2 * np.cos(ang_a[index_a] - ang_b[index_b])))
+
+    scan = np.arange(SHIFT_SCAN) / SHIFT_SCAN
+    best = scan[np.argmin([cost(s) for s in scan])]
+    found = minimize_scalar(cost, bounds=(best - 1 / SHIFT_SCAN, best + 1 / SHIFT_SCAN), method="bounded",
+                            options={"xatol": 1e-12}).x
+    # The minimum of a piecewise-linear C sits on a kink s = cum_b[j] - cum_a[i] (mod 1): try those
+    # within KINK_WINDOW of the search's answer (whose tolerance is ~1e-8 relative).
+    periodic = np.concatenate([cum_a - 1, cum_a, cum_a + 1])
+    target = np.mod(cum_b - found, 1.0)
+    low = np.searchsorted(periodic, target - KINK_WINDOW)
+    high = np.searchsorted(periodic, target + KINK_WINDOW)
+    kinks = [np.mod(cum_b[j] - periodic[i], 1.0) for j in range(len(cum_b)) for i in range(low[j], high[j])]
+    shift = min([found] + kinks[:MAX_KINKS], key=cost)
+    length, index_a, index_b = pieces(shift)
+    value = math.sqrt(max(cost(shift), 0.0))
+    wrapped = np.abs(np.angle(np.exp(1j * (ang_a[index_a] - ang_b[index_b]))))
+    largest = float(wrapped[length > 0].max())
+    if len(cum_a) * len(cum_b) > CERTIFIED_PAIRS:
+        return value, largest, math.nan
+    # at a kink one piece has a round-off length: leaving it out leaves the coupling's support a tree
+    support = length > SUPPORT_LENGTH
+    lower = _circle_lower_bound(ang_a, np.diff(cum_a, prepend=0.0), ang_b, np.diff(cum_b, prepend=0.0),
+                                index_a[support], index_b[support])
+    return value, largest, max(value - math.sqrt(min(max(lower, 0.0), value ** 2)), 0.0)
+
+
+def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b, block: int = 512) -> float:
+    """A lower bound on the optimal chordal transport cost between (angles_a, a) and (angles_b, b): the
+    potentials u_i + v_j = c_ij along the coupling's support edges (index_a[k], index_b[k]) (a breadth-first
+    walk from each unvisited atom: any offset between parts keeps the bound valid), made dual-feasible by
+    c-transforms, u = v^c and then v = u^c (each row or column minimum of c - v, c - u, in blocks); the dual
+    value a u + b v is the optimal cost when the coupling is optimal, and below it in every case."""
+    neighbours_a, neighbours_b = [[] for _ in a], [[] for _ in b]
+    for i, j in zip(index_a, index_b):
+        neighbours_a[i].append(j)
+        neighbours_b[j].append(i)
+    u, v = np.full(len(a), np.nan), np.full(len(b), np.nan)
+    for root in range(len(a)):
+        if not np.isnan(u[root]):
+            continue
+        u[root], queue = 0.0, collections.deque([(True, root)])
+        while queue:
+            on_a, node = queue.popleft()
+            for other in (neighbours_a if on_a else neighbours_b)[node]:
+                known = v if on_a else u
+                if np.isnan(known[other]):
+                    i, j = (node, other) if on_a else (other, node)
+                    known[other] = 2 - 2 * math.cos(angles_a[i] - angles_b[j]) - (u[i] if on_a else v[j])
+                    queue.append((not on_a, other))
+    v = np.nan_to_num(v)
+
+    def transform(angles_rows, angles_columns, potential):
+        return np.concatenate([(2 - 2 * np.cos(angles_rows[k:k + block, None] - angles_columns[None, :])
+                                - potential[None, :]).min(1) for k in range(0, len(angles_rows), block)])
+    u = transform(angles_a, angles_b, v)
+    v = transform(angles_b, angles_a, u)
+    return float(a @ u + b @ v)
+
+
+def w2_between(points_a, masses_a, points_b, masses_b, atoms: int) -> tuple[float, float, str]:
+    """W2 between two discrete measures on the sphere (chordal cost): (value, error bound, method)."""
+    if points_a.shape[1] == 2:
+        value, _, bound = circle_w2(points_a, masses_a, points_b, masses_b)
+        if bound <= CERTIFIED or len(masses_a) * len(masses_b) > EXACT_PAIRS:
+            return value, bound, ("circular monotone rearrangement (within w2_bound of W2, by its dual; "
+                                  "w2_bound NaN: too many atoms to certify)")
+    if len(masses_a) * len(masses_b) <= EXACT_PAIRS:
+        cost = ot.dist(points_a, points_b, metric="sqeuclidean")
+        value = ot.emd2(_normalised(masses_a), _normalised(masses_b), cost, numItermax=10_000_000)
+        return math.sqrt(max(value, 0.0)), 0.0, "exact (POT emd)"
+    value, bound = diag.wasserstein2(points_a, masses_a, points_b, masses_b, atoms)
+    return value, bound, f"POT emd of both measures quantised to <= {atoms} atoms (error <= w2_bound)"
+
+
+# ---------------------------------------------------------------------------------------
+# The comparison
+# ---------------------------------------------------------------------------------------
+
+
+def load_pair(path_a: str, path_b: str | None = None):
+    """(A, B, label A, label B): two result files, or the two halves of one "both" file."""
+    first = open_result(path_a).load()
+    second = None if path_b is None else open_result(path_b).load()
+    for path, run in ((path_a, first), (path_b, second)):
+        if run is not None and "member" in run.dims:
+            raise CaseError(f"compare: {path!r} is a sweep ({run.sizes['member']} members); compare two of its "
+                            "member-*.nc files, or one member with another run")
+    if path_b is None:
+        if first.attrs.get("solver") != "both":
+            raise CaseError(f"compare: {path_a!r} is a single {first.attrs.get('solver')!r} run; give two files "
+                            "or one written with --solver both")
+        eulerian, particles = split_both(first)
+        return eulerian, particles, f"{path_a} (eulerian)", f"{path_a} (particles)"
+    return first, second, path_a, path_b
+
+
+def common_times(a: xr.Dataset, b: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Indices into A and B of the save times both runs have."""
+    ta, tb = a["time"].values, b["time"].values
+    matches = np.isclose(ta[:, None], tb[None, :], rtol=1e-9, atol=1e-12)
+    ia, ib = np.nonzero(matches)
+    if len(ia) == 0:
+        raise CaseError("compare: the two runs share no save time")
+    return ia, ib
+
+
+def _w2_floor(a: xr.Dataset, b: xr.Dataset) -> float:
+    """What W2 values of the two runs cannot resolve: each run's quantisation bound, and sqrt(eps)
+    of float64 (W2 is the square root of a transport cost computed to round-off, so a W2 of a
+    measure against itself comes out near 1e-8, not 0)."""
+    bounds = sum(float(run.attrs.get("w2_quantisation_bound", 0.0)) for run in (a, b))
+    return bounds + math.sqrt(np.finfo(np.float64).eps)
+
+
+def _stderr(run: xr.Dataset, name: str, other: np.ndarray) -> np.ndarray:
+    """The standard error of `run`'s diagnostic `name` (0 for an exact run), at the shared times.
+
+    For the order parameter it is widened by the bias of a particle estimate at the other run's value `other`:
+    |m_n| = |m + xi| (xi ~ N(0, S / n), S = Cov(x)) exceeds |m| on average by (tr S - u^T S u) / (2 n |m|), which
+    the stored delta-method error sqrt(u^T S u / n) misses and which dominates as |m| -> 0: there |m_n| is about
+    sqrt(tr S / n), and a disordered phase would fail at the rate P(chi_d > k) per save (3% on S^2 at k = 3).
+    tr S / n is the sum of the squared mean_stderr components.  The widened error sqrt(delta^2 + bias^2) is
+    capped at sqrt(tr S / n), the RMS of |m_n - m|, which bounds that of |m_n| - |m| at every |m|.
+    """
+    values = run[name].values
+    if f"{name}_stderr" not in run:
+        return np.zeros(values.shape)
+    delta = run[f"{name}_stderr"].values
+    if name != "order_parameter" or "mean_stderr" not in run:
+        return delta
+    total = (run["mean_stderr"].values ** 2).sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bias = np.where(other != 0, np.maximum(total - delta ** 2, 0.0) / (2 * np.abs(other)), np.inf)
+    return np.minimum(np.sqrt(total), np.sqrt(delta ** 2 + bias ** 2))
+
+
+def _w2_projection_bias(a: xr.Dataset, b: xr.Dataset) -> np.ndarray:
+    """The expected B - A of w2_projection, at the shared times, from the finite-n bias of particle runs.
+
+    A particle run's W2_n^2 exceeds W2^2 by about its stored estimate s = w2_projection_squared_bias
+    (solvers.particles.half_sample_bias; s = 0 for an exact run or one written without it), so its W2_n is about
+    sqrt(W2^2 + s).  W2^2 is taken from the run with the smaller |s|, as max(W2_n^2 - s, 0) (the exact run's own
+    value when one is exact: the bias is evaluated at the other run's value, as for the order parameter), and
+
+        bias = sqrt(W2^2 + s_B) - sqrt(W2^2 + s_A),
+
+    which is s / (2 W2) for W2 >> sqrt(s) and sqrt(s) at W2 = 0, where it exceeds the standard error.
+    Measured for the Eulerian solver (lmax 64, floor 0.031) against 40 particle runs of n = 300, noisy Kuramoto on
+    S^1 (eps = 0.25, t <= 2): started at its stationary law (W2 = 0), the particles' mean excess was 0.063-0.097
+    (standard errors 0.015-0.03) and this bias 0.054-0.083; with it subtracted 0 of 40 runs disagreed (rms z
+    0.75), against 16 of 40 without it, and against the Eulerian run of eps = 0.6 all 40 still disagreed.
+    Started at a vMF of kappa = 1 (W2 0.03-0.26, lmax 128): 1 of 40 disagreed, rms z 1.02.
+    """
+    squared = [np.nan_to_num(run["w2_projection_squared_bias"].values, nan=0.0) if "w2_projection_squared_bias" in run
+               else np.zeros(run.sizes["time"]) for run in (a, b)]  # NaN: no estimate (n < 4)
+    values = [run["w2_projection"].values.astype(float) for run in (a, b)]
+    w2_squared = np.maximum(np.where(np.abs(squared[0]) <= np.abs(squared[1]), values[0] ** 2 - squared[0],
+                                     values[1] ** 2 - squared[1]), 0.0)
+    return np.sqrt(np.maximum(w2_squared + squared[1], 0.0)) - np.sqrt(np.maximum(w2_squared + squared[0], 0.0))
+
+
+def _verdict(a, b, stderr, k: float, atol: float) -> str:
+    """"agrees" / "disagrees" / "n/a (...)" for arrays of the shared times (and components)."""
+    if np.isnan(a).all() or np.isnan(b).all():
+        return "n/a (not computed by both runs)"
+    both_infinite = np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b))
+    finite = ~both_infinite
+    if np.isnan(a[finite]).any() or np.isnan(b[finite]).any():
+        return "n/a (missing values)"
+    if np.isnan(stderr[finite]).any():
+        return "n/a (no standard error)"
+    inside = np.abs(b[finite] - a[finite]) <= k * stderr[finite] + atol
+    return "agrees" if inside.all() else "disagrees"
+
+
+def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, atoms: int = 4000,
+            labels: tuple[str, str] = ("A", "B"), w2: bool = True) -> xr.Dataset:
+    """The comparison Dataset: both series, difference, stderr, z, W2(t) (unless `w2` is false), verdicts."""
+    if a.sizes.get("component") != b.sizes.get("component"):
+        raise CaseError("compare: the two runs are on spheres of different dimensions")
+    ia, ib = common_times(a, b)
+    a, b = a.isel(time=ia), b.isel(time=ib)
+    coords = {"time": a["time"]}
+    for name in ("component", "lyapunov_p"):
+        if name in a.coords:
+            coords[name] = a[name]
+    if "lyapunov_p" in a.coords and not np.array_equal(a["lyapunov_p"].values, b["lyapunov_p"].values):
+        raise CaseError("compare: the two runs use different diagnostics.lyapunov_p")
+    data, verdicts, probabilities, lines = {}, {}, {}, []
+    for name in DIAGNOSTIC_ATTRS:
+        if name not in a or name not in b:
+            continue
+        va, vb = a[name].values.astype(float), b[name].values.astype(float)
+        se_a, se_b = _stderr(a, name, vb), _stderr(b, name, va)
+        stderr = np.sqrt(se_a ** 2 + se_b ** 2)
+        tolerance = atol + (_w2_floor(a, b) if name == "w2_projection" else 0.0)
+        expected = _w2_projection_bias(a, b) if name == "w2_projection" else np.zeros(va.shape)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            difference = np.where(np.isinf(va) & (va == vb), 0.0, vb - va)
+            z = np.where(np.abs(difference - expected) <= tolerance, 0.0, (difference - expected) / stderr)
+        dims = a[name].dims
+        long_name = DIAGNOSTIC_ATTRS[name][0]
+        data[f"{name}_a"] = (dims, va, {"long_name": f"{long_name} ({labels[0]})"})
+        data[f"{name}_b"] = (dims, vb, {"long_name": f"{long_name} ({labels[1]})"})
+        data[f"{name}_difference"] = (dims, difference, {"long_name": f"B - A of {name}"})
+        data[f"{name}_stderr"] = (dims, stderr, {"long_name": f"combined standard error of {name}"})
+        if name == "w2_projection":
+            data["w2_projection_bias"] = (dims, expected, {
+                "long_name": "expected B - A of w2_projection from the particle runs' finite-n bias", "units": "1"})
+        data[f"{name}_z"] = (dims, z, {"long_name": f"(B - A{' - bias' if name == 'w2_projection' else ''}) / "
+                                                    f"stderr of {name}"})
+        verdicts[name] = _verdict(va, vb - expected, stderr, k, tolerance)
+        probabilities[name] = max_z_probability(z)
+        lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, verdicts[name]))
+    distances, bounds, methods = [], [], set()
+    for i in range(a.sizes["time"] if w2 else 0):
+        value, bound, method = w2_between(*measure(a, i), *measure(b, i), atoms)
+        distances.append(value)
+        bounds.append(bound)
+        methods.add(method)
+    if w2:
+        data["w2"] = (("time",), np.array(distances), {"long_name": "W2 between the two measures, chordal cost",
+                                                       "units": "1"})
+        data["w2_bound"] = (("time",), np.array(bounds),
+                            {"long_name": "bound on the W2 error (quantisation; on S^1 the rearrangement's excess)",
+                             "units": "1"})
+    attrs = {
+        "Conventions": "CF-1.10",
+        "title": f"spherepde comparison of {labels[0]} and {labels[1]}",
+        "history": history("compare"),
+        "source": f"spherepde {VERSION}",
+        # each run's full case, so that the report alone says what was compared (as a run's file does)
+        "case_a": a.attrs.get("case", ""), "case_b": b.attrs.get("case", ""),
+        "a": labels[0], "b": labels[1], "k": k, "atol": atol,
+        "w2_method": "; ".join(sorted(methods)) if w2 else "not computed",
+        # what the w2_projection verdict allows besides k stderr: W2 differences below it are not resolved
+        "w2_projection_floor": _w2_floor(a, b),
+    }
+    attrs.update({f"verdict_{name}": verdict for name, verdict in verdicts.items()})
+    attrs.update({f"max_z_probability_{name}": value for name, value in probabilities.items()})
+    last = f"t={a['time'].values[-1]:g}"
+    header = (f"{'diagnostic':<20} {'A(' + last + ')':>13} {'B(' + last + ')':>13} {'B-A':>11} {'max|B-A|':>10} "
+              f"{'stderr':>10} "
+              f"{'max|z|':>8} {'at t':>7} {'P(max|z|) of M':>14}  verdict (|B-A| <= {k:g} stderr + {atol:g})")
+    # a failed run keeps the saves before its failure: say so, or its verdicts read as agreement to t_end
+    unfinished = [f"{label}: {printable(run.attrs['status'])}; compared over the saves it has "
+                  f"(t <= {run['time'].values[-1]:g})"
+                  for label, run in (("A", a), ("B", b)) if run.attrs.get("status", "completed") != "completed"]
+    attrs["failed"] = "\n".join(unfinished)  # shown in the report's figure too
+    if w2:
+        times = a["time"].values
+        lines.append(f"W2(A, B): t = {times[0]:g}: {distances[0]:.4g}, t = {times[-1]:g}: {distances[-1]:.4g}, "
+                     f"max {max(distances):.4g}, bound {np.max(bounds):.2g} [{attrs['w2_method']}]")
+    if "w2_projection" in verdicts:
+        lines.append(f"w2_projection: differences below {attrs['w2_projection_floor']:.2g} (the runs' quantisation "
+                     "bounds + round-off) are not resolved and count as agreement")
+        bias = np.abs(data["w2_projection_bias"][1])
+        if np.nanmax(bias, initial=0.0) > 0:
+            lines.append(f"w2_projection: z and the verdict are of B - A - bias, bias = the expected excess of the "
+                         f"particles' empirical W2 at their n (w2_projection_bias, up to {np.nanmax(bias):.2g})")
+        stale = [label for label, run in zip("AB", (a, b)) if "w2_projection_stderr" in run and (
+            "w2_projection_squared_bias" not in run or np.isnan(run["w2_projection_squared_bias"].values).any())]
+        if stale:
+            lines.append(f"w2_projection: {' and '.join(stale)} stores no w2_projection_squared_bias (a file written "
+                         "before it, or n < 4): its finite-n bias, of order 1/sqrt(n) where W2 is small, is not "
+                         "subtracted")
+    attrs["report"] = "\n".join([f"A: {labels[0]}", f"B: {labels[1]}"] + unfinished + [header] + lines)
+    return xr.Dataset(data, coords=coords, attrs=attrs)
+
+
+def max_z_probability(z: np.ndarray) -> float:
+    """P(max |Z_i| >= max |z|) for independent standard normal Z_i, one per value of z that is not NaN: how
+    often errors of the stated size alone would reach the worst z of the comparison (NaN if there is none).
+
+    The verdict asks |z| <= k at every time and component, so over M values a run that agrees fails it by
+    chance with probability 1 - (1 - P(|Z| > k))^M (at k = 3: 10% for M = 41, 20% for M = 81 independent
+    values; saves of one particle run are correlated, which makes it less).  This says how surprising the
+    worst value is, not whether the two agree."""
+    values = np.abs(z[~np.isnan(z)])
+    if values.size == 0:
+        return math.nan
+    one = math.erfc(float(values.max()) / math.sqrt(2))  # P(|Z| >= max |z|)
+    return 0.0 - math.expm1(values.size * math.log1p(-one)) if one < 1 else 1.0
+
+
+def _table_row(name, times, va, vb, difference, stderr, z, verdict) -> str:
+    """One line of the text table: the last shared time, the largest |B - A| and the largest |z| over times and
+    components, and how probable so large a |z| is among that many values (max_z_probability)."""
+    last = (slice(-1, None),) + (slice(None),) * (va.ndim - 1)
+    with np.errstate(invalid="ignore"):
+        magnitude = np.where(np.isnan(z), -1.0, np.abs(z))
+    worst = np.unravel_index(np.argmax(magnitude), z.shape)
+    worst_z = f"{magnitude[worst]:8.2f}" if magnitude[worst] >= 0 else f"{'-':>8}"
+    probability = max_z_probability(z)
+    chance = f"{'-':>14}" if math.isnan(probability) else f"{probability:7.2g} of {np.count_nonzero(~np.isnan(z)):<4d}"
+
+    def first(values):
+        return float(np.ravel(values[last])[0])
+
+    finite = np.abs(difference[np.isfinite(difference)])
+    largest = float(finite.max()) if finite.size else math.nan
+    return (f"{name:<20} {first(va):>13.6g} {first(vb):>13.6g} {first(difference):>11.3g} {largest:>10.3g} "
+            f"{first(stderr):>10.3g} {worst_z} {times[worst[0]]:>7.3g} {chance}  {verdict}")
+
+
+# ---------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------
+
+
+def plot_report(report: xr.Dataset, target: str) -> str:
+    """One panel per diagnostic (A, B and the band B +- k stderr, per component) and one for W2(t)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name in DIAGNOSTIC_ATTRS if f"{name}_a" in report
+             and np.isfinite(report[f"{name}_a"].values).any() and np.isfinite(report[f"{name}_b"].values).any()]
+    # a diagnostic constant in both runs (mass 1, alignment 1 where E is everything) is a line: named, not drawn
+    constant = [name for name in names if _constant(report[f"{name}_a"].values, report[f"{name}_b"].values)]
+    names = [name for name in names if name not in constant]
+    columns = min(4, len(names) + 1)
+    rows = math.ceil((len(names) + 1) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), constrained_layout=True,
+                                squeeze=False)
+    time, k = report["time"].values, report.attrs["k"]
+    for axis, name in zip(axes.flat, names):
+        a, b, se = (report[f"{name}_{part}"].values for part in ("a", "b", "stderr"))
+        extra = report[f"{name}_a"].dims[1:]
+        for j in range(int(np.prod(a.shape[1:]))):
+            column = (slice(None), j) if a.ndim > 1 else slice(None)
+            label = f"{extra[0]} = {report[extra[0]].values[j]:g}" if extra else None
+            line, = axis.plot(time, a[column], lw=1.5, label=label)
+            axis.plot(time, b[column], "o", ms=3, color=line.get_color())
+            axis.fill_between(time, b[column] - k * se[column], b[column] + k * se[column], alpha=0.25,
+                              color=line.get_color(), lw=0)
+        if extra:
+            axis.legend(fontsize=7, frameon=False)
+        axis.set_title(f"{name}: {report.attrs[f'verdict_{name}']}", fontsize=9)
+        axis.set_xlabel("time")
+    if "w2" in report:
+        axis = axes.flat[len(names)]
+        axis.semilogy(time, np.maximum(report["w2"].values, 1e-300), "k.-")
+        axis.set_title("W2(A, B)", fontsize=9)
+        axis.set_xlabel("time")
+    for axis in axes.flat[len(names) + ("w2" in report):]:
+        axis.set_visible(False)
+    title = f"lines: A = {report.attrs['a']};  dots and +-{k:g} stderr bands: B = {report.attrs['b']}"
+    title += f"\nconstant in both runs: {', '.join(constant)}" if constant else ""
+    failed = report.attrs.get("failed", "")
+    figure.suptitle(title + (f"\n{_wrapped(failed)}" if failed else ""), fontsize=9,
+                    color="firebrick" if failed else "black")
+    figure.savefig(target, dpi=100)
+    plt.close(figure)
+    return target
+
+
+def _wrapped(text: str, width: int = 160) -> str:
+    """Lines of `text` wrapped to `width` characters (a failure's reason can be long for a figure title)."""
+    return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
+
+
+def _constant(a: np.ndarray, b: np.ndarray) -> bool:
+    """Both series take one value (to 1e-12 of their scale), the same in A and B."""
+    values = np.concatenate([a.ravel(), b.ravel()])
+    values = values[np.isfinite(values)]
+    return bool(values.size) and float(np.ptp(values)) <= 1e-12 * max(1.0, float(np.abs(values).max()))
+
+
+def default_stem(path_a: str, path_b: str | None) -> str:
+    stem = os.path.splitext(os.path.basename(path_a))[0]
+    if path_b is None:
+        return f"{stem}_compare"
+    return f"{stem}_vs_{os.path.splitext(os.path.basename(path_b))[0]}"
+
+
+def write_report(report: xr.Dataset, stem: str) -> list[str]:
+    """REPORT.nc and REPORT.png; returns the paths."""
+    stem = stem.removesuffix(".nc")
+    write_dataset(report, f"{stem}.nc")
+    return [f"{stem}.nc", plot_report(report, f"{stem}.png")]

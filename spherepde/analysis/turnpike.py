@@ -1,0 +1,286 @@
+"""Seed-004 diagnostics of a trained forward run: energy gap, turnpike plateau, terminal escape.
+
+All quantities are nondimensional (t is depth).  With the seed's model (unnormalized kernel,
+B = V = A symmetric, beta = 1) the energy is the run's `free_energy`,
+
+    E(mu) = eps int rho log rho dsigma - 1/2 int int exp(beta <x, B y>) dmu(x) dmu(y),
+
+and min E is attained at a Gibbs fixed point  rho ∝ exp(U / eps),  U(x) = int exp(beta <x, B y>) dmu(y),
+found by damped fixed-point iteration on the grid from a cluster at the leading eigenvector of B
+(`gibbs_minimum`; both wells +-e_1 have the same energy).  The energy gap is Delta(t) = E(mu_t) - min E.
+
+Three-phase test (`three_phase`), with Delta_ref the median of Delta over the middle half of [0, T]
+and the threshold h = Delta_ref + 0.05 (max Delta - Delta_ref):
+  plateau        the largest interval of save times around T / 2 on which Delta <= h; its start is
+                 the initial boundary-layer width tau, T minus its end the terminal width r;
+  clustering     Delta(0) > h (the energy falls across the initial layer);
+  flat plateau   var(Delta on the plateau) / (max Delta - min Delta)^2 <= 0.05 (relative variance);
+  escape         Delta(T) - Delta_ref >= 0.1 (terminal energy lift).
+Terminal energy rate: least-squares slope a of log(Delta(t) - Delta_ref) over the terminal layer of the
+trained run, Delta - Delta_ref ~ C exp(-a (T - t)) (`terminal_energy_rate`; nonlinear there: the mean
+turns by ~1.5 rad).
+
+Rayleigh quotient (escape rate of linear theory).  Near a critical point mu of E (the Gibbs
+minimum: eps grad log rho = grad U) the forward equation linearises to d_t s = -K H s, with
+K f = -div(rho grad f) and H the flat second variation of E,
+
+    H s = eps s / rho - T[s],   <s, H s> = eps int s^2 / rho - int int exp(beta <x, B y>) s(x) s(y),
+
+and the adjoint to d_t phi = H K phi, i.e. phi_t = exp(-(T - t) H K) g backward from phi_T = g = dl/dmu.
+H K is self-adjoint for <f, h>_K = int grad f . grad h dmu, with the Rayleigh quotient
+
+    R_mu(g) = <K g, H K g> / <g, K g> = Hess_W E(mu)[grad g, grad g] / |grad g|^2_{L2(mu)}
+
+(the Wasserstein Hessian of E along the velocity grad g: `rayleigh_quotient`; `wasserstein_hessian` takes
+any velocity field).  Expanding g in eigenfunctions of H K, log |grad phi_t|_{L2(mu)} is convex in T - t
+with slope exactly R_mu(g) at t = T: the adjoint, and with it the control W_t ∝ int grad phi_t x^T dmu
+of a gradient step and the displacement it causes, grows towards the output layer at rate R_mu(g)
+near T (|grad phi_t| >= |grad g| exp(-(T - t) R_mu(g)), the seed's one-step bound), and deep in the
+plateau at the smallest eigenvalue present in g (equal to R_mu(g) when g is an eigenfunction, as the
+align gradient -<x, e_2> is to 1e-3: the rotation of the cluster).
+
+The seed prints R = |grad g|^2_{L2(mu)} / |g|^2_{H^-1(mu)} instead; for a cluster of width s that is
+~ 1/s^4 ~ eps^-2, not a rate (hundreds at eps = 0.05, where the adjoint grows at ~1), so we report it
+apart as `h_minus_one_quotient`, with |g|^2_{H^-1(mu)} = int |grad u|^2 dmu, u the solution of the
+weighted Poisson problem -div(rho grad u) = rho (g - int g dmu) (exact quadrature on S^1; conjugate
+gradients in spectral space, preconditioned by the inverse of -rho_mean Lap, on S^2).
+
+Escape rate (`escape_rate`): the slope of log |grad phi_t|_{L2(mu_t)} of the adjoint at the initial
+control (the first gradient step, the seed's 1-GD) over the last 1 / R_mu(g) of depth, to be compared
+with R_mu(g) at the Gibbs minimum; the adjoint's plateau rate (`adjoint_rate`, same fit from the
+plateau's start to its end, at the trained control) gives the slowest mode.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+from spherepde.model.attention import principal_subspace
+
+# Density floor of the weighted norms, relative to max rho: the H^-1(mu) norm weighs errors by 1 / rho, and a
+# spectral density is known only to ~1e-16 of its maximum (it even dips below zero in its tails).
+DENSITY_FLOOR = 1e-10
+
+
+def gibbs_minimum(model, exp_kernel, basis, direction: torch.Tensor, damping: float = 0.5, tol: float = 1e-12,
+                  iterations: int = 5000) -> tuple[torch.Tensor, float]:
+    """(rho, E(rho)) at the Gibbs fixed point rho ∝ exp(U[rho] / eps) near the cluster at `direction`.
+
+    Damped iteration in U: U <- (1 - damping) U + damping T[rho(U)], stopped when the update is below
+    tol |U|.  Raises RuntimeError when it does not converge.
+    """
+    eps = model.eps
+    points = basis.points
+    potential = math.exp(model.beta) * (points @ direction)  # a cluster at `direction` as a start
+    for _ in range(iterations):
+        rho = _gibbs_density(potential, eps, basis)
+        update = _interaction_potential(exp_kernel, rho)
+        change = float((update - potential).abs().max())
+        potential = (1 - damping) * potential + damping * update
+        if change <= tol * float(update.abs().max()):
+            break
+    else:
+        raise RuntimeError(f"the Gibbs fixed point did not converge in {iterations} iterations (last change {change:.2e})")
+    rho = _gibbs_density(potential, eps, basis)
+    return rho, free_energy(model, exp_kernel, basis, rho)
+
+
+def _gibbs_density(potential: torch.Tensor, eps: float, basis) -> torch.Tensor:
+    weights = torch.exp((potential - potential.max()) / eps)
+    return weights / basis.integrate(weights)
+
+
+def free_energy(model, exp_kernel, basis, rho: torch.Tensor) -> float:
+    """E = eps int rho log rho - 1/2 int int exp(beta <x, B y>) rho rho (quadrature on the grid; rho log rho = 0 where rho <= 0)."""
+    interaction = -0.5 * float(basis.integrate(_interaction_potential(exp_kernel, rho) * rho))
+    positive = rho.clamp_min(0)
+    entropy = float(basis.integrate(torch.where(positive > 0, positive * torch.log(positive.clamp_min(1e-300)), 0.0)))
+    return model.eps * entropy + interaction
+
+
+def mean_angle(mean: np.ndarray) -> np.ndarray:
+    """S^1: signed angle atan2(m_2, m_1) of the mean (radians); S^2: angle between the mean and e_1."""
+    if mean.shape[-1] == 2:
+        return np.arctan2(mean[..., 1], mean[..., 0])
+    return np.arccos(np.clip(mean[..., 0] / np.linalg.norm(mean, axis=-1), -1, 1))
+
+
+def phases(times: np.ndarray, gap: np.ndarray) -> dict:
+    """The three-phase test of the module docstring on the energy gap Delta(t) at the save times."""
+    T = times[-1]
+    middle = (times >= 0.25 * T) & (times <= 0.75 * T)
+    reference = float(np.median(gap[middle]))
+    threshold = reference + 0.05 * (gap.max() - reference)
+    centre = int(np.argmin(np.abs(times - 0.5 * T)))
+    below = gap <= threshold
+    start = end = centre
+    if below[centre]:
+        while start > 0 and below[start - 1]:
+            start -= 1
+        while end < len(times) - 1 and below[end + 1]:
+            end += 1
+    plateau = slice(start, end + 1)
+    spread = max(gap.max() - gap.min(), 1e-300)
+    relative_variance = float(np.var(gap[plateau]) / spread ** 2)
+    lift = float(gap[-1] - reference)
+    result = {
+        "gap_reference": reference,
+        "plateau_start": float(times[start]), "plateau_end": float(times[end]),
+        "plateau_width": float(times[end] - times[start]) if below[centre] else 0.0,
+        "initial_width": float(times[start]), "terminal_width": float(T - times[end]),
+        "clustering": bool(gap[0] > threshold), "plateau_relative_variance": relative_variance,
+        "terminal_lift": lift,
+    }
+    result["three_phase"] = bool(below[centre] and result["clustering"] and relative_variance <= 0.05 and lift >= 0.1)
+    return result
+
+
+def exponential_rate(times: np.ndarray, values: np.ndarray, start: float, end: float = math.inf) -> float:
+    """Least-squares slope a of log(values) = a t + b over start <= t <= end (positive values only);
+    NaN if < 2 points."""
+    chosen = (times >= start) & (times <= end) & (values > 0)
+    if chosen.sum() < 2:
+        return math.nan
+    return float(np.polyfit(times[chosen], np.log(values[chosen]), 1)[0])
+
+
+def turnpike_bound(times: np.ndarray, gap: np.ndarray) -> tuple[float, float]:
+    """(C, a) of the seed's turnpike bound Delta(t) <= C (exp(-a t) + exp(-a (T - t))) on a run's energy gap:
+    C = max(Delta(0), Delta(T)) (the bound at the ends is C (1 + exp(-a T))), and a the largest rate for which the
+    bound holds at every save time (0 when Delta exceeds 2 C somewhere: no exponential bound with this C).  Each
+    time t in (0, T) bounds a by the root of Delta(t) = C (exp(-a t) + exp(-a (T - t))) (the right side falls in
+    a), found by bisection; times with Delta(t) <= 0 (round-off below min E on the plateau) bound nothing."""
+    T = times[-1]
+    C = float(max(gap[0], gap[-1]))
+    inner = (times > 0) & (times < T) & (gap > 0)
+    t, target = times[inner], gap[inner] / C
+    if np.any(target >= 2):
+        return C, 0.0
+    low, high = np.zeros_like(t), np.full_like(t, 1.0)
+    while np.any(np.exp(-high * t) + np.exp(-high * (T - t)) > target):  # a bracket for every time
+        high = np.where(np.exp(-high * t) + np.exp(-high * (T - t)) > target, 2 * high, high)
+    for _ in range(100):
+        middle = 0.5 * (low + high)
+        holds = np.exp(-middle * t) + np.exp(-middle * (T - t)) >= target
+        low, high = np.where(holds, middle, low), np.where(holds, high, middle)
+    return C, float(low.min()) if t.size else math.inf
+
+
+def weighted_poisson(basis, rho: torch.Tensor, f: torch.Tensor, tol: float = 1e-12, iterations: int = 2000):
+    """Coefficients of u solving -div(rho grad u) = f (f of zero integral, rho > 0), mean-zero u; preconditioned CG."""
+    multiplicity = basis.multiplicity
+
+    def apply(c):
+        return -basis.divergence(rho[..., None] * basis.gradient(c))
+
+    def inner(a, b):
+        return float((multiplicity * (a.conj() * b).real).sum())
+
+    laplacian = -basis.laplacian
+    scale = float(basis.integrate(rho)) / basis.area
+    preconditioner = torch.where(laplacian > 0, 1 / (scale * torch.where(laplacian > 0, laplacian, 1.0)), 0.0)
+    b = basis.analysis(f) * (laplacian > 0)
+    u = torch.zeros_like(b)
+    r = b.clone()
+    z = preconditioner * r
+    p = z.clone()
+    rz = inner(r, z)
+    norm_b = math.sqrt(inner(b, b))
+    for _ in range(iterations):
+        Ap = apply(p) * (laplacian > 0)
+        alpha = rz / inner(p, Ap)
+        u = u + alpha * p
+        r = r - alpha * Ap
+        if math.sqrt(inner(r, r)) <= tol * norm_b:
+            break
+        z = preconditioner * r
+        rz, rz_old = inner(r, z), rz
+        p = z + (rz / rz_old) * p
+    return u
+
+
+def h_minus_one_quotient(basis, rho: torch.Tensor, g: torch.Tensor) -> tuple[float, float]:
+    """(|grad g|^2_{L2(mu)} / |g|^2_{H^-1(mu)}, |g|_{H^-1(mu)}): the seed's printed quotient (module docstring).
+
+    rho is floored at max(DENSITY_FLOOR max rho, -min rho) throughout (the undershoot of an under-resolved
+    spectral density measures its error, which 1 / rho would amplify) and renormalised to mass 1.  On S^1 the Poisson
+    problem is solved exactly: -(rho u')' = f gives rho u' = C - F with F' = f (spectral antiderivative)
+    and C = int F / rho / int 1 / rho (u periodic), so |g|^2_{H^-1} = int (C - F)^2 / rho dtheta; on S^2 by
+    `weighted_poisson`."""
+    rho = rho.clamp_min(max(DENSITY_FLOOR * float(rho.max()), -float(rho.min())))
+    rho = rho / basis.integrate(rho)
+    mean = float(basis.integrate(g * rho))
+    f = rho * (g - mean)
+    if basis.dim == 2:
+        coefficients = basis.analysis(f)
+        k = basis.fourier.wavenumber
+        F = basis.synthesis(torch.where(k > 0, coefficients / (1j * torch.where(k > 0, k, 1.0)), 0.0))
+        C = basis.integrate(F / rho) / basis.integrate(1 / rho)
+        h_minus_one = float(basis.integrate((C - F) ** 2 / rho))
+    else:
+        grad_u = basis.gradient(weighted_poisson(basis, rho, f))
+        h_minus_one = float(basis.integrate((grad_u * grad_u).sum(-1) * rho))
+    grad_g = basis.gradient(basis.analysis(g))
+    dirichlet = float(basis.integrate((grad_g * grad_g).sum(-1) * rho))
+    return dirichlet / h_minus_one, math.sqrt(h_minus_one)
+
+
+def wasserstein_hessian(model, exp_kernel, basis, rho: torch.Tensor, velocity: torch.Tensor) -> float:
+    """Hess_W E(mu)[X, X] = eps int s^2 / rho - int s T[s], s = -div(rho X), at a critical point mu of E.
+
+    E is the seed's energy (unnormalized kernel, V = B symmetric: the forward equation is then the
+    Wasserstein gradient flow of E).  X: tangent field (*grid, d) in ambient coordinates.  At a critical
+    point eps grad log rho = grad U, U = T[rho], so s / rho = -(div X + X . grad U / eps) is computed from
+    smooth fields: a spectral s = -div(rho X) divided by rho would blow up its truncation error in the
+    tails, where rho ~ 1e-30."""
+    potential = _interaction_potential(exp_kernel, rho)
+    grad_potential = basis.gradient(basis.analysis(potential))
+    ratio = -(basis.synthesis(basis.divergence(velocity)) + (velocity * grad_potential).sum(-1) / model.eps)
+    s = rho * ratio
+    interaction = float(basis.integrate(s * _interaction_potential(exp_kernel, s)))
+    return model.eps * float(basis.integrate(rho * ratio * ratio)) - interaction
+
+
+def _interaction_potential(exp_kernel, f: torch.Tensor) -> torch.Tensor:
+    """T[f](x) = int exp(beta <x, B y>) f(y) dsigma(y) on the grid."""
+    scaled, log_scale = exp_kernel(f[..., None])
+    return scaled[..., 0] * torch.exp(log_scale)
+
+
+def rayleigh_quotient(model, exp_kernel, basis, rho: torch.Tensor, g: torch.Tensor) -> float:
+    """R_mu(g) = Hess_W E(mu)[grad g, grad g] / |grad g|^2_{L2(mu)} (module docstring): the rate, per unit
+    depth, at which the adjoint phi_T = g grows towards the output layer when g is an eigenfunction of H K."""
+    grad_g = basis.gradient(basis.analysis(g))
+    dirichlet = float(basis.integrate((grad_g * grad_g).sum(-1) * rho))
+    return wasserstein_hessian(model, exp_kernel, basis, rho, grad_g) / dirichlet
+
+
+def gibbs_well(model, exp_kernel, basis, cluster_mean: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """`gibbs_minimum` in the well of the leading eigenvector e_1 of B, the one of +-e_1 nearest `cluster_mean`
+    (+e_1 without it; both wells have the same energy)."""
+    direction = torch.as_tensor(principal_subspace(model.B.cpu().double().numpy())[:, 0]).to(basis.points)
+    if cluster_mean is not None and float(direction @ cluster_mean.to(direction)) < 0:
+        direction = -direction
+    return gibbs_minimum(model, exp_kernel, basis, direction)
+
+
+def plateau_theory(model, exp_kernel, basis, loss, cluster_mean: torch.Tensor) -> dict:
+    """The Gibbs minimum in the well of the leading eigenvector of B nearest `cluster_mean` (the two wells
+    +-e_1 have the same energy), and at it the loss gradient g = dl/dmu with its quotients:
+    {"gibbs": rho, "min_energy", "rayleigh_quotient" R_mu(g), "h_minus_one_quotient", "h_minus_one_norm"}."""
+    rho, min_energy = gibbs_well(model, exp_kernel, basis, cluster_mean)
+    points = basis.points.reshape(-1, basis.dim)
+    g = loss.first_variation(points, (rho * basis.weights).reshape(-1)).reshape(basis.grid_shape)
+    quotient, norm = h_minus_one_quotient(basis, rho, g)
+    return {"gibbs": rho, "min_energy": min_energy,
+            "rayleigh_quotient": rayleigh_quotient(model, exp_kernel, basis, rho, g),
+            "h_minus_one_quotient": quotient, "h_minus_one_norm": norm}
+
+
+def escape_rate(times: np.ndarray, adjoint_norm: np.ndarray, quotient: float) -> float:
+    """Fitted a in |grad phi_t|_{L2(mu_t)} ~ exp(-a (T - t)) over the last 1 / R_mu(g) of depth (one e-fold of the
+    predicted amplification; module docstring): NaN unless R_mu(g) > 0."""
+    if not quotient > 0:
+        return math.nan
+    return exponential_rate(times, adjoint_norm, times[-1] - 1 / quotient)

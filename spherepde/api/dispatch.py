@@ -1,0 +1,78 @@
+"""Which solver a case names, and running it: the one entry point behind `spherepde.run` and `spherepde run`."""
+
+from spherepde.base.errors import CaseError, NumericalFailure
+
+
+def run(case: "Case", progress: bool | None = None, checkpoint=None):
+    """Run a case with the solver its [solver] method names; returns an xarray.Dataset.
+
+    torch runs on solver.threads CPU threads meanwhile (spherepde.base.threads: one on small problems).
+
+    "both" runs the Eulerian solver and then the particles, and returns one Dataset: the
+    Eulerian run's variables and attributes as they are, the particle run's diagnostics and
+    attributes prefixed with "particles_", and the positions `particles` (see
+    `spherepde.io.output.both_dataset`; `spherepde.io.output.split_both` undoes it).  When one of the two fails
+    numerically the other still runs, and the NumericalFailure carries the combined Dataset (the failed run's
+    saves up to its failure, NaN after).
+
+    `checkpoint` (a :class:`solvers.checkpoint.Checkpoint`) stores the state of a long run
+    now and then and, when marked `resume`, continues the run from it.
+
+    A case with a [control] section is a training run: W is trained, and the Dataset is the
+    forward run with the trained W plus `W`, `loss`, `adjoint_norm`; of the density
+    (solvers.training.run_training) with solver.method = "eulerian", of the particle system
+    (solvers.particle_training.run_particle_training) with "particles".  A training keeps its
+    evaluations of J and dJ/dW in the checkpoint (solvers/journal.py).
+    """
+    from spherepde.api.limits import check_memory
+    from spherepde.base.threads import threads_for  # torch is imported by the run, not by `import spherepde`
+
+    check_memory(case)  # for the API: the command line has checked it already, before taking the lock
+    with threads_for(case):
+        return _run(case, progress, checkpoint)
+
+
+def _run(case: "Case", progress: bool | None, checkpoint):
+    method = case["solver"]["method"]
+    if case["control"]:
+        if method == "particles":
+            from solvers.particle_training import run_particle_training
+
+            return run_particle_training(case, progress=progress, checkpoint=checkpoint)
+        from solvers.training import run_training
+
+        return run_training(case, progress=progress, checkpoint=checkpoint)
+    if method == "particles":
+        if checkpoint is not None:
+            raise CaseError("checkpoints are available for the Eulerian solver and trainings only (a particle run "
+                            "is reproduced bit for bit by its seed)")
+        from solvers.particles import run_particles
+
+        return run_particles(case, progress=progress)
+    from solvers.eulerian import run_eulerian
+
+    if method == "eulerian":
+        return run_eulerian(case, progress=progress, checkpoint=checkpoint)
+    from solvers.particles import run_particles
+
+    from spherepde.io.output import both_dataset
+
+    # each solver's failure keeps its last good state, and the other solver still runs
+    eulerian, eulerian_failure = _kept_on_failure(lambda: run_eulerian(case, progress=progress, checkpoint=checkpoint))
+    particles, particle_failure = _kept_on_failure(lambda: run_particles(case, progress=progress))
+    combined = both_dataset(eulerian, particles)
+    failure = eulerian_failure or particle_failure
+    if failure is not None:
+        failure.dataset = combined
+        raise failure
+    return combined
+
+
+def _kept_on_failure(solve):
+    """(dataset, None) from solve(), or (its last good state, the NumericalFailure) when it fails with one."""
+    try:
+        return solve(), None
+    except NumericalFailure as failure:
+        if failure.dataset is None:
+            raise
+        return failure.dataset, failure

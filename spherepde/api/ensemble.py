@@ -1,0 +1,100 @@
+"""Members run together: which cases one tensor program can advance at once, and running them.
+
+The solvers take a member axis (solvers.eulerian.ForwardProblem, solvers.particles.ParticleSystem, the
+trainings' lockstep): members that share a grid and the shapes of their state run as one batch, each with its
+own initial law, model matrices and scalars, seed and (for trainings) its own optimizer and loss.  `batches`
+groups the cases of a sweep by what they must share, `run_batch` runs one group and returns per member what its
+serial run returns: its Dataset, or the NumericalFailure (with the last good state) or CaseError that ended it.
+
+What members may differ in (MEMBER_KEYS): the case's name and description, every model matrix and scalar
+but the kernel, the whole [initial] section, particles.seed and particles.save, the [diagnostics] section, and
+of a training's [control] its loss and target, lambda_reg, the optimizer and its learning rate, iterations
+and tolerance, the bow candidates' keys and save_adjoint.  Everything else (sphere, time, solver, the
+particles' size, replicas and integrator, the layers and the gradient) is shared, and so must be what it
+implies: the time scheme of a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy.
+Particle runs stepped by the CFL rule (no fixed dt) each run alone: their members would take different steps
+and their draws would not be those of their serial runs.
+"""
+
+import math
+
+from spherepde.io.case import Case
+from spherepde.base.errors import CaseError, NumericalFailure
+
+MEMBER_KEYS = {
+    "case": None,  # every key
+    "model": {"B", "V", "W", "beta", "eps"},
+    "initial": None,
+    "particles": {"seed", "save"},
+    "diagnostics": None,
+    "control": {"loss", "target", "lambda_reg", "optimizer", "learning_rate", "iterations", "tol", "kappa_cand", "tau",
+                "K", "seed", "save_adjoint"},
+}
+
+
+def batch_key(case: Case, index: int) -> tuple:
+    """What every member of a batch shares: the case without its member keys, and what those keys imply."""
+    from spherepde.discretisation.timesteppers import choose_scheme
+
+    shared = {section: {key: value for key, value in values.items()
+                        if MEMBER_KEYS.get(section, set()) is not None and key not in MEMBER_KEYS.get(section, set())}
+              for section, values in case.data.items()}
+    model, method = case["model"], case["solver"]["method"]
+    scheme = choose_scheme(case["time"]["scheme"], model["eps"]) if method != "particles" else None
+    implied = (scheme, math.isinf(model["beta"]), model["eps"] > 0)
+    if method != "eulerian" and "dt" not in case["particles"] and "dt" not in case["time"]:
+        implied += (index,)  # CFL-stepped particles run alone
+    if method == "both":
+        implied += (index,)
+    return repr(sorted((section, sorted(values.items(), key=lambda item: item[0])) for section, values in
+                       shared.items())), implied
+
+
+def batches(cases: list, largest: int | None = None) -> list:
+    """The members (indices into `cases`) grouped into batches that one program can run, in order of their first
+    member; batches of at most `largest` members."""
+    groups = {}
+    for index, case in enumerate(cases):
+        groups.setdefault(batch_key(case, index), []).append(index)
+    out = []
+    for members in groups.values():
+        size = largest or len(members)
+        out += [members[start:start + size] for start in range(0, len(members), size)]
+    return sorted(out, key=lambda members: members[0])
+
+
+def run_batch(cases: list, progress: bool | None = None) -> list:
+    """Run the members `cases` (one batch of `batches`) together; per member its Dataset, or the NumericalFailure
+    or CaseError that ended it (a CaseError of the batch's setup ends every member)."""
+    case = cases[0]
+    method = case["solver"]["method"]
+    try:
+        if case["control"]:
+            if method == "particles":
+                from solvers.particle_training import run_particle_trainings
+
+                return run_particle_trainings(cases, progress)
+            from solvers.training import run_trainings
+
+            return run_trainings(cases, progress)
+        if method == "particles":
+            from solvers.particles import ParticleSystem, run_members
+
+            return run_members(ParticleSystem(cases), progress)
+        if method == "eulerian":
+            from solvers.eulerian import ForwardProblem, run_members
+
+            return run_members(ForwardProblem(cases), progress)
+        from spherepde import run
+
+        return [_outcome(lambda member=member: run(member, progress=progress)) for member in cases]
+    except CaseError as error:
+        return [error] * len(cases)
+
+
+def _outcome(solve):
+    """solve()'s Dataset, or the NumericalFailure or CaseError it raised."""
+    try:
+        return solve()
+    except (NumericalFailure, CaseError) as error:
+        return error

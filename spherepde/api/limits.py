@@ -1,0 +1,93 @@
+"""Limits checked before any work: inputs whose size alone would exhaust this machine's memory or time are
+refused up front with one line (CaseError, exit status 2), not after minutes of allocation.
+
+This module imports neither torch nor the solvers (importing torch alone takes about 220 MB), so that a refusal
+costs what reading the case costs.  The case file's own limits (its size, its nesting, the ranges of its keys)
+are in spherepde.io.case.
+"""
+
+import math
+
+from spherepde.base.errors import CaseError
+
+MAX_SEEDS = 10_000  # replicates of a sweep (`--seeds`): each is one run and one file
+MAX_MEMBERS = 10_000  # runs of a sweep: every member is resolved and planned before the first runs
+# Peak host memory of building the S^2 transform's Legendre tables over the tables themselves (measured for
+# the torch backend: 3.1x at lmax 128, 3.8x at lmax 256 of 3 (lmax + 1)^2 nlat float64 numbers).
+TABLE_PEAK_FACTOR = 3.0
+
+
+def check_seeds(seeds: int | None) -> None:
+    """A CaseError when a sweep asks for more than MAX_SEEDS replicates (before any seed is derived)."""
+    if seeds is not None and seeds > MAX_SEEDS:
+        raise CaseError(f"--seeds: {seeds} replicates; at most {MAX_SEEDS} (each is a run and a file)")
+
+
+def check_members(counts: list[int], seeds: int | None) -> None:
+    """A CaseError when a sweep of `counts` values per swept key, times `seeds` replicates, has more than
+    MAX_MEMBERS members (before they are enumerated)."""
+    members = math.prod(counts) * (seeds or 1)
+    if members > MAX_MEMBERS:
+        raise CaseError(f"--param: {' x '.join(map(str, counts))}{f' x {seeds} seeds' if seeds else ''} = {members} "
+                        f"members; at most {MAX_MEMBERS} (each is a run and a file)")
+
+
+def table_bytes(lmax: int) -> int:
+    """The host memory that building the S^2 grid of degree `lmax` needs: its three Legendre tables, (lmax + 1)^2
+    values at each of the dealiased grid's latitudes (bases.dealiased_gauss_latitudes, even, >= 3 (lmax + 1) / 2)
+    in float64, times TABLE_PEAK_FACTOR."""
+    nlat = math.ceil(3 * (lmax + 1) / 2)
+    nlat += nlat % 2
+    return int(TABLE_PEAK_FACTOR * 3 * (lmax + 1) ** 2 * nlat * 8)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still get: the least of MemAvailable (/proc/meminfo), the cgroup's
+    limit less its usage, and the address-space limit; None where none of them can be read."""
+    bounds = []
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    bounds.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as usage:
+            text = limit.read().strip()
+            if text != "max":
+                bounds.append(int(text) - int(usage.read().strip()))
+    except (OSError, ValueError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            bounds.append(soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(bounds) if bounds else None
+
+
+def check_memory(case) -> None:
+    """A CaseError naming sphere.lmax when an Eulerian S^2 run of `case` on the torch transform cannot build its
+    grid's tables in the memory this machine has left (the shtns backend keeps its own, smaller tables)."""
+    if case.dim != 3 or case["solver"]["method"] == "particles" or case["solver"]["backend"] == "shtns":
+        return
+    lmax = case["sphere"]["lmax"]
+    needed, available = table_bytes(lmax), available_memory()
+    if available is not None and needed > available:
+        raise CaseError(f"sphere.lmax: the S^2 grid of lmax {lmax} needs about {_size(needed)} of memory for its "
+                        f"spherical-harmonic tables; this machine has {_size(available)} available (lower "
+                        "sphere.lmax)")
+
+
+def _size(count: int) -> str:
+    """A byte count in binary units, e.g. "2.6 TiB"."""
+    value, unit = float(count), "B"
+    for larger in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, larger
+    return f"{value:.3g} {unit}"

@@ -1,0 +1,344 @@
+"""Parameter sweeps on Dask distributed (DESIGN §7): one NetCDF per member, one combined Dataset.
+
+    spherepde sweep CASE.toml --param model.eps=0.1,0.2 --param model.beta=1,4 [--seeds N]
+                              [--scheduler ADDRESS | --workers N] [-o DIR]
+
+The members are all combinations of the --param values (each list parsed as TOML, so
+matrices and strings work: ``--param 'model.V=[[1,0],[0,1]],[[2,0],[0,2]]'``), each
+repeated N times with ``--seeds N``: replicate r of every combination gets
+``particles.seed`` = the r-th seed spawned from the case's seed (numpy SeedSequence), so
+the replicates are independent and every combination sees the same seeds. Every member
+is resolved and validated before anything runs (bad input: exit 2, nothing written).
+
+Members that share a grid and the shapes of their state run together, as one batch in one
+tensor program (spherepde.api.ensemble: which keys may differ); a batch runs in a Dask task that
+gets its members' resolved case texts, writes each member's DIR/member-NNN.nc atomically (the
+file its serial run would write) and returns their paths and a few numbers, never arrays: Dask
+distributes batches, not members.  Batches hold at most ceil(members / workers) members, so that
+every worker has work.  The cluster is a LocalCluster (one single-threaded worker process per GPU
+where there are GPUs, worker k on GPU k; else one per core; torch threads split evenly) or, with
+``--scheduler``, an existing one; its workers must see DIR at the same path. When all
+members are done, DIR/sweep.nc combines them along a `member` dimension
+(xr.open_mfdataset), with the swept keys (and `seed`) as member coordinates and each
+member's case text and status. Members whose grids differ (a swept sphere.lmax) keep
+their densities in their own files only.
+"""
+
+import contextlib
+import itertools
+import logging
+import os
+import sys
+import tomllib
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from spherepde.io.case import Case, format_override, parse_override
+from spherepde.base.device import placement
+from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.api.limits import check_members
+from spherepde.io.output import check_folder
+
+GRID_DIMS = ("theta", "lat", "lon")
+COMBINED = "sweep.nc"
+
+
+@dataclass(frozen=True)
+class Member:
+    """One run of a sweep: its swept values, its seed (None: the case's), its case and output file."""
+
+    index: int
+    values: dict
+    seed: int | None
+    case: Case
+    path: str
+
+    def label(self) -> str:
+        items = [f"{key}={value}" for key, value in self.values.items()]
+        return ", ".join(items + ([f"seed={self.seed}"] if self.seed is not None else []))
+
+
+def parse_param(item: str) -> tuple[str, list]:
+    """"section.key=v1,v2,..." -> (key, [v1, v2, ...]), the list parsed as TOML (bare words as strings)."""
+    key, equals, text = item.partition("=")
+    key = key.strip()
+    if not equals or not text.strip() or len(key.split(".")) < 2 or not all(key.split(".")):
+        raise CaseError(f"--param {item!r}: expected section.key=v1,v2,...")
+    try:
+        values = tomllib.loads(f"v = [{text}]")["v"]
+    except tomllib.TOMLDecodeError:
+        values = [parse_override(f"{key}={part}")[1] for part in text.split(",")]
+    if not values:
+        raise CaseError(f"--param {item!r}: no values")
+    return key, values
+
+
+def derived_seeds(seed: int, count: int) -> list[int]:
+    """`count` independent seeds spawned from `seed` (numpy SeedSequence), as ints >= 0."""
+    return [int(child.generate_state(1)[0]) for child in np.random.SeedSequence(seed).spawn(count)]
+
+
+def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -> list[Member]:
+    """Every member, its case resolved and validated (a CaseError names the member)."""
+    swept = [parse_param(item) for item in params]
+    keys = [key for key, _ in swept]
+    if len(set(keys)) != len(keys):
+        raise CaseError(f"--param: a key is given twice: {', '.join(keys)}")
+    check_members([len(values) for _, values in swept], seeds)  # before the seeds are derived
+    replicates = derived_seeds(case["particles"]["seed"], seeds) if seeds else [None]
+    combinations = list(itertools.product(*(values for _, values in swept), replicates))
+    width = max(3, len(str(len(combinations) - 1)))
+    members = []
+    for index, combination in enumerate(combinations):
+        values, seed = dict(zip(keys, combination[:-1])), combination[-1]
+        overrides = [format_override(key, value) for key, value in values.items()]
+        if seed is not None:
+            overrides.append(format_override("particles.seed", seed))
+        try:
+            member_case = case.with_overrides(overrides)
+        except CaseError as error:
+            raise CaseError(f"sweep member {index} ({', '.join(overrides)}): {error}") from None
+        if seed is not None and member_case["solver"]["method"] == "eulerian":
+            raise CaseError(f"--seeds: sweep member {index} is an Eulerian run, which has no random draws: its "
+                            "replicates would be identical (seeds vary particles.seed of particle runs)")
+        path = os.path.abspath(os.path.join(folder, f"member-{index:0{width}d}.nc"))
+        members.append(Member(index, values, seed, member_case, path))
+    return members
+
+
+def run_batch(indices: list, case_texts: list, paths: list, threads: int | None = None) -> list:
+    """Run one batch of members together (in a Dask task; spherepde.api.ensemble.run_batch) and write each member's
+    file; returns their summaries."""
+    import torch
+
+    from spherepde import load_case_text
+    from spherepde.api.ensemble import run_batch as run_members
+    from spherepde.io.output import write_dataset
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    _use_worker_gpu()
+    cases = [load_case_text(text, origin=f"sweep member {index}") for index, text in zip(indices, case_texts)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # recorded in the notes of the outputs
+        outcomes = run_members(cases, progress=False)
+    summaries = []
+    for index, path, outcome in zip(indices, paths, outcomes):
+        if isinstance(outcome, CaseError):
+            summaries.append({"member": index, "path": None, "status": f"bad input: {outcome}", "exit_status": 2})
+            continue
+        exit_status, dataset = 0, outcome
+        if isinstance(outcome, NumericalFailure):
+            if outcome.dataset is None:
+                summaries.append({"member": index, "path": None, "status": f"failed: {outcome}", "exit_status": 3})
+                continue
+            exit_status, dataset = 3, outcome.dataset
+        write_dataset(dataset, path)
+        summaries.append(summarise(index, path, dataset, exit_status))
+    return summaries
+
+
+def summarise(index: int, path: str, dataset, exit_status: int) -> dict:
+    """The few numbers a member reports: status, steps, wall time, final order parameter."""
+    final = dataset["order_parameter"].values[-1] if "order_parameter" in dataset else float("nan")
+    return {"member": index, "path": path, "status": dataset.attrs.get("status", "?"), "exit_status": exit_status,
+            "steps": int(dataset.attrs.get("steps", 0)), "wall_seconds": float(dataset.attrs.get("wall_seconds", 0)),
+            "t": float(dataset["time"].values[-1]), "order_parameter": float(final)}
+
+
+def _use_worker_gpu() -> None:
+    """On a LocalCluster with GPUs, worker k (named k) uses GPU k modulo the GPU count."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    from distributed import get_worker
+
+    try:
+        index = int(get_worker().name)
+    except (ValueError, TypeError):  # not in a worker, or a worker named by its address
+        return
+    torch.cuda.set_device(index % torch.cuda.device_count())
+
+
+def _completed(member: Member) -> dict | None:
+    """The summary of an earlier run of `member` that completed with the same case; else None."""
+    import xarray as xr
+
+    try:
+        with xr.open_dataset(member.path) as dataset:
+            if dataset.attrs.get("status") == "completed" and dataset.attrs.get("case") == member.case.text:
+                return summarise(member.index, member.path, dataset, 0)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+@contextlib.contextmanager
+def _cluster(scheduler: str | None, workers: int):
+    """A Dask client: on the scheduler at `scheduler`, or on a LocalCluster of `workers` processes."""
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        try:
+            client = Client(scheduler)  # waits distributed.comm.timeouts.connect (dask config, 30 s)
+        except (OSError, TimeoutError, ValueError) as error:
+            raise CaseError(f"--scheduler: cannot reach a Dask scheduler at {scheduler!r}: {error}") from None
+        with client:
+            yield client
+        return
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        yield client
+
+
+def default_workers(members: int) -> int:
+    """One worker per GPU where there are GPUs, else one per core; never more than members."""
+    import torch
+
+    slots = torch.cuda.device_count() if torch.cuda.is_available() else (os.cpu_count() or 1)
+    return max(1, min(members, slots))
+
+
+def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = None, scheduler: str | None = None,
+              workers: int | None = None, overwrite: bool = False, resume: bool = False) -> str:
+    """Run every member (see the module docstring), write DIR/sweep.nc; returns its path.
+
+    Members that fail are reported at the end, after sweep.nc is written from the others:
+    CaseError (exit 2) if one had bad input, else NumericalFailure (exit 3).
+    """
+    check_folder(folder, "sweep -o")
+    members = plan(case, params, folder, seeds)
+    if scheduler is None:  # the local workers see this machine's devices; a remote cluster's may differ
+        for member in members:
+            try:
+                placement(member.case["solver"]["device"], member.case["solver"]["dtype"])
+            except CaseError as error:
+                raise CaseError(f"sweep member {member.index} ({member.label()}): {error}") from None
+    combined = os.path.join(folder, COMBINED)
+    existing = [path for path in [m.path for m in members] + [combined] if os.path.exists(path)]
+    if existing and not (overwrite or resume):
+        raise CaseError(f"sweep folder {folder!r} holds an earlier sweep ({os.path.basename(existing[0])}); pass "
+                        "--resume to keep its completed members or --overwrite to run them all again")
+    summaries = {}
+    if resume:
+        summaries = {m.index: s for m in members if (s := _completed(m)) is not None}
+        if summaries:
+            print(f"spherepde: keeping {len(summaries)} completed members of {len(members)}", file=sys.stderr)
+    pending = [m for m in members if m.index not in summaries]
+    if pending:
+        from spherepde.api.ensemble import batches
+
+        count = workers or default_workers(len(pending))
+        threads = None if scheduler else max(1, (os.cpu_count() or 1) // count)
+        groups = [[pending[i] for i in group]
+                  for group in batches([m.case for m in pending], largest=-(-len(pending) // count))]
+        from distributed import as_completed
+
+        with _cluster(scheduler, count) as client:
+            futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
+                                     [m.path for m in group], threads, pure=False) for group in groups]
+            done = 0
+            for future in as_completed(futures):
+                for summary in future.result():
+                    done += 1
+                    summaries[summary["member"]] = summary
+                    print(f"spherepde: member {summary['member']} ({members[summary['member']].label()}) "
+                          f"{summary['status']} [{done}/{len(pending)}]", file=sys.stderr)
+    combine(case, members, summaries, combined, params, seeds)
+    _raise_failures(members, summaries)
+    return combined
+
+
+def combine(case: Case, members: list[Member], summaries: dict, target: str, params: list[str],
+            seeds: int | None) -> None:
+    """Write the members' files of a sweep of `case` as one Dataset along `member` (xr.open_mfdataset), atomically."""
+    import xarray as xr
+
+    from spherepde.io.output import finish, write_dataset
+
+    present = [m for m in members if summaries[m.index]["path"] is not None]
+    if not present:
+        return
+    same_grid = _same_grid([m.path for m in present])
+
+    def preprocess(dataset):
+        dataset = dataset.drop_vars("cell_area", errors="ignore")
+        return dataset if same_grid else dataset.drop_dims([dim for dim in GRID_DIMS if dim in dataset.dims])
+
+    with xr.open_mfdataset([m.path for m in present], combine="nested", concat_dim="member", preprocess=preprocess,
+                           data_vars="all", coords="different", compat="no_conflicts", join="outer",
+                           combine_attrs="drop_conflicts") as data:
+        data = data.assign_coords(member=("member", [m.index for m in present], {"long_name": "sweep member index"}))
+        swept = []
+        for key in present[0].values:
+            column = _member_coordinate(key, [m.values[key] for m in present])
+            swept.append(key.replace(".", "_"))
+            data = data.assign_coords({swept[-1]: column})
+        if seeds:
+            data = data.assign_coords(seed=("member", [m.seed for m in present], {"long_name": "particles.seed"}))
+            swept.append("seed")
+        # the member coordinates that by_parameters unstacks into one dimension each
+        data.attrs["swept"] = " ".join(swept)
+        data["member_status"] = ("member", [summaries[m.index]["status"] for m in present],
+                                 {"long_name": "status of the member's run"})
+        data["member_case"] = ("member", [m.case.text for m in present],
+                               {"long_name": "resolved case of the member (TOML)"})
+        if same_grid:
+            with xr.open_dataset(present[0].path) as first:
+                if "cell_area" in first:
+                    data["cell_area"] = first["cell_area"].load()
+        else:
+            data.attrs["notes"] = "the members' grids differ: densities are in the member files only"
+        finish(data, case, {"solver": data.attrs.get("solver", "mixed")})
+        data.attrs["title"] = f"spherepde sweep of case '{case.name}' ({len(members)} members)"
+        data.attrs["history"] += f" sweep {' '.join(params)}" + (f" --seeds {seeds}" if seeds else "")
+        write_dataset(data, target)
+
+
+def by_parameters(dataset):
+    """A combined sweep with one dimension per swept key (and `seed`) instead of `member`, so that it is
+    selected by its parameters: ``by_parameters(xr.open_dataset("DIR/sweep.nc")).sel(model_eps=0.1)``.
+
+    The file keeps the flat `member` dimension (NetCDF stores no multi-index, and a sweep whose members
+    failed or differ in their grids is no full grid); combinations without a member are NaN here.
+    """
+    names = dataset.attrs.get("swept", "").split()
+    if "member" not in dataset.dims or not names:
+        raise CaseError("by_parameters: not a combined sweep file (no 'member' dimension and 'swept' attribute)")
+    return dataset.set_index(member=names).unstack("member")
+
+
+def _same_grid(paths: list[str]) -> bool:
+    """Whether every file has the same grid coordinates (theta, or lat and lon)."""
+    import xarray as xr
+
+    grids = []
+    for path in paths:
+        with xr.open_dataset(path) as dataset:
+            grids.append({dim: dataset[dim].values for dim in GRID_DIMS if dim in dataset.coords})
+    return all(grid.keys() == grids[0].keys() and all(np.array_equal(grid[k], grids[0][k]) for k in grid)
+               for grid in grids)
+
+
+def _member_coordinate(key: str, values: list) -> tuple:
+    """A member coordinate of swept values: numbers as floats, anything else as its TOML text."""
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    if numeric:  # every number of a case is nondimensional
+        return ("member", [float(v) for v in values], {"long_name": f"swept case key {key}", "units": "1"})
+    return ("member", [format_override(key, v).partition("=")[2] for v in values],
+            {"long_name": f"swept case key {key}"})
+
+
+def _raise_failures(members: list[Member], summaries: dict) -> None:
+    failed = [summaries[m.index] for m in members if summaries[m.index]["exit_status"]]
+    if not failed:
+        return
+    first = failed[0]
+    message = (f"{len(failed)} of {len(members)} sweep members failed; member {first['member']} "
+               f"({members[first['member']].label()}): {first['status']}")
+    if any(s["exit_status"] == 2 for s in failed):
+        raise CaseError(message)
+    raise NumericalFailure(message)

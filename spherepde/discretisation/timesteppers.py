@@ -1,0 +1,285 @@
+"""Runge-Kutta time steppers for  dc/dt = lam * c + N(c)  with lam diagonal (spectral space), and their adjoints.
+
+The linear part is the diffusion eps * Lap (lam = -eps l(l+1) or -eps k^2), the nonlinear
+part the transport -div(rho v).  Three families share one tableau format:
+
+* IMEX additive Runge-Kutta: lam implicit (a diagonal solve), N explicit.
+  ARK4(3)6L[2]SA (Kennedy & Carpenter 2003): fourth order, 6 stages, L-stable (the default);
+  ARS(4,4,3) (Ascher, Ruuth & Spiteri 1997): third order, 4 stages, L-stable, stiffly accurate.
+* Explicit: classical RK4 on lam c + N together (the IMEX code with an empty implicit
+  tableau and lam c moved into N); the default without diffusion, where lam = 0.
+* Lawson (integrating factor): the explicit tableau applied to exp(-lam t) c, exact for
+  the heat equation; with lam = 0 it is the explicit scheme itself.
+
+All three are one mechanism (`RungeKutta`): every stage input U_i and the update are linear combinations,
+each term possibly multiplied by a diagonal propagator exp(f dt lam) (Lawson), of the step's start c and
+of the stage terms E_j = dt N(U_j) and I_j = dt lam U_j, followed for implicit stages by the diagonal solve
+U_i = R_i / (1 - dt ai_ii lam).  Explicit RK on lam c + N(c) is the IMEX scheme whose implicit tableau is
+its explicit one.  The terms are kept as the rows of one buffer, so that a stage costs one matrix-vector
+product over the rows, not a Python loop over them, and the state may carry a leading member axis with a
+member's own lam (eps) and dt.  `adjoint` is the exact transpose of one step (reverse-mode differentiation
+done by hand: the stage terms' cotangents are accumulated in the same buffer layout), given the stage
+inputs U_i that `step` keeps when asked and a vector-Jacobian product of N.
+"""
+
+from dataclasses import dataclass
+from fractions import Fraction as F
+
+import torch
+
+from spherepde.geometry.sphere import normalise
+
+
+@dataclass(frozen=True)
+class Tableau:
+    """Butcher tableaux of an additive RK method (explicit part `a`, implicit part `a_implicit`)."""
+
+    name: str
+    order: int
+    a: tuple
+    b: tuple
+    c: tuple
+    a_implicit: tuple | None = None
+    b_implicit: tuple | None = None
+
+    @property
+    def stages(self) -> int:
+        return len(self.b)
+
+
+ARS443 = Tableau(
+    name="imex-ars443",
+    order=3,
+    a=((0, 0, 0, 0, 0),
+       (F(1, 2), 0, 0, 0, 0),
+       (F(11, 18), F(1, 18), 0, 0, 0),
+       (F(5, 6), F(-5, 6), F(1, 2), 0, 0),
+       (F(1, 4), F(7, 4), F(3, 4), F(-7, 4), 0)),
+    b=(F(1, 4), F(7, 4), F(3, 4), F(-7, 4), 0),
+    c=(0, F(1, 2), F(2, 3), F(1, 2), 1),
+    a_implicit=((0, 0, 0, 0, 0),
+                (0, F(1, 2), 0, 0, 0),
+                (0, F(1, 6), F(1, 2), 0, 0),
+                (0, F(-1, 2), F(1, 2), F(1, 2), 0),
+                (0, F(3, 2), F(-3, 2), F(1, 2), F(1, 2))),
+    b_implicit=(0, F(3, 2), F(-3, 2), F(1, 2), F(1, 2)),
+)
+
+# Kennedy & Carpenter (2003), ARK4(3)6L[2]SA: fourth order, L-stable, stiffly accurate ESDIRK part.
+_ARK436_B = (F(82889, 524892), 0, F(15625, 83664), F(69875, 102672), F(-2260, 8211), F(1, 4))
+ARK436 = Tableau(
+    name="imex-ark436",
+    order=4,
+    a=((0, 0, 0, 0, 0, 0),
+       (F(1, 2), 0, 0, 0, 0, 0),
+       (F(13861, 62500), F(6889, 62500), 0, 0, 0, 0),
+       (F(-116923316275, 2393684061468), F(-2731218467317, 15368042101831), F(9408046702089, 11113171139209),
+        0, 0, 0),
+       (F(-451086348788, 2902428689909), F(-2682348792572, 7519795681897), F(12662868775082, 11960479115383),
+        F(3355817975965, 11060851509271), 0, 0),
+       (F(647845179188, 3216320057751), F(73281519250, 8382639484533), F(552539513391, 3454668386233),
+        F(3354512671639, 8306763924573), F(4040, 17871), 0)),
+    b=_ARK436_B,
+    c=(0, F(1, 2), F(83, 250), F(31, 50), F(17, 20), 1),
+    a_implicit=((0, 0, 0, 0, 0, 0),
+                (F(1, 4), F(1, 4), 0, 0, 0, 0),
+                (F(8611, 62500), F(-1743, 31250), F(1, 4), 0, 0, 0),
+                (F(5012029, 34652500), F(-654441, 2922500), F(174375, 388108), F(1, 4), 0, 0),
+                (F(15267082809, 155376265600), F(-71443401, 120774400), F(730878875, 902184768),
+                 F(2285395, 8070912), F(1, 4), 0),
+                _ARK436_B),
+    b_implicit=_ARK436_B,
+)
+
+HEUN = Tableau(name="heun", order=2, a=((0, 0), (1, 0)), b=(F(1, 2), F(1, 2)), c=(0, 1))  # the particles' step
+
+RK4 = Tableau(
+    name="rk4",
+    order=4,
+    a=((0, 0, 0, 0), (F(1, 2), 0, 0, 0), (0, F(1, 2), 0, 0), (0, 0, 1, 0)),
+    b=(F(1, 6), F(1, 3), F(1, 3), F(1, 6)),
+    c=(0, F(1, 2), F(1, 2), 1),
+)
+
+SCHEMES = {"imex-ark436": ("imex", ARK436), "imex-ars443": ("imex", ARS443), "rk4": ("explicit", RK4),
+           "lawson-rk4": ("lawson", RK4)}
+
+
+def choose_scheme(name: str, eps: float) -> str:
+    """'auto': the fourth-order IMEX ARK4(3)6L with diffusion, classical RK4 without."""
+    if name != "auto":
+        return name
+    return "imex-ark436" if eps > 0 else "rk4"
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    """One linear combination of the step's vectors (row 0: c; row 2j + 1: E_j = dt N(U_j); row 2j + 2:
+    I_j = dt lam U_j): per propagator fraction f (None: the identity, else exp(f dt lam)), the coefficients
+    of the rows (a float tuple over all 2 s + 1 rows)."""
+
+    groups: tuple
+
+
+def _terms(tableau: Tableau, family: str) -> tuple[list[StageTerms], StageTerms, list[float]]:
+    """(stage combinations, update combination, implicit diagonal ai_ii per stage) of a scheme family."""
+    s = tableau.stages
+    rows = 2 * s + 1
+    implicit = tableau.a if family == "explicit" else tableau.a_implicit
+    b_implicit = tableau.b if family == "explicit" else tableau.b_implicit
+
+    def combination(start, explicit_row, implicit_row, upto):
+        if family == "lawson":
+            groups = {}
+            groups.setdefault(start, [0.0] * rows)[0] = 1.0
+            for j in range(upto):
+                if explicit_row[j]:
+                    groups.setdefault(start - tableau.c[j], [0.0] * rows)[2 * j + 1] = float(explicit_row[j])
+            return StageTerms(tuple((None if f == 0 else float(f), tuple(row)) for f, row in groups.items()))
+        row = [0.0] * rows
+        row[0] = 1.0
+        for j in range(upto):
+            row[2 * j + 1] = float(explicit_row[j])
+            if implicit_row is not None:
+                row[2 * j + 2] = float(implicit_row[j])
+        return StageTerms(((None, tuple(row)),))
+
+    stages = [combination(tableau.c[i], tableau.a[i], implicit[i] if implicit else None, i) for i in range(s)]
+    update = combination(1, tableau.b, b_implicit, s)
+    diagonal = [float(implicit[i][i]) if implicit and family == "imex" else 0.0 for i in range(s)]
+    return stages, update, diagonal
+
+
+class StepFactors:
+    """What a step needs that depends on dt and lam only, computed once per interval of equal steps: dt (a float,
+    or a tensor (M, 1) for members' own steps), dt lam, the implicit solves' 1 / (1 - dt ai_ii lam) and the
+    propagators exp(f dt lam), as real tensors (M, N) over the real view of the coefficients."""
+
+    def __init__(self, scheme: "RungeKutta", lam: torch.Tensor, dt):
+        self.dt = dt
+        self.dt_lam = dt * lam
+        self.solve = {a: 1 / (1 - a * self.dt_lam) for a in set(scheme.diagonal) if a}
+        fractions = {f for terms in scheme.stages + [scheme.update] for f, _ in terms.groups if f is not None}
+        self.propagator = {f: torch.exp(f * self.dt_lam) for f in fractions}
+
+
+class RungeKutta:
+    """One step c -> c' of the scheme `name` of SCHEMES for a batch (module docstring), and its adjoint.
+
+    States are real (M, N): the real view of each member's complex coefficients (or any real vector);
+    lam is real (M, N).  `rate(i, U)` is N at stage i (the stage's time is t + fractions[i] dt).
+    """
+
+    def __init__(self, name: str):
+        family, tableau = SCHEMES[name]
+        self.scheme, self.order, self.stages_count = name, tableau.order, tableau.stages
+        self.fractions = [float(c) for c in tableau.c]
+        self.stages, self.update, self.diagonal = _terms(tableau, family)
+        rows = 2 * tableau.stages + 1
+        later = self.stages[1:] + [self.update]
+        used = [any(row[k] for terms in later for _, row in terms.groups) for k in range(rows)]
+        self.explicit_needed = [used[2 * i + 1] for i in range(tableau.stages)]
+        self.implicit_needed = [used[2 * i + 2] for i in range(tableau.stages)]
+        self._coefficients, self._buffers = {}, {}
+
+    def factors(self, lam: torch.Tensor, dt) -> StepFactors:
+        return StepFactors(self, lam, dt)
+
+    def _rows(self, terms: StageTerms, like: torch.Tensor):
+        """The groups of `terms` as (fraction, coefficients (1, rows)) on the device and dtype of `like`."""
+        key = (id(terms), like.dtype, like.device)
+        if key not in self._coefficients:
+            self._coefficients[key] = [(f, torch.tensor([row], dtype=like.dtype, device=like.device))
+                                       for f, row in terms.groups]
+        return self._coefficients[key]
+
+    def _buffer(self, like: torch.Tensor, role: str) -> tuple[torch.Tensor, torch.Tensor, list]:
+        """A (2 s + 1, M, N) buffer of the step's rows, kept between steps (zeroed by each: a zero coefficient
+        times a row another run left non-finite would still be NaN), with its flat view (2 s + 1, M N) and its
+        rows."""
+        key = (role, like.shape, like.dtype, like.device)
+        if key not in self._buffers:
+            buffer = like.new_zeros((2 * self.stages_count + 1,) + like.shape)
+            self._buffers[key] = buffer, buffer.view(buffer.shape[0], -1), list(buffer.unbind(0))
+        return self._buffers[key]
+
+    def _combine(self, terms: StageTerms, flat: torch.Tensor, factors: StepFactors, shape) -> torch.Tensor:
+        """sum over groups of P_f (coefficients . rows): one product over the rows per group."""
+        total = None
+        for f, coefficients in self._rows(terms, flat):
+            part = torch.mm(coefficients, flat).view(shape)
+            if f is not None:
+                part = part * factors.propagator[f]
+            total = part if total is None else total + part
+        return total
+
+    def step(self, c: torch.Tensor, rate, factors: StepFactors, keep: list | None = None) -> torch.Tensor:
+        """c at t + dt; with `keep` (a list) the stage inputs U_i are appended to it (for `adjoint`)."""
+        buffer, flat, rows = self._buffer(c, "step")
+        buffer.zero_()
+        rows[0].copy_(c)
+        for i, terms in enumerate(self.stages):
+            stage = c if i == 0 and self.diagonal[0] == 0 else self._combine(terms, flat, factors, c.shape)
+            if self.diagonal[i]:
+                stage = stage * factors.solve[self.diagonal[i]]
+            if keep is not None:
+                keep.append(stage)
+            if self.explicit_needed[i]:
+                torch.mul(rate(i, stage), factors.dt, out=rows[2 * i + 1])
+            if self.implicit_needed[i]:
+                torch.mul(stage, factors.dt_lam, out=rows[2 * i + 2])
+        return self._combine(self.update, flat, factors, c.shape)
+
+    def adjoint(self, c_bar: torch.Tensor, stages: list, rate_vjp, factors: StepFactors) -> torch.Tensor:
+        """The cotangent of the step's start from that of its end, c_bar: the transpose of `step`'s linear
+        algebra, with rate_vjp(i, U_i, e_bar) the cotangent of U_i from the cotangent e_bar of N(U_i) (it may
+        accumulate other cotangents itself)."""
+        bar, flat, rows = self._buffer(c_bar, "adjoint")
+        bar.zero_()
+        self._scatter(self.update, flat, c_bar, factors)
+        for i in reversed(range(self.stages_count)):
+            stage_bar = None
+            if self.explicit_needed[i]:
+                stage_bar = rate_vjp(i, stages[i], rows[2 * i + 1] * factors.dt)
+            if self.implicit_needed[i]:
+                stage_bar = (rows[2 * i + 2] * factors.dt_lam if stage_bar is None
+                             else torch.addcmul(stage_bar, rows[2 * i + 2], factors.dt_lam))
+            if stage_bar is None:
+                continue
+            if self.diagonal[i]:
+                stage_bar = stage_bar.mul_(factors.solve[self.diagonal[i]])
+            if i == 0 and self.diagonal[0] == 0:
+                rows[0] += stage_bar
+            else:
+                self._scatter(self.stages[i], flat, stage_bar, factors)
+        return rows[0].clone()
+
+    def _scatter(self, terms: StageTerms, flat: torch.Tensor, value: torch.Tensor, factors: StepFactors) -> None:
+        """The transpose of `_combine`: rows += coefficients (outer) P_f value, for each group."""
+        for f, coefficients in self._rows(terms, flat):
+            part = value if f is None else value * factors.propagator[f]
+            flat.addmm_(coefficients.T, part.reshape(1, -1))
+
+
+EXPLICIT_TABLEAUX = {"heun": HEUN, "rk4": RK4}  # the particles' steps, by solver.scheme
+
+
+def explicit_increment(velocity, x: torch.Tensor, h: float, tableau: Tableau) -> torch.Tensor:
+    """y = x + h sum_i b_i k_i with k_i = velocity(x + h sum_{j<i} a_ij k_j, c_i): one step in R^d of an
+    explicit tableau of this module."""
+    slopes = []
+    for row, offset in zip(tableau.a, tableau.c):
+        stage = x
+        for weight, slope in zip(row, slopes):
+            if weight:
+                stage = torch.add(stage, slope, alpha=h * weight)
+        slopes.append(velocity(stage, offset))
+    for weight, slope in zip(tableau.b, slopes):
+        x = torch.add(x, slope, alpha=h * weight)
+    return x
+
+
+def explicit_flow(velocity, x: torch.Tensor, h: float, tableau: Tableau) -> torch.Tensor:
+    """The step of `tableau` in R^d, then normalised: the sphere is invariant for the drift, so normalising once
+    per step keeps the method's order."""
+    return normalise(explicit_increment(velocity, x, h, tableau))

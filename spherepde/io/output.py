@@ -1,0 +1,375 @@
+"""Results as xarray Datasets and NetCDF files (DESIGN §6).
+
+Every file carries the fully resolved case text (attribute `case`), so the file alone
+reproduces the run, and is written atomically: a temporary file in the target folder,
+then a rename, so that no reader ever sees half a file.
+"""
+
+import datetime
+import os
+import tempfile
+
+import numpy as np
+import xarray as xr
+
+from spherepde.model.energy import LABEL as FREE_ENERGY_LABEL
+from spherepde.base.errors import CaseError
+from spherepde.base.version import VERSION
+from spherepde.io.locking import one_writer
+
+DIAGNOSTIC_ATTRS = {
+    "mass": ("total mass: int rho dsigma", "1"),
+    "mean": ("mean position: int x drho", "1"),
+    "order_parameter": ("norm of the mean position", "1"),
+    "alignment_E": ("int |P_E x|^2 drho, E = leading eigenspace of V B^T", "1"),
+    "alignment_F": ("int |P_F x|^2 drho, F = leading eigenspace of V", "1"),
+    "lyapunov": ("V_p = int (|(I - P_E) x|^2 / |P_E x|^2)^p drho", "1"),
+    "w2_projection": ("W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x|, chordal cost", "1"),
+    "entropy": ("int rho log rho dsigma (rho floored at 0)", "1"),
+    "interaction_energy": ("-1/2 int int exp(beta <x, B y>) drho drho (the kernel's pair integral; not by itself "
+                           "an energy of the flow unless beta = 1 and V = B)", "1"),
+    "free_energy": (FREE_ENERGY_LABEL, "1"),
+    "min_density": ("minimum of rho on the grid", None),
+    "spectral_tail": ("fraction of the L2 norm in degrees l > 2 lmax / 3", "1"),
+}
+
+
+def grid_coordinates(basis) -> tuple[dict, tuple, str]:
+    """Coordinates, grid dims and density units of a basis (CF attributes included)."""
+    if basis.dim == 2:
+        n = basis.grid_shape[0]
+        theta = xr.Variable("theta", 2 * np.pi * np.arange(n) / n,
+                            {"units": "radian", "long_name": "angle on the circle S^1", "axis": "X"})
+        return {"theta": theta}, ("theta",), "radian-1"
+    lat = xr.Variable("lat", basis.latitude.cpu().numpy(),
+                      {"units": "degrees_north", "standard_name": "latitude", "long_name": "Gauss latitude",
+                       "axis": "Y"})
+    lon = xr.Variable("lon", basis.longitude.cpu().numpy(),
+                      {"units": "degrees_east", "standard_name": "longitude", "long_name": "longitude", "axis": "X"})
+    return {"lat": lat, "lon": lon}, ("lat", "lon"), "sr-1"
+
+
+def eulerian_dataset(recorder, status: str) -> xr.Dataset:
+    """The Dataset of an Eulerian run from its recorded saves."""
+    case, basis = recorder.case, recorder.basis
+    coords, grid_dims, density_units = grid_coordinates(basis)
+    area_units = "radian" if basis.dim == 2 else "sr"
+    coords.update(common_coordinates(recorder.times, basis.dim, recorder.lyapunov_p))
+    density_attrs = {"long_name": "probability density w.r.t. the surface measure", "units": density_units}
+    if basis.dim == 3:  # CF cell_measures knows only area and volume: on S^1 cell_area is a plain variable
+        density_attrs["cell_measures"] = "area: cell_area"
+    data = {
+        "density": (("time",) + grid_dims, np.stack(recorder.densities), density_attrs),
+        "cell_area": (grid_dims, basis.weights.cpu().double().numpy(),
+                      {"long_name": "quadrature weight of the grid point", "units": area_units}),
+    }
+    data.update(diagnostic_variables(recorder.rows))
+    data["min_density"][2]["units"] = density_units  # a value of the density
+    attrs = {
+        "solver": "eulerian",
+        "status": status,
+        "backend": getattr(basis, "backend", "torch-fft"),
+        "grid": "uniform" if basis.dim == 2 else "gauss-legendre",
+        "grid_shape": list(basis.grid_shape),
+        "lmax": basis.lmax,
+        "dtype": basis.placement.name,
+        "device": str(basis.placement.device),
+        "field": recorder.exp_kernel.name,
+        "scheme": recorder.scheme,
+        "steps": int(recorder.steps),
+        "wall_seconds": float(recorder.wall_seconds),
+        "batch_members": int(recorder.batch_members),
+        "w2_quantisation_bound": float(recorder.w2_error_bound),
+        "resolved_until": "end" if recorder.resolved_until is None else float(recorder.resolved_until),
+        "notes": "\n".join(recorder.notes),
+    }
+    return finish(xr.Dataset(data, coords=coords), case, attrs)
+
+
+def common_coordinates(times, dim: int, lyapunov_p) -> dict:
+    """Coordinates shared by both solvers: time (nondimensional depth), component, lyapunov_p."""
+    return {
+        "time": xr.Variable("time", np.asarray(times, dtype=float),
+                            {"units": "1", "long_name": "time (network depth), nondimensional"}),
+        "component": xr.Variable("component", np.arange(dim), {"long_name": "ambient coordinate index"}),
+        "lyapunov_p": xr.Variable("lyapunov_p", np.asarray(lyapunov_p, dtype=float),
+                                  {"units": "1", "long_name": "exponent p of the Lyapunov functional"}),
+    }
+
+
+def diagnostic_variables(rows: list[dict]) -> dict:
+    """Time series of DESIGN §4 from per-save dictionaries.
+
+    Names missing from the rows are left out (grid-only diagnostics of a particle run); a
+    row entry `<name>_stderr` (particle runs) becomes the variable `<name>_stderr`, and
+    `<name>_squared_bias` (particle runs: w2_projection, for `spherepde compare`) the variable of that name.
+    """
+    variables = {}
+    for name, (long_name, units) in DIAGNOSTIC_ATTRS.items():
+        dims = ("time", "component") if name == "mean" else ("time", "lyapunov_p") if name == "lyapunov" else ("time",)
+        for key, description in ((name, long_name), (f"{name}_stderr", f"Monte Carlo standard error of {name}"),
+                                 (f"{name}_squared_bias", f"estimated finite-n bias of the square of {name} "
+                                  "(solvers.particles.half_sample_bias)")):
+            if key in rows[0]:
+                values = np.array([row[key] for row in rows], dtype=float)
+                variables[key] = (dims, values, {"long_name": description} | ({"units": units} if units else {}))
+    return variables
+
+
+def particle_dataset(recorder, status: str) -> xr.Dataset:
+    """The Dataset of a particle run: diagnostics with standard errors and the saved particles."""
+    case, section = recorder.case, recorder.case["particles"]
+    coords = common_coordinates(recorder.times, case.dim, recorder.lyapunov_p)
+    data = diagnostic_variables(recorder.rows)
+    if recorder.positions:
+        coords["particle"] = xr.Variable("particle", np.arange(recorder.positions[0].shape[0]),
+                                         {"long_name": "index of a saved particle (the first particles.save)"})
+        data["particles"] = (("time", "particle", "component"), np.stack(recorder.positions),
+                             {"long_name": "particle position on the unit sphere, ambient coordinates", "units": "1"})
+    attrs = {
+        "solver": "particles",
+        "status": status,
+        "n": section["n"],
+        "seed": section["seed"],
+        "integrator": section["integrator"],
+        "attention": recorder.field.attention,
+        "dt": float(recorder.dt),
+        "steps": int(recorder.steps),
+        "dtype": str(recorder.model.B.dtype).removeprefix("torch."),
+        "device": str(recorder.model.B.device),
+        "wall_seconds": float(recorder.wall_seconds),
+        "batch_members": int(recorder.batch_members),
+        "w2_quantisation_bound": float(recorder.w2_error_bound),
+        "replicas": section["replicas"],
+        "stderr": ("Monte Carlo standard errors: i.i.d. formulas (std / sqrt(n) of per-particle integrands; delta "
+                   "method for order_parameter and w2_projection; Hoeffding projection for the interaction_energy "
+                   "U-statistic), blind to the correlations the interaction builds" if section["replicas"] == 1 else
+                   f"Monte Carlo standard errors by batch means over {section['replicas']} independent systems"),
+        "notes": "\n".join(recorder.notes),
+    }
+    return finish(xr.Dataset(data, coords=coords), case, attrs)
+
+
+BOTH_PREFIX = "particles_"
+_SHARED_ATTRS = ("Conventions", "title", "history", "source", "case")
+
+
+def both_dataset(eulerian: xr.Dataset, particles: xr.Dataset) -> xr.Dataset:
+    """One Dataset for solver.method = "both": the Eulerian variables and attributes unchanged,
+    the particle diagnostics and attributes prefixed with BOTH_PREFIX, positions as `particles`."""
+    renamed = particles.rename({name: BOTH_PREFIX + name for name in particles.data_vars if name != "particles"})
+    # outer join: a failed run's saves stop early, and the other run's later saves are kept (NaN-padded)
+    combined = xr.merge([eulerian, renamed], join="outer", combine_attrs="override")
+    combined.attrs.update({BOTH_PREFIX + key: value for key, value in particles.attrs.items()
+                           if key not in _SHARED_ATTRS})
+    combined.attrs["solver"] = "both"
+    combined.attrs["title"] = combined.attrs["title"].replace("eulerian run", "eulerian and particles runs")
+    return combined
+
+
+def split_both(dataset: xr.Dataset) -> tuple[xr.Dataset, xr.Dataset]:
+    """The (Eulerian, particles) Datasets of a "both" Dataset, each as its solver alone writes it."""
+    particle_names = [name for name in dataset.data_vars if name.startswith(BOTH_PREFIX) or name == "particles"]
+    particles = dataset[particle_names].rename({name: name.removeprefix(BOTH_PREFIX) for name in particle_names})
+    particles = particles.drop_dims([dim for dim in ("theta", "lat", "lon") if dim in particles.dims])
+    particles.attrs = {key: value for key, value in dataset.attrs.items() if key in _SHARED_ATTRS}
+    particles.attrs.update({key.removeprefix(BOTH_PREFIX): value for key, value in dataset.attrs.items()
+                            if key.startswith(BOTH_PREFIX)})
+    eulerian = dataset.drop_vars(particle_names + [name for name in ("particle",) if name in dataset.coords])
+    eulerian.attrs = {key: value for key, value in dataset.attrs.items() if not key.startswith(BOTH_PREFIX)}
+    eulerian.attrs["solver"] = "eulerian"
+    return own_saves(eulerian), own_saves(particles)
+
+
+def own_saves(run: xr.Dataset) -> xr.Dataset:
+    """`run` without the saves that are not its own: in a "both" file the run that failed is NaN-padded after its
+    failure (both_dataset's outer join), and those saves, where none of its time series has a value, are dropped."""
+    series = [run[name].values.reshape(run.sizes["time"], -1) for name in run.data_vars
+              if run[name].dims[:1] == ("time",) and run[name].dtype.kind == "f"]
+    if not series:
+        return run
+    present = np.zeros(run.sizes["time"], dtype=bool)
+    for values in series:
+        present |= np.isfinite(values).any(axis=1)
+    return run if present.all() else run.isel(time=np.flatnonzero(present))
+
+
+def failed_parts(dataset: xr.Dataset) -> list[tuple[str, str, float | None]]:
+    """The runs of a result file that failed, as (which: "eulerian" or "particles", its status "failed: ...",
+    the time of its last good save or None when it has none); [] for a file whose runs all completed."""
+    if dataset.attrs.get("solver") == "both":
+        runs = zip(("eulerian", "particles"), split_both(dataset))
+    else:
+        runs = [(str(dataset.attrs.get("solver", "run")), dataset)]
+    failed = []
+    for which, run in runs:
+        status = str(run.attrs.get("status", ""))
+        if status.startswith("failed"):
+            times = run["time"].values if "time" in run.coords else []
+            failed.append((which, status, float(times[-1]) if len(times) else None))
+    return failed
+
+
+def failure_summary(which: str, last_good: float | None) -> str:
+    """One of `failed_parts` in words, as `info` and the figures show it."""
+    kept = "no save kept" if last_good is None else f"its saves end at t = {last_good:.4g}, its last good state"
+    return f"{which} run FAILED ({kept})"
+
+
+def history(command: str) -> str:
+    """A CF `history` entry: the time (UTC) and the spherepde `command` that made the file."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{now}: spherepde {VERSION} {command}"
+
+
+def finish(dataset: xr.Dataset, case, attrs: dict) -> xr.Dataset:
+    """Global attributes of DESIGN §6."""
+    dataset.attrs.update({
+        "Conventions": "CF-1.10",
+        "title": f"spherepde {attrs['solver']} run of case '{case.name}'",
+        "history": history("run"),
+        "source": f"spherepde {VERSION}",
+        "case": case.text,
+    })
+    dataset.attrs.update({key: (str(value) if isinstance(value, list) else value) for key, value in attrs.items()})
+    return dataset
+
+
+def _folder_problem(folder: str) -> str | None:
+    """Why files cannot be written in `folder` (made if missing), or None: the nearest part of it that
+    exists must be a folder with write access."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing!r} is not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"no write access to {existing!r}"
+    # os.access answers yes to root everywhere, /proc and read-only mounts included: make and remove an entry.
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".spherepde-probe-", dir=existing))
+    except OSError as error:
+        return f"cannot create files in {existing!r} ({error.strerror or error})"
+    return None
+
+
+# The longest suffix the tool appends to the name of a file it writes: a figure's temporary file
+# "<name>.<32 hex digits>.tmp.png" (plotting._save); write_dataset's "<name>.XXXXXXXX.tmp" adds 13, a run's
+# "<name>.checkpoint" folder 11 and its "<name>.lock" 5.
+DERIVED_NAME_BYTES = 41
+# The longest path the tool makes below an output: a checkpoint segment's temporary file
+# "<name>.checkpoint/segment-00000.nc.XXXXXXXX.tmp".
+DERIVED_PATH_BYTES = 41
+
+
+def _name_problem(path: str) -> str | None:
+    """Why the files the tool derives from `path` (module constants above) would have names or paths longer than
+    the file system takes, or None."""
+    folder, name = os.path.split(os.path.abspath(path))
+    existing = folder
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        name_max, path_max = os.pathconf(existing, "PC_NAME_MAX"), os.pathconf(existing, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    size = len(os.fsencode(name))
+    if size + DERIVED_NAME_BYTES > name_max:
+        return (f"the name is too long: {size} bytes, and the files derived from it (temporary files, the checkpoint "
+                f"folder) add up to {DERIVED_NAME_BYTES}; file names here take at most {name_max} bytes")
+    length = len(os.fsencode(os.path.abspath(path)))
+    if length + DERIVED_PATH_BYTES >= path_max:
+        return (f"the path is too long: {length} bytes, and the files derived from it add up to "
+                f"{DERIVED_PATH_BYTES}; paths here take fewer than {path_max} bytes")
+    return None
+
+
+_made_folders: list[str] = []  # folders make_folders created in this process, parents first
+
+
+def make_folders(folder: str) -> None:
+    """os.makedirs(folder, exist_ok=True), remembering the folders it creates, so that a command that fails can
+    remove those it left empty (`settle_made_folders`)."""
+    missing = []
+    path = os.path.abspath(folder)
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    _made_folders.extend(reversed(missing))
+
+
+def settle_made_folders(failed: bool) -> None:
+    """At the end of a command: when it `failed`, remove the folders make_folders created that are empty now, the
+    deepest first (a failed command leaves no empty folder behind; folders holding anything are kept); then
+    forget them all."""
+    while _made_folders:
+        folder = _made_folders.pop()
+        if failed:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty, or gone
+                pass
+
+
+def check_folder(folder: str, what: str) -> None:
+    """A CaseError naming `what` unless `folder` is, or can be made, a folder we may write in."""
+    problem = "empty path" if not folder else _folder_problem(folder)
+    if problem:
+        raise CaseError(f"{what} {folder!r}: {problem}")
+
+
+def check_file(path: str, what: str) -> None:
+    """A CaseError naming `what` unless `path` can be written (made or replaced) as a regular file."""
+    if not path or path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
+        problem = "not a file name"
+    elif os.path.lexists(path) and not os.path.isfile(path):
+        problem = "exists and is not a regular file (a folder, device or broken link)"
+    else:
+        problem = _name_problem(path) or _folder_problem(os.path.dirname(os.path.abspath(path)))
+    if problem:
+        raise CaseError(f"{what} {path!r}: {problem}")
+
+
+# zlib with the byte shuffle on the large arrays (densities, particles, the adjoint): the quick-start at lmax 64
+# went from 2.24 MB to 1.66 MB (float64 densities: their low mantissa bits do not compress) for 0.05 s, the same
+# at level 1 and 4.  Short series grow under compression (a chunk index each): below COMPRESS_FROM values, none.
+COMPRESSION = {"zlib": True, "complevel": 4, "shuffle": True}
+COMPRESS_FROM = 4096
+
+
+def netcdf_encoding(dataset: xr.Dataset) -> dict:
+    """Coordinates without _FillValue; numeric variables of COMPRESS_FROM values or more compressed (COMPRESSION)."""
+    encoding = {name: {"_FillValue": None} for name in dataset.coords}
+    for name, variable in dataset.data_vars.items():
+        if variable.dtype.kind in "biuf" and variable.size >= COMPRESS_FROM:
+            encoding[name] = dict(COMPRESSION)
+    return encoding
+
+
+@one_writer
+def write_dataset(dataset: xr.Dataset, path: str | os.PathLike) -> None:
+    """Write NetCDF atomically: temporary file beside the target, then rename.
+
+    Coordinates get no _FillValue (CF §2.5.1: coordinate variables have no missing values).
+    A target that exists and is not a regular file (a folder, a device) is refused, not replaced. Only one
+    process writes `path` at a time (locking.one_writer).
+    """
+    path = os.fspath(path)
+    check_file(path, "output")
+    folder = os.path.dirname(os.path.abspath(path))
+    make_folders(folder)
+    handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    os.close(handle)
+    try:
+        dataset.to_netcdf(temporary, engine="netcdf4", encoding=netcdf_encoding(dataset))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp made it private; give it a normal file's mode
+        os.replace(temporary, path)
+    except BaseException as error:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        if isinstance(error, RuntimeError):  # how netCDF4 reports a failed write: a full disk, a quota
+            raise OSError(f"cannot write {path!r}: {error} (is the disk full?)") from None
+        raise
