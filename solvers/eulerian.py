@@ -16,7 +16,6 @@ number and the member's current max |v|).
 
 import copy
 import math
-import time as wallclock
 import warnings
 
 import numpy as np
@@ -34,6 +33,7 @@ from spherepde.io.output import DIAGNOSTIC_ATTRS, eulerian_dataset
 from spherepde.base.progress import Progress
 from spherepde.model.transport import Transport, complex_state, real_diagonal, real_state
 
+from solvers.records import RunRecord
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from spherepde.discretisation.timesteppers import RungeKutta, choose_scheme
 
@@ -151,33 +151,14 @@ def spectral_filter(basis, order: int) -> torch.Tensor | None:
     return real_diagonal(torch.exp(-36.0 * (basis.degree / basis.lmax).to(basis.placement.real) ** order))
 
 
-class WallClock:
-    """wall_seconds of a run (an output attribute), a failed one included: counted from `start_clock`, added up
-    at each `tick` (checkpoints, the end, a failure)."""
-
-    def __init__(self):
-        self.wall_seconds = 0.0
-        self._clock = wallclock.perf_counter()
-
-    def start_clock(self) -> None:
-        """Time stepping starts (or resumes) now: wall_seconds counts from here."""
-        self._clock = wallclock.perf_counter()
-
-    def tick(self) -> None:
-        """Add the wall time since the clock started, or since the last tick, to wall_seconds."""
-        now = wallclock.perf_counter()
-        self.wall_seconds += now - self._clock
-        self._clock = now
-
-
-class Recorder(WallClock):
+class Recorder(RunRecord):
     """Density snapshots and diagnostics of member `member` of `problem` at save times, on the host; `controlled`:
     the run's W_t is a trained control (the free energy then names it as what may raise F)."""
 
     def __init__(self, problem: ForwardProblem, member: int, rho0: np.ndarray, controlled: bool = False):
-        super().__init__()
+        super().__init__(problem.cases[member])
         basis, model = problem.basis, problem.batch.models[member]
-        self.problem, self.member, self.case = problem, member, problem.cases[member]
+        self.problem, self.member = problem, member
         self.basis, self.model, self.exp_kernel = basis, model, problem.kernels.member(member)
         self.scheme = problem.scheme.scheme
         self.points = basis.points.reshape(-1, basis.dim).cpu().double().numpy()
@@ -187,14 +168,12 @@ class Recorder(WallClock):
         self.subspace_F = principal_subspace(model.V.cpu().double().numpy())
         self.masses_0 = rho0.reshape(-1) * self.weights
         diagnostics = self.case["diagnostics"]
-        self.lyapunov_p = list(diagnostics["lyapunov_p"])
         self.want_w2 = diagnostics["w2"]
         self.w2_atoms, self.w2_error_bound = diagnostics["w2_atoms"], 0.0
         self.w2_grid_bound = diag.grid_w2_bound(self.subspace_E, basis.cell_radius)
         self.tail_tol = diagnostics["tail_tol"]
-        self.times, self.densities, self.rows = [], [], []
+        self.densities = []
         self.resolved_until = None
-        self.notes = []
         self.steps = 0
         self.free_energy = FreeEnergy.of_model(model, controlled)
         self.batch_members = problem.members
@@ -263,7 +242,34 @@ class Recorder(WallClock):
         return value
 
     def dataset(self, status: str):
-        return eulerian_dataset(self, status)
+        basis = self.basis
+        attrs = {
+            "solver": "eulerian",
+            "backend": getattr(basis, "backend", "torch-fft"),
+            "grid": "uniform" if basis.dim == 2 else "gauss-legendre",
+            "grid_shape": list(basis.grid_shape),
+            "lmax": basis.lmax,
+            "dtype": basis.placement.name,
+            "device": str(basis.placement.device),
+            "field": self.exp_kernel.name,
+            "scheme": self.scheme,
+            "steps": int(self.steps),
+            "wall_seconds": float(self.wall_seconds),
+            "batch_members": int(self.batch_members),
+            "w2_quantisation_bound": float(self.w2_error_bound),
+            "resolved_until": "end" if self.resolved_until is None else float(self.resolved_until),
+            "notes": "\n".join(self.notes),
+        }
+        return eulerian_dataset(self.saves(status, attrs, densities=self.densities), basis)
+
+    def failure_cause(self) -> str:
+        """An under-resolved density undershoots, and that is the usual cause of a failure: say so when the run
+        had lost its resolution before."""
+        if self.resolved_until is None:
+            return ""
+        last = f"spectral tail {self.rows[-1]['spectral_tail']:.2g} at the last save, " if self.rows else ""
+        return (f"; it was under-resolved after t = {self.resolved_until:.4g} ({last}diagnostics.tail_tol = "
+                f"{self.tail_tol:.0e}): increase sphere.lmax or eps")
 
     def unsaved(self, stored: int):
         """The saves after the first `stored` ones, as a Dataset (a checkpoint segment); None if none."""
@@ -272,7 +278,7 @@ class Recorder(WallClock):
         saved = self.times, self.densities, self.rows
         self.times, self.densities, self.rows = (values[stored:] for values in saved)
         try:
-            return eulerian_dataset(self, "checkpoint segment")
+            return self.dataset("checkpoint segment")
         finally:
             self.times, self.densities, self.rows = saved
 
@@ -309,11 +315,11 @@ def checked_state(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: fl
     """(density, diagnostics row) of the member's coefficients stepped from t0 to t1, or NumericalFailure (the
     recorder's dataset so far) when they are not finite or no longer a density of the run (`departure`)."""
     if not bool(torch.isfinite(torch.view_as_real(candidate)).all()):
-        raise failure(recorder, f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})")
+        raise recorder.failure(f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})")
     density, row = recorder.measure(candidate)
     reason = departure(density, recorder.weights, float(recorder.masses_0.sum()), recorder.basis.placement.real)
     if reason is not None:
-        raise failure(recorder, f"{reason} between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g}): the solution blew up")
+        raise recorder.failure(f"{reason} between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g}): the solution blew up")
     return density, row
 
 
@@ -330,20 +336,6 @@ def departure(density: np.ndarray, weights: np.ndarray, mass_0: float, real: tor
         return (f"|rho| reached {np.abs(density).max():.3g}, above {bound:.3g} ({BLOW_UP_FACTOR:g} x all the "
                 "mass in one cell)")
     return None
-
-
-def failure(recorder: WallClock, reason: str) -> NumericalFailure:
-    """The failure of a run: it carries the dataset up to the last good save.  When the run had lost its
-    resolution before, the message says so: an under-resolved density undershoots, and that is the usual cause."""
-    recorder.notes.append(reason)
-    recorder.tick()
-    resolution = ""
-    if getattr(recorder, "resolved_until", None) is not None:  # particles have no resolution
-        last = f"spectral tail {recorder.rows[-1]['spectral_tail']:.2g} at the last save, " if recorder.rows else ""
-        resolution = (f"; it was under-resolved after t = {recorder.resolved_until:.4g} ({last}diagnostics.tail_tol = "
-                      f"{recorder.tail_tol:.0e}): increase sphere.lmax or eps")
-    return NumericalFailure(f"numerical failure: {reason}; the last good state (t = {recorder.times[-1]:.6g}) "
-                            f"is kept{resolution}", recorder.dataset(f"failed: {reason}"))
 
 
 def step_plan(problem: ForwardProblem, interval, c: torch.Tensor, a: torch.Tensor, timing: dict) -> tuple[Plan, list]:
@@ -376,7 +368,7 @@ class ForwardHooks(Hooks):
         self.failures = {}
 
     def stop(self, member: int, reason: str, plan: Plan) -> None:
-        self.failures[member] = failure(self.recorders[member], reason)
+        self.failures[member] = self.recorders[member].failure(reason)
 
     def after_step(self, plan: Plan, done: int, state: torch.Tensor) -> None:
         t = plan.interval.t0 + done * float(plan.dt.max())
@@ -384,7 +376,7 @@ class ForwardHooks(Hooks):
         checkpoint, recorder = self.checkpoint, self.recorders[0]
         if checkpoint is not None and checkpoint.due(recorder.steps + done):
             if not bool(torch.isfinite(state).all()):
-                raise failure(recorder, f"the density became non-finite between t = {plan.interval.t0:.6g} and "
+                raise recorder.failure(f"the density became non-finite between t = {plan.interval.t0:.6g} and "
                                         f"{t:.6g} (dt = {float(plan.dt[0]):.3g})")
             recorder.tick()
             checkpoint.write(recorder.checkpoint_state(self.problem.coefficients(state)[0], plan, done),

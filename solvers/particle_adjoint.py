@@ -11,7 +11,7 @@ matrix, the drift), then runs the stages backwards.  The transposes of the piece
                                       lbar = cos|t| <wbar, e> - sin|t| <wbar, x>
     P_x(y) = y - <y, x> x:            ybar = P_x(vbar),  xbar = -<y, x> vbar - <vbar, x> y
     u = W x + V m:                    xbar = W^T ubar,  Wbar = sum_i ubar_i x_i^T,  mbar = V^T ubar
-    direct attention (particles.direct_attention), per system of p particles, coupling C = beta B:
+    direct attention (particle_field.direct_attention), per system of p particles, coupling C = beta B:
         a_i = mbar_i / Z_i (softmax) or mbar_i / p (unnormalized),  c_i = <a_i, m_i> (softmax) or 0,
         G_ij = k_ij (<a_i, x_j> - c_i),
         xbar = k^T a + G (x C^T) + G^T (x C)
@@ -35,7 +35,8 @@ from spherepde.model.attention import drift
 
 from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_increment
 from spherepde.geometry.sphere import normalise
-from solvers.particles import Integrator, direct_attention, noise_variance
+from solvers.particle_field import direct_attention
+from solvers.particles import Integrator, noise_variance
 
 
 def supports(integrator: Integrator, x: torch.Tensor) -> bool:
@@ -103,7 +104,7 @@ class Stage:
             a = mbar / points.shape[-2]
             weights = torch.matmul(a, columns)
         G = kernel * weights
-        # The three sums as (d, p) rows, as particles.direct_attention forms its sums (twice as fast there).
+        # The three sums as (d, p) rows, as particle_field.direct_attention forms its sums (twice as fast there).
         pbar = (torch.matmul(a.transpose(-1, -2), kernel)
                 + torch.matmul(torch.matmul(coupling, columns), G.transpose(-1, -2))
                 + torch.matmul(torch.matmul(coupling.transpose(-1, -2), columns), G)).transpose(-1, -2)

@@ -3,16 +3,7 @@
     dX_i = v[mu_n](X_i, t) dt + sqrt(2 eps) dB_i,    mu_n = (1/n) sum_j delta_{X_j},
 
 with B_i independent Brownian motions on the sphere (generator eps Lap).  The drift is the same
-model (spherepde.model.attention: attention, velocity) as the Eulerian solver's, with the empirical measure in place of
-rho: the attention integral is the exponential-kernel sum over the particles with weights 1/n
-(exp_kernel.dense_exp_kernel), or, for the softmax kernel on CUDA, fused scaled-dot-product attention
-m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same sum, memory O(n) per block of rows).  On the CPU the
-dense sum is used: torch's float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).
-At beta = inf the case chooses between
-  "mean_field": m(x) = B^T x / |B^T x|, the local field of the Eulerian equation, so the
-                particles are its characteristics (they do not interact), and
-  "hardmax":    m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j>, the beta -> inf limit of the
-                softmax over the particles.
+model as the Eulerian solver's, with the empirical measure in place of rho (solvers/particle_field.py).
 
 Systems.  The state is x (M, n, d): M members (a batch: seeds, initial laws, models of one sweep), each of
 n tokens in `particles.replicas` = R independent systems of n / R consecutive tokens: the drift sees
@@ -42,179 +33,31 @@ depend on the batch it runs in: a batched member is its serial run bit for bit o
 """
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import ot
 import torch
-import torch.nn.functional as F
 
 from spherepde.measures import diagnostics as diag
 from spherepde.geometry.ambient import tangent_projection
 from spherepde.base.device import placement as make_placement
 from spherepde.model.energy import FreeEnergy
 from spherepde.base.errors import CaseError
-from spherepde.kernels.exp_kernel import DenseExpKernel, block_rows, dense_exp_kernel
-from spherepde.model.attention import Model, ModelBatch, attention_mean, principal_subspace, velocity, zero_temperature_mean
+from spherepde.kernels.exp_kernel import DenseExpKernel
+from spherepde.model.attention import Model, ModelBatch, principal_subspace
 from spherepde.io.output import particle_dataset
 from spherepde.base.progress import Progress
 from spherepde.model.sampling import initial_particles
 
-from solvers.eulerian import MAX_STEPS_PER_SAVE, WallClock, failure, only, outcomes
+from solvers.eulerian import MAX_STEPS_PER_SAVE, only, outcomes
+from solvers.particle_field import EmpiricalMeasure, ParticleField
+from solvers.records import RunRecord
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_flow
 from spherepde.geometry.sphere import exponential_map, normalise
 
 # Largest block of Gaussian draws made at once per member (bytes).
 NOISE_BYTES = 2 ** 26
-
-# ---------------------------------------------------------------------------------------
-# The drift: the model's velocity with the empirical measure
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EmpiricalMeasure:
-    """The particles seen as a quadrature: points x_j with weights 1/n (what DenseExpKernel integrates over)."""
-
-    points: torch.Tensor
-
-    @property
-    def dim(self) -> int:
-        return self.points.shape[1]
-
-    @property
-    def grid_shape(self) -> tuple[int]:
-        return (self.points.shape[0],)
-
-    @property
-    def weights(self) -> torch.Tensor:
-        return torch.full(self.grid_shape, 1 / self.points.shape[0], dtype=self.points.dtype,
-                          device=self.points.device)
-
-
-def hardmax_mean(B: torch.Tensor, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
-    """m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j> = argmax_j <B^T x_i, x_j>, per system: B (S, d, d), points
-    (S, n, d) (blocks of `block_rows(chunk)` rows)."""
-    rows = block_rows(chunk, points.shape[-2], points.dtype, points.device)
-    queries = torch.matmul(points, B)
-    index = torch.cat([torch.matmul(queries[:, start:start + rows], points.transpose(-1, -2)).argmax(-1)
-                       for start in range(0, points.shape[-2], rows)], dim=-1)
-    return torch.gather(points, 1, index[..., None].expand(-1, -1, points.shape[-1]))
-
-
-def fused_softmax_mean(B: torch.Tensor, beta: torch.Tensor, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
-    """m(x_i) = sum_j softmax_j(beta <B^T x_i, x_j>) x_j by fused attention per system (B (S, d, d), beta (S,),
-    points (S, n, d)), `block_rows(chunk)` query rows per call."""
-    rows = block_rows(chunk, points.shape[-2], points.dtype, points.device)
-    queries = beta[:, None, None] * torch.matmul(points, B)
-    return torch.cat([F.scaled_dot_product_attention(queries[:, start:start + rows], points, points, scale=1.0)
-                      for start in range(0, points.shape[-2], rows)], dim=-2)
-
-
-# The whole (systems, n, n) kernel of a step is formed at once, without the log-sum-exp shift, while it takes at
-# most this many bytes and beta |B^T x| stays below half the exponent range (no sum of n exponentials overflows).
-DIRECT_BYTES = 2 ** 26
-
-
-def can_be_direct(B: torch.Tensor, beta: torch.Tensor, systems: int, n: int) -> bool:
-    """Whether `direct_attention` serves these systems (DIRECT_BYTES and the exponent range)."""
-    dtype = B.dtype
-    reach = float((beta * torch.linalg.matrix_norm(B.double(), ord=2)).max())
-    return (systems * n * n * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES
-            and reach <= 0.5 * math.log(torch.finfo(dtype).max))
-
-
-def direct_attention(points: torch.Tensor, coupling: torch.Tensor, softmax: bool):
-    """(m, k, Z) of each system's particles x_j (points (S, p, d)) with coupling C = beta B (S, d, d):
-
-        k_ij = exp(<x_i, C x_j>),   Z_i = sum_j k_ij,
-        m_i = sum_j k_ij x_j / Z_i  (softmax),   m_i = (1/p) sum_j k_ij x_j  (unnormalized; Z is None),
-
-    the exponential-kernel sums formed whole, without a shift (where can_be_direct says they may be).  The
-    kernel k (S, p, p) is returned for the transpose (solvers/particle_adjoint.py).  The sums are formed as
-    (x^T k^T)^T: with the d components as rows, MKL's batched product is about twice as fast (d = 2, p = 64)."""
-    columns = points.transpose(-1, -2).contiguous()
-    kernel = torch.exp(torch.matmul(torch.matmul(points, coupling), columns))
-    sums = torch.matmul(columns, kernel.transpose(-1, -2)).transpose(-1, -2)
-    if softmax:
-        Z = kernel.sum(-1)
-        return sums / Z[..., None], kernel, Z
-    return sums / points.shape[-2], kernel, None
-
-
-class SystemKernel:
-    """The exponential-kernel sum over each system's particles with weights 1/n_s, where `direct_attention` does
-    not serve: channels (S, n_s, c) -> (scaled, log_scale) as the transforms of spherepde.kernels.exp_kernel give them
-    (model.attention's `exp_kernel`).  beta = 0: the plain sums; else the shifted blocks of
-    exp_kernel.dense_exp_kernel."""
-
-    def __init__(self, points: torch.Tensor, B: torch.Tensor, beta: torch.Tensor, chunk: int | str):
-        self.points, self.B, self.beta, self.chunk = points, B, beta, chunk
-
-    def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        f = f / self.points.shape[-2]
-        zero = torch.zeros(f.shape[:-1], dtype=f.dtype, device=f.device)
-        if not bool(self.beta.any()):  # beta = 0: the constant kernel, every particle sees the plain sum
-            return f.sum(-2, keepdim=True).expand_as(f), zero
-        return dense_exp_kernel(self.points, self.points, f, self.B, self.beta, self.chunk)
-
-
-class ParticleField:
-    """v[mu_n](x_i) for the members' particles x (M, n, d), W (M, d, d); `attention` is "fused", "dense", "local"
-    or "hardmax"; each member's tokens are `replicas` independent systems (module docstring)."""
-
-    def __init__(self, batch: ModelBatch, attention: str, chunk: int | str, replicas: int = 1):
-        self.batch, self.attention, self.chunk, self.replicas = batch, attention, chunk, replicas
-        self.systems = batch.select([m for m in range(batch.members) for _ in range(replicas)])
-        self.coupling = self.systems.beta[:, None, None] * self.systems.B  # C = beta B per system
-        self.direct = None  # can_be_direct, found at the first call (it needs n)
-
-    @classmethod
-    def from_case(cls, case, batch: ModelBatch) -> "ParticleField":
-        solver = case["solver"]
-        if solver["field"] == "spectral":
-            raise CaseError("solver.field: 'spectral' is not available for particles; use 'dense' or 'auto'")
-        if batch.zero_temperature:
-            attention = "local" if case["particles"]["beta_inf_mode"] == "mean_field" else "hardmax"
-        elif (batch.kernel == "softmax" and bool((batch.beta > 0).all()) and solver["field"] == "auto"
-              and batch.B.device.type == "cuda"):
-            attention = "fused"
-        else:
-            attention = "dense"
-        return cls(batch, attention, solver["chunk"], case["particles"]["replicas"])
-
-    def _systems(self, x: torch.Tensor) -> torch.Tensor:
-        """(M, n, d) -> (M R, n / R, d)."""
-        return x.reshape(x.shape[0] * self.replicas, -1, x.shape[-1])
-
-    def mean_field(self, x: torch.Tensor) -> torch.Tensor:
-        """m at every particle (M, n, d)."""
-        points, systems = self._systems(x), self.systems
-        if self.attention == "local":
-            m = zero_temperature_mean(systems.B, points)
-        elif self.attention == "hardmax":
-            m = hardmax_mean(systems.B, points, self.chunk)
-        elif self.attention == "fused":
-            m = fused_softmax_mean(systems.B, systems.beta, points, self.chunk)
-        elif self.is_direct(points):
-            m = direct_attention(points, self.coupling, systems.kernel == "softmax")[0]
-        else:
-            ones = torch.ones(points.shape[:2], dtype=points.dtype, device=points.device)
-            m = attention_mean(systems, SystemKernel(points, systems.B, systems.beta, self.chunk), points, ones)
-        return m.reshape(x.shape)
-
-    def is_direct(self, points: torch.Tensor) -> bool:
-        """Whether the dense attention of these systems' points (S, p, d) is `direct_attention`'s."""
-        if self.direct is None:
-            self.direct = (self.attention == "dense" and bool((self.systems.beta > 0).all())
-                           and can_be_direct(self.systems.B, self.systems.beta, *points.shape[:2]))
-        return self.direct
-
-    def __call__(self, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-        """v(x_i) = P_x(W x + V m(x)) (M, n, d)."""
-        return velocity(self.batch, x, self.mean_field(x), W)
-
 
 # ---------------------------------------------------------------------------------------
 # Steps on the sphere
@@ -446,7 +289,7 @@ def half_sample_bias(points: np.ndarray, targets: np.ndarray, max_atoms: int, sq
     return float(np.mean(halves)) - squared
 
 
-class ParticleRecorder(WallClock):
+class ParticleRecorder(RunRecord):
     """Diagnostics of DESIGN §4 as empirical averages with standard errors, and saved particles.
 
     Standard errors (`<name>_stderr` in the output), particles.replicas = 1: the i.i.d. formulas
@@ -471,19 +314,18 @@ class ParticleRecorder(WallClock):
     """
 
     def __init__(self, case, model: Model, field: ParticleField, x0: torch.Tensor, controlled: bool = False):
-        self.case, self.model, self.field, self.controlled = case, model, field, controlled
+        super().__init__(case)
+        self.model, self.field, self.controlled = model, field, controlled
         host = lambda matrix: matrix.cpu().double().numpy()  # noqa: E731
         self.subspace_E = principal_subspace(host(model.V @ model.B.T))
         self.subspace_F = principal_subspace(host(model.V))
-        self.lyapunov_p = list(case["diagnostics"]["lyapunov_p"])
         self.want_w2, self.w2_atoms = case["diagnostics"]["w2"], case["diagnostics"]["w2_atoms"]
         self.replicas = case["particles"]["replicas"]
         self.projected_0 = None
         if self.subspace_E is not None:
             self.projected_0 = diag.projection(x0.cpu().double().numpy(), self.subspace_E)
         self.saved = case["particles"]["save"]
-        self.times, self.rows, self.positions, self.notes = [], [], [], []
-        super().__init__()
+        self.positions = []
         self.steps, self.dt, self.w2_error_bound = 0, math.nan, 0.0
         self.batch_members = field.batch.members
 
@@ -609,7 +451,29 @@ class ParticleRecorder(WallClock):
             return float(-0.5 * value * np.exp(shift)), float(error * np.exp(shift))
 
     def dataset(self, status: str):
-        return particle_dataset(self, status)
+        section = self.case["particles"]
+        attrs = {
+            "solver": "particles",
+            "n": section["n"],
+            "seed": section["seed"],
+            "integrator": section["integrator"],
+            "attention": self.field.attention,
+            "dt": float(self.dt),
+            "steps": int(self.steps),
+            "dtype": str(self.model.B.dtype).removeprefix("torch."),
+            "device": str(self.model.B.device),
+            "wall_seconds": float(self.wall_seconds),
+            "batch_members": int(self.batch_members),
+            "w2_quantisation_bound": float(self.w2_error_bound),
+            "replicas": section["replicas"],
+            "stderr": ("Monte Carlo standard errors: i.i.d. formulas (std / sqrt(n) of per-particle integrands; "
+                       "delta method for order_parameter and w2_projection; Hoeffding projection for the "
+                       "interaction_energy U-statistic), blind to the correlations the interaction builds"
+                       if section["replicas"] == 1 else
+                       f"Monte Carlo standard errors by batch means over {section['replicas']} independent systems"),
+            "notes": "\n".join(self.notes),
+        }
+        return particle_dataset(self.saves(status, attrs, positions=self.positions))
 
 
 # ---------------------------------------------------------------------------------------
@@ -701,7 +565,7 @@ class ParticleHooks(Hooks):
         self.failures = {}
 
     def stop(self, member: int, reason: str, plan: Plan) -> None:
-        self.failures[member] = failure(self.recorders[member], reason)
+        self.failures[member] = self.recorders[member].failure(reason)
 
     def at_knot(self, plan: Plan, x: torch.Tensor) -> list:
         interval, stopped, row = plan.interval, [], None
@@ -712,7 +576,7 @@ class ParticleHooks(Hooks):
             recorder.steps += int(plan.steps[m])
             recorder.dt = float(plan.dt[m])
             if not finite[m]:
-                self.failures[m] = failure(recorder, f"a particle position became non-finite between "
+                self.failures[m] = recorder.failure(f"a particle position became non-finite between "
                                                      f"t = {interval.t0:.6g} and {interval.t1:.6g}")
                 stopped.append(m)
             elif interval.save:

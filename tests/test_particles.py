@@ -21,8 +21,8 @@ from spherepde.base.errors import CaseError
 from spherepde.model.attention import Model, ModelBatch
 from spherepde.io.output import split_both
 from spherepde.model.sampling import DensityFileSampler, initial_particles, uniform, vmf_mixture, von_mises_fisher
-from solvers.particles import (Integrator, ParticleField, c_transform, empirical_transport, fused_softmax_mean,
-                               hardmax_mean, noise_variance, run_particles)
+from solvers.particle_field import ParticleField, fused_softmax_mean, hardmax_mean
+from solvers.particles import Integrator, c_transform, empirical_transport, noise_variance, run_particles
 from test_eulerian import hemisphere_mass
 
 CPU64 = placement("cpu", "float64")

@@ -387,14 +387,13 @@ def test_a_trained_run_that_fails_keeps_the_training(tmp_path, capsys, monkeypat
     # training passed (injected here at its third save): the output keeps W and the loss history beside the saves
     # before the failure.
     import solvers.eulerian
-    from solvers.eulerian import failure
 
     saves = []
 
     def failing_at_the_third_save(recorder, candidate, t0, t1, dt):
         saves.append(t1)
         if len(saves) == 3:
-            raise failure(recorder, f"injected at t = {t1:g}")
+            raise recorder.failure(f"injected at t = {t1:g}")
         return checked_state(recorder, candidate, t0, t1, dt)
 
     path = tmp_path / "train.toml"

@@ -8,6 +8,8 @@ then a rename, so that no reader ever sees half a file.
 import datetime
 import os
 import tempfile
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -49,41 +51,38 @@ def grid_coordinates(basis) -> tuple[dict, tuple, str]:
     return {"lat": lat, "lon": lon}, ("lat", "lon"), "sr-1"
 
 
-def eulerian_dataset(recorder, status: str) -> xr.Dataset:
-    """The Dataset of an Eulerian run from its recorded saves."""
-    case, basis = recorder.case, recorder.basis
+@dataclass
+class Saves:
+    """What a run recorded at its save times, as plain values: the record a solver hands to this module.
+
+    `attrs` are the run's own output attributes (DESIGN §6), `solver` and `status` first; `densities` (rho on the
+    grid) belong to an Eulerian run, `positions` (the first particles.save particles) to a particle run."""
+
+    case: Any
+    times: list
+    rows: list
+    lyapunov_p: list
+    attrs: dict
+    densities: list = field(default_factory=list)
+    positions: list = field(default_factory=list)
+
+
+def eulerian_dataset(saves: Saves, basis) -> xr.Dataset:
+    """The Dataset of an Eulerian run from its saves on the grid of `basis`."""
     coords, grid_dims, density_units = grid_coordinates(basis)
     area_units = "radian" if basis.dim == 2 else "sr"
-    coords.update(common_coordinates(recorder.times, basis.dim, recorder.lyapunov_p))
+    coords.update(common_coordinates(saves.times, basis.dim, saves.lyapunov_p))
     density_attrs = {"long_name": "probability density w.r.t. the surface measure", "units": density_units}
     if basis.dim == 3:  # CF cell_measures knows only area and volume: on S^1 cell_area is a plain variable
         density_attrs["cell_measures"] = "area: cell_area"
     data = {
-        "density": (("time",) + grid_dims, np.stack(recorder.densities), density_attrs),
+        "density": (("time",) + grid_dims, np.stack(saves.densities), density_attrs),
         "cell_area": (grid_dims, basis.weights.cpu().double().numpy(),
                       {"long_name": "quadrature weight of the grid point", "units": area_units}),
     }
-    data.update(diagnostic_variables(recorder.rows))
+    data.update(diagnostic_variables(saves.rows))
     data["min_density"][2]["units"] = density_units  # a value of the density
-    attrs = {
-        "solver": "eulerian",
-        "status": status,
-        "backend": getattr(basis, "backend", "torch-fft"),
-        "grid": "uniform" if basis.dim == 2 else "gauss-legendre",
-        "grid_shape": list(basis.grid_shape),
-        "lmax": basis.lmax,
-        "dtype": basis.placement.name,
-        "device": str(basis.placement.device),
-        "field": recorder.exp_kernel.name,
-        "scheme": recorder.scheme,
-        "steps": int(recorder.steps),
-        "wall_seconds": float(recorder.wall_seconds),
-        "batch_members": int(recorder.batch_members),
-        "w2_quantisation_bound": float(recorder.w2_error_bound),
-        "resolved_until": "end" if recorder.resolved_until is None else float(recorder.resolved_until),
-        "notes": "\n".join(recorder.notes),
-    }
-    return finish(xr.Dataset(data, coords=coords), case, attrs)
+    return finish(xr.Dataset(data, coords=coords), saves.case, saves.attrs)
 
 
 def common_coordinates(times, dim: int, lyapunov_p) -> dict:
@@ -116,38 +115,16 @@ def diagnostic_variables(rows: list[dict]) -> dict:
     return variables
 
 
-def particle_dataset(recorder, status: str) -> xr.Dataset:
+def particle_dataset(saves: Saves) -> xr.Dataset:
     """The Dataset of a particle run: diagnostics with standard errors and the saved particles."""
-    case, section = recorder.case, recorder.case["particles"]
-    coords = common_coordinates(recorder.times, case.dim, recorder.lyapunov_p)
-    data = diagnostic_variables(recorder.rows)
-    if recorder.positions:
-        coords["particle"] = xr.Variable("particle", np.arange(recorder.positions[0].shape[0]),
+    coords = common_coordinates(saves.times, saves.case.dim, saves.lyapunov_p)
+    data = diagnostic_variables(saves.rows)
+    if saves.positions:
+        coords["particle"] = xr.Variable("particle", np.arange(saves.positions[0].shape[0]),
                                          {"long_name": "index of a saved particle (the first particles.save)"})
-        data["particles"] = (("time", "particle", "component"), np.stack(recorder.positions),
+        data["particles"] = (("time", "particle", "component"), np.stack(saves.positions),
                              {"long_name": "particle position on the unit sphere, ambient coordinates", "units": "1"})
-    attrs = {
-        "solver": "particles",
-        "status": status,
-        "n": section["n"],
-        "seed": section["seed"],
-        "integrator": section["integrator"],
-        "attention": recorder.field.attention,
-        "dt": float(recorder.dt),
-        "steps": int(recorder.steps),
-        "dtype": str(recorder.model.B.dtype).removeprefix("torch."),
-        "device": str(recorder.model.B.device),
-        "wall_seconds": float(recorder.wall_seconds),
-        "batch_members": int(recorder.batch_members),
-        "w2_quantisation_bound": float(recorder.w2_error_bound),
-        "replicas": section["replicas"],
-        "stderr": ("Monte Carlo standard errors: i.i.d. formulas (std / sqrt(n) of per-particle integrands; delta "
-                   "method for order_parameter and w2_projection; Hoeffding projection for the interaction_energy "
-                   "U-statistic), blind to the correlations the interaction builds" if section["replicas"] == 1 else
-                   f"Monte Carlo standard errors by batch means over {section['replicas']} independent systems"),
-        "notes": "\n".join(recorder.notes),
-    }
-    return finish(xr.Dataset(data, coords=coords), case, attrs)
+    return finish(xr.Dataset(data, coords=coords), saves.case, saves.attrs)
 
 
 BOTH_PREFIX = "particles_"
