@@ -133,7 +133,8 @@ def load(path, overrides):
 
 def eulerian_costs(members: int, t_end: float, layers: int, repeats: int) -> dict:
     """(forward step, evaluation per step) seconds of `members` copies of the S^1 align training."""
-    from solvers.adjoint import ControlledForward, discrete_gradients
+    from solvers.adjoint import discrete_gradients
+    from solvers.controlled_forward import ControlledForward
 
     case = load(S1_CASE, S1 + [f"time.t_end={t_end}", f"control.layers={layers}"])
     forward = ControlledForward([case] * members)

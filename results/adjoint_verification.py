@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from solvers.adjoint import ControlledForward, central_differences, continuous_gradient, discrete_gradient
+from solvers.adjoint import continuous_gradient, discrete_gradient
+from solvers.controlled_forward import ControlledForward, central_differences
 from spherepde.io.case import case_from_dict
 from spherepde.model.initial import initial_density
 

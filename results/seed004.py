@@ -230,7 +230,7 @@ def run_eulerian(key: str, made_by: str) -> str:
     import torch
 
     import spherepde
-    from solvers.adjoint import ControlledForward, evaluate_cost
+    from solvers.controlled_forward import ControlledForward, evaluate_cost
     from spherepde.base.errors import NumericalFailure
     from spherepde.model.initial import initial_density
 

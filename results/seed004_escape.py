@@ -45,7 +45,8 @@ def measure(name: str, overrides: tuple = ()) -> dict:
 
     torch.set_num_threads(1)
     import spherepde
-    from solvers.adjoint import ControlledForward, continuous_gradient, discrete_gradient
+    from solvers.adjoint import continuous_gradient, discrete_gradient
+    from solvers.controlled_forward import ControlledForward
     from spherepde.analysis import turnpike
 
     case = spherepde.load_case(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", f"{name}.toml"),

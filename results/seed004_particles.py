@@ -71,7 +71,7 @@ def mean_field_cost(name, overrides):
     forward run fails)."""
     import torch
 
-    from solvers.adjoint import ControlledForward, evaluate_cost
+    from solvers.controlled_forward import ControlledForward, evaluate_cost
     from spherepde.base.errors import NumericalFailure
     from spherepde.model.initial import initial_density
 

@@ -76,7 +76,7 @@ def summary(name, t_end, training="adam"):
 
 
 def figures(path):
-    """The figures of one training run from its file (attributes of solvers.training.turnpike_variables)."""
+    """The figures of one training run from its file (attributes of solvers.training_output.turnpike_variables)."""
     import xarray as xr
 
     with xr.open_dataset(path) as dataset:

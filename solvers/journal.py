@@ -5,7 +5,7 @@ The optimizers of solvers/training.py (gd, adam, scipy's L-BFGS-B) are determini
 dJ/dW at the same controls they ask for the same next controls.  So a training's checkpoint holds no
 optimizer state, only the evaluations it has made, in order: for each, the controls W (layers, d, d), J,
 l(mu_T), dJ/dW and |grad phi_t|_{L2(mu_t)} at the adjoint's step times (all that the training and its
-output read from an adjoint.Gradient), or the message of the NumericalFailure the evaluation ended in.
+output read from a controlled_forward.Gradient), or the message of the NumericalFailure the evaluation ended in.
 A resumed training runs its optimizer again from the start, and `Journal` answers each request from the
 stored evaluations, in order, as long as the requested controls equal the stored ones bit for bit: the
 optimizer passes through the same points to where it was interrupted at no cost, then goes on with new
@@ -36,7 +36,7 @@ import xarray as xr
 
 from spherepde.base.errors import NumericalFailure
 
-from solvers.adjoint import Gradient
+from solvers.controlled_forward import Gradient
 
 
 class Evaluation:

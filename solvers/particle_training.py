@@ -57,7 +57,7 @@ circle (the terminal escape).  Only for the seed's model (unnormalized kernel, e
 d = 2 or 3); otherwise the phase attributes are NaN and three_phase "false".
 
 Output: the particle solver's Dataset of the trained run (diagnostics, `particles`) plus `W`, `layer_time`,
-`loss`, `terminal_loss`, `gradient_norm` (training.control_variables), `mean_angle` and `interaction_gap`
+`loss`, `terminal_loss`, `gradient_norm` (training_output.control_variables), `mean_angle` and `interaction_gap`
 (time), and the attributes three_phase, plateau_width, initial_width, terminal_width,
 plateau_relative_variance, terminal_lift, terminal_displacement (angle of the
 mean at T minus at the save nearest the plateau's middle) and gibbs_interaction_energy (I(rho_*)).
@@ -76,11 +76,12 @@ from spherepde.model.losses import make_loss
 from spherepde.model.attention import interaction_energy
 
 from solvers import particle_adjoint
-from solvers.adjoint import Gradient
+from solvers.controlled_forward import Gradient
 from solvers.eulerian import ForwardProblem, only
 from solvers.particles import ParticleSystem, initial_state, run_members
 from solvers.timegrid import Plan, TimeGrid, fixed_steps
-from solvers.training import Lockstep, control_variables, finished, journaled_optimise, kept_at_start
+from solvers.training import Lockstep, journaled_optimise
+from solvers.training_output import control_variables, finished, kept_at_start
 
 
 class ParticleControl:

@@ -44,7 +44,6 @@ where an uninterrupted one ends (solvers/journal.py); the trained run after it i
 is made again.
 """
 
-import math
 import threading
 import time as wallclock
 
@@ -52,60 +51,16 @@ import numpy as np
 import torch
 import xarray as xr
 
-from spherepde.analysis import turnpike
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
 
-from solvers.adjoint import GRADIENTS, ControlledForward, Gradient
+from solvers.adjoint import GRADIENTS
+from solvers.controlled_forward import ControlledForward
 from solvers.eulerian import ForwardHooks, Recorder, only
 from solvers.journal import Journal
 from solvers.timegrid import integrate
-
-
-class TrainingResult:
-    """The trained controls, the per-iteration history, the first (at the initial control) and final gradients,
-    why the optimizer stopped (`stop`, one line: the output's optimizer_stop attribute) and, when a numerical
-    failure stopped it, that failure's message (`failure`; the controls are then the last good ones)."""
-
-    def __init__(self, controls, costs, losses, gradient_norms, first, final, stop, failure=None):
-        self.controls, self.costs, self.losses, self.gradient_norms, self.first, self.final = (
-            controls, costs, losses, gradient_norms, first, final)
-        self.stop = stop
-        self.failure = failure  # the numerical failure that ended the training early, or None
-        self.notes = []  # lines for the output's `notes`
-
-
-class GradientDescent:
-    """W <- W - lr dJ/dW."""
-
-    def __init__(self, learning_rate: float):
-        self.learning_rate = learning_rate
-
-    def step(self, parameter: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
-        return parameter - self.learning_rate * gradient
-
-
-class Adam:
-    """Adam (Kingma & Ba 2015) with the usual moments beta_1 = 0.9, beta_2 = 0.999 and eps = 1e-8:
-    m <- b1 m + (1 - b1) g,  v <- b2 v + (1 - b2) g^2,  W <- W - lr m_hat / (sqrt(v_hat) + eps),
-    m_hat = m / (1 - b1^k), v_hat = v / (1 - b2^k) at step k.  (torch.optim's update, written out:
-    importing torch.optim pulls in torch._dynamo, seconds of start-up for a few lines of arithmetic.)"""
-
-    def __init__(self, learning_rate: float, betas=(0.9, 0.999), eps: float = 1e-8):
-        self.learning_rate, self.betas, self.eps = learning_rate, betas, eps
-        self.count, self.m, self.v = 0, 0.0, 0.0
-
-    def step(self, parameter: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
-        b1, b2 = self.betas
-        self.count += 1
-        self.m = b1 * self.m + (1 - b1) * gradient
-        self.v = b2 * self.v + (1 - b2) * gradient * gradient
-        m_hat = self.m / (1 - b1 ** self.count)
-        v_hat = self.v / (1 - b2 ** self.count)
-        return parameter - self.learning_rate * m_hat / (torch.sqrt(v_hat) + self.eps)
-
-
-OPTIMIZERS = {"gd": GradientDescent, "adam": Adam}
+from solvers.optimizers import TrainingResult, optimise
+from solvers.training_output import adjoint_variables, control_variables, finished, kept_at_start, turnpike_variables
 
 
 class Stopped(Exception):
@@ -276,118 +231,6 @@ def starting_W(forward: ControlledForward, member: int, start: torch.Tensor | No
     return problem.batch.models[member].W if start is None else problem.placement.tensor(start)
 
 
-def _checked(gradient, iteration: int, loss: str | None):
-    """The gradient, or NumericalFailure when J or dJ/dW is not finite; the message gives J and l(mu_T)
-    (`loss`: control.loss, for its advice)."""
-    finite_dW = bool(torch.isfinite(gradient.dW).all())
-    if math.isfinite(gradient.cost) and finite_dW:
-        return gradient
-    advice = "reduce time.dt" + (" or control.learning_rate" if iteration else "")
-    if loss == "bow" and (not math.isfinite(gradient.loss) or math.isfinite(gradient.cost)):  # the loss's doing
-        advice += ("; a bow candidate with p_k(mu_T) <= 0, or scores softmax(tau <x, c_k>) saturated to 0 and 1, "
-                   "make l(mu_T) or its gradient non-finite: lower control.tau")
-    raise NumericalFailure(f"numerical failure at training iteration {iteration}: J = {gradient.cost:g}, l(mu_T) = "
-                           f"{gradient.loss:g}{'' if finite_dW else ', dJ/dW not finite'} ({advice})")
-
-
-def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None) -> TrainingResult:
-    """The optimizer loop of the module docstring, step 1, from W_l = W on every layer; gradient_of(controls)
-    returns the adjoint.Gradient (J, l(mu_T), dJ/dW, ...) at controls (layers, d, d)."""
-    parameter = W.detach().clone().expand(layers, -1, -1).contiguous()
-    if control["optimizer"] == "lbfgs":
-        return quasi_newton(control, parameter, gradient_of, progress)
-    optimizer = OPTIMIZERS[control["optimizer"]](control["learning_rate"])
-    costs, losses, norms, first, failure, good = [], [], [], None, None, None
-    bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
-    for iteration in range(control["iterations"] + 1):
-        try:
-            gradient = _checked(gradient_of(parameter.detach()), iteration, control.get("loss"))
-        except NumericalFailure as error:
-            if good is None:
-                raise
-            parameter, gradient = good
-            failure = str(error)
-            stop = f"numerical failure at iteration {iteration}: the controls of iteration {iteration - 1} are kept"
-            break
-        good = (parameter, gradient)
-        if first is None:
-            first = gradient
-        costs.append(gradient.cost)
-        losses.append(gradient.loss)
-        norms.append(float(gradient.dW.norm()))
-        bar.update(float(iteration), J=gradient.cost, loss=gradient.loss, grad=norms[-1])
-        stop = None
-        if control["tol"] > 0 and norms[-1] <= control["tol"]:
-            stop = "converged: |dJ/dW|_F <= tol"
-        elif control["tol"] > 0 and len(costs) > 1 and abs(costs[-1] - costs[-2]) <= control["tol"] * abs(costs[-1]):
-            stop = "converged: |J_k - J_(k-1)| <= tol |J_k|"
-        elif iteration == control["iterations"]:
-            stop = "control.iterations reached"
-        if stop is not None:
-            break
-        parameter = optimizer.step(parameter, gradient.dW)
-    bar.close()
-    return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient, stop, failure)
-
-
-def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: bool | None = None) -> TrainingResult:
-    """L-BFGS from the controls `parameter` (module docstring, step 1): scipy's L-BFGS-B on the flattened
-    controls in float64, each evaluation one gradient_of; the history holds the accepted iterates.
-
-    A trial point of the line search where J or dJ/dW is not finite (the explicit transport fails for
-    too large a W) gets J = 1e3 (1 + |J_0|) and a zero gradient, so that the search backs off; only a
-    failure at the start raises NumericalFailure.  Evaluations are cached by their point: scipy asks
-    for the current point again after a rejected trial."""
-    from scipy.optimize import minimize
-
-    shape, dtype, device = parameter.shape, parameter.dtype, parameter.device
-    evaluations, history, failures = {}, [], 0
-    bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
-
-    def evaluation(x):
-        nonlocal failures
-        key = x.tobytes()
-        if key not in evaluations:
-            controls = torch.tensor(x.reshape(shape), dtype=dtype, device=device)  # a copy: scipy reuses x
-            try:
-                gradient = _checked(gradient_of(controls), len(history), control.get("loss"))
-            except NumericalFailure:
-                if not history:
-                    raise
-                gradient, failures = None, failures + 1
-            if len(evaluations) >= 8:
-                evaluations.pop(next(iter(evaluations)))
-            evaluations[key] = (controls, gradient)
-        return evaluations[key]
-
-    def objective(x):
-        controls, gradient = evaluation(x)
-        if not history:
-            accept(x)
-        if gradient is None:
-            return 1e3 * (1 + abs(history[0][1].cost)), np.zeros(x.size)
-        return gradient.cost, gradient.dW.detach().double().cpu().numpy().ravel()
-
-    def accept(x):
-        controls, gradient = evaluation(x)
-        history.append((controls, gradient))
-        bar.update(float(len(history) - 1), J=gradient.cost, loss=gradient.loss, grad=float(gradient.dW.norm()))
-
-    tol, start = control["tol"], parameter.detach().double().cpu().numpy().ravel()
-    if control["iterations"] == 0:  # scipy takes one step even at maxiter = 0
-        objective(start)
-        stop = "control.iterations reached"
-    else:
-        result = minimize(objective, start, jac=True, method="L-BFGS-B", callback=accept,
-                          options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
-                                   "gtol": tol, "ftol": tol})
-        stop = f"L-BFGS-B: {result.message} ({result.nfev} evaluations, {failures} of them failed runs)"
-    bar.close()
-    controls, final = history[-1]
-    return TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],
-                          [float(g.dW.norm()) for _, g in history], history[0][1], final, stop)
-
-
 def trained_runs(forward: ControlledForward, controls: torch.Tensor, states: torch.Tensor | None = None) -> list:
     """The forward runs with W = controls (M, L, d, d), recorded at the case's save times (module docstring, step
     2): per member its Recorder, or the NumericalFailure that stopped it (with its saves so far)."""
@@ -488,116 +331,3 @@ def run_training(case, progress: bool | None = None, start: torch.Tensor | None 
     return only(run_trainings([case], progress, [start], [checkpoint]))
 
 
-def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
-    """The Dataset of a training that ran its course, or, when a numerical failure ended it early, that
-    failure raised with `dataset` (the run at the last good controls) as the state the output keeps."""
-    if result.failure is None:
-        return dataset
-    dataset.attrs["status"] = f"failed: {result.failure}"
-    kept = len(result.costs) - 1
-    raise NumericalFailure(f"{result.failure}; the training stopped at iteration {kept + 1}, and the output keeps "
-                           f"the controls of iteration {kept} and their run", dataset)
-
-
-def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_at) -> NumericalFailure:
-    """`failure`, of a training's first evaluation, made to carry the last good state there is: the forward run
-    at the starting `controls` (run_at(controls), a Dataset; up to its own failure if it has one) with W =
-    those controls and an empty history (no iteration finished)."""
-    try:
-        dataset = run_at(controls)
-    except NumericalFailure as inner:
-        dataset = inner.dataset
-    result = TrainingResult(controls, [], [], [], None, None, "numerical failure at iteration 0", str(failure))
-    dataset = control_variables(dataset, case, result)
-    dataset.attrs.update({"status": f"failed: {failure}", "optimizer": case["control"]["optimizer"],
-                          "optimizer_stop": result.stop, "iterations": 0})
-    return NumericalFailure(f"{failure}; no training iteration finished: the output keeps the starting controls "
-                            "and their forward run", dataset)
-
-
-def adjoint_variables(forward: ControlledForward, controls: torch.Tensor, states: torch.Tensor) -> dict:
-    """Per member (by position) `phi` (adjoint_time, grid): the adjoint phi_t of one more gradient evaluation at
-    the trained controls, on the density's grid, at the step of the training's grid nearest each save time
-    (`adjoint_time`, within half a training step of it)."""
-    step_times = forward.step_times
-    saves = forward.grid.saves
-    steps = sorted({int(np.argmin(np.abs(step_times - t))) for t in saves})
-    gradients = GRADIENTS[forward.case["control"]["gradient"]](forward, states, controls, keep=frozenset(steps))
-    basis = forward.problem.basis
-    grid = ("theta",) if basis.dim == 2 else ("lat", "lon")
-    variables = {}
-    for m, gradient in enumerate(gradients):
-        if isinstance(gradient, NumericalFailure):
-            continue
-        values = np.stack([basis.synthesis(gradient.phi[n]).real.cpu().double().numpy() for n in steps])
-        variables[m] = {"phi": (("adjoint_time",) + grid, values,
-                                {"long_name": "adjoint phi_t = dJ / dmu_t at the trained W (first variation)",
-                                 "units": "1"}),
-                        "adjoint_time": ("adjoint_time", [float(step_times[n]) for n in steps],
-                                         {"long_name": "step time of phi nearest each save", "units": "1"})}
-    return variables
-
-
-def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.Dataset:
-    """`dataset` with the training's coordinates (iteration, layer, row, col) and variables `W` (layer, row,
-    col), `layer_time` (layer) and `loss` (J), `terminal_loss` (l(mu_T)), `gradient_norm` (|dJ/dW|_F) per
-    iteration."""
-    layers, d, t_end = result.controls.shape[0], case.dim, case["time"]["t_end"]
-    dataset = dataset.assign_coords(
-        iteration=xr.Variable("iteration", np.arange(len(result.costs)), {"long_name": "optimizer iteration"}),
-        layer=xr.Variable("layer", np.arange(layers), {"long_name": "layer (slice of [0, t_end])"}),
-        row=xr.Variable("row", np.arange(d), {"long_name": "row index of W"}),
-        col=xr.Variable("col", np.arange(d), {"long_name": "column index of W"}))
-    dataset["W"] = (("layer", "row", "col"), result.controls.cpu().double().numpy(),
-                    {"long_name": "trained feed-forward matrix W_t on each layer", "units": "1"})
-    dataset["layer_time"] = (("layer",), t_end * np.arange(layers) / layers,
-                             {"long_name": "start time of the layer's slice", "units": "1"})
-    dataset["loss"] = (("iteration",), np.array(result.costs),
-                       {"long_name": "training cost J = l(mu_T) + lambda_reg/2 int |W_t|_F^2 dt", "units": "1"})
-    dataset["terminal_loss"] = (("iteration",), np.array(result.losses),
-                                {"long_name": f"terminal loss l(mu_T) ({case['control']['loss']})", "units": "1"})
-    dataset["gradient_norm"] = (("iteration",), np.array(result.gradient_norms),
-                                {"long_name": "Frobenius norm of dJ/dW over all layers", "units": "1"})
-    return dataset
-
-
-def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Dataset, first: Gradient) -> dict:
-    """Seed-004 diagnostics of member `member`'s trained run (spherepde.analysis.turnpike): `energy_gap` and `mean_angle`
-    (time), and the global attributes plateau_width, initial_width, terminal_width, three_phase ("true"/"false"),
-    plateau_relative_variance, terminal_lift, terminal_energy_rate, escape_rate (from `first`, the gradient
-    at the initial control), adjoint_rate, rayleigh_quotient, h_minus_one_quotient, h_minus_one_norm,
-    terminal_displacement, min_energy.
-
-    The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0); for
-    other models the energy-based attributes are NaN and three_phase is "false"."""
-    problem = forward.problem
-    model, basis, exp_kernel = problem.batch.models[member], problem.basis, problem.kernels.member(member)
-    times = dataset["time"].values
-    angle = turnpike.mean_angle(dataset["mean"].values)
-    variables = {"mean_angle": (("time",), angle, {"long_name": "angle of the mean position", "units": "radian"})}
-    attrs = dict.fromkeys(("plateau_width", "initial_width", "terminal_width", "plateau_relative_variance",
-                           "terminal_lift", "terminal_energy_rate", "escape_rate", "adjoint_rate", "rayleigh_quotient",
-                           "h_minus_one_quotient", "h_minus_one_norm", "terminal_displacement", "min_energy"), math.nan)
-    attrs["three_phase"] = "false"
-    if model.kernel == "unnormalized" and model.eps > 0 and not model.zero_temperature:
-        centre = int(np.argmin(np.abs(times - 0.5 * times[-1])))
-        theory = turnpike.plateau_theory(model, exp_kernel, basis, forward.losses[member],
-                                         torch.as_tensor(dataset["mean"].values[centre]))
-        gap = dataset["free_energy"].values - theory["min_energy"]
-        variables["energy_gap"] = (("time",), gap, {"long_name": "energy gap E(mu_t) - min E", "units": "1"})
-        test = turnpike.phases(times, gap)
-        middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
-        attrs.update({key: test[key] for key in ("plateau_width", "initial_width", "terminal_width",
-                                                 "plateau_relative_variance", "terminal_lift")})
-        attrs.update({key: theory[key] for key in ("rayleigh_quotient", "h_minus_one_quotient", "h_minus_one_norm",
-                                                   "min_energy")})
-        attrs.update({
-            "three_phase": "true" if test["three_phase"] else "false",
-            "terminal_energy_rate": turnpike.exponential_rate(times, gap - test["gap_reference"], test["plateau_end"]),
-            "escape_rate": turnpike.escape_rate(np.array(first.times), np.array(first.adjoint_norm),
-                                                theory["rayleigh_quotient"]),
-            "adjoint_rate": turnpike.exponential_rate(times, dataset["adjoint_norm"].values, test["plateau_start"],
-                                                      test["plateau_end"]),
-            "terminal_displacement": float(angle[-1] - angle[middle])})
-    dataset.attrs.update(attrs)
-    return variables

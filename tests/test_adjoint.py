@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-import solvers.adjoint as adjoint
-from solvers.adjoint import (ControlledForward, central_differences, coefficients_to_field, continuous_gradient,
-                             discrete_gradient, evaluate_cost)
+import solvers.controlled_forward as controlled_forward
+from solvers.adjoint import coefficients_to_field, continuous_gradient, discrete_gradient
+from solvers.controlled_forward import ControlledForward, Tape, central_differences, evaluate_cost
 from spherepde.io.case import case_from_dict
 from spherepde.model.initial import initial_density
 from spherepde.model.losses import LOSSES, make_loss
@@ -149,8 +149,8 @@ def test_a_tape_keeping_the_tokens_of_some_steps_gives_the_gradient_of_one_keepi
     whole = discrete_gradient(forward, c0, controls).dW
     state_bytes = forward.initial().numel() * 8
     step_bytes = forward.problem.scheme.stages_count * forward.problem.transport.token_size() * 8
-    monkeypatch.setattr(adjoint, "TAPE_BYTES", forward.steps * state_bytes + 3 * step_bytes)
-    tape = adjoint.Tape(forward, forward.initial(), 0)
+    monkeypatch.setattr(controlled_forward, "TAPE_BYTES", forward.steps * state_bytes + 3 * step_bytes)
+    tape = Tape(forward, forward.initial(), 0)
     assert (tape.every, tape.token_steps) == (1, 3) and forward.steps > 3
     partial = discrete_gradient(forward, c0, controls).dW
     assert torch.equal(partial, whole)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import xarray as xr
 
-from solvers.adjoint import central_differences_of
+from solvers.controlled_forward import central_differences_of
 from solvers.particle_training import ParticleControl
 from spherepde.io.case import case_from_dict
 from spherepde.cli import main
@@ -151,7 +151,8 @@ def test_fresh_noise_gradient_is_an_unbiased_estimate_of_the_mean_field_gradient
     3e-4 per entry); common noise, one path's gradient each time, has no spread at all."""
     import copy
 
-    from solvers.adjoint import ControlledForward, discrete_gradient
+    from solvers.adjoint import discrete_gradient
+    from solvers.controlled_forward import ControlledForward
     from spherepde.model.initial import initial_density
 
     table = copy.deepcopy(particle_case({"noise": "fresh"}, n=256).data)

@@ -34,7 +34,8 @@ import pytest
 import torch
 
 from solvers.eulerian import ForwardProblem
-from solvers.adjoint import ControlledForward, discrete_gradient
+from solvers.adjoint import discrete_gradient
+from solvers.controlled_forward import ControlledForward
 from solvers.training import trained_runs
 from spherepde.io.case import load_case_text
 from spherepde.model.transport import real_state

@@ -9,7 +9,8 @@ import torch
 import xarray as xr
 
 import spherepde
-from solvers.adjoint import ControlledForward, discrete_gradient
+from solvers.adjoint import discrete_gradient
+from solvers.controlled_forward import ControlledForward
 from solvers.eulerian import checked_state
 from solvers.training import train
 from spherepde.cli import main
@@ -75,8 +76,8 @@ def test_lbfgs_finds_the_minimiser_of_a_quadratic():
     """J(W) = 1/2 <W - W*, A (W - W*)> + 1 with A symmetric positive definite (condition number 100):
     L-BFGS reaches W* to 1e-6 (J in float64 fixes W* only to ~sqrt(1e-16 / lambda_min(A)) = 1e-8),
     J decreasing at every iteration."""
-    from solvers.adjoint import Gradient
-    from solvers.training import optimise
+    from solvers.controlled_forward import Gradient
+    from solvers.optimizers import optimise
 
     rng = np.random.default_rng(3)
     basis = np.linalg.qr(rng.normal(size=(12, 12)))[0]
@@ -104,8 +105,8 @@ def test_lbfgs_backs_off_from_trial_points_where_the_run_fails():
     """The same kind of quadratic, but J is not finite wherever max |W| > 1.01 max |W*| (as the explicit
     transport fails for too large a W): the line search rejects those trial points and still reaches W*;
     a failure at the starting point raises NumericalFailure."""
-    from solvers.adjoint import Gradient
-    from solvers.training import optimise
+    from solvers.controlled_forward import Gradient
+    from solvers.optimizers import optimise
     from spherepde.base.errors import NumericalFailure
 
     rng = np.random.default_rng(5)
@@ -284,7 +285,7 @@ def test_a_divergent_step_ends_the_training_at_the_last_good_controls(tmp_path, 
     # lr 1e4 (gd) or 100 (adam) at dt = 0.1: the first step leaves the explicit transport's stability region.
     # The training stops there with the controls, J and gradient of iteration 0, whose run passed; the command
     # line exits 3 and its output holds that W, that J and the run with that W to t_end (DESIGN §7).
-    from solvers.adjoint import evaluate_cost
+    from solvers.controlled_forward import evaluate_cost
 
     rate = {"gd": 1e4, "adam": 100.0}[optimizer]
     case = training_case(control={"optimizer": optimizer, "learning_rate": rate, "iterations": 3}, t_end=0.2, dt=0.1)
@@ -415,7 +416,7 @@ def test_a_blown_up_forward_run_is_a_failure_not_a_cost():
     # The strain W = s diag(1, -1) at dt = 0.25 is beyond the explicit transport's stability limit for s >= 10.
     # Its terminal state is still finite at s = 10 and 30, and its J (3e52, -3e182) would be a line search's
     # best trial point; the forward map refuses such a state (mass no longer conserved, |rho| unbounded).
-    from solvers.adjoint import evaluate_cost
+    from solvers.controlled_forward import evaluate_cost
     from spherepde.base.errors import NumericalFailure
 
     case = training_case(t_end=0.5, dt=0.25).with_overrides(["time.save_every=0.25"])  # steps of 0.25
@@ -433,7 +434,7 @@ def test_a_blow_up_that_passes_is_still_a_failure():
     # A state that is no density at one step and looks like one again at T (injected here: one step scales it
     # by 1e6, the next back) must fail the forward map too: a line search accepted such a W (bow loss, reduced
     # scale, control.seed = 6), and its trained run, which checks every save, then failed with exit 3.
-    from solvers.adjoint import evaluate_cost
+    from solvers.controlled_forward import evaluate_cost
     from spherepde.base.errors import NumericalFailure
 
     case = training_case(t_end=0.5, dt=0.1).with_overrides(["time.save_every=0.25"])
@@ -450,7 +451,7 @@ def test_a_blow_up_that_passes_is_still_a_failure():
 
 
 def test_adam_first_step_is_the_learning_rate_times_the_sign():
-    from solvers.training import Adam
+    from solvers.optimizers import Adam
 
     gradient = torch.tensor([[3.0, -1e-3], [0.5, -20.0]], dtype=torch.float64)
     step = Adam(0.1).step(torch.zeros(2, 2, dtype=torch.float64), gradient)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from solvers.adjoint import ControlledForward, discrete_gradient
+from solvers.adjoint import discrete_gradient
+from solvers.controlled_forward import ControlledForward
 from solvers.eulerian import ForwardProblem
 from spherepde.model.transport import real_state
 from spherepde.discretisation.bases import make_basis

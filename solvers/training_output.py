@@ -1,0 +1,128 @@
+"""The variables a training adds to the Dataset of its trained run (solvers/training.py, "Output"): the controls
+and the optimizer's history, the adjoint, and the seed-004 diagnostics of the trained run
+(spherepde.analysis.turnpike); and the Dataset kept when a training fails.
+"""
+
+import math
+
+import numpy as np
+import torch
+import xarray as xr
+
+from spherepde.analysis import turnpike
+from spherepde.base.errors import NumericalFailure
+
+from solvers.adjoint import GRADIENTS
+from solvers.controlled_forward import ControlledForward, Gradient
+from solvers.optimizers import TrainingResult
+
+
+def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
+    """The Dataset of a training that ran its course, or, when a numerical failure ended it early, that
+    failure raised with `dataset` (the run at the last good controls) as the state the output keeps."""
+    if result.failure is None:
+        return dataset
+    dataset.attrs["status"] = f"failed: {result.failure}"
+    kept = len(result.costs) - 1
+    raise NumericalFailure(f"{result.failure}; the training stopped at iteration {kept + 1}, and the output keeps "
+                           f"the controls of iteration {kept} and their run", dataset)
+
+def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_at) -> NumericalFailure:
+    """`failure`, of a training's first evaluation, made to carry the last good state there is: the forward run
+    at the starting `controls` (run_at(controls), a Dataset; up to its own failure if it has one) with W =
+    those controls and an empty history (no iteration finished)."""
+    try:
+        dataset = run_at(controls)
+    except NumericalFailure as inner:
+        dataset = inner.dataset
+    result = TrainingResult(controls, [], [], [], None, None, "numerical failure at iteration 0", str(failure))
+    dataset = control_variables(dataset, case, result)
+    dataset.attrs.update({"status": f"failed: {failure}", "optimizer": case["control"]["optimizer"],
+                          "optimizer_stop": result.stop, "iterations": 0})
+    return NumericalFailure(f"{failure}; no training iteration finished: the output keeps the starting controls "
+                            "and their forward run", dataset)
+
+def adjoint_variables(forward: ControlledForward, controls: torch.Tensor, states: torch.Tensor) -> dict:
+    """Per member (by position) `phi` (adjoint_time, grid): the adjoint phi_t of one more gradient evaluation at
+    the trained controls, on the density's grid, at the step of the training's grid nearest each save time
+    (`adjoint_time`, within half a training step of it)."""
+    step_times = forward.step_times
+    saves = forward.grid.saves
+    steps = sorted({int(np.argmin(np.abs(step_times - t))) for t in saves})
+    gradients = GRADIENTS[forward.case["control"]["gradient"]](forward, states, controls, keep=frozenset(steps))
+    basis = forward.problem.basis
+    grid = ("theta",) if basis.dim == 2 else ("lat", "lon")
+    variables = {}
+    for m, gradient in enumerate(gradients):
+        if isinstance(gradient, NumericalFailure):
+            continue
+        values = np.stack([basis.synthesis(gradient.phi[n]).real.cpu().double().numpy() for n in steps])
+        variables[m] = {"phi": (("adjoint_time",) + grid, values,
+                                {"long_name": "adjoint phi_t = dJ / dmu_t at the trained W (first variation)",
+                                 "units": "1"}),
+                        "adjoint_time": ("adjoint_time", [float(step_times[n]) for n in steps],
+                                         {"long_name": "step time of phi nearest each save", "units": "1"})}
+    return variables
+
+def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.Dataset:
+    """`dataset` with the training's coordinates (iteration, layer, row, col) and variables `W` (layer, row,
+    col), `layer_time` (layer) and `loss` (J), `terminal_loss` (l(mu_T)), `gradient_norm` (|dJ/dW|_F) per
+    iteration."""
+    layers, d, t_end = result.controls.shape[0], case.dim, case["time"]["t_end"]
+    dataset = dataset.assign_coords(
+        iteration=xr.Variable("iteration", np.arange(len(result.costs)), {"long_name": "optimizer iteration"}),
+        layer=xr.Variable("layer", np.arange(layers), {"long_name": "layer (slice of [0, t_end])"}),
+        row=xr.Variable("row", np.arange(d), {"long_name": "row index of W"}),
+        col=xr.Variable("col", np.arange(d), {"long_name": "column index of W"}))
+    dataset["W"] = (("layer", "row", "col"), result.controls.cpu().double().numpy(),
+                    {"long_name": "trained feed-forward matrix W_t on each layer", "units": "1"})
+    dataset["layer_time"] = (("layer",), t_end * np.arange(layers) / layers,
+                             {"long_name": "start time of the layer's slice", "units": "1"})
+    dataset["loss"] = (("iteration",), np.array(result.costs),
+                       {"long_name": "training cost J = l(mu_T) + lambda_reg/2 int |W_t|_F^2 dt", "units": "1"})
+    dataset["terminal_loss"] = (("iteration",), np.array(result.losses),
+                                {"long_name": f"terminal loss l(mu_T) ({case['control']['loss']})", "units": "1"})
+    dataset["gradient_norm"] = (("iteration",), np.array(result.gradient_norms),
+                                {"long_name": "Frobenius norm of dJ/dW over all layers", "units": "1"})
+    return dataset
+
+def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Dataset, first: Gradient) -> dict:
+    """Seed-004 diagnostics of member `member`'s trained run (spherepde.analysis.turnpike): `energy_gap` and `mean_angle`
+    (time), and the global attributes plateau_width, initial_width, terminal_width, three_phase ("true"/"false"),
+    plateau_relative_variance, terminal_lift, terminal_energy_rate, escape_rate (from `first`, the gradient
+    at the initial control), adjoint_rate, rayleigh_quotient, h_minus_one_quotient, h_minus_one_norm,
+    terminal_displacement, min_energy.
+
+    The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0); for
+    other models the energy-based attributes are NaN and three_phase is "false"."""
+    problem = forward.problem
+    model, basis, exp_kernel = problem.batch.models[member], problem.basis, problem.kernels.member(member)
+    times = dataset["time"].values
+    angle = turnpike.mean_angle(dataset["mean"].values)
+    variables = {"mean_angle": (("time",), angle, {"long_name": "angle of the mean position", "units": "radian"})}
+    attrs = dict.fromkeys(("plateau_width", "initial_width", "terminal_width", "plateau_relative_variance",
+                           "terminal_lift", "terminal_energy_rate", "escape_rate", "adjoint_rate", "rayleigh_quotient",
+                           "h_minus_one_quotient", "h_minus_one_norm", "terminal_displacement", "min_energy"), math.nan)
+    attrs["three_phase"] = "false"
+    if model.kernel == "unnormalized" and model.eps > 0 and not model.zero_temperature:
+        centre = int(np.argmin(np.abs(times - 0.5 * times[-1])))
+        theory = turnpike.plateau_theory(model, exp_kernel, basis, forward.losses[member],
+                                         torch.as_tensor(dataset["mean"].values[centre]))
+        gap = dataset["free_energy"].values - theory["min_energy"]
+        variables["energy_gap"] = (("time",), gap, {"long_name": "energy gap E(mu_t) - min E", "units": "1"})
+        test = turnpike.phases(times, gap)
+        middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
+        attrs.update({key: test[key] for key in ("plateau_width", "initial_width", "terminal_width",
+                                                 "plateau_relative_variance", "terminal_lift")})
+        attrs.update({key: theory[key] for key in ("rayleigh_quotient", "h_minus_one_quotient", "h_minus_one_norm",
+                                                   "min_energy")})
+        attrs.update({
+            "three_phase": "true" if test["three_phase"] else "false",
+            "terminal_energy_rate": turnpike.exponential_rate(times, gap - test["gap_reference"], test["plateau_end"]),
+            "escape_rate": turnpike.escape_rate(np.array(first.times), np.array(first.adjoint_norm),
+                                                theory["rayleigh_quotient"]),
+            "adjoint_rate": turnpike.exponential_rate(times, dataset["adjoint_norm"].values, test["plateau_start"],
+                                                      test["plateau_end"]),
+            "terminal_displacement": float(angle[-1] - angle[middle])})
+    dataset.attrs.update(attrs)
+    return variables
