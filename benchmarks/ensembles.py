@@ -163,7 +163,7 @@ def particle_costs(members: int, t_end: float, repeats: int) -> dict:
 
 def sphere_costs(members: int, repeats: int) -> dict:
     """Seconds of a forward step of `members` copies of the S^2 spectral case, per member."""
-    from solvers.eulerian import ForwardProblem
+    from solvers.forward_problem import ForwardProblem
 
     problem = ForwardProblem([load(S2_CASE, S2)] * members)
     return {"step": step_seconds(problem, repeats) / members, "path": problem.transport.path,
@@ -186,7 +186,7 @@ def step_seconds(problem, repeats: int, dt: float = 0.01) -> float:
 def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
     """Seconds of a forward step per path (forced) and the path Transport's estimate picks."""
     import spherepde.model.transport as transport
-    from solvers.eulerian import ForwardProblem
+    from solvers.forward_problem import ForwardProblem
 
     case = load(path, overrides)
     out = {}

@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import spherepde  # noqa: E402
-from solvers.eulerian import ForwardProblem  # noqa: E402
+from solvers.forward_problem import ForwardProblem  # noqa: E402
 from solvers.timegrid import Plan, TimeGrid  # noqa: E402
 
 CASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", "baseline-inf.toml")

@@ -38,7 +38,6 @@ import glob
 import hashlib
 import io
 import json
-import math
 import os
 import pickle
 import re
@@ -51,7 +50,8 @@ import torch
 import xarray as xr
 
 from spherepde.base.errors import CaseError
-from spherepde.io.output import DIAGNOSTIC_ATTRS, make_folders, write_dataset
+from spherepde.io.output import make_folders, write_dataset
+from solvers.checkpoint_layout import eulerian_problem, is_int
 
 FORMAT = 2  # version of the checkpoint layout: 2 added the manifest
 MANIFEST = "manifest.json"
@@ -252,7 +252,7 @@ class Checkpoint:
 
             problem = stored_problem(state, state_path, segments, case)
         else:
-            problem = _eulerian_problem(state, state_path, segments, case)
+            problem = eulerian_problem(state, state_path, segments, case)
         if problem is not None:
             raise _Refused(*problem)
         return state, [segment for _, segment in segments], manifest
@@ -329,101 +329,6 @@ class Checkpoint:
                     pass
 
 
-# --- the layout of an Eulerian run's checkpoint (solvers.eulerian.Recorder.checkpoint_state) ---------------
-
-
-def _eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.Dataset]],
-                      case) -> tuple[str, str] | None:
-    """(file, why) when the state or the segments are not what an Eulerian run of `case` writes, else None: the
-    segments' save times in order and continuous on the case's save schedule from t = 0, each segment of this
-    case and grid with every diagnostic, the state inside the save interval after the last save, its
-    coefficients of the case's shape and dtype and finite."""
-    from spherepde.discretisation.bases import CircleBasis, SphereBasis
-
-    timing = case["time"]
-    t_end, save_every = timing["t_end"], timing["save_every"]
-    tolerance = 1e-9 * max(1.0, t_end)
-    grid = ("theta",) if case.dim == 2 else ("lat", "lon")
-    times, shapes = [], set()
-    for path, segment in segments:
-        if segment.attrs.get("case") != case.text:
-            return path, "holds the saves of another case"
-        missing = [name for name in ("density", *DIAGNOSTIC_ATTRS) if name not in segment]
-        if missing or "time" not in segment.coords or segment.sizes["time"] == 0:
-            return path, f"is not a segment of an Eulerian run (it lacks {', '.join(missing) or 'saves'})"
-        if segment["density"].dims != ("time", *grid):
-            return path, f"holds densities on {segment['density'].dims[1:]}, not on the case's grid {grid}"
-        shapes.add(segment["density"].shape[1:])
-        for t in segment["time"].values.astype(float):
-            k = len(times)
-            on_schedule = abs(t - k * save_every) <= tolerance or (abs(t - t_end) <= tolerance and k > 0 and
-                                                                  (k - 1) * save_every < t_end - tolerance)
-            if not on_schedule:
-                previous = f"after t = {times[-1]:.6g}" if times else "as the first save"
-                return path, (f"holds the save t = {t:.6g} {previous}: the segments' saves are not in order and "
-                              f"continuous from t = 0 every {save_every:g} (time.save_every)")
-            times.append(float(t))
-    if len(shapes) > 1:
-        return segments[-1][0], "holds densities on another grid than the segments before it"
-    t0 = times[-1]
-    t1 = min(t0 + save_every, t_end)
-    interval, substep, substeps, dt, t, c = (state.get(key) for key in ("interval", "substep", "substeps", "dt", "t",
-                                                                      "c"))
-    expected = (torch.complex128 if case["solver"]["dtype"] == "float64" else torch.complex64,
-                (CircleBasis if case.dim == 2 else SphereBasis).coefficient_shape(case["sphere"]["lmax"]))
-    # in order: each check may take the ones before it as passed
-    checks = [
-        (lambda: state.get("t_end") == t_end, f"holds t_end = {state.get('t_end')!r}, not the case's {t_end:g}"),
-        (lambda: _is_int(interval) and interval == len(times) - 1,
-         f"is in save interval {interval!r}, not in the one after the segments' last save ({len(times) - 1})"),
-        (lambda: _is_int(substeps) and substeps >= 1 and _is_int(substep) and 0 <= substep <= substeps,
-         f"is at step {substep!r} of {substeps!r}, which is no step of a save interval"),
-        (lambda: _is_real(dt) and dt > 0 and abs(substeps * dt - (t1 - t0)) <= tolerance,
-         f"takes steps of dt = {dt!r}, which do not divide its save interval [{t0:.6g}, {t1:.6g}] in {substeps!r}"),
-        (lambda: _is_real(t) and abs(t - (t0 + substep * dt)) <= tolerance,
-         f"is at t = {t!r}, not at step {substep!r} of dt after the last save t = {t0:.6g}"),
-        (lambda: isinstance(c, torch.Tensor) and (c.dtype, tuple(c.shape)) == expected,
-         f"holds coefficients of {_describe_tensor(c)}, not {expected[0]} of shape {expected[1]} "
-         "(sphere.lmax, solver.dtype)"),
-        (lambda: bool(torch.isfinite(torch.view_as_real(c)).all()), "holds coefficients that are not all finite"),
-        (lambda: _recorder_layout(state.get("recorder"), t),
-         "holds recorder scalars (steps, wall_seconds, w2_error_bound, resolved_until, notes) unlike a run's"),
-        (lambda: _is_int(state.get("steps")) and state["steps"] == state["recorder"]["steps"] + substep,
-         "holds a step count other than its recorder's plus its steps into the interval"),
-    ]
-    for passed, reason in checks:
-        if not passed():
-            return state_path, reason
-    return None
-
-
-def _recorder_layout(recorder, t) -> bool:
-    """Whether `recorder` is the scalars Recorder.checkpoint_state stores."""
-    if not isinstance(recorder, dict) or set(recorder) != {"steps", "wall_seconds", "w2_error_bound",
-                                                           "resolved_until", "notes"}:
-        return False
-    until = recorder["resolved_until"]
-    return (_is_int(recorder["steps"]) and recorder["steps"] >= 0
-            and _is_real(recorder["wall_seconds"]) and recorder["wall_seconds"] >= 0
-            and _is_real(recorder["w2_error_bound"]) and recorder["w2_error_bound"] >= 0
-            and (until is None or (_is_real(until) and _is_real(t) and 0 <= until <= t))
-            and isinstance(recorder["notes"], list) and all(isinstance(note, str) for note in recorder["notes"]))
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _describe_tensor(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
-
-
 # --- files, digests, the manifest --------------------------------------------------------------------------
 
 
@@ -482,13 +387,13 @@ def _manifest_layout(manifest: dict) -> bool:
     def entry(value, pattern) -> bool:
         return (isinstance(value, dict) and set(value) == {"name", "bytes", "sha256"}
                 and isinstance(value["name"], str) and pattern.fullmatch(value["name"]) is not None
-                and _is_int(value["bytes"]) and value["bytes"] >= 0
+                and is_int(value["bytes"]) and value["bytes"] >= 0
                 and isinstance(value["sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", value["sha256"]) is not None)
     segments = manifest.get("segments")
     return (entry(manifest.get("state"), _STATE) and isinstance(segments, list)
             and all(entry(segment, _SEGMENT) for segment in segments)
             and len({segment["name"] for segment in segments}) == len(segments)
-            and _is_int(manifest.get("saves")) and _is_int(manifest.get("steps"))
+            and is_int(manifest.get("saves")) and is_int(manifest.get("steps"))
             and isinstance(manifest.get("case_sha256"), str))
 
 

@@ -18,7 +18,8 @@ from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.model.losses import make_loss
 from spherepde.model.transport import real_state
 
-from solvers.eulerian import BLOW_UP_FACTOR, ForwardProblem, departure, only
+from solvers.eulerian import BLOW_UP_FACTOR, departure, only
+from solvers.forward_problem import ForwardProblem
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 
 

@@ -77,7 +77,8 @@ from spherepde.model.attention import interaction_energy
 
 from solvers import particle_adjoint
 from solvers.controlled_forward import Gradient
-from solvers.eulerian import ForwardProblem, only
+from solvers.eulerian import only
+from solvers.forward_problem import ForwardProblem
 from solvers.particles import ParticleSystem, initial_state, run_members
 from solvers.timegrid import Plan, TimeGrid, fixed_steps
 from solvers.training import Lockstep, journaled_optimise

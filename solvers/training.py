@@ -56,7 +56,8 @@ from spherepde.base.progress import Progress
 
 from solvers.adjoint import GRADIENTS
 from solvers.controlled_forward import ControlledForward
-from solvers.eulerian import ForwardHooks, Recorder, only
+from solvers.eulerian import ForwardHooks, only
+from solvers.eulerian_recorder import Recorder
 from solvers.journal import Journal
 from solvers.timegrid import integrate
 from solvers.optimizers import TrainingResult, optimise

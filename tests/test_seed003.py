@@ -19,7 +19,7 @@ import spherepde
 from spherepde.analysis import concentration as cc
 from spherepde.model.initial import initial_density, vmf_density
 from spherepde.model.attention import attention_mean, principal_subspace
-from solvers.eulerian import ForwardProblem
+from solvers.forward_problem import ForwardProblem
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 

@@ -33,7 +33,7 @@ import numpy as np
 import pytest
 import torch
 
-from solvers.eulerian import ForwardProblem
+from solvers.forward_problem import ForwardProblem
 from solvers.adjoint import discrete_gradient
 from solvers.controlled_forward import ControlledForward
 from solvers.training import trained_runs

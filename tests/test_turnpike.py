@@ -10,7 +10,7 @@ import torch
 
 from solvers.adjoint import discrete_gradient
 from solvers.controlled_forward import ControlledForward
-from solvers.eulerian import ForwardProblem
+from solvers.forward_problem import ForwardProblem
 from spherepde.model.transport import real_state
 from spherepde.discretisation.bases import make_basis
 from spherepde.base.device import placement

@@ -82,7 +82,8 @@ def run_batch(cases: list, progress: bool | None = None) -> list:
 
             return run_members(ParticleSystem(cases), progress)
         if method == "eulerian":
-            from solvers.eulerian import ForwardProblem, run_members
+            from solvers.eulerian import run_members
+            from solvers.forward_problem import ForwardProblem
 
             return run_members(ForwardProblem(cases), progress)
         from spherepde import run

@@ -1,0 +1,99 @@
+"""The layout of an Eulerian run's checkpoint (solvers.eulerian.Recorder.checkpoint_state): what its state and
+segments must hold for `solvers.checkpoint.Checkpoint.verify` to resume from them (the rules: that module's
+docstring, "Resuming").
+"""
+
+import math
+
+import torch
+import xarray as xr
+
+from spherepde.io.output import DIAGNOSTIC_ATTRS
+
+
+def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.Dataset]],
+                      case) -> tuple[str, str] | None:
+    """(file, why) when the state or the segments are not what an Eulerian run of `case` writes, else None: the
+    segments' save times in order and continuous on the case's save schedule from t = 0, each segment of this
+    case and grid with every diagnostic, the state inside the save interval after the last save, its
+    coefficients of the case's shape and dtype and finite."""
+    from spherepde.discretisation.bases import CircleBasis, SphereBasis
+
+    timing = case["time"]
+    t_end, save_every = timing["t_end"], timing["save_every"]
+    tolerance = 1e-9 * max(1.0, t_end)
+    grid = ("theta",) if case.dim == 2 else ("lat", "lon")
+    times, shapes = [], set()
+    for path, segment in segments:
+        if segment.attrs.get("case") != case.text:
+            return path, "holds the saves of another case"
+        missing = [name for name in ("density", *DIAGNOSTIC_ATTRS) if name not in segment]
+        if missing or "time" not in segment.coords or segment.sizes["time"] == 0:
+            return path, f"is not a segment of an Eulerian run (it lacks {', '.join(missing) or 'saves'})"
+        if segment["density"].dims != ("time", *grid):
+            return path, f"holds densities on {segment['density'].dims[1:]}, not on the case's grid {grid}"
+        shapes.add(segment["density"].shape[1:])
+        for t in segment["time"].values.astype(float):
+            k = len(times)
+            on_schedule = abs(t - k * save_every) <= tolerance or (abs(t - t_end) <= tolerance and k > 0 and
+                                                                  (k - 1) * save_every < t_end - tolerance)
+            if not on_schedule:
+                previous = f"after t = {times[-1]:.6g}" if times else "as the first save"
+                return path, (f"holds the save t = {t:.6g} {previous}: the segments' saves are not in order and "
+                              f"continuous from t = 0 every {save_every:g} (time.save_every)")
+            times.append(float(t))
+    if len(shapes) > 1:
+        return segments[-1][0], "holds densities on another grid than the segments before it"
+    t0 = times[-1]
+    t1 = min(t0 + save_every, t_end)
+    interval, substep, substeps, dt, t, c = (state.get(key) for key in ("interval", "substep", "substeps", "dt", "t",
+                                                                      "c"))
+    expected = (torch.complex128 if case["solver"]["dtype"] == "float64" else torch.complex64,
+                (CircleBasis if case.dim == 2 else SphereBasis).coefficient_shape(case["sphere"]["lmax"]))
+    # in order: each check may take the ones before it as passed
+    checks = [
+        (lambda: state.get("t_end") == t_end, f"holds t_end = {state.get('t_end')!r}, not the case's {t_end:g}"),
+        (lambda: is_int(interval) and interval == len(times) - 1,
+         f"is in save interval {interval!r}, not in the one after the segments' last save ({len(times) - 1})"),
+        (lambda: is_int(substeps) and substeps >= 1 and is_int(substep) and 0 <= substep <= substeps,
+         f"is at step {substep!r} of {substeps!r}, which is no step of a save interval"),
+        (lambda: _is_real(dt) and dt > 0 and abs(substeps * dt - (t1 - t0)) <= tolerance,
+         f"takes steps of dt = {dt!r}, which do not divide its save interval [{t0:.6g}, {t1:.6g}] in {substeps!r}"),
+        (lambda: _is_real(t) and abs(t - (t0 + substep * dt)) <= tolerance,
+         f"is at t = {t!r}, not at step {substep!r} of dt after the last save t = {t0:.6g}"),
+        (lambda: isinstance(c, torch.Tensor) and (c.dtype, tuple(c.shape)) == expected,
+         f"holds coefficients of {_describe_tensor(c)}, not {expected[0]} of shape {expected[1]} "
+         "(sphere.lmax, solver.dtype)"),
+        (lambda: bool(torch.isfinite(torch.view_as_real(c)).all()), "holds coefficients that are not all finite"),
+        (lambda: _recorder_layout(state.get("recorder"), t),
+         "holds recorder scalars (steps, wall_seconds, w2_error_bound, resolved_until, notes) unlike a run's"),
+        (lambda: is_int(state.get("steps")) and state["steps"] == state["recorder"]["steps"] + substep,
+         "holds a step count other than its recorder's plus its steps into the interval"),
+    ]
+    for passed, reason in checks:
+        if not passed():
+            return state_path, reason
+    return None
+
+def _recorder_layout(recorder, t) -> bool:
+    """Whether `recorder` is the scalars Recorder.checkpoint_state stores."""
+    if not isinstance(recorder, dict) or set(recorder) != {"steps", "wall_seconds", "w2_error_bound",
+                                                           "resolved_until", "notes"}:
+        return False
+    until = recorder["resolved_until"]
+    return (is_int(recorder["steps"]) and recorder["steps"] >= 0
+            and _is_real(recorder["wall_seconds"]) and recorder["wall_seconds"] >= 0
+            and _is_real(recorder["w2_error_bound"]) and recorder["w2_error_bound"] >= 0
+            and (until is None or (_is_real(until) and _is_real(t) and 0 <= until <= t))
+            and isinstance(recorder["notes"], list) and all(isinstance(note, str) for note in recorder["notes"]))
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+def _describe_tensor(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"

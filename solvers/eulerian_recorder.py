@@ -1,0 +1,178 @@
+"""What an Eulerian run records at its save times (DESIGN §4): per member the density on the grid and its
+diagnostics row (mass, mean, alignments, Lyapunov functionals from the coefficients, W2 to the projection,
+entropy, interaction and free energy, min density, spectral tail), the first loss of resolution, and the
+scalars a checkpoint stores; handed to spherepde.io.output as a plain `Saves` record.
+"""
+
+import warnings
+
+import numpy as np
+import torch
+
+from spherepde.measures import diagnostics as diag
+from spherepde.model.energy import FreeEnergy
+from spherepde.model.attention import interaction_energy, principal_subspace
+from spherepde.io.output import DIAGNOSTIC_ATTRS, eulerian_dataset
+
+from solvers.records import RunRecord
+from solvers.timegrid import Plan
+from solvers.forward_problem import ForwardProblem
+
+
+class Recorder(RunRecord):
+    """Density snapshots and diagnostics of member `member` of `problem` at save times, on the host; `controlled`:
+    the run's W_t is a trained control (the free energy then names it as what may raise F)."""
+
+    def __init__(self, problem: ForwardProblem, member: int, rho0: np.ndarray, controlled: bool = False):
+        super().__init__(problem.cases[member])
+        basis, model = problem.basis, problem.batch.models[member]
+        self.problem, self.member = problem, member
+        self.basis, self.model, self.exp_kernel = basis, model, problem.kernels.member(member)
+        self.scheme = problem.scheme.scheme
+        self.points = basis.points.reshape(-1, basis.dim).cpu().double().numpy()
+        self.weights = basis.weights.reshape(-1).cpu().double().numpy()
+        VBt = (model.V @ model.B.T).cpu().double().numpy()
+        self.subspace_E = principal_subspace(VBt)
+        self.subspace_F = principal_subspace(model.V.cpu().double().numpy())
+        self.masses_0 = rho0.reshape(-1) * self.weights
+        diagnostics = self.case["diagnostics"]
+        self.want_w2 = diagnostics["w2"]
+        self.w2_atoms, self.w2_error_bound = diagnostics["w2_atoms"], 0.0
+        self.w2_grid_bound = diag.grid_w2_bound(self.subspace_E, basis.cell_radius)
+        self.tail_tol = diagnostics["tail_tol"]
+        self.densities = []
+        self.resolved_until = None
+        self.steps = 0
+        self.free_energy = FreeEnergy.of_model(model, controlled)
+        self.batch_members = problem.members
+
+    def record(self, t: float, c: torch.Tensor) -> dict:
+        """Save the member's state c (*coeff) at time t: its density on the grid and its diagnostics row."""
+        density, row = self.measure(c)
+        self.keep(t, density, row)
+        return row
+
+    def measure(self, c: torch.Tensor) -> tuple[np.ndarray, dict]:
+        """(density on the grid, diagnostics row) of the member's coefficients c (*coeff)."""
+        basis = self.basis
+        rho = basis.synthesis(c)
+        density = rho.cpu().double().numpy()
+        masses = density.reshape(-1) * self.weights
+        m = diag.mean(self.points, masses)
+        entropy = diag.entropy(density.reshape(-1), self.weights)
+        energy = interaction_energy(self.model, self.exp_kernel, basis, rho)
+        row = {
+            "mass": float(masses.sum()),
+            "mean": m,
+            "order_parameter": float(np.linalg.norm(m)),
+            "alignment_E": diag.alignment(self.points, masses, self.subspace_E),
+            "alignment_F": diag.alignment(self.points, masses, self.subspace_F),
+            # From the coefficients, not the grid: the integrand is singular on {P_E x = 0}.
+            "lyapunov": np.array([diag.lyapunov_of_density(self._degree_sum(c), self.subspace_E, p, basis.lmax)
+                                  for p in self.lyapunov_p]),
+            "w2_projection": self._w2_projection(masses),
+            "entropy": entropy,
+            "interaction_energy": energy,
+            "free_energy": self.free_energy(entropy, energy, m),
+            "min_density": float(density.min()),
+            "spectral_tail": float(basis.spectral_tail(c)),
+        }
+        return density, row
+
+    def keep(self, t: float, density: np.ndarray, row: dict) -> None:
+        """Append a measured state to the saves, noting when the resolution is first lost."""
+        if row["spectral_tail"] > self.tail_tol and self.resolved_until is None:
+            self.resolved_until = self.times[-1] if self.times else 0.0
+            message = (f"resolution lost at t = {t:.4g}: spectral tail {row['spectral_tail']:.2e} > "
+                       f"diagnostics.tail_tol = {self.tail_tol:.0e}; results after t = {self.resolved_until:.4g} "
+                       f"are under-resolved (increase sphere.lmax or add eps)")
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            self.notes.append(message)
+        self.times.append(t)
+        self.densities.append(density)
+        self.rows.append(row)
+
+    def _degree_sum(self, c: torch.Tensor):
+        """(M, a) -> sum_l M[l] rho_l(a): the series of c at the point a, degree l weighted by M[l]."""
+        basis = self.basis
+
+        def degree_sum(multipliers: np.ndarray, point: np.ndarray) -> float:
+            weighted = c * basis.placement.tensor(multipliers)[basis.degree]
+            return float(basis.evaluate(weighted, basis.placement.tensor(point[None]))[0])
+        return degree_sum
+
+    def _w2_projection(self, masses: np.ndarray) -> float:
+        if not self.want_w2:
+            return float("nan")
+        value, bound = diag.w2_projection(self.points, masses, self.points, self.masses_0, self.subspace_E,
+                                          self.w2_atoms)
+        self.w2_error_bound = max(self.w2_error_bound, self.w2_grid_bound + bound)
+        return value
+
+    def dataset(self, status: str):
+        basis = self.basis
+        attrs = {
+            "solver": "eulerian",
+            "backend": getattr(basis, "backend", "torch-fft"),
+            "grid": "uniform" if basis.dim == 2 else "gauss-legendre",
+            "grid_shape": list(basis.grid_shape),
+            "lmax": basis.lmax,
+            "dtype": basis.placement.name,
+            "device": str(basis.placement.device),
+            "field": self.exp_kernel.name,
+            "scheme": self.scheme,
+            "steps": int(self.steps),
+            "wall_seconds": float(self.wall_seconds),
+            "batch_members": int(self.batch_members),
+            "w2_quantisation_bound": float(self.w2_error_bound),
+            "resolved_until": "end" if self.resolved_until is None else float(self.resolved_until),
+            "notes": "\n".join(self.notes),
+        }
+        return eulerian_dataset(self.saves(status, attrs, densities=self.densities), basis)
+
+    def failure_cause(self) -> str:
+        """An under-resolved density undershoots, and that is the usual cause of a failure: say so when the run
+        had lost its resolution before."""
+        if self.resolved_until is None:
+            return ""
+        last = f"spectral tail {self.rows[-1]['spectral_tail']:.2g} at the last save, " if self.rows else ""
+        return (f"; it was under-resolved after t = {self.resolved_until:.4g} ({last}diagnostics.tail_tol = "
+                f"{self.tail_tol:.0e}): increase sphere.lmax or eps")
+
+    def unsaved(self, stored: int):
+        """The saves after the first `stored` ones, as a Dataset (a checkpoint segment); None if none."""
+        if stored == len(self.times):
+            return None
+        saved = self.times, self.densities, self.rows
+        self.times, self.densities, self.rows = (values[stored:] for values in saved)
+        try:
+            return self.dataset("checkpoint segment")
+        finally:
+            self.times, self.densities, self.rows = saved
+
+    def checkpoint_state(self, c: torch.Tensor, plan: Plan, substep: int) -> dict:
+        """What a checkpoint stores: the coefficients c, `substep` of the plan's steps into its interval, and the
+        recorder's scalars."""
+        timing = self.case["time"]
+        resolved_until = None if self.resolved_until is None else float(self.resolved_until)
+        dt = float(plan.dt[0])
+        return {"case": self.case.text, "t": plan.interval.t0 + substep * dt, "t_end": timing["t_end"],
+                "steps": self.steps + substep, "c": c.cpu().clone(), "interval": plan.interval.index,
+                "substep": substep, "dt": dt, "substeps": int(plan.steps[0]),
+                "recorder": {"steps": self.steps, "wall_seconds": float(self.wall_seconds),
+                             "w2_error_bound": float(self.w2_error_bound), "resolved_until": resolved_until,
+                             "notes": list(self.notes)}}
+
+    @classmethod
+    def restored(cls, problem: ForwardProblem, segments: list, scalars: dict) -> "Recorder":
+        """A recorder of member 0 holding the saves of checkpoint `segments` and the `scalars` of checkpoint_state."""
+        times = [float(t) for segment in segments for t in segment["time"].values]
+        densities = [density for segment in segments for density in segment["density"].values]
+        rows = [{name: (values[i] if values.ndim > 1 else float(values[i]))
+                 for name, values in ((name, segment[name].values) for name in DIAGNOSTIC_ATTRS)}
+                for segment in segments for i in range(segment.sizes["time"])]
+        recorder = cls(problem, 0, densities[0])
+        recorder.times, recorder.densities, recorder.rows = times, densities, rows
+        for key, value in scalars.items():
+            setattr(recorder, key, value)
+        return recorder
