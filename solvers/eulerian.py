@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from spherepde.measures import diagnostics as diag
+from spherepde.measures.optimal_transport import grid_w2_bound, w2_projection
 from spherepde.discretisation.bases import make_basis
 from spherepde.base.device import placement as make_placement
 from spherepde.model.energy import FreeEnergy
@@ -190,7 +191,7 @@ class Recorder(WallClock):
         self.lyapunov_p = list(diagnostics["lyapunov_p"])
         self.want_w2 = diagnostics["w2"]
         self.w2_atoms, self.w2_error_bound = diagnostics["w2_atoms"], 0.0
-        self.w2_grid_bound = diag.grid_w2_bound(self.subspace_E, basis.cell_radius)
+        self.w2_grid_bound = grid_w2_bound(self.subspace_E, basis.cell_radius)
         self.tail_tol = diagnostics["tail_tol"]
         self.times, self.densities, self.rows = [], [], []
         self.resolved_until = None
@@ -257,8 +258,8 @@ class Recorder(WallClock):
     def _w2_projection(self, masses: np.ndarray) -> float:
         if not self.want_w2:
             return float("nan")
-        value, bound = diag.w2_projection(self.points, masses, self.points, self.masses_0, self.subspace_E,
-                                          self.w2_atoms)
+        value, bound = w2_projection(self.points, masses, self.points, self.masses_0, self.subspace_E,
+                                     self.w2_atoms)
         self.w2_error_bound = max(self.w2_error_bound, self.w2_grid_bound + bound)
         return value
 
