@@ -43,7 +43,7 @@ from benchmarks import particles_vs_eulerian as cost_benchmark  # noqa: E402
 from spherepde.io.case import case_from_dict  # noqa: E402
 from spherepde.analysis.compare import write_report  # noqa: E402
 from spherepde.analysis.concentration import hemisphere_mass  # noqa: E402
-from spherepde.measures.diagnostics import wasserstein2  # noqa: E402
+from spherepde.measures.optimal_transport import wasserstein2  # noqa: E402
 from spherepde.model.attention import principal_subspace  # noqa: E402
 from spherepde.io.output import write_dataset  # noqa: E402
 from spherepde.model.sampling import DensityFileSampler  # noqa: E402

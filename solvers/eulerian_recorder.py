@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from spherepde.measures import diagnostics as diag
+from spherepde.measures.optimal_transport import grid_w2_bound, w2_projection
 from spherepde.model.energy import FreeEnergy
 from spherepde.model.attention import interaction_energy, principal_subspace
 from spherepde.io.output import DIAGNOSTIC_ATTRS, eulerian_dataset
@@ -38,7 +39,7 @@ class Recorder(RunRecord):
         diagnostics = self.case["diagnostics"]
         self.want_w2 = diagnostics["w2"]
         self.w2_atoms, self.w2_error_bound = diagnostics["w2_atoms"], 0.0
-        self.w2_grid_bound = diag.grid_w2_bound(self.subspace_E, basis.cell_radius)
+        self.w2_grid_bound = grid_w2_bound(self.subspace_E, basis.cell_radius)
         self.tail_tol = diagnostics["tail_tol"]
         self.densities = []
         self.resolved_until = None
@@ -104,8 +105,8 @@ class Recorder(RunRecord):
     def _w2_projection(self, masses: np.ndarray) -> float:
         if not self.want_w2:
             return float("nan")
-        value, bound = diag.w2_projection(self.points, masses, self.points, self.masses_0, self.subspace_E,
-                                          self.w2_atoms)
+        value, bound = w2_projection(self.points, masses, self.points, self.masses_0, self.subspace_E,
+                                     self.w2_atoms)
         self.w2_error_bound = max(self.w2_error_bound, self.w2_grid_bound + bound)
         return value
 

@@ -35,10 +35,10 @@ depend on the batch it runs in: a batched member is its serial run bit for bit o
 import math
 
 import numpy as np
-import ot
 import torch
 
 from spherepde.measures import diagnostics as diag
+from spherepde.measures.sample_statistics import half_sample_bias, mean_and_error, paired_w2
 from spherepde.geometry.ambient import tangent_projection
 from spherepde.base.device import placement as make_placement
 from spherepde.model.energy import FreeEnergy
@@ -147,146 +147,6 @@ class Integrator:
 
 # Above S^2 measures cannot be quantised: w2_projection is exact OT up to this many particles.
 EXACT_W2_ABOVE_S2 = 3000
-
-
-def mean_and_error(values: np.ndarray) -> tuple[float, float]:
-    """Empirical mean of a per-particle integrand and its standard error std / sqrt(n)."""
-    n = values.shape[0]
-    return float(values.mean()), float(values.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-
-
-def c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndarray, block: int = 8192) -> np.ndarray:
-    """u(x) = min_j (|x - a_j|^2 - potential_j): a Kantorovich potential extended to any point x.
-
-    |x - a|^2 = |x|^2 + |a|^2 - 2 <x, a> by one matrix product per block (6x faster than forming
-    x - a; the cancellation costs ~1e-15 absolute, far below the standard errors this feeds).
-    """
-    shift = (atoms ** 2).sum(1) - potential
-    return np.concatenate([(block_points ** 2).sum(1) + (shift - 2 * block_points @ atoms.T).min(1)
-                           for block_points in (points[s:s + block] for s in range(0, points.shape[0], block))])
-
-
-def empirical_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int):
-    """Exact OT (POT emd, chordal cost) between the empirical measures (1/n each) of `points` and `targets`,
-    each quantised like diagnostics.quantise above `max_atoms`: (atoms of both, POT's log with the cost and the
-    potentials u, v, quantisation bound)."""
-    masses = np.full(points.shape[0], 1 / points.shape[0])
-    a_points, a, a_bound = diag.quantise(points, masses, max_atoms)
-    b_points, b, b_bound = diag.quantise(targets, masses, max_atoms)
-    cost = ot.dist(a_points, b_points, metric="sqeuclidean")
-    _, log = ot.emd(a / a.sum(), b / b.sum(), cost, numItermax=10_000_000, log=True)
-    return a_points, b_points, log, a_bound + b_bound
-
-
-# A circular rearrangement whose W2 is within this of its dual lower bound is taken as W2 (round-off of the sums
-# is ~1e-15 in W2^2, ~sqrt of that in W2); above it the exact solver decides.
-CERTIFIED_W2 = 1e-7
-
-
-def circle_transport(points: np.ndarray, targets: np.ndarray) -> tuple[float, float, np.ndarray]:
-    """The circular monotone rearrangement between the empirical measures (1/n each) of n points and n targets
-    on S^1, chordal cost: (its cost, a lower bound on the optimal cost, h) with h_i = u(x_i) + v(y_i) at
-    dual-feasible Kantorovich potentials (u, v) of that coupling.
-
-    With the angles sorted, theta_(i) and phi_(j), the couplings theta_(i) -> phi_(i + k mod n) cost
-        C(k) = (1/n) sum_i (2 - 2 cos(theta_(i) - phi_(i+k))) = 2 - (2/n) Re sum_i conj(z_(i)) w_(i+k),
-    z = e^{i theta}, w = e^{i phi},
-    a circular cross-correlation: all n shifts by one FFT, O(n log n), where exact OT of the quantised measures
-    took 97% of a particle run's time.  For a cost convex in the displacement the best shift is optimal (Delon,
-    Salomon & Sobolevski 2010); the chordal cost is concave beyond pi/2, where a plan moving some mass the other
-    way round can be cheaper (up to 7% on far-apart vMF samples of 200 points; round-off where no pair moved
-    beyond pi/3).  Hence the certificate: potentials u along the coupling's cyclic order (Rockafellar's
-    construction for c(x, y) = |x - y|^2, u_(0) = 0, each step between the bounds its two neighbouring pairs
-    set, so that the steps close the cycle), then v = u^c, v(y) = min_i c(x_i, y) - u_i, so that u_i + v_j <= c_ij
-    for every pair: the dual value mean(u) + mean(v) is a lower bound on the optimal cost, equal to C(k) (to
-    ~1e-17) when the coupling is optimal.  The c-transform costs n^2 distance terms in blocks (0.4 s at n = 1e4).
-    """
-    angle = lambda x: np.arctan2(x[:, 1], x[:, 0])  # noqa: E731
-    order_a, order_b = np.argsort(angle(points), kind="stable"), np.argsort(angle(targets), kind="stable")
-    sorted_points = points[order_a]
-    correlation = np.fft.ifft(np.fft.fft(sorted_points @ np.array([1.0, 1j])).conj()
-                              * np.fft.fft(targets[order_b] @ np.array([1.0, 1j])))
-    partner = np.roll(order_b, -int(np.argmax(correlation.real)))  # the target paired with the i-th point in order
-    chordal = lambda x, y: ((x - y) ** 2).sum(1)  # noqa: E731
-    paired = chordal(sorted_points, targets[partner])
-    following = np.roll(sorted_points, -1, axis=0)
-    # u_(i+1) - u_(i) lies in [lower_i, upper_i] for u_i + v_j <= c_ij on the neighbouring pairs (i+1, partner(i))
-    # and (i, partner(i+1)), which for a cost convex in the displacement imply it for all pairs
-    upper = chordal(following, targets[partner]) - paired
-    lower = np.roll(paired, -1) - chordal(sorted_points, np.roll(targets[partner], -1, axis=0))
-    # round the circle the steps must sum to 0: sum(lower) = n (C(k) - C(k + 1)) <= 0 <= n (C(k - 1) - C(k)) =
-    # sum(upper) at the best shift k, so one fraction of each interval closes the cycle
-    width = (upper - lower).sum()
-    fraction = float(np.clip(-lower.sum() / width, 0.0, 1.0)) if width > 0 else 0.0
-    u = np.concatenate([[0.0], np.cumsum(lower + fraction * (upper - lower))[:-1]])
-    v = c_transform(targets, sorted_points, u, block=1024)
-    u_of = np.empty(points.shape[0])
-    u_of[order_a] = u
-    return float(paired.mean()), float(u.mean() + v.mean()), u_of + v
-
-
-def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[float, np.ndarray, float]:
-    """(W2^2, h, error bound on W2) of `paired_w2`: on S^1 the certified circular rearrangement, else (or
-    where it is not certified) exact OT of the measures quantised above `max_atoms`."""
-    if points.shape[1] == 2:
-        cost, lower, h = circle_transport(points, targets)
-        bound = math.sqrt(max(cost, 0.0)) - math.sqrt(min(max(lower, 0.0), max(cost, 0.0)))
-        if bound <= CERTIFIED_W2:
-            return cost, h, bound
-    a_points, b_points, log, bound = empirical_transport(points, targets, max_atoms)
-    h = c_transform(points, b_points, log["v"]) + c_transform(targets, a_points, log["u"])
-    return float(log["cost"]), h, bound
-
-
-def paired_w2(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[float, float, float]:
-    """W2 between the empirical measures of `points` and of `targets` (paired: row i of both is particle i).
-
-    On S^1 the circular monotone rearrangement of all n pairs (`circle_transport`, no quantisation) where its
-    dual certifies it to CERTIFIED_W2; elsewhere exact OT (POT emd, chordal cost), each measure quantised like
-    diagnostics.quantise above `max_atoms`.
-    Standard error by linearisation at the Kantorovich potentials (u, v): W2^2 ~ (1/n) sum_i h_i with
-    h_i = u(x_i) + v(y_i) (u, v extended off the atoms by c-transforms), so SE(W2^2) = std(h) / sqrt(n) and
-    SE(W2) = SE(W2^2) / (2 W2).  Returns (W2, SE, error bound: quantisation, or the rearrangement's certified
-    excess).
-    """
-    cost, h, bound = paired_transport(points, targets, max_atoms)
-    w2 = math.sqrt(max(cost, 0.0))
-    _, error = mean_and_error(h)
-    return w2, (error / (2 * w2) if w2 > 0 else math.nan), bound
-
-
-# Halvings averaged by `half_sample_bias` (8 half samples, about the cost of paired_w2 once more): across 40 runs of
-# n = 300 at W2 = 0 the estimate's standard deviation was 20-30% of its mean, a third to a half of the standard
-# error of W2^2; the verdicts measured in compare._w2_projection_bias include that noise.
-HALVINGS = 4
-
-
-def half_sample_bias(points: np.ndarray, targets: np.ndarray, max_atoms: int, squared: float,
-                     halvings: int = HALVINGS) -> float:
-    """An estimate of the finite-n bias of the squared paired W2 of `paired_w2`, E W2^2(mu_n, nu_n) - W2^2(mu, nu),
-    from the sample itself (Richardson extrapolation over the sample size, a half-sample jackknife); `squared` is
-    W2^2(mu_n, nu_n) of all n pairs.
-
-    The empirical measures of n pairs (x_i, y_i) overestimate W2^2 by about c / n (the sampling error of both
-    measures has to be transported too: on S^1 E W2^2(mu_n, mu) ~ c / n for a density bounded below), so a half
-    sample of m = n / 2 pairs overestimates it by 2 c / n and
-
-        b_n = mean over halves H of W2^2(mu_H, nu_H) - W2^2(mu_n, nu_n)
-
-    has mean c / n.  The halves are `halvings` fixed random partitions of the rows (the same for every run:
-    the particles are exchangeable, so any fixed partition is as good as a fresh one), both halves of each.
-    Paired rows close to each other (t near 0) make both terms small: the estimate follows the pairing.
-    Measured on noisy Kuramoto runs on S^1 (n = 300, 40 seeds): within the seeds' noise of the true bias when
-    W2 ~ 0.04-0.26, and 25-35% below it at W2 = 0 (a stationary law, where the bias decays more slowly than
-    1 / n at this n); where the rate is slower than 1 / n (S^2: log n / n) the estimate is low by that much.
-    """
-    if points.shape[0] < 4:
-        return math.nan
-    halves = []
-    for halving in range(halvings):
-        order = np.random.default_rng(halving).permutation(points.shape[0])
-        halves += [paired_transport(points[half], targets[half], max_atoms)[0] for half in np.array_split(order, 2)]
-    return float(np.mean(halves)) - squared
 
 
 class ParticleRecorder(RunRecord):

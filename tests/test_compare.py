@@ -11,8 +11,9 @@ import xarray as xr
 import spherepde
 from conftest import make_case
 from spherepde.cli import main
-from spherepde.analysis.compare import circle_w2, compare, max_z_probability, measure, refined_circle_measure, w2_between
+from spherepde.analysis.compare import compare, max_z_probability, measure, refined_circle_measure
 from spherepde.io.output import split_both, write_dataset
+from spherepde.measures.optimal_transport import circle_w2, w2_between
 from spherepde.model.sampling import von_mises_fisher
 
 
@@ -55,13 +56,13 @@ def test_circle_w2_of_broad_measures_is_certified_within_its_bound(turn):
 
 def test_circle_w2_beyond_the_certified_size_has_no_bound():
     """Above CERTIFIED_PAIRS atom pairs the c-transforms are not paid: the bound is NaN (not certified), not 0."""
-    import spherepde.analysis.compare as comparison
+    from spherepde.measures import optimal_transport
 
     angles = 2 * np.pi * np.arange(300) / 300
     a, b = np.exp(2 * np.cos(angles)), np.exp(2 * np.cos(angles - 0.25))
     certified = circle_w2(on_circle(angles), a, on_circle(angles), b)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(comparison, "CERTIFIED_PAIRS", 300 * 300 - 1)
+        patch.setattr(optimal_transport, "CERTIFIED_PAIRS", 300 * 300 - 1)
         value, largest, bound = circle_w2(on_circle(angles), a, on_circle(angles), b)
     assert (value, largest) == certified[:2] and certified[2] <= 1e-9 and math.isnan(bound)
 

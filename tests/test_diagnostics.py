@@ -17,6 +17,7 @@ from scipy.special import beta as beta_function
 from scipy.special import i0e
 
 from spherepde.measures import diagnostics as diag
+from spherepde.measures import optimal_transport
 from spherepde.discretisation.bases import make_basis
 from spherepde.base.device import placement
 
@@ -125,10 +126,10 @@ def test_pushforward_splits_grid_nodes_on_the_singular_set():
         assert basis.grid_shape[1] % 4 == 0
         points = basis.points.reshape(-1, 3).double().numpy()
         masses = basis.weights.reshape(-1).double().numpy() * (1 + 0.6 * points[:, 1]) / (4 * math.pi)
-        atoms, pushed = diag.pushforward(points, masses, e1)
+        atoms, pushed = optimal_transport.pushforward(points, masses, e1)
         assert pushed[atoms[:, 0] > 0].sum() == pytest.approx(0.5, abs=1e-7 if dtype == "float32" else 1e-14)
         tilted = masses * (1 + 0.5 * points[:, 0])
-        results.append(diag.w2_projection(points, tilted / tilted.sum(), points, masses, e1)[0])
+        results.append(optimal_transport.w2_projection(points, tilted / tilted.sum(), points, masses, e1)[0])
     assert results[0] == pytest.approx(results[1], rel=1e-6)
 
 
@@ -136,9 +137,9 @@ def test_w2_of_a_measure_without_positive_mass_is_nan():
     # A density the grid does not see (all nodes 0, or negative) has nothing to normalise into a probability.
     points = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
     masses = np.array([0.2, 0.5, 0.3])
-    assert np.isclose(diag.wasserstein2(points, masses, points, masses)[0], 0.0, atol=1e-7)
+    assert np.isclose(optimal_transport.wasserstein2(points, masses, points, masses)[0], 0.0, atol=1e-7)
     for empty in (np.zeros(3), -masses):
-        value, bound = diag.wasserstein2(points, empty, points, masses)
+        value, bound = optimal_transport.wasserstein2(points, empty, points, masses)
         assert math.isnan(value) and bound == 0.0
 
 
@@ -155,8 +156,8 @@ def test_w2_projection_lies_within_its_stored_bound_of_the_densities_w2():
     angles = 2 * np.pi * np.arange(fine) / fine
     circle = np.stack([np.cos(angles), np.sin(angles)], axis=1)
     times = np.arange(5) * 0.15
-    references = [diag.wasserstein2(circle, np.exp(2 * np.cos(angles)), circle, np.exp(2 * np.cos(angles - t)),
-                                    max_atoms=fine)[0] for t in times]
+    references = [optimal_transport.wasserstein2(circle, np.exp(2 * np.cos(angles)), circle,
+                                                 np.exp(2 * np.cos(angles - t)), max_atoms=fine)[0] for t in times]
     for lmax in (12, 48):
         case = make_case(2, lmax, model={"kernel": "unnormalized", "beta": 0.0, "V": [[0.0, 0.0], [0.0, 0.0]],
                                          "W": [[0.0, -1.0], [1.0, 0.0]], "eps": 0.0},

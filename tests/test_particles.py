@@ -21,8 +21,9 @@ from spherepde.base.errors import CaseError
 from spherepde.model.attention import Model, ModelBatch
 from spherepde.io.output import split_both
 from spherepde.model.sampling import DensityFileSampler, initial_particles, uniform, vmf_mixture, von_mises_fisher
+from spherepde.measures.optimal_transport import c_transform, empirical_transport
 from solvers.particle_field import ParticleField, fused_softmax_mean, hardmax_mean
-from solvers.particles import Integrator, c_transform, empirical_transport, noise_variance, run_particles
+from solvers.particles import Integrator, noise_variance, run_particles
 from test_eulerian import hemisphere_mass
 
 CPU64 = placement("cpu", "float64")
@@ -477,7 +478,8 @@ def test_circle_rearrangement_is_bracketed_by_its_dual_and_exact_where_certified
     """circle_transport's cost is an upper bound on the exact OT cost (POT emd, all n x n pairs) and its dual a
     lower one; where they meet (paired_w2 then takes it) the value is the exact W2 and the linearised standard error
     that of emd's own potentials.  Samples far apart (mass moved by a radian or more) may be left uncertified."""
-    from solvers.particles import CERTIFIED_W2, circle_transport, paired_w2
+    from spherepde.measures.optimal_transport import CERTIFIED_W2, circle_transport
+    from spherepde.measures.sample_statistics import paired_w2
     rng, certified = np.random.default_rng(3), 0
     for kappa, offset in [(0.2, 0.0), (1.0, 0.5), (4.0, 1.0), (16.0, 2.5), (1.0, 3.0), (4.0, 0.1)]:
         theta = rng.vonmises(0.0, kappa, 200)

@@ -9,8 +9,9 @@ from PIL import Image
 import spherepde
 from spherepde.cli import main
 from spherepde.io.output import write_dataset
-from spherepde.analysis.plotting import (PIXELS, SphereDensity, SphereView, _circle_centre, _circle_window, _controls, _curves,
-                                _diagnostics, _disk_points, _view_frame)
+from spherepde.analysis.diagnostic_panels import _controls, _curves, _diagnostics
+from spherepde.analysis.plotting import _circle_centre, _circle_window
+from spherepde.analysis.sphere_view import PIXELS, SphereDensity, SphereView, _disk_points, _view_frame
 from spherepde.api.sweep import combine, plan, run_batch
 from test_cli import SMALL_S1
 

@@ -22,56 +22,33 @@ gives P(max|z|) of M, the probability that M independent standard normal errors 
 by chance alone now and then, and a "disagrees" with a large P is what chance gives.
 
 W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
-density (Eulerian) or 1/n for the saved particles:
-  * S^1: for any sizes, by the circular monotone rearrangement with the optimal shift
-    (`circle_w2`) and a certified bound on its excess over W2 from its own Kantorovich
-    potentials (`w2_bound`; 0 up to round-off where it is optimal; NaN, not computed, above
-    CERTIFIED_PAIRS atom pairs, e.g. 1e5 particles against the refined density).  The chordal
-    cost is concave beyond pi/2, so for broad measures a plan moving a little mass the long way
-    round can be cheaper: a vMF of kappa = 2 against itself turned by 0.75 rad (200 atoms) is
-    9.2e-5 (relative) above exact OT.  Where the bound exceeds CERTIFIED and the cost matrix
-    has at most EXACT_PAIRS entries, POT's exact solver is used.
-    An Eulerian density is first re-synthesised on REFINED_CIRCLE points (spectral
-    interpolation, exact for the band-limited density), so that W2 measures the density itself
-    and not its grid (a uniform M-point grid is within W2 ~ pi / (M sqrt 3) of the density it
-    samples).
-  * S^2 and above: exact OT (POT emd) when the cost matrix has at most EXACT_PAIRS
-    entries; above that both measures are quantised onto the same cells of at most
-    `atoms` atoms and the exact OT of the quantised measures is reported with its error
-    bound (`w2_bound`).  No Sinkhorn: its entropic bias is of the order of the
-    regularisation and has no computable bound, while quantisation has one.
+density (Eulerian) or 1/n for the saved particles, by spherepde.measures.optimal_transport.w2_between
+(S^1: the certified circular monotone rearrangement, else exact OT, quantised above `atoms` atoms) with
+its error bound (`w2_bound`).  On S^1 an Eulerian density is first re-synthesised on REFINED_CIRCLE points
+(spectral interpolation, exact for the band-limited density), so that W2 measures the density itself
+and not its grid (a uniform M-point grid is within W2 ~ pi / (M sqrt 3) of the density it samples).
 Writes REPORT.nc (the side-by-side series, z-scores, W2(t), verdicts as attributes) and
 REPORT.png (each diagnostic of both runs with the band +- k stderr, and W2(t)).
 """
 
-import collections
 import math
 import os
 import textwrap
 
 import numpy as np
-import ot
 import xarray as xr
-from scipy.optimize import minimize_scalar
 
-from spherepde.measures import diagnostics as diag
+from spherepde.measures.optimal_transport import w2_between
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
 from spherepde.io.output import DIAGNOSTIC_ATTRS, history, split_both, write_dataset
 from spherepde.io.summary import open_result
 
 REFINED_CIRCLE = 2 ** 13
-EXACT_PAIRS = 10_000_000
-SHIFT_SCAN = 64
-KINK_WINDOW = 1e-7
-MAX_KINKS = 64
-SUPPORT_LENGTH = 1e-14  # coupling pieces shorter than this are round-off at a kink
-CERTIFIED = 1e-7  # a circle W2 this close to optimal needs no exact solver (W2 is the root of a cost: ~sqrt(eps))
-CERTIFIED_PAIRS = 2 ** 26  # the bound's c-transforms take ~2 s at 8192 x 8192 atoms; above this it is NaN
 
 
 # ---------------------------------------------------------------------------------------
-# Measures and W2
+# Measures
 # ---------------------------------------------------------------------------------------
 
 
@@ -103,117 +80,6 @@ def refined_circle_measure(density: np.ndarray, lmax: int, points: int = REFINED
     fine = CircleBasis(lmax, cpu, points)
     values = fine.synthesis(coefficients).numpy()
     return fine.points.numpy(), values * (2 * math.pi / points)
-
-
-def _normalised(masses: np.ndarray) -> np.ndarray:
-    masses = np.maximum(masses, diag.DENSITY_FLOOR)
-    return masses / masses.sum()
-
-
-def circle_w2(points_a, masses_a, points_b, masses_b) -> tuple[float, float, float]:
-    """W2 on S^1 with the chordal cost 2 - 2 cos(theta - phi) by the circular monotone rearrangement: (its W2,
-    its largest displacement, a certified bound on how far that W2 lies above the optimal one, NaN above
-    CERTIFIED_PAIRS atom pairs).
-
-    With quantile functions q_a, q_b of the angles on [0, 1) (periodic), the coupling
-    u -> (q_a(u), q_b(u + s)) costs C(s) = int_0^1 (2 - 2 cos(q_a(u) - q_b(u + s))) du, piecewise linear
-    in s.  The minimum is bracketed by a scan of SHIFT_SCAN shifts, located by a bounded scalar search and
-    refined on the kinks nearby.  For a cost convex in the displacement it is the optimal transport cost
-    (Delon, Salomon & Sobolevski 2010); the chordal cost is concave beyond pi/2, and for broad measures a
-    plan moving a little mass the long way round can be cheaper.  The bound (`_circle_lower_bound`) comes
-    from the coupling's own Kantorovich potentials: 0 up to round-off when the coupling is optimal.
-    """
-    def quantiles(points, masses):
-        angles = np.mod(np.arctan2(points[:, 1], points[:, 0]), 2 * np.pi)
-        order = np.argsort(angles, kind="stable")
-        cumulative = np.cumsum(_normalised(masses)[order])
-        cumulative[-1] = 1.0
-        return cumulative, angles[order]
-
-    (cum_a, ang_a), (cum_b, ang_b) = quantiles(points_a, masses_a), quantiles(points_b, masses_b)
-
-    def pieces(s):
-        cuts = np.sort(np.concatenate([[0.0, 1.0], cum_a[:-1], np.mod(cum_b - s, 1.0)]))
-        middle, length = 0.5 * (cuts[1:] + cuts[:-1]), np.diff(cuts)
-        index_a = np.minimum(np.searchsorted(cum_a, middle, side="right"), len(cum_a) - 1)
-        index_b = np.minimum(np.searchsorted(cum_b, np.mod(middle + s, 1.0), side="right"), len(cum_b) - 1)
-        return length, index_a, index_b
-
-    def cost(s):
-        length, index_a, index_b = pieces(s)
-        return float(length @ (2 - 2 * np.cos(ang_a[index_a] - ang_b[index_b])))
-
-    scan = np.arange(SHIFT_SCAN) / SHIFT_SCAN
-    best = scan[np.argmin([cost(s) for s in scan])]
-    found = minimize_scalar(cost, bounds=(best - 1 / SHIFT_SCAN, best + 1 / SHIFT_SCAN), method="bounded",
-                            options={"xatol": 1e-12}).x
-    # The minimum of a piecewise-linear C sits on a kink s = cum_b[j] - cum_a[i] (mod 1): try those
-    # within KINK_WINDOW of the search's answer (whose tolerance is ~1e-8 relative).
-    periodic = np.concatenate([cum_a - 1, cum_a, cum_a + 1])
-    target = np.mod(cum_b - found, 1.0)
-    low = np.searchsorted(periodic, target - KINK_WINDOW)
-    high = np.searchsorted(periodic, target + KINK_WINDOW)
-    kinks = [np.mod(cum_b[j] - periodic[i], 1.0) for j in range(len(cum_b)) for i in range(low[j], high[j])]
-    shift = min([found] + kinks[:MAX_KINKS], key=cost)
-    length, index_a, index_b = pieces(shift)
-    value = math.sqrt(max(cost(shift), 0.0))
-    wrapped = np.abs(np.angle(np.exp(1j * (ang_a[index_a] - ang_b[index_b]))))
-    largest = float(wrapped[length > 0].max())
-    if len(cum_a) * len(cum_b) > CERTIFIED_PAIRS:
-        return value, largest, math.nan
-    # at a kink one piece has a round-off length: leaving it out leaves the coupling's support a tree
-    support = length > SUPPORT_LENGTH
-    lower = _circle_lower_bound(ang_a, np.diff(cum_a, prepend=0.0), ang_b, np.diff(cum_b, prepend=0.0),
-                                index_a[support], index_b[support])
-    return value, largest, max(value - math.sqrt(min(max(lower, 0.0), value ** 2)), 0.0)
-
-
-def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b, block: int = 512) -> float:
-    """A lower bound on the optimal chordal transport cost between (angles_a, a) and (angles_b, b): the
-    potentials u_i + v_j = c_ij along the coupling's support edges (index_a[k], index_b[k]) (a breadth-first
-    walk from each unvisited atom: any offset between parts keeps the bound valid), made dual-feasible by
-    c-transforms, u = v^c and then v = u^c (each row or column minimum of c - v, c - u, in blocks); the dual
-    value a u + b v is the optimal cost when the coupling is optimal, and below it in every case."""
-    neighbours_a, neighbours_b = [[] for _ in a], [[] for _ in b]
-    for i, j in zip(index_a, index_b):
-        neighbours_a[i].append(j)
-        neighbours_b[j].append(i)
-    u, v = np.full(len(a), np.nan), np.full(len(b), np.nan)
-    for root in range(len(a)):
-        if not np.isnan(u[root]):
-            continue
-        u[root], queue = 0.0, collections.deque([(True, root)])
-        while queue:
-            on_a, node = queue.popleft()
-            for other in (neighbours_a if on_a else neighbours_b)[node]:
-                known = v if on_a else u
-                if np.isnan(known[other]):
-                    i, j = (node, other) if on_a else (other, node)
-                    known[other] = 2 - 2 * math.cos(angles_a[i] - angles_b[j]) - (u[i] if on_a else v[j])
-                    queue.append((not on_a, other))
-    v = np.nan_to_num(v)
-
-    def transform(angles_rows, angles_columns, potential):
-        return np.concatenate([(2 - 2 * np.cos(angles_rows[k:k + block, None] - angles_columns[None, :])
-                                - potential[None, :]).min(1) for k in range(0, len(angles_rows), block)])
-    u = transform(angles_a, angles_b, v)
-    v = transform(angles_b, angles_a, u)
-    return float(a @ u + b @ v)
-
-
-def w2_between(points_a, masses_a, points_b, masses_b, atoms: int) -> tuple[float, float, str]:
-    """W2 between two discrete measures on the sphere (chordal cost): (value, error bound, method)."""
-    if points_a.shape[1] == 2:
-        value, _, bound = circle_w2(points_a, masses_a, points_b, masses_b)
-        if bound <= CERTIFIED or len(masses_a) * len(masses_b) > EXACT_PAIRS:
-            return value, bound, ("circular monotone rearrangement (within w2_bound of W2, by its dual; "
-                                  "w2_bound NaN: too many atoms to certify)")
-    if len(masses_a) * len(masses_b) <= EXACT_PAIRS:
-        cost = ot.dist(points_a, points_b, metric="sqeuclidean")
-        value = ot.emd2(_normalised(masses_a), _normalised(masses_b), cost, numItermax=10_000_000)
-        return math.sqrt(max(value, 0.0)), 0.0, "exact (POT emd)"
-    value, bound = diag.wasserstein2(points_a, masses_a, points_b, masses_b, atoms)
-    return value, bound, f"POT emd of both measures quantised to <= {atoms} atoms (error <= w2_bound)"
 
 
 # ---------------------------------------------------------------------------------------
@@ -282,9 +148,10 @@ def _w2_projection_bias(a: xr.Dataset, b: xr.Dataset) -> np.ndarray:
     """The expected B - A of w2_projection, at the shared times, from the finite-n bias of particle runs.
 
     A particle run's W2_n^2 exceeds W2^2 by about its stored estimate s = w2_projection_squared_bias
-    (solvers.particles.half_sample_bias; s = 0 for an exact run or one written without it), so its W2_n is about
-    sqrt(W2^2 + s).  W2^2 is taken from the run with the smaller |s|, as max(W2_n^2 - s, 0) (the exact run's own
-    value when one is exact: the bias is evaluated at the other run's value, as for the order parameter), and
+    (spherepde.measures.sample_statistics.half_sample_bias; s = 0 for an exact run or one written without it), so
+    its W2_n is about sqrt(W2^2 + s).  W2^2 is taken from the run with the smaller |s|, as max(W2_n^2 - s, 0) (the
+    exact run's own value when one is exact: the bias is evaluated at the other run's value, as for the order
+    parameter), and
 
         bias = sqrt(W2^2 + s_B) - sqrt(W2^2 + s_A),
 

@@ -1,6 +1,11 @@
 """Which solver a case names, and running it: the one entry point behind `spherepde.run` and `spherepde run`."""
 
+from typing import TYPE_CHECKING
+
 from spherepde.base.errors import CaseError, NumericalFailure
+
+if TYPE_CHECKING:  # the case module brings in numpy and xarray: not at `import spherepde`
+    from spherepde.io.case import Case
 
 
 def run(case: "Case", progress: bool | None = None, checkpoint=None):

@@ -108,7 +108,7 @@ def diagnostic_variables(rows: list[dict]) -> dict:
         dims = ("time", "component") if name == "mean" else ("time", "lyapunov_p") if name == "lyapunov" else ("time",)
         for key, description in ((name, long_name), (f"{name}_stderr", f"Monte Carlo standard error of {name}"),
                                  (f"{name}_squared_bias", f"estimated finite-n bias of the square of {name} "
-                                  "(solvers.particles.half_sample_bias)")):
+                                  "(spherepde.measures.sample_statistics.half_sample_bias)")):
             if key in rows[0]:
                 values = np.array([row[key] for row in rows], dtype=float)
                 variables[key] = (dims, values, {"long_name": description} | ({"units": units} if units else {}))

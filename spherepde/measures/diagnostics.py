@@ -8,7 +8,6 @@ with masses 1/n.  Arrays are numpy float64; points (n, d), masses (n,).
 import functools
 
 import numpy as np
-import ot
 from scipy.special import eval_legendre, roots_jacobi
 
 # Densities from a spectral solution can undershoot zero near steep gradients; transport
@@ -109,101 +108,3 @@ def projection(points: np.ndarray, subspace: np.ndarray) -> np.ndarray:
     inside = points @ subspace
     norm = np.linalg.norm(inside, axis=-1, keepdims=True)
     return np.where(norm > 0, inside / np.where(norm > 0, norm, 1.0), 0.0) @ subspace.T
-
-
-def merge_atoms(points: np.ndarray, masses: np.ndarray, decimals: int = 12):
-    """A discrete measure with coincident atoms merged and massless atoms dropped."""
-    keep = masses > 0
-    points, masses = points[keep], masses[keep]
-    unique, inverse = np.unique(np.round(points, decimals), axis=0, return_inverse=True)
-    return unique, np.bincount(inverse.ravel(), weights=masses, minlength=len(unique))
-
-
-def quantise(points: np.ndarray, masses: np.ndarray, max_atoms: int):
-    """Aggregate a measure on S^1 / S^2 into at most ~max_atoms cells of an angle grid.
-
-    Each cell's mass sits at the normalised mass-weighted mean of its points.  Returns
-    (points, masses, bound) where bound >= W2(mu, quantised mu): the largest chordal cell
-    diameter (0 when nothing was aggregated).  By the triangle inequality a W2 between two
-    quantised measures is within the sum of their bounds of the W2 between the originals.
-    """
-    points, masses = merge_atoms(points, masses)
-    if len(masses) <= max_atoms:
-        return points, masses, 0.0
-    dim = points.shape[1]
-    if dim == 2:
-        bins = max_atoms
-        cell = np.floor((np.arctan2(points[:, 1], points[:, 0]) + np.pi) / (2 * np.pi) * bins).astype(int) % bins
-        angle = 2 * np.pi / bins
-    elif dim == 3:
-        rows = max(1, int(np.sqrt(max_atoms / 2)))
-        colatitude = np.arccos(np.clip(points[:, 2], -1, 1))
-        row = np.minimum((colatitude / np.pi * rows).astype(int), rows - 1)
-        column = np.floor((np.arctan2(points[:, 1], points[:, 0]) + np.pi) / (2 * np.pi) * 2 * rows).astype(int)
-        cell = row * 2 * rows + column % (2 * rows)
-        angle = np.sqrt(2) * np.pi / rows
-    else:
-        raise ValueError(f"cannot quantise a measure on S^{dim - 1} for exact transport")
-    label, cell = np.unique(cell, return_inverse=True)
-    cell_mass = np.bincount(cell, weights=masses)
-    centre = np.stack([np.bincount(cell, weights=masses * points[:, k]) for k in range(dim)], axis=1)
-    centre /= np.linalg.norm(centre, axis=1, keepdims=True)
-    return centre, cell_mass, float(2 * np.sin(min(angle, np.pi) / 2))
-
-
-def wasserstein2(points_a, masses_a, points_b, masses_b, max_atoms: int = 1000) -> tuple[float, float]:
-    """W2 between two discrete measures on the sphere, chordal cost |x - y|^2, by exact OT (POT emd).
-
-    Negative masses are floored to 0 and both measures normalised to probability.  A
-    measure with more than `max_atoms` atoms is first quantised (see `quantise`).
-    Returns (W2, error bound from the quantisation; 0 when none was needed); NaN when a
-    measure has no positive mass (a density the grid does not see: nothing to normalise).
-    """
-    a_points, a, a_bound = quantise(points_a, np.maximum(masses_a, DENSITY_FLOOR), max_atoms)
-    b_points, b, b_bound = quantise(points_b, np.maximum(masses_b, DENSITY_FLOOR), max_atoms)
-    if not (a.sum() > 0 and b.sum() > 0):
-        return float("nan"), 0.0
-    cost = ot.dist(a_points, b_points, metric="sqeuclidean")
-    value = ot.emd2(a / a.sum(), b / b.sum(), cost, numItermax=10_000_000)
-    return float(np.sqrt(max(value, 0.0))), a_bound + b_bound
-
-
-def w2_projection(points, masses, points_0, masses_0, subspace: np.ndarray | None,
-                  max_atoms: int = 1000) -> tuple[float, float]:
-    """W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x|, and its quantisation bound (NaN when E is undefined)."""
-    if subspace is None:
-        return float("nan"), 0.0
-    return wasserstein2(points, masses, *pushforward(points_0, masses_0, subspace), max_atoms)
-
-
-def grid_w2_bound(subspace: np.ndarray | None, radius: float) -> float:
-    """How far W2(rho_t, Pi_# rho_0) between densities can lie from the W2 between their grid measures (the
-    atoms x_i with their quadrature masses, each standing for its cell of chordal radius `radius`): 2 r, a
-    bound when Pi is the identity (E the whole space: each cell's mass moves at most r, on either side).
-    For a proper subspace E, Pi is discontinuous on {P_E x = 0}: the cells it cuts can send mass across, and
-    a bound of the same coupling grows as sqrt(r) (0.37 at lmax 32 on S^1) while the error measured there
-    is 3e-4 (grid nodes on the set split their mass, and the two sides balance); 2 r is then an estimate,
-    not a bound.  A bound for cell masses; the quadrature masses differ from them at second order."""
-    return 0.0 if subspace is None else 2 * radius
-
-
-# |P_E x| below which a point counts as lying on {P_E x = 0}, where Pi is undefined: grid coordinates
-# carry round-off of ~1e-16 (float64) to ~1e-7 (float32), the nearest other nodes sit >= ~1e-3 away.
-_SINGULAR_TOL = 1e-6
-
-
-def pushforward(points: np.ndarray, masses: np.ndarray, subspace: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Pi_# of the weighted points (x_i, m_i): atoms Pi(x_i) with masses m_i.
-
-    {P_E x = 0} has measure zero, but a quadrature grid can have nodes on it (with nlon divisible by 4 the
-    meridians phi = +-pi/2 when E = span(e_1)); such a node stands for a cell that the set cuts in two
-    halves, so its mass is split equally over the 2 dim(E) atoms +-e_k of E.  Left to round-off, Pi would
-    send the whole meridian to one side: float32 and float64 runs of one case then differed by 2.5e-2 in
-    w2_projection."""
-    singular = np.linalg.norm(points @ subspace, axis=-1) <= _SINGULAR_TOL
-    if not singular.any():
-        return projection(points, subspace), masses
-    axes = np.concatenate([subspace.T, -subspace.T])
-    spread = np.repeat(masses[singular] / len(axes), len(axes))
-    return (np.concatenate([projection(points[~singular], subspace), np.tile(axes, (int(singular.sum()), 1))]),
-            np.concatenate([masses[~singular], spread]))

@@ -1,0 +1,227 @@
+"""The diagnostics panels of a result figure: the time series of DESIGN §4, one panel each, and a training's.
+
+A panel draws a diagnostic of the run and, in a solver = "both" file, of its particle run (prefix "particles_"),
+with bands of +-2 standard errors where the run has them (`<name>_stderr`); "mass drift" is |mass - mass(0)|,
+and w2_projection has the band W2 +- w2_quantisation_bound.  The under-resolved stretch (after `resolved_until`)
+is shaded and a failed run's last good save marked.  The checks of the numerics (NUMERICS) sit in a row of their
+own below the physics; panels that say nothing (missing, all NaN, constant) are left out.  A sweep (a `member`
+dimension) draws the diagnostics of every member, labelled by the swept keys; a training (controls `W`, a cost
+per `iteration`) adds |W_t|_F per layer and J = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt over the optimiser's
+iterations.
+"""
+
+import math
+import tomllib
+
+import numpy as np
+
+from spherepde.io.output import BOTH_PREFIX, failed_parts
+
+# (title, variables, y scale): one panel each; "mass drift" is |mass - mass(0)|.  The physics first; the checks of
+# the numerics (NUMERICS) in a lower row of their own, so that they never take a physics panel's place.
+PANELS = [
+    ("order parameter |∫x dρ|", ["order_parameter"], "linear"),
+    ("alignment", ["alignment_E", "alignment_F"], "linear"),
+    ("Lyapunov V_p", ["lyapunov"], "log"),
+    ("W2(ρ_t, Π#ρ_0)", ["w2_projection"], "linear"),
+    ("free energy F", ["free_energy"], "linear"),
+    ("energy gap: E, or its interaction part, - min", ["energy_gap", "interaction_gap"], "log"),
+    ("angle of the mean [rad]", ["mean_angle"], "linear"),
+    ("adjoint |∇φ_t| in L²(μ_t)", ["adjoint_norm"], "log"),
+    ("min ρ", ["min_density"], "linear"),
+    ("spectral tail", ["spectral_tail"], "log"),
+    ("mass drift |m - m(0)|", ["mass"], "linear"),
+]
+NUMERICS = ("min_density", "spectral_tail", "mass")
+
+
+def _case(dataset) -> dict:
+    """The run's resolved case (attribute `case`) as a table; {} if absent or unreadable."""
+    try:
+        return tomllib.loads(dataset.attrs.get("case", ""))
+    except tomllib.TOMLDecodeError:
+        return {}
+
+
+def _mark_failures(axis, dataset, vertical: bool = True) -> None:
+    """A dashed red line at the last good save of each run of the file that failed (vertical: on a time axis
+    along x; else along y), labelled for the legend."""
+    for which, _, last_good in failed_parts(dataset):
+        if last_good is not None:
+            (axis.axvline if vertical else axis.axhline)(last_good, color="firebrick", ls="--", lw=1.0,
+                                                         label=f"{which} failed after t = {last_good:.3g}")
+
+
+def _curves(dataset, name: str) -> list[tuple[str, object, object]]:
+    """A diagnostic's curves as (label, values, standard error or None): the run's own and, in a
+    solver = "both" file, the particle run's (prefix "particles_"); mass becomes its drift from t = 0."""
+    own = "particles" if dataset.attrs.get("solver") == "particles" else "Eulerian"
+    curves = []
+    for key, label in ((name, own), (BOTH_PREFIX + name, "particles")):
+        if key not in dataset:
+            continue
+        values, stderr = dataset[key], dataset.get(key + "_stderr")
+        if not np.isfinite(values).any():
+            continue
+        if stderr is not None and not (np.nan_to_num(stderr.values) > 0).any():
+            stderr = None
+        if name == "mass":
+            values = np.abs(values - values.isel(time=0))
+        extra = [dim for dim in values.dims if dim not in ("time", "member")]
+        if not extra:
+            curves.append((label, values, stderr))
+            continue
+        for coordinate in values[extra[0]].values:
+            pick = {extra[0]: coordinate}
+            curves.append((f"{label}, {extra[0]} = {float(coordinate):g}", values.sel(pick),
+                           None if stderr is None else stderr.sel(pick)))
+    return curves
+
+
+def _informative(dataset, names: list[str]) -> bool:
+    """False for panels that say nothing: missing, all NaN, constant, or Lyapunov when E is everything."""
+    present = [key for name in names for key in (name, BOTH_PREFIX + name) if key in dataset]
+    if not present or (names == ["mass"] and "density" not in dataset):  # particles carry mass 1 exactly
+        return False
+    if "lyapunov" in names and "alignment_E" in dataset and np.allclose(dataset["alignment_E"], 1, atol=1e-12):
+        return False
+    for name in present:
+        values = np.asarray(dataset[name].values, dtype=float)
+        finite = values[np.isfinite(values)]
+        if finite.size and (name == "mass" or np.ptp(finite) > 1e-12 * max(1.0, np.abs(finite).max())):
+            return True
+    return False
+
+
+def _limits(axis, curves: list, scale: str) -> None:
+    """Log scale where asked and every value is positive; y limits from the curves, with a margin
+    of the typical band width, so that a band that blows up (a standard error at W2 = 0) is clipped."""
+    values = np.concatenate([np.asarray(values, float).ravel() for _, values, _ in curves])
+    values = values[np.isfinite(values)]
+    if scale == "log" and values.size and values.min() > 0:
+        axis.set_yscale("log")
+        return
+    bands = [2 * np.asarray(stderr, float).ravel() for _, _, stderr in curves if stderr is not None]
+    if not bands or not values.size:
+        return
+    low, high = values.min(), values.max()
+    margin = max(0.05 * (high - low), float(np.nanmedian(np.concatenate(bands))))
+    if margin > 0:
+        axis.set_ylim(low - margin, high + margin)
+
+
+def _member_labels(dataset) -> list[str]:
+    """One label per sweep member from its swept coordinates."""
+    names = [name for name in dataset.coords if dataset[name].dims == ("member",) and name != "member"]
+    return [", ".join(f"{dataset[name].attrs.get('long_name', name).split()[-1]} = {dataset[name].values[i]}"
+                      for name in names) or f"member {i}" for i in range(dataset.sizes["member"])]
+
+
+def _filled_axes(subfigure, count: int, per_row: int = 4, **subplot_kw) -> list:
+    """`count` axes in rows of at most `per_row`, as even as they go, every row filled (no empty slots); none for
+    count 0 (a failed run whose few saves make no diagnostic informative)."""
+    if count == 0:
+        return []
+    rows = max(1, math.ceil(count / per_row))
+    sizes = [count // rows + (row < count % rows) for row in range(rows)]
+    parts = [subfigure] if rows == 1 else subfigure.subfigures(rows, 1)
+    return [axis for part, size in zip(parts, sizes) for axis in part.subplots(1, size, squeeze=False,
+                                                                                 subplot_kw=subplot_kw)[0]]
+
+
+def _free_energy_title(dataset) -> str:
+    """The free-energy panel's title: whether this flow dissipates F (spherepde.model.energy)."""
+    from spherepde.model.energy import FreeEnergy
+
+    model = _case(dataset).get("model", {})
+    try:
+        energy = FreeEnergy.of(model["kernel"], float(model["beta"]), model["B"], model["V"], model["W"],
+                               float(model["eps"]), controlled=bool(_case(dataset).get("control")))
+    except (KeyError, TypeError, ValueError):
+        return "free energy F"
+    return "free energy F (dissipated by this flow)" if energy.dissipated else "free energy F (W may raise it)"
+
+
+def _w2_bound(axis, dataset, time) -> None:
+    """The band W2 +- w2_quantisation_bound (the largest over the run) around an Eulerian w2_projection."""
+    bound = dataset.attrs.get("w2_quantisation_bound")
+    single = "member" not in dataset.dims
+    if "w2_projection" in dataset and isinstance(bound, float) and 0 < bound < math.inf and single:
+        values = dataset["w2_projection"].values
+        axis.fill_between(time, np.maximum(values - bound, 0), values + bound, color="0.6", alpha=0.18, lw=0,
+                          label=f"± {bound:.2g}: w2_quantisation_bound, on the error of W2")
+
+
+def _diagnostics(subfigure, dataset) -> None:
+    """One panel per informative diagnostic (the checks of the numerics in a row below the physics); bands of
+    +-2 standard errors where the run has them."""
+    panels = [panel for panel in PANELS if _informative(dataset, panel[1])]
+    training = [panel for panel in TRAINING_PANELS if panel[1] in dataset.dims and "member" not in dataset.dims]
+    checks = [panel for panel in panels if panel[1][0] in NUMERICS]
+    panels = [panel for panel in panels if panel not in checks] + checks
+    physics = len(panels) - len(checks) + len(training)
+    if checks and physics:
+        top, bottom = subfigure.subfigures(2, 1, height_ratios=[2.2 if physics > 4 else 1.3, 1])
+        upper = _filled_axes(top, physics)
+        split = len(panels) - len(checks)  # physics panels, then the checks, then the training panels
+        axes = upper[:split] + _filled_axes(bottom, len(checks)) + upper[split:]
+    else:
+        axes = _filled_axes(subfigure, len(panels) + len(training))
+    time = dataset["time"].values
+    resolved_until = dataset.attrs.get("resolved_until", "end")
+    members = _member_labels(dataset) if "member" in dataset.dims else None
+    for axis, (title, names, scale) in zip(axes, panels):
+        # a panel of several variables names each curve by its variable (alignment_E beside alignment_F)
+        curves = [(f"{name}, {label}" if len(names) > 1 else label, values, stderr)
+                  for name in names for label, values, stderr in _curves(dataset, name)]
+        for label, values, stderr in curves:
+            if members is not None:
+                for i, member in enumerate(members):
+                    axis.plot(time, values.isel(member=i), lw=1.2, label=member)
+                continue
+            (line,) = axis.plot(time, values, lw=1.4, label=label)
+            if stderr is not None:
+                axis.fill_between(time, values - 2 * stderr, values + 2 * stderr, color=line.get_color(), alpha=0.25,
+                                  lw=0, label=f"{label} ± 2 s.e.")
+        if names == ["w2_projection"]:
+            _w2_bound(axis, dataset, time)
+        _limits(axis, curves, scale)
+        if not isinstance(resolved_until, str):
+            axis.axvspan(float(resolved_until), time[-1], color="0.88", zorder=0, label="under-resolved")
+        if members is None:
+            _mark_failures(axis, dataset)
+        axis.set_title(_free_energy_title(dataset) if names == ["free_energy"] else title, fontsize=10)
+        axis.set_xlabel("time (depth)")
+        axis.grid(True, alpha=0.3)
+        if members is None and len(axis.get_legend_handles_labels()[0]) > 1:
+            axis.legend(fontsize=7, frameon=False)
+    for axis, (title, _, draw) in zip(axes[len(panels):], training):
+        draw(axis, dataset)
+        axis.set_title(title, fontsize=10)
+        axis.grid(True, alpha=0.3)
+    if members is not None and panels:
+        subfigure.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
+
+
+def _controls(axis, dataset) -> None:
+    """|W_t|_F over depth: the piecewise-constant control, layer l on [l t_end / L, (l + 1) t_end / L]."""
+    norms = np.sqrt((dataset["W"].values ** 2).sum(axis=(1, 2)))
+    t_end = float(_case(dataset).get("time", {}).get("t_end", dataset["time"].values[-1]))
+    axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4, baseline=None)  # no drop to 0 at the ends
+    if (norms > 0).all():
+        axis.set_yscale("log")
+    axis.set_xlabel("time (depth)")
+
+
+def _training_cost(axis, dataset) -> None:
+    """The optimiser's course: J = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt at each iteration."""
+    axis.plot(dataset["iteration"].values, dataset["loss"].values, lw=1.4, marker=".", label="J")
+    if "terminal_loss" in dataset:
+        axis.plot(dataset["iteration"].values, dataset["terminal_loss"].values, lw=1.0, ls="--", marker="x",
+                  label="l(μ_T)")
+        axis.legend(fontsize=7, frameon=False)
+    axis.set_xlabel("iteration")
+
+
+# Training files (controls W per layer, a cost per iteration): (title, the dimension that marks them, drawing).
+TRAINING_PANELS = [("controls |W_t|_F", "layer", _controls), ("training cost", "iteration", _training_cost)]

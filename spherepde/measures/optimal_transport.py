@@ -1,0 +1,335 @@
+"""Optimal transport on the sphere: W2 between discrete measures, chordal cost c(x, y) = |x - y|^2.
+
+    W2(mu, nu)^2 = min over couplings pi of (mu, nu) of int |x - y|^2 dpi(x, y)
+                 = max over u(x) + v(y) <= |x - y|^2 of int u dmu + int v dnu   (Kantorovich duality)
+
+A measure is given as weighted points (points (n, d), masses (n,), numpy float64): an Eulerian density as grid
+points with masses w_j rho(x_j) (quadrature weights times density; negative masses floored at DENSITY_FLOOR),
+particles as their positions with masses 1/n.  The computations:
+  * exact OT (POT emd).  A measure of more than `max_atoms` atoms is first quantised onto the cells of an angle
+    grid (`quantise`), each cell's mass at its normalised mass-weighted mean; the largest chordal cell diameter
+    bounds W2(mu, quantised mu), so by the triangle inequality a W2 between quantised measures is within the sum
+    of both bounds of the W2 between the originals (`wasserstein2`).  No Sinkhorn: its entropic bias is of the
+    order of the regularisation and has no computable bound, while quantisation has one.
+  * W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x| (diagnostics.projection; `pushforward`, `w2_projection`), and
+    how far the W2 between grid measures can lie from the one between their densities (`grid_w2_bound`).
+  * S^1, weighted measures of any sizes (`circle_w2`, `w2_between`): the circular monotone rearrangement with
+    the optimal shift and a certified bound on its excess over W2 from its own Kantorovich potentials (0 up to
+    round-off where it is optimal; NaN, not computed, above CERTIFIED_PAIRS atom pairs, e.g. 1e5 particles
+    against a refined density).  The chordal cost is concave beyond pi/2, so for broad measures a plan moving a
+    little mass the long way round can be cheaper: a vMF of kappa = 2 against itself turned by 0.75 rad (200
+    atoms) is 9.2e-5 (relative) above exact OT.  Where the bound exceeds CERTIFIED_W2 and the cost matrix has
+    at most EXACT_PAIRS entries, POT's exact solver is used; S^2 and above: exact OT up to EXACT_PAIRS
+    entries, above that both measures quantised to at most `atoms` atoms, with the quantisation bound.
+  * S^1, two empirical measures of n points each (`circle_transport`): the circular monotone rearrangement by
+    one FFT, certified by the dual value of potentials along its cyclic order and their c-transform
+    (`c_transform`, u(x) = min_j |x - a_j|^2 - v_j); elsewhere exact OT of the quantised empirical measures
+    with POT's potentials (`empirical_transport`).  `paired_transport` chooses, for the particle solver's
+    w2_projection and its standard error (spherepde.measures.sample_statistics).
+"""
+
+import collections
+import math
+
+import numpy as np
+import ot
+from scipy.optimize import minimize_scalar
+
+from spherepde.measures.diagnostics import DENSITY_FLOOR, projection
+
+EXACT_PAIRS = 10_000_000
+SHIFT_SCAN = 64
+KINK_WINDOW = 1e-7
+MAX_KINKS = 64
+SUPPORT_LENGTH = 1e-14  # coupling pieces shorter than this are round-off at a kink
+CERTIFIED_PAIRS = 2 ** 26  # the bound's c-transforms take ~2 s at 8192 x 8192 atoms; above this it is NaN
+# A circular rearrangement whose W2 is within this of its dual lower bound is taken as W2 (round-off of the sums
+# is ~1e-15 in W2^2, ~sqrt of that in W2: W2 is the root of a cost); above it the exact solver decides.
+CERTIFIED_W2 = 1e-7
+
+
+def merge_atoms(points: np.ndarray, masses: np.ndarray, decimals: int = 12):
+    """A discrete measure with coincident atoms merged and massless atoms dropped."""
+    keep = masses > 0
+    points, masses = points[keep], masses[keep]
+    unique, inverse = np.unique(np.round(points, decimals), axis=0, return_inverse=True)
+    return unique, np.bincount(inverse.ravel(), weights=masses, minlength=len(unique))
+
+
+def quantise(points: np.ndarray, masses: np.ndarray, max_atoms: int):
+    """Aggregate a measure on S^1 / S^2 into at most ~max_atoms cells of an angle grid.
+
+    Each cell's mass sits at the normalised mass-weighted mean of its points.  Returns
+    (points, masses, bound) where bound >= W2(mu, quantised mu): the largest chordal cell
+    diameter (0 when nothing was aggregated).  By the triangle inequality a W2 between two
+    quantised measures is within the sum of their bounds of the W2 between the originals.
+    """
+    points, masses = merge_atoms(points, masses)
+    if len(masses) <= max_atoms:
+        return points, masses, 0.0
+    dim = points.shape[1]
+    if dim == 2:
+        bins = max_atoms
+        cell = np.floor((np.arctan2(points[:, 1], points[:, 0]) + np.pi) / (2 * np.pi) * bins).astype(int) % bins
+        angle = 2 * np.pi / bins
+    elif dim == 3:
+        rows = max(1, int(np.sqrt(max_atoms / 2)))
+        colatitude = np.arccos(np.clip(points[:, 2], -1, 1))
+        row = np.minimum((colatitude / np.pi * rows).astype(int), rows - 1)
+        column = np.floor((np.arctan2(points[:, 1], points[:, 0]) + np.pi) / (2 * np.pi) * 2 * rows).astype(int)
+        cell = row * 2 * rows + column % (2 * rows)
+        angle = np.sqrt(2) * np.pi / rows
+    else:
+        raise ValueError(f"cannot quantise a measure on S^{dim - 1} for exact transport")
+    label, cell = np.unique(cell, return_inverse=True)
+    cell_mass = np.bincount(cell, weights=masses)
+    centre = np.stack([np.bincount(cell, weights=masses * points[:, k]) for k in range(dim)], axis=1)
+    centre /= np.linalg.norm(centre, axis=1, keepdims=True)
+    return centre, cell_mass, float(2 * np.sin(min(angle, np.pi) / 2))
+
+
+def wasserstein2(points_a, masses_a, points_b, masses_b, max_atoms: int = 1000) -> tuple[float, float]:
+    """W2 between two discrete measures on the sphere, chordal cost |x - y|^2, by exact OT (POT emd).
+
+    Negative masses are floored to 0 and both measures normalised to probability.  A
+    measure with more than `max_atoms` atoms is first quantised (see `quantise`).
+    Returns (W2, error bound from the quantisation; 0 when none was needed); NaN when a
+    measure has no positive mass (a density the grid does not see: nothing to normalise).
+    """
+    a_points, a, a_bound = quantise(points_a, np.maximum(masses_a, DENSITY_FLOOR), max_atoms)
+    b_points, b, b_bound = quantise(points_b, np.maximum(masses_b, DENSITY_FLOOR), max_atoms)
+    if not (a.sum() > 0 and b.sum() > 0):
+        return float("nan"), 0.0
+    cost = ot.dist(a_points, b_points, metric="sqeuclidean")
+    value = ot.emd2(a / a.sum(), b / b.sum(), cost, numItermax=10_000_000)
+    return float(np.sqrt(max(value, 0.0))), a_bound + b_bound
+
+
+def w2_projection(points, masses, points_0, masses_0, subspace: np.ndarray | None,
+                  max_atoms: int = 1000) -> tuple[float, float]:
+    """W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x|, and its quantisation bound (NaN when E is undefined)."""
+    if subspace is None:
+        return float("nan"), 0.0
+    return wasserstein2(points, masses, *pushforward(points_0, masses_0, subspace), max_atoms)
+
+
+def grid_w2_bound(subspace: np.ndarray | None, radius: float) -> float:
+    """How far W2(rho_t, Pi_# rho_0) between densities can lie from the W2 between their grid measures (the
+    atoms x_i with their quadrature masses, each standing for its cell of chordal radius `radius`): 2 r, a
+    bound when Pi is the identity (E the whole space: each cell's mass moves at most r, on either side).
+    For a proper subspace E, Pi is discontinuous on {P_E x = 0}: the cells it cuts can send mass across, and
+    a bound of the same coupling grows as sqrt(r) (0.37 at lmax 32 on S^1) while the error measured there
+    is 3e-4 (grid nodes on the set split their mass, and the two sides balance); 2 r is then an estimate,
+    not a bound.  A bound for cell masses; the quadrature masses differ from them at second order."""
+    return 0.0 if subspace is None else 2 * radius
+
+
+# |P_E x| below which a point counts as lying on {P_E x = 0}, where Pi is undefined: grid coordinates
+# carry round-off of ~1e-16 (float64) to ~1e-7 (float32), the nearest other nodes sit >= ~1e-3 away.
+_SINGULAR_TOL = 1e-6
+
+
+def pushforward(points: np.ndarray, masses: np.ndarray, subspace: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pi_# of the weighted points (x_i, m_i): atoms Pi(x_i) with masses m_i.
+
+    {P_E x = 0} has measure zero, but a quadrature grid can have nodes on it (with nlon divisible by 4 the
+    meridians phi = +-pi/2 when E = span(e_1)); such a node stands for a cell that the set cuts in two
+    halves, so its mass is split equally over the 2 dim(E) atoms +-e_k of E.  Left to round-off, Pi would
+    send the whole meridian to one side: float32 and float64 runs of one case then differed by 2.5e-2 in
+    w2_projection."""
+    singular = np.linalg.norm(points @ subspace, axis=-1) <= _SINGULAR_TOL
+    if not singular.any():
+        return projection(points, subspace), masses
+    axes = np.concatenate([subspace.T, -subspace.T])
+    spread = np.repeat(masses[singular] / len(axes), len(axes))
+    return (np.concatenate([projection(points[~singular], subspace), np.tile(axes, (int(singular.sum()), 1))]),
+            np.concatenate([masses[~singular], spread]))
+
+
+def _normalised(masses: np.ndarray) -> np.ndarray:
+    masses = np.maximum(masses, DENSITY_FLOOR)
+    return masses / masses.sum()
+
+
+def circle_w2(points_a, masses_a, points_b, masses_b) -> tuple[float, float, float]:
+    """W2 on S^1 with the chordal cost 2 - 2 cos(theta - phi) by the circular monotone rearrangement: (its W2,
+    its largest displacement, a certified bound on how far that W2 lies above the optimal one, NaN above
+    CERTIFIED_PAIRS atom pairs).
+
+    With quantile functions q_a, q_b of the angles on [0, 1) (periodic), the coupling
+    u -> (q_a(u), q_b(u + s)) costs C(s) = int_0^1 (2 - 2 cos(q_a(u) - q_b(u + s))) du, piecewise linear
+    in s.  The minimum is bracketed by a scan of SHIFT_SCAN shifts, located by a bounded scalar search and
+    refined on the kinks nearby.  For a cost convex in the displacement it is the optimal transport cost
+    (Delon, Salomon & Sobolevski 2010); the chordal cost is concave beyond pi/2, and for broad measures a
+    plan moving a little mass the long way round can be cheaper.  The bound (`_circle_lower_bound`) comes
+    from the coupling's own Kantorovich potentials: 0 up to round-off when the coupling is optimal.
+    """
+    def quantiles(points, masses):
+        angles = np.mod(np.arctan2(points[:, 1], points[:, 0]), 2 * np.pi)
+        order = np.argsort(angles, kind="stable")
+        cumulative = np.cumsum(_normalised(masses)[order])
+        cumulative[-1] = 1.0
+        return cumulative, angles[order]
+
+    (cum_a, ang_a), (cum_b, ang_b) = quantiles(points_a, masses_a), quantiles(points_b, masses_b)
+
+    def pieces(s):
+        cuts = np.sort(np.concatenate([[0.0, 1.0], cum_a[:-1], np.mod(cum_b - s, 1.0)]))
+        middle, length = 0.5 * (cuts[1:] + cuts[:-1]), np.diff(cuts)
+        index_a = np.minimum(np.searchsorted(cum_a, middle, side="right"), len(cum_a) - 1)
+        index_b = np.minimum(np.searchsorted(cum_b, np.mod(middle + s, 1.0), side="right"), len(cum_b) - 1)
+        return length, index_a, index_b
+
+    def cost(s):
+        length, index_a, index_b = pieces(s)
+        return float(length @ (2 - 2 * np.cos(ang_a[index_a] - ang_b[index_b])))
+
+    scan = np.arange(SHIFT_SCAN) / SHIFT_SCAN
+    best = scan[np.argmin([cost(s) for s in scan])]
+    found = minimize_scalar(cost, bounds=(best - 1 / SHIFT_SCAN, best + 1 / SHIFT_SCAN), method="bounded",
+                            options={"xatol": 1e-12}).x
+    # The minimum of a piecewise-linear C sits on a kink s = cum_b[j] - cum_a[i] (mod 1): try those
+    # within KINK_WINDOW of the search's answer (whose tolerance is ~1e-8 relative).
+    periodic = np.concatenate([cum_a - 1, cum_a, cum_a + 1])
+    target = np.mod(cum_b - found, 1.0)
+    low = np.searchsorted(periodic, target - KINK_WINDOW)
+    high = np.searchsorted(periodic, target + KINK_WINDOW)
+    kinks = [np.mod(cum_b[j] - periodic[i], 1.0) for j in range(len(cum_b)) for i in range(low[j], high[j])]
+    shift = min([found] + kinks[:MAX_KINKS], key=cost)
+    length, index_a, index_b = pieces(shift)
+    value = math.sqrt(max(cost(shift), 0.0))
+    wrapped = np.abs(np.angle(np.exp(1j * (ang_a[index_a] - ang_b[index_b]))))
+    largest = float(wrapped[length > 0].max())
+    if len(cum_a) * len(cum_b) > CERTIFIED_PAIRS:
+        return value, largest, math.nan
+    # at a kink one piece has a round-off length: leaving it out leaves the coupling's support a tree
+    support = length > SUPPORT_LENGTH
+    lower = _circle_lower_bound(ang_a, np.diff(cum_a, prepend=0.0), ang_b, np.diff(cum_b, prepend=0.0),
+                                index_a[support], index_b[support])
+    return value, largest, max(value - math.sqrt(min(max(lower, 0.0), value ** 2)), 0.0)
+
+
+def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b, block: int = 512) -> float:
+    """A lower bound on the optimal chordal transport cost between (angles_a, a) and (angles_b, b): the
+    potentials u_i + v_j = c_ij along the coupling's support edges (index_a[k], index_b[k]) (a breadth-first
+    walk from each unvisited atom: any offset between parts keeps the bound valid), made dual-feasible by
+    c-transforms, u = v^c and then v = u^c (each row or column minimum of c - v, c - u, in blocks); the dual
+    value a u + b v is the optimal cost when the coupling is optimal, and below it in every case."""
+    neighbours_a, neighbours_b = [[] for _ in a], [[] for _ in b]
+    for i, j in zip(index_a, index_b):
+        neighbours_a[i].append(j)
+        neighbours_b[j].append(i)
+    u, v = np.full(len(a), np.nan), np.full(len(b), np.nan)
+    for root in range(len(a)):
+        if not np.isnan(u[root]):
+            continue
+        u[root], queue = 0.0, collections.deque([(True, root)])
+        while queue:
+            on_a, node = queue.popleft()
+            for other in (neighbours_a if on_a else neighbours_b)[node]:
+                known = v if on_a else u
+                if np.isnan(known[other]):
+                    i, j = (node, other) if on_a else (other, node)
+                    known[other] = 2 - 2 * math.cos(angles_a[i] - angles_b[j]) - (u[i] if on_a else v[j])
+                    queue.append((not on_a, other))
+    v = np.nan_to_num(v)
+
+    def transform(angles_rows, angles_columns, potential):
+        return np.concatenate([(2 - 2 * np.cos(angles_rows[k:k + block, None] - angles_columns[None, :])
+                                - potential[None, :]).min(1) for k in range(0, len(angles_rows), block)])
+    u = transform(angles_a, angles_b, v)
+    v = transform(angles_b, angles_a, u)
+    return float(a @ u + b @ v)
+
+
+def w2_between(points_a, masses_a, points_b, masses_b, atoms: int) -> tuple[float, float, str]:
+    """W2 between two discrete measures on the sphere (chordal cost): (value, error bound, method)."""
+    if points_a.shape[1] == 2:
+        value, _, bound = circle_w2(points_a, masses_a, points_b, masses_b)
+        if bound <= CERTIFIED_W2 or len(masses_a) * len(masses_b) > EXACT_PAIRS:
+            return value, bound, ("circular monotone rearrangement (within w2_bound of W2, by its dual; "
+                                  "w2_bound NaN: too many atoms to certify)")
+    if len(masses_a) * len(masses_b) <= EXACT_PAIRS:
+        cost = ot.dist(points_a, points_b, metric="sqeuclidean")
+        value = ot.emd2(_normalised(masses_a), _normalised(masses_b), cost, numItermax=10_000_000)
+        return math.sqrt(max(value, 0.0)), 0.0, "exact (POT emd)"
+    value, bound = wasserstein2(points_a, masses_a, points_b, masses_b, atoms)
+    return value, bound, f"POT emd of both measures quantised to <= {atoms} atoms (error <= w2_bound)"
+
+
+def c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndarray, block: int = 8192) -> np.ndarray:
+    """u(x) = min_j (|x - a_j|^2 - potential_j): a Kantorovich potential extended to any point x.
+
+    |x - a|^2 = |x|^2 + |a|^2 - 2 <x, a> by one matrix product per block (6x faster than forming
+    x - a; the cancellation costs ~1e-15 absolute, far below the standard errors this feeds).
+    """
+    shift = (atoms ** 2).sum(1) - potential
+    return np.concatenate([(block_points ** 2).sum(1) + (shift - 2 * block_points @ atoms.T).min(1)
+                           for block_points in (points[s:s + block] for s in range(0, points.shape[0], block))])
+
+
+def empirical_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int):
+    """Exact OT (POT emd, chordal cost) between the empirical measures (1/n each) of `points` and `targets`,
+    each quantised by `quantise` above `max_atoms`: (atoms of both, POT's log with the cost and the
+    potentials u, v, quantisation bound)."""
+    masses = np.full(points.shape[0], 1 / points.shape[0])
+    a_points, a, a_bound = quantise(points, masses, max_atoms)
+    b_points, b, b_bound = quantise(targets, masses, max_atoms)
+    cost = ot.dist(a_points, b_points, metric="sqeuclidean")
+    _, log = ot.emd(a / a.sum(), b / b.sum(), cost, numItermax=10_000_000, log=True)
+    return a_points, b_points, log, a_bound + b_bound
+
+
+def circle_transport(points: np.ndarray, targets: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """The circular monotone rearrangement between the empirical measures (1/n each) of n points and n targets
+    on S^1, chordal cost: (its cost, a lower bound on the optimal cost, h) with h_i = u(x_i) + v(y_i) at
+    dual-feasible Kantorovich potentials (u, v) of that coupling.
+
+    With the angles sorted, theta_(i) and phi_(j), the couplings theta_(i) -> phi_(i + k mod n) cost
+        C(k) = (1/n) sum_i (2 - 2 cos(theta_(i) - phi_(i+k))) = 2 - (2/n) Re sum_i conj(z_(i)) w_(i+k),
+    z = e^{i theta}, w = e^{i phi},
+    a circular cross-correlation: all n shifts by one FFT, O(n log n), where exact OT of the quantised measures
+    took 97% of a particle run's time.  For a cost convex in the displacement the best shift is optimal (Delon,
+    Salomon & Sobolevski 2010); the chordal cost is concave beyond pi/2, where a plan moving some mass the other
+    way round can be cheaper (up to 7% on far-apart vMF samples of 200 points; round-off where no pair moved
+    beyond pi/3).  Hence the certificate: potentials u along the coupling's cyclic order (Rockafellar's
+    construction for c(x, y) = |x - y|^2, u_(0) = 0, each step between the bounds its two neighbouring pairs
+    set, so that the steps close the cycle), then v = u^c, v(y) = min_i c(x_i, y) - u_i, so that u_i + v_j <= c_ij
+    for every pair: the dual value mean(u) + mean(v) is a lower bound on the optimal cost, equal to C(k) (to
+    ~1e-17) when the coupling is optimal.  The c-transform costs n^2 distance terms in blocks (0.4 s at n = 1e4).
+    """
+    angle = lambda x: np.arctan2(x[:, 1], x[:, 0])  # noqa: E731
+    order_a, order_b = np.argsort(angle(points), kind="stable"), np.argsort(angle(targets), kind="stable")
+    sorted_points = points[order_a]
+    correlation = np.fft.ifft(np.fft.fft(sorted_points @ np.array([1.0, 1j])).conj()
+                              * np.fft.fft(targets[order_b] @ np.array([1.0, 1j])))
+    partner = np.roll(order_b, -int(np.argmax(correlation.real)))  # the target paired with the i-th point in order
+    chordal = lambda x, y: ((x - y) ** 2).sum(1)  # noqa: E731
+    paired = chordal(sorted_points, targets[partner])
+    following = np.roll(sorted_points, -1, axis=0)
+    # u_(i+1) - u_(i) lies in [lower_i, upper_i] for u_i + v_j <= c_ij on the neighbouring pairs (i+1, partner(i))
+    # and (i, partner(i+1)), which for a cost convex in the displacement imply it for all pairs
+    upper = chordal(following, targets[partner]) - paired
+    lower = np.roll(paired, -1) - chordal(sorted_points, np.roll(targets[partner], -1, axis=0))
+    # round the circle the steps must sum to 0: sum(lower) = n (C(k) - C(k + 1)) <= 0 <= n (C(k - 1) - C(k)) =
+    # sum(upper) at the best shift k, so one fraction of each interval closes the cycle
+    width = (upper - lower).sum()
+    fraction = float(np.clip(-lower.sum() / width, 0.0, 1.0)) if width > 0 else 0.0
+    u = np.concatenate([[0.0], np.cumsum(lower + fraction * (upper - lower))[:-1]])
+    v = c_transform(targets, sorted_points, u, block=1024)
+    u_of = np.empty(points.shape[0])
+    u_of[order_a] = u
+    return float(paired.mean()), float(u.mean() + v.mean()), u_of + v
+
+
+def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[float, np.ndarray, float]:
+    """(W2^2, h, error bound on W2) of `paired_w2`: on S^1 the certified circular rearrangement, else (or
+    where it is not certified) exact OT of the measures quantised above `max_atoms`."""
+    if points.shape[1] == 2:
+        cost, lower, h = circle_transport(points, targets)
+        bound = math.sqrt(max(cost, 0.0)) - math.sqrt(min(max(lower, 0.0), max(cost, 0.0)))
+        if bound <= CERTIFIED_W2:
+            return cost, h, bound
+    a_points, b_points, log, bound = empirical_transport(points, targets, max_atoms)
+    h = c_transform(points, b_points, log["v"]) + c_transform(targets, a_points, log["u"])
+    return float(log["cost"]), h, bound
