@@ -1,0 +1,210 @@
+"""What a particle run records at its save times: the diagnostics of DESIGN §4 as empirical averages over the
+tokens with their Monte Carlo standard errors (the formulas: `ParticleRecorder`), and the first particles.save
+positions; handed to spherepde.io.output as a plain `Saves` record.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+from spherepde.measures import diagnostics as diag
+from spherepde.measures.sample_statistics import half_sample_bias, mean_and_error, paired_w2
+from spherepde.model.energy import FreeEnergy
+from spherepde.kernels.exp_kernel import DenseExpKernel
+from spherepde.model.attention import Model, principal_subspace
+from spherepde.io.output import particle_dataset
+
+from solvers.particle_field import EmpiricalMeasure, ParticleField
+from solvers.records import RunRecord
+
+
+# Above S^2 measures cannot be quantised: w2_projection is exact OT up to this many particles.
+EXACT_W2_ABOVE_S2 = 3000
+
+
+class ParticleRecorder(RunRecord):
+    """Diagnostics of DESIGN §4 as empirical averages with standard errors, and saved particles.
+
+    Standard errors (`<name>_stderr` in the output), particles.replicas = 1: the i.i.d. formulas
+      mean, alignment_E/F, lyapunov: std of the per-particle integrand / sqrt(n) (for
+        lyapunov from its second moment, V_{2p} - V_p^2);
+      order_parameter |m|: delta method, sqrt(u^T Cov(x) u / n), u = m / |m|;
+      w2_projection: linearisation at the Kantorovich potentials (see `paired_w2`), which leaves out the
+        upward bias of an empirical W2 (of order 1 / sqrt(n) where W2 is small); its estimate for W2^2,
+        `half_sample_bias`, is stored as `w2_projection_squared_bias` for `spherepde compare`;
+      interaction_energy: the U-statistic -1/(2 n (n-1)) sum_{i != j} k(x_i, x_j) (unbiased
+        for independent particles), SE by Hoeffding's projection: std(g) / sqrt(n) with
+        g_i = (1/(n-1)) sum_{j != i} (k(x_i, x_j) + k(x_j, x_i)) / 2;
+      mass: exactly 1, SE 0.
+    They are exact for independent particles (t = 0) but ignore the correlations the
+    interaction builds: where the dynamics amplifies fluctuations they are too small.
+    particles.replicas = R > 1 (R independent systems of n / R tokens): batch means, SE =
+    std over the R systems of their estimates / sqrt(R), honest at every time (Student t
+    with R - 1 degrees of freedom); values from all n tokens, the interaction energy as the
+    mean of the R within-system U-statistics.
+    entropy needs a density: NaN for particles; free_energy (spherepde.model.energy) is its interaction part U
+    when eps = 0, NaN otherwise.
+    """
+
+    def __init__(self, case, model: Model, field: ParticleField, x0: torch.Tensor, controlled: bool = False):
+        super().__init__(case)
+        self.model, self.field, self.controlled = model, field, controlled
+        host = lambda matrix: matrix.cpu().double().numpy()  # noqa: E731
+        self.subspace_E = principal_subspace(host(model.V @ model.B.T))
+        self.subspace_F = principal_subspace(host(model.V))
+        self.want_w2, self.w2_atoms = case["diagnostics"]["w2"], case["diagnostics"]["w2_atoms"]
+        self.replicas = case["particles"]["replicas"]
+        self.projected_0 = None
+        if self.subspace_E is not None:
+            self.projected_0 = diag.projection(x0.cpu().double().numpy(), self.subspace_E)
+        self.saved = case["particles"]["save"]
+        self.positions = []
+        self.steps, self.dt, self.w2_error_bound = 0, math.nan, 0.0
+        self.batch_members = field.batch.members
+
+    def record(self, t: float, x: torch.Tensor) -> dict:
+        points = x.cpu().double().numpy()
+        replicas = self.replicas
+        row, errors = self.estimates(points, x, self.projected_0, energy=replicas == 1)
+        if replicas > 1:
+            projected = [None] * replicas if self.projected_0 is None else np.split(self.projected_0, replicas)
+            systems = [self.estimates(*block, energy=True)[0]
+                       for block in zip(np.split(points, replicas), x.split(len(x) // replicas), projected)]
+            for name in ("interaction_energy", "free_energy"):
+                row[name] = np.mean([system[name] for system in systems])
+            with np.errstate(invalid="ignore"):
+                spread = {name: np.std([system[name] for system in systems], axis=0, ddof=1) / math.sqrt(replicas)
+                          for name in row}
+            # no standard error where the integrand has infinite variance (see _lyapunov)
+            spread["lyapunov"] = np.where(np.isnan(errors["lyapunov"]), np.nan, spread["lyapunov"])
+            errors = spread
+        row.update({f"{name}_stderr": value for name, value in errors.items()})
+        row["w2_projection_squared_bias"] = self._w2_projection_squared_bias(points, row["w2_projection"])
+        self.times.append(t)
+        self.rows.append(row)
+        if self.saved:
+            self.positions.append(points[:self.saved])
+        return row
+
+    def estimates(self, points: np.ndarray, x: torch.Tensor, projected_0: np.ndarray | None,
+                  energy: bool) -> tuple[dict, dict]:
+        """Every diagnostic of the particles `points` (the rows of x) and its i.i.d. standard error."""
+        n = points.shape[0]
+        masses = np.full(n, 1 / n)
+        row, errors = {"mass": float(masses.sum())}, {"mass": 0.0}
+        m = diag.mean(points, masses)
+        row["mean"], errors["mean"] = m, points.std(0, ddof=1) / math.sqrt(n)
+        r = float(np.linalg.norm(m))
+        row["order_parameter"] = r
+        direction = m / r if r > 0 else np.zeros_like(m)
+        errors["order_parameter"] = mean_and_error(points @ direction)[1]
+        for name, subspace in (("alignment_E", self.subspace_E), ("alignment_F", self.subspace_F)):
+            if subspace is None:
+                row[name], errors[name] = math.nan, math.nan
+            else:
+                row[name], errors[name] = mean_and_error(diag.projected_norm_squared(points, subspace))
+        row["lyapunov"], errors["lyapunov"] = self._lyapunov(points, masses)
+        row["w2_projection"], errors["w2_projection"] = self._w2_projection(points, projected_0)
+        row["interaction_energy"], errors["interaction_energy"] = (self._interaction_energy(x) if energy
+                                                                   else (math.nan, math.nan))
+        row["entropy"], errors["entropy"] = math.nan, math.nan
+        free_energy = FreeEnergy.of_model(self.model, self.controlled)
+        if self.model.eps == 0:
+            row["free_energy"] = free_energy(math.nan, row["interaction_energy"], m)
+            errors["free_energy"] = free_energy.interaction_stderr(errors["interaction_energy"], points)
+        else:
+            row["free_energy"], errors["free_energy"] = math.nan, math.nan
+        return row, errors
+
+    def _lyapunov(self, points: np.ndarray, masses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """V_p and its standard error sqrt((V_{2p} - V_p^2) / (n - 1)).
+
+        Near {P_E x = 0}, of codimension k = dim E, the integrand grows like dist^{-2p}: its
+        variance is infinite for p >= k / 4 whenever rho charges that set, and no standard
+        error exists there (NaN, with a note).
+        """
+        values = np.array([diag.lyapunov(points, masses, self.subspace_E, p) for p in self.lyapunov_p])
+        second = np.array([diag.lyapunov(points, masses, self.subspace_E, 2 * p) for p in self.lyapunov_p])
+        with np.errstate(invalid="ignore"):
+            errors = np.sqrt(np.maximum(second - values ** 2, 0) / (points.shape[0] - 1))
+        if self.subspace_E is not None and self.subspace_E.shape[1] < points.shape[1]:
+            k = self.subspace_E.shape[1]
+            infinite = np.array(self.lyapunov_p) >= k / 4
+            errors[infinite] = np.nan
+            note = f"lyapunov_stderr is NaN for p >= dim(E) / 4 = {k / 4:g}: the integrand has infinite variance there"
+            if infinite.any() and note not in self.notes:
+                self.notes.append(note)
+        return values, errors
+
+    def _w2_atoms(self, points: np.ndarray) -> int:
+        """diagnostics.w2_atoms, or all the particles above S^2 (no quantisation there: exact OT)."""
+        return points.shape[0] if points.shape[1] > 3 and points.shape[0] > self.w2_atoms else self.w2_atoms
+
+    def _w2_projection(self, points: np.ndarray, projected_0: np.ndarray | None) -> tuple[float, float]:
+        if not self.want_w2 or projected_0 is None:
+            return math.nan, math.nan
+        if points.shape[1] > 3 and points.shape[0] > max(self.w2_atoms, EXACT_W2_ABOVE_S2):
+            note = (f"w2_projection not computed: {points.shape[0]} particles on S^{points.shape[1] - 1} exceed "
+                    f"both diagnostics.w2_atoms and {EXACT_W2_ABOVE_S2} (exact OT; no quantisation above S^2)")
+            if note not in self.notes:
+                self.notes.append(note)
+            return math.nan, math.nan
+        value, error, bound = paired_w2(points, projected_0, self._w2_atoms(points))
+        self.w2_error_bound = max(self.w2_error_bound, bound)
+        return value, error
+
+    def _w2_projection_squared_bias(self, points: np.ndarray, value: float) -> float:
+        """`half_sample_bias` of the w2_projection `value` of all the particles (NaN where it is NaN); with
+        replicas too, the bias of the value from all n tokens (the systems are independent of each other)."""
+        if math.isnan(value):
+            return math.nan
+        return half_sample_bias(points, self.projected_0, self._w2_atoms(points), value ** 2)
+
+    def _interaction_energy(self, x: torch.Tensor) -> tuple[float, float]:
+        """-1/2 times the U-statistic of k(x, y) = exp(beta <x, B y>), and its standard error.
+
+        Hoeffding: Var(U) ~ 4 Var(h(X)) / n with h(x) = E (k(x, Y) + k(Y, x)) / 2, estimated by
+        g_i = (1/(n-1)) sum_{j != i} (k(x_i, x_j) + k(x_j, x_i)) / 2 (row and column sums of the kernel).
+        """
+        model, n = self.model, x.shape[0]
+        if model.zero_temperature:
+            return -math.inf, math.nan
+        if n < 2:
+            return math.nan, math.nan
+        ones = torch.ones(n, 1, dtype=x.dtype, device=x.device)
+        measure = EmpiricalMeasure(x)
+        transposes = [model.B] if bool((model.B == model.B.T).all()) else [model.B, model.B.T]
+        sums = [DenseExpKernel(measure, C, model.beta, self.field.chunk)(ones) for C in transposes]
+        shift = max(float(log_scale.max()) for _, log_scale in sums)
+        # (1/n) sum_j k(x_i, x_j) = exp(log_scale_i) scaled_i; the same with B^T gives the column sums.
+        off_diagonal = sum(n * scaled[:, 0] * torch.exp(log_scale - shift) for scaled, log_scale in sums) / len(sums)
+        off_diagonal = off_diagonal - torch.exp(model.beta * ((x @ model.B) * x).sum(1) - shift)
+        value, error = mean_and_error((off_diagonal / (n - 1)).cpu().double().numpy())
+        with np.errstate(over="ignore"):
+            return float(-0.5 * value * np.exp(shift)), float(error * np.exp(shift))
+
+    def dataset(self, status: str):
+        section = self.case["particles"]
+        attrs = {
+            "solver": "particles",
+            "n": section["n"],
+            "seed": section["seed"],
+            "integrator": section["integrator"],
+            "attention": self.field.attention,
+            "dt": float(self.dt),
+            "steps": int(self.steps),
+            "dtype": str(self.model.B.dtype).removeprefix("torch."),
+            "device": str(self.model.B.device),
+            "wall_seconds": float(self.wall_seconds),
+            "batch_members": int(self.batch_members),
+            "w2_quantisation_bound": float(self.w2_error_bound),
+            "replicas": section["replicas"],
+            "stderr": ("Monte Carlo standard errors: i.i.d. formulas (std / sqrt(n) of per-particle integrands; "
+                       "delta method for order_parameter and w2_projection; Hoeffding projection for the "
+                       "interaction_energy U-statistic), blind to the correlations the interaction builds"
+                       if section["replicas"] == 1 else
+                       f"Monte Carlo standard errors by batch means over {section['replicas']} independent systems"),
+            "notes": "\n".join(self.notes),
+        }
+        return particle_dataset(self.saves(status, attrs, positions=self.positions))
