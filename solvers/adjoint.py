@@ -1,5 +1,5 @@
 """The training gradient: the adjoint of the forward map with a piecewise-constant control
-(solvers/controlled_forward.py, DESIGN §2), for M members at once.
+(solvers/controlled_forward.py, docs/design.md "The model"), for M members at once.
 
 Cost (nondimensional, t is network depth):
 

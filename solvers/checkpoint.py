@@ -1,4 +1,4 @@
-"""Checkpoints of long runs, so that an interrupted run resumes and loses nothing (DESIGN §6), and resumes only
+"""Checkpoints of long runs, so that an interrupted run resumes and loses nothing (docs/design.md "Output"), and resumes only
 what it wrote itself.
 
 A run writing OUT.nc keeps its checkpoint in the folder OUT.nc.checkpoint/:

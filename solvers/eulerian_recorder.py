@@ -1,4 +1,4 @@
-"""What an Eulerian run records at its save times (DESIGN §4): per member the density on the grid and its
+"""What an Eulerian run records at its save times (docs/design.md "Diagnostics"): per member the density on the grid and its
 diagnostics row (mass, mean, alignments, Lyapunov functionals from the coefficients, W2 to the projection,
 entropy, interaction and free energy, min density, spectral tail), the first loss of resolution, and the
 scalars a checkpoint stores; handed to spherepde.io.output as a plain `Saves` record.

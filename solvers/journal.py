@@ -1,4 +1,4 @@
-"""The evaluations of a training, kept in its checkpoint and replayed on resume (DESIGN §6: a long run
+"""The evaluations of a training, kept in its checkpoint and replayed on resume (docs/design.md "Output": a long run
 loses nothing already computed).
 
 The optimizers of solvers/training.py (gd, adam, scipy's L-BFGS-B) are deterministic: given the same J and

@@ -1,4 +1,4 @@
-"""What a particle run records at its save times: the diagnostics of DESIGN §4 as empirical averages over the
+"""What a particle run records at its save times: the diagnostics of docs/design.md "Diagnostics" as empirical averages over the
 tokens with their Monte Carlo standard errors (the formulas: `ParticleRecorder`), and the first particles.save
 positions; handed to spherepde.io.output as a plain `Saves` record.
 """
@@ -24,7 +24,7 @@ EXACT_W2_ABOVE_S2 = 3000
 
 
 class ParticleRecorder(RunRecord):
-    """Diagnostics of DESIGN §4 as empirical averages with standard errors, and saved particles.
+    """Diagnostics of docs/design.md "Diagnostics" as empirical averages with standard errors, and saved particles.
 
     Standard errors (`<name>_stderr` in the output), particles.replicas = 1: the i.i.d. formulas
       mean, alignment_E/F, lyapunov: std of the per-particle integrand / sqrt(n) (for

@@ -1,4 +1,4 @@
-"""The reference particle solver: n tokens on S^{d-1} (any d >= 2) for the model of DESIGN §2, for M members at once.
+"""The reference particle solver: n tokens on S^{d-1} (any d >= 2) for the model of docs/design.md "The model", for M members at once.
 
     dX_i = v[mu_n](X_i, t) dt + sqrt(2 eps) dB_i,    mu_n = (1/n) sum_j delta_{X_j},
 
@@ -286,7 +286,7 @@ def run_members(system: ParticleSystem, progress: bool | None = None, controls: 
 
 
 def run_particles(case, progress: bool | None = None):
-    """Integrate the particle system of `case`; returns the output xarray.Dataset (DESIGN §6).
+    """Integrate the particle system of `case`; returns the output xarray.Dataset (docs/design.md "Output").
 
     Raises NumericalFailure (with `.dataset`, the run up to its last good save) when a
     particle position stops being finite.

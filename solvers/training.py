@@ -1,4 +1,4 @@
-"""Training: minimise J(W) = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt over piecewise-constant W (DESIGN §2), for
+"""Training: minimise J(W) = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt over piecewise-constant W (docs/design.md "The model"), for
 one member or M members in lockstep.
 
 A case with a [control] section is a training run (`spherepde run CASE.toml`, `spherepde.run`):

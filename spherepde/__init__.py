@@ -2,7 +2,7 @@
 
 Python API (mirrors the command line):
     case = spherepde.load_case("cases/quickstart.toml", overrides=["model.beta=10"])
-    dataset = spherepde.run(case)          # xarray.Dataset (DESIGN §6)
+    dataset = spherepde.run(case)          # xarray.Dataset (docs/design.md "Output")
 """
 
 from spherepde.api.dispatch import run

@@ -1,4 +1,4 @@
-"""Command line (docs/DESIGN.md §7).  Exit status: 0 success, 2 bad input, 3 numerical failure."""
+"""Command line (docs/design.md "Command line").  Exit status: 0 success, 2 bad input, 3 numerical failure."""
 
 import argparse
 import math
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
 
 
 def _dispatch(argv) -> int:
-    """The command's exit status (DESIGN §7), every error of bad input or numerics as one line."""
+    """The command's exit status (docs/design.md "Command line"), every error of bad input or numerics as one line."""
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

@@ -1,10 +1,10 @@
 """CF compliance of the output files: the IOOS compliance checker (cf:1.10) and our own contract
-(DESIGN §6) on an S^1, an S^2, a particle and a sweep output.
+(docs/design.md "Output") on an S^1, an S^2, a particle and a sweep output.
 
 One checker rule is a known false positive and is the only error allowed:
 "Coordinate variable 'time' should have standard_name='time'" (CF §5.1 in compliance-checker
 6.x) fires for any dimension *named* time. Our time is the nondimensional depth of the
-network: DESIGN §6 fixes the name `time` and forbids standard_name = "time", which CF
+network: docs/design.md "Output" fixes the name `time` and forbids standard_name = "time", which CF
 reserves for coordinates with units "<unit> since <date>" (giving it would be a real
 error, §4.4). The rule is name-based guessing that the CF conventions do not contain; it is
 ioos/compliance-checker#1245, whose fix (PR #1353) removes it.
@@ -86,7 +86,7 @@ def test_compliance_checker_reports_no_errors(outputs, name, tmp_path):
 
 @pytest.mark.parametrize("name", ["s1", "s2", "particles", "sweep"])
 def test_output_contract(outputs, name):
-    """DESIGN §6 read straight from the file (netCDF4, no xarray decoding)."""
+    """docs/design.md "Output" read straight from the file (netCDF4, no xarray decoding)."""
     with netCDF4.Dataset(output(outputs, name)) as nc:
         attrs = {key: nc.getncattr(key) for key in nc.ncattrs()}
         assert attrs["Conventions"] == "CF-1.10"

@@ -1,4 +1,4 @@
-"""The command line and the output contract (DESIGN §5-7): exit codes, messages, files."""
+"""The command line and the output contract (docs/design.md "Case files"-7): exit codes, messages, files."""
 
 import math
 import os

@@ -2,7 +2,7 @@
 
 On the noisy Kuramoto model the stationary law is rho_* = exp(a <x, e>) / Z_a with a = K r / eps, so
 F(rho_*) = eps (a r - log Z_a) - K r^2 / 2 = K r^2 / 2 - eps log Z_a, Z_a = 2 pi I_0(a) (S^1) or
-4 pi sinh(a) / a (S^2), at the closed-form order parameter r of docs/DESIGN.md §9.
+4 pi sinh(a) / a (S^2), at the closed-form order parameter r of docs/design.md "Facts measured while planning".
 """
 
 import math

@@ -145,7 +145,7 @@ def test_chebyshev_node_count_is_the_smallest_meeting_the_tolerance():
 
     assert error(nodes) <= 1.5e-12
     assert error(chebyshev_points(len(nodes) - 1, 1 / 3, 1.0)) > 1e-12
-    assert 15 <= len(nodes) <= 25  # DESIGN §9: ~20 nodes at 1e-11
+    assert 15 <= len(nodes) <= 25  # docs/design.md "Facts measured while planning": ~20 nodes at 1e-11
 
 
 @pytest.mark.parametrize("evaluator", ["ducc", "torch"])

@@ -284,7 +284,7 @@ def test_piecewise_constant_feed_forward():
 def test_a_divergent_step_ends_the_training_at_the_last_good_controls(tmp_path, capsys, optimizer):
     # lr 1e4 (gd) or 100 (adam) at dt = 0.1: the first step leaves the explicit transport's stability region.
     # The training stops there with the controls, J and gradient of iteration 0, whose run passed; the command
-    # line exits 3 and its output holds that W, that J and the run with that W to t_end (DESIGN §7).
+    # line exits 3 and its output holds that W, that J and the run with that W to t_end (docs/design.md "Command line").
     from solvers.controlled_forward import evaluate_cost
 
     rate = {"gd": 1e4, "adam": 100.0}[optimizer]

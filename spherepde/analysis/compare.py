@@ -1,6 +1,6 @@
 """`spherepde compare`: two runs of the same case side by side (Eulerian vs particles, or any pair).
 
-For every diagnostic of DESIGN §4 that both runs have, at the save times they share:
+For every diagnostic of docs/design.md "Diagnostics" that both runs have, at the save times they share:
 
     difference(t) = B(t) - A(t),   stderr(t) = sqrt(se_A(t)^2 + se_B(t)^2),   z(t) = difference / stderr
 

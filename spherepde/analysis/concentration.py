@@ -1,4 +1,4 @@
-"""Seed-003 measurements beyond the per-save diagnostics of DESIGN §4 (all quantities nondimensional).
+"""Seed-003 measurements beyond the per-save diagnostics of docs/design.md "Diagnostics" (all quantities nondimensional).
 
 * Projection masses.  For a one-dimensional E = span(e) the pushforward Pi_# rho,
   Pi(x) = P_E x / |P_E x|, is the pair of atoms +-e with the hemisphere masses

@@ -1,4 +1,4 @@
-"""The diagnostics panels of a result figure: the time series of DESIGN §4, one panel each, and a training's.
+"""The diagnostics panels of a result figure: the time series of docs/design.md "Diagnostics", one panel each, and a training's.
 
 A panel draws a diagnostic of the run and, in a solver = "both" file, of its particle run (prefix "particles_"),
 with bands of +-2 standard errors where the run has them (`<name>_stderr`); "mass drift" is |mass - mass(0)|,

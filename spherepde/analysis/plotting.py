@@ -6,7 +6,7 @@
   mean direction and its antipode, graticule every 30 degrees) or in the Mollweide
   projection, on one colour scale;
 - S^1: the angle-depth picture (density over angle and time) and density profiles;
-- the diagnostics of DESIGN §4 as time series, the under-resolved stretch (after
+- the diagnostics of docs/design.md "Diagnostics" as time series, the under-resolved stretch (after
   `resolved_until`) shaded;
 - a training (controls `W`, a cost per `iteration`): also the energy gap, the angle of the mean
   and the adjoint's norm over depth, |W_t|_F per layer, and J over the optimiser's iterations;

@@ -1,4 +1,4 @@
-"""Parameter sweeps on Dask distributed (DESIGN §7): one NetCDF per member, one combined Dataset.
+"""Parameter sweeps on Dask distributed (docs/design.md "Command line"): one NetCDF per member, one combined Dataset.
 
     spherepde sweep CASE.toml --param model.eps=0.1,0.2 --param model.beta=1,4 [--seeds N]
                               [--scheduler ADDRESS | --workers N] [-o DIR]

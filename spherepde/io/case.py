@@ -1,4 +1,4 @@
-"""Case files: TOML text -> a validated, fully resolved :class:`Case` (DESIGN §5).
+"""Case files: TOML text -> a validated, fully resolved :class:`Case` (docs/design.md "Case files").
 
 A case is resolved once, here: every section and key is present in ``Case.data``, every
 default filled in, every value normalised (ints to floats where a real is expected,

@@ -1,4 +1,4 @@
-"""Results as xarray Datasets and NetCDF files (DESIGN §6).
+"""Results as xarray Datasets and NetCDF files (docs/design.md "Output").
 
 Every file carries the fully resolved case text (attribute `case`), so the file alone
 reproduces the run, and is written atomically: a temporary file in the target folder,
@@ -55,7 +55,7 @@ def grid_coordinates(basis) -> tuple[dict, tuple, str]:
 class Saves:
     """What a run recorded at its save times, as plain values: the record a solver hands to this module.
 
-    `attrs` are the run's own output attributes (DESIGN §6), `solver` and `status` first; `densities` (rho on the
+    `attrs` are the run's own output attributes (docs/design.md "Output"), `solver` and `status` first; `densities` (rho on the
     grid) belong to an Eulerian run, `positions` (the first particles.save particles) to a particle run."""
 
     case: Any
@@ -97,7 +97,7 @@ def common_coordinates(times, dim: int, lyapunov_p) -> dict:
 
 
 def diagnostic_variables(rows: list[dict]) -> dict:
-    """Time series of DESIGN §4 from per-save dictionaries.
+    """Time series of docs/design.md "Diagnostics" from per-save dictionaries.
 
     Names missing from the rows are left out (grid-only diagnostics of a particle run); a
     row entry `<name>_stderr` (particle runs) becomes the variable `<name>_stderr`, and
@@ -200,7 +200,7 @@ def history(command: str) -> str:
 
 
 def finish(dataset: xr.Dataset, case, attrs: dict) -> xr.Dataset:
-    """Global attributes of DESIGN §6."""
+    """Global attributes of docs/design.md "Output"."""
     dataset.attrs.update({
         "Conventions": "CF-1.10",
         "title": f"spherepde {attrs['solver']} run of case '{case.name}'",

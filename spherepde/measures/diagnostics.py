@@ -1,4 +1,4 @@
-"""Diagnostics of DESIGN §4 for a measure given as weighted points.
+"""Diagnostics of docs/design.md "Diagnostics" for a measure given as weighted points.
 
 The same functions serve both solvers: an Eulerian density enters as grid points with
 masses w_j rho(x_j) (quadrature weights times density), particles as their positions

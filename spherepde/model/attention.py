@@ -1,4 +1,4 @@
-"""The mean-field attention model (DESIGN §2): its parameters and its velocity field.
+"""The mean-field attention model (docs/design.md "The model"): its parameters and its velocity field.
 
     d_t rho = eps Lap rho - div(rho v[rho, t])
     v(x, t) = P_x(W_t x + V m[rho](x)),      P_x(y) = y - <x, y> x

@@ -1,4 +1,4 @@
-"""The free energy a run's flow dissipates, where one exists (docs/DESIGN.md §2, §4).
+"""The free energy a run's flow dissipates, where one exists (docs/design.md "The model", "Diagnostics").
 
 The forward equation d_t rho = eps Lap rho - div(rho v), v = P_x(W x + V m[rho](x)), is the
 Wasserstein gradient flow
@@ -18,7 +18,7 @@ beta B = 0 both are the mean M = int y drho of a probability measure):
 
 and the flow dissipates F when, in addition, W is a multiple of the identity (P_x(w x) = 0; W = 0 in
 practice) and constant.  U is then (c / beta) times the run's `interaction_energy`, the pair integral
--1/2 int int exp(beta <x, B y>) drho drho that docs/DESIGN.md §4 fixes; at beta = 1, c = 1 the two are
+-1/2 int int exp(beta <x, B y>) drho drho that docs/design.md "Diagnostics" fixes; at beta = 1, c = 1 the two are
 one, and F is that paper's energy E(mu) (its turnpike reference).  With a trained or non-trivial W the
 same F is still the attention part's energy (the turnpike's energy gap is measured in it), but W may
 raise it.

@@ -1,4 +1,4 @@
-"""Terminal losses l(mu) of the training problem (DESIGN §2, seed 004) and their first variations.
+"""Terminal losses l(mu) of the training problem (docs/design.md "The model", seed 004) and their first variations.
 
 A loss sees a measure as atoms: points x_i (n, d) on S^{d-1} with masses m_i (n,).  On a
 grid the masses are rho(x_i) w_i (quadrature weights w_i), for particles 1/N each, so one

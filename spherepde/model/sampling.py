@@ -1,4 +1,4 @@
-"""Exact samplers of the initial measures of DESIGN §5 on S^{d-1}, any d >= 2.
+"""Exact samplers of the initial measures of docs/design.md "Case files" on S^{d-1}, any d >= 2.
 
 Every sampler draws from a `torch.Generator`, so a seed fixes the sample bit for bit
 (on the CPU).  Points are (n, d) tensors of unit vectors.

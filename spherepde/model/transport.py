@@ -2,7 +2,7 @@
 
     rate(c, a) = -div(rho v),   rho = synthesis(c),   v_k = a_k + u_k,   u_k = <e_k, V m[rho]>   (k < d - 1)
 
-(DESIGN §2), with the velocity in its components along the basis's orthonormal tangent frame e_k (one
+(docs/design.md "The model"), with the velocity in its components along the basis's orthonormal tangent frame e_k (one
 number less per point than ambient components), a_k(x) = <e_k(x), W x> the feed-forward term of the layer
 being stepped, and the divergence in the weak form, so that the degree-0 coefficient of the rate is zero:
 mass is conserved to round-off.  States are real (M, N): the real view of each member's coefficients
