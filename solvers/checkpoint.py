@@ -35,7 +35,6 @@ digests consistently is caught only by the layout checks.
 """
 
 import glob
-import hashlib
 import io
 import json
 import os
@@ -44,7 +43,6 @@ import re
 import sys
 import time
 import tomllib
-import uuid
 
 import torch
 import xarray as xr
@@ -52,6 +50,8 @@ import xarray as xr
 from spherepde.base.errors import CaseError
 from spherepde.io.output import make_folders, write_dataset
 from solvers.checkpoint_layout import eulerian_problem, is_int
+from solvers.checkpoint_files import Refused, data_identity, file_identity, mismatch, read_regular, sha256, write_atomically
+
 
 FORMAT = 2  # version of the checkpoint layout: 2 added the manifest
 MANIFEST = "manifest.json"
@@ -60,7 +60,7 @@ START_OVER = "pass --overwrite to start again"
 _SEGMENT = re.compile(r"segment-(\d{5,})\.nc")
 _STATE = re.compile(r"state-(\d{5,})\.pt")
 _LEGACY_STATE = "state.pt"  # FORMAT 1 kept its state here, without a manifest
-# what writers killed in the folder leave: write_dataset's and _write_atomically's temporary files, and the lock
+# what writers killed in the folder leave: write_dataset's and write_atomically's temporary files, and the lock
 # file of a segment written without a lock covering the checkpoint (spherepde.io.locking.one_writer)
 _LEFT_BY_A_KILL = re.compile(r"segment-\d{5,}\.nc\.([a-z0-9_]{8}\.tmp|lock)|(state-\d{5,}\.pt|manifest\.json|state\.pt)"
                              r"\.[0-9a-f]{32}\.tmp")
@@ -69,10 +69,6 @@ _LEFT_BY_A_KILL = re.compile(r"segment-\d{5,}\.nc\.([a-z0-9_]{8}\.tmp|lock)|(sta
 def checkpoint_folder(output: str | os.PathLike) -> str:
     """Where the checkpoint of the run writing `output` lives."""
     return os.fspath(output) + ".checkpoint"
-
-
-class _Refused(Exception):
-    """A checkpoint file that a resume must not use: (the file, why)."""
 
 
 class Checkpoint:
@@ -146,7 +142,7 @@ class Checkpoint:
             name = f"segment-{next_segment:05d}.nc"
             path = os.path.join(self.folder, name)
             write_dataset(segment, path)
-            files[name] = _identity(path)
+            files[name] = file_identity(path)
             segments.append(name)
             next_segment += 1
             saves += segment.sizes.get("time", 0)  # a training's segments hold evaluations, not saves
@@ -154,13 +150,13 @@ class Checkpoint:
         buffer = io.BytesIO()
         torch.save(payload, buffer)
         state_name = f"state-{self.generation + 1:05d}.pt"
-        _write_atomically(os.path.join(self.folder, state_name), buffer.getvalue())
-        manifest = {"format": FORMAT, "case_sha256": _sha256(state["case"].encode()),
-                    "state": {"name": state_name, **_identity_of(buffer.getvalue())},
+        write_atomically(os.path.join(self.folder, state_name), buffer.getvalue())
+        manifest = {"format": FORMAT, "case_sha256": sha256(state["case"].encode()),
+                    "state": {"name": state_name, **data_identity(buffer.getvalue())},
                     "segments": [{"name": name, **files[name]} for name in segments],
                     "saves": saves, "steps": int(steps)}
         manifest["sha256"] = _manifest_digest(manifest)
-        _write_atomically(self.manifest_path, json.dumps(manifest, indent=1).encode())
+        write_atomically(self.manifest_path, json.dumps(manifest, indent=1).encode())
         self.segments, self.files, self.saves, self.next_segment = segments, files, saves, next_segment
         self.generation, self.committed_steps = self.generation + 1, steps
         self.last_steps, self.last_clock = steps, time.monotonic()
@@ -227,14 +223,14 @@ class Checkpoint:
         """read(), with a refused file turned into the one-line CaseError of a resume."""
         try:
             return read()
-        except _Refused as refusal:
+        except Refused as refusal:
             path, reason = refusal.args
             raise CaseError(f"--resume: the checkpoint file {path!r} {reason}; {START_OVER}") from None
 
     def _verified(self, case, load: bool = False) -> tuple[dict, list[xr.Dataset], dict]:
         manifest = self._manifest()
         state, state_path = self._state(manifest)
-        if manifest["case_sha256"] != _sha256(case.text.encode()) or state.get("case") != case.text:
+        if manifest["case_sha256"] != sha256(case.text.encode()) or state.get("case") != case.text:
             stored = state.get("case") if isinstance(state.get("case"), str) else ""
             raise CaseError(f"--resume: the checkpoint {self.folder!r} was written for another case "
                             f"({_difference(stored, case.text)}); resume with the same case file "
@@ -242,9 +238,9 @@ class Checkpoint:
         names = [entry["name"] for entry in manifest["segments"]]
         if state.get("segments") != names or state.get("saves") != manifest["saves"] or \
                 state.get("steps") != manifest["steps"]:
-            raise _Refused(state_path, "does not list the segments, saves and steps of its manifest")
+            raise Refused(state_path, "does not list the segments, saves and steps of its manifest")
         if not names:
-            raise _Refused(self.manifest_path, "lists no segment (every checkpoint holds at least one)")
+            raise Refused(self.manifest_path, "lists no segment (every checkpoint holds at least one)")
         segments = [(os.path.join(self.folder, entry["name"]), self._segment(entry, load or bool(case["control"])))
                     for entry in manifest["segments"]]
         if case["control"]:
@@ -254,7 +250,7 @@ class Checkpoint:
         else:
             problem = eulerian_problem(state, state_path, segments, case)
         if problem is not None:
-            raise _Refused(*problem)
+            raise Refused(*problem)
         return state, [segment for _, segment in segments], manifest
 
     def _manifest(self) -> dict:
@@ -262,58 +258,58 @@ class Checkpoint:
         path = self.manifest_path
         if not os.path.exists(path):
             if os.path.exists(os.path.join(self.folder, _LEGACY_STATE)):
-                raise _Refused(os.path.join(self.folder, _LEGACY_STATE),
-                               "was written by an earlier spherepde version, without the manifest that lets a resume "
-                               "verify it (resume it with that version)")
+                raise Refused(os.path.join(self.folder, _LEGACY_STATE),
+                              "was written by an earlier spherepde version, without the manifest that lets a resume "
+                              "verify it (resume it with that version)")
             if self.exists():
-                raise _Refused(path, "is missing: deleted, or the run stopped before its first checkpoint was "
-                                     "complete (nothing in the folder can be verified)")
+                raise Refused(path, "is missing: deleted, or the run stopped before its first checkpoint was "
+                                    "complete (nothing in the folder can be verified)")
             raise CaseError(f"--resume: no checkpoint {self.folder!r} to resume from; run without --resume")
-        data = _read_regular(path, MAX_MANIFEST_BYTES)
+        data = read_regular(path, MAX_MANIFEST_BYTES)
         if len(data) > MAX_MANIFEST_BYTES:
-            raise _Refused(path, f"is larger than any manifest ({MAX_MANIFEST_BYTES >> 20} MiB)")
+            raise Refused(path, f"is larger than any manifest ({MAX_MANIFEST_BYTES >> 20} MiB)")
         try:
             manifest = json.loads(data)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise _Refused(path, "is not a manifest (damaged or truncated)") from None
+            raise Refused(path, "is not a manifest (damaged or truncated)") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise _Refused(path, "is not the manifest of a checkpoint of this spherepde version")
+            raise Refused(path, "is not the manifest of a checkpoint of this spherepde version")
         if manifest.get("sha256") != _manifest_digest(manifest):
-            raise _Refused(path, "was changed after it was written (its digest does not match its contents)")
+            raise Refused(path, "was changed after it was written (its digest does not match its contents)")
         if not _manifest_layout(manifest):
-            raise _Refused(path, "does not have the layout of a checkpoint manifest")
+            raise Refused(path, "does not have the layout of a checkpoint manifest")
         return manifest
 
     def _state(self, manifest: dict) -> tuple[dict, str]:
         """(the state the manifest names, its path), its bytes checked against the manifest."""
         entry = manifest["state"]
         path = os.path.join(self.folder, entry["name"])
-        data = _read_regular(path, entry["bytes"])
-        if _identity_of(data) != {"bytes": entry["bytes"], "sha256": entry["sha256"]}:
-            raise _Refused(path, _mismatch(len(data), entry["bytes"]))
+        data = read_regular(path, entry["bytes"])
+        if data_identity(data) != {"bytes": entry["bytes"], "sha256": entry["sha256"]}:
+            raise Refused(path, mismatch(len(data), entry["bytes"]))
         try:
             state = torch.load(io.BytesIO(data), weights_only=True)
         except Exception as error:  # pickle, zip and torch errors alike
             # torch's own text for the weights-only refusal advises loading the file unsafely: not ours to pass on
             reason = ("it holds objects that no checkpoint stores" if isinstance(error, pickle.UnpicklingError)
                       else _first_line(error))
-            raise _Refused(path, f"cannot be read: {reason}") from None
+            raise Refused(path, f"cannot be read: {reason}") from None
         if not isinstance(state, dict) or state.get("format") != FORMAT:
-            raise _Refused(path, "is not a checkpoint state of this spherepde version")
+            raise Refused(path, "is not a checkpoint state of this spherepde version")
         return state, path
 
     def _segment(self, entry: dict, load: bool) -> xr.Dataset:
         """The segment the manifest `entry` names, checked against it (its size and digest): in memory with
         `load`, else opened lazily (its header and coordinates read)."""
         path = os.path.join(self.folder, entry["name"])
-        identity = _identity(path)
+        identity = file_identity(path)
         if identity != {"bytes": entry["bytes"], "sha256": entry["sha256"]}:
-            raise _Refused(path, _mismatch(identity["bytes"], entry["bytes"]))
+            raise Refused(path, mismatch(identity["bytes"], entry["bytes"]))
         try:
             with xr.open_dataset(path) as segment:
                 return segment.load() if load else segment
         except Exception as error:  # netCDF, HDF5 and xarray errors alike
-            raise _Refused(path, f"cannot be read: {_first_line(error)}") from None
+            raise Refused(path, f"cannot be read: {_first_line(error)}") from None
 
     def _remove_unnamed(self, manifest: dict, left_by_a_kill: bool = False) -> None:
         """Delete the segments and states of this checkpoint that `manifest` does not name (superseded), and with
@@ -332,54 +328,10 @@ class Checkpoint:
 # --- files, digests, the manifest --------------------------------------------------------------------------
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _identity_of(data: bytes) -> dict:
-    return {"bytes": len(data), "sha256": _sha256(data)}
-
-
-def _identity(path: str) -> dict:
-    """{"bytes", "sha256"} of the regular file at `path` (streamed), or a refusal naming it."""
-    digest, size = hashlib.sha256(), 0
-    try:
-        with open(path, "rb") as stream:
-            if not os.path.isfile(path):
-                raise _Refused(path, "is not a regular file")
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(block)
-                size += len(block)
-    except OSError as error:
-        raise _Refused(path, f"cannot be read: {error.strerror or error}") from None
-    return {"bytes": size, "sha256": digest.hexdigest()}
-
-
-def _read_regular(path: str, limit: int) -> bytes:
-    """The first limit + 1 bytes of the regular file at `path` (more than `limit`: the file is larger than
-    expected), or a refusal naming it."""
-    try:
-        with open(path, "rb") as stream:
-            if not os.path.isfile(path):
-                raise _Refused(path, "is not a regular file")
-            return stream.read(limit + 1)
-    except OSError as error:
-        raise _Refused(path, f"cannot be read: {error.strerror or error}") from None
-
-
-def _mismatch(size: int, recorded: int) -> str:
-    """Why a file of `size` bytes (recorded + 1: more) is not the one of `recorded` bytes its manifest names."""
-    if size != recorded:
-        shown = f"more than {recorded}" if size > recorded else str(size)
-        return (f"does not match the checkpoint's manifest: {shown} bytes, {recorded} when it was written "
-                "(truncated, extended or replaced)")
-    return "does not match the checkpoint's manifest: its SHA-256 differs (edited or replaced after it was written)"
-
-
 def _manifest_digest(manifest: dict) -> str:
     """SHA-256 of the manifest's canonical JSON without its own digest."""
     body = {key: value for key, value in manifest.items() if key != "sha256"}
-    return _sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+    return sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
 def _manifest_layout(manifest: dict) -> bool:
@@ -395,19 +347,6 @@ def _manifest_layout(manifest: dict) -> bool:
             and len({segment["name"] for segment in segments}) == len(segments)
             and is_int(manifest.get("saves")) and is_int(manifest.get("steps"))
             and isinstance(manifest.get("case_sha256"), str))
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """`data` as the file `path`: a temporary file beside it, then a rename."""
-    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(temporary, "wb") as stream:
-            stream.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
-        raise
 
 
 def _first_line(error: Exception) -> str:

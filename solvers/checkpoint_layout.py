@@ -12,7 +12,7 @@ from spherepde.io.output import DIAGNOSTIC_ATTRS
 
 
 def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.Dataset]],
-                      case) -> tuple[str, str] | None:
+                     case) -> tuple[str, str] | None:
     """(file, why) when the state or the segments are not what an Eulerian run of `case` writes, else None: the
     segments' save times in order and continuous on the case's save schedule from t = 0, each segment of this
     case and grid with every diagnostic, the state inside the save interval after the last save, its
@@ -75,6 +75,7 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
             return state_path, reason
     return None
 
+
 def _recorder_layout(recorder, t) -> bool:
     """Whether `recorder` is the scalars Recorder.checkpoint_state stores."""
     if not isinstance(recorder, dict) or set(recorder) != {"steps", "wall_seconds", "w2_error_bound",
@@ -87,11 +88,14 @@ def _recorder_layout(recorder, t) -> bool:
             and (until is None or (_is_real(until) and _is_real(t) and 0 <= until <= t))
             and isinstance(recorder["notes"], list) and all(isinstance(note, str) for note in recorder["notes"]))
 
+
 def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
+
 def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
 
 def _describe_tensor(value) -> str:
     if isinstance(value, torch.Tensor):

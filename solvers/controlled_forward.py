@@ -26,6 +26,7 @@ from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 # Largest tape of a gradient evaluation kept in memory whole (the stages' tokens, else step states), all members.
 TAPE_BYTES = 512 * 2 ** 20
 
+
 @dataclass
 class Gradient:
     """J, l(mu_T), dJ/dW (layers, d, d), |grad phi_t|_{L2(mu_t)} at the step times (ascending) and, at the steps
@@ -37,6 +38,7 @@ class Gradient:
     times: list
     adjoint_norm: list
     phi: dict = field(default_factory=dict)
+
 
 class ControlledForward:
     """The forward map of the training members `cases` on their step grid: W piecewise constant over `layers`
@@ -158,6 +160,7 @@ class ControlledForward:
         rho = basis.synthesis(problem.coefficients(states)).reshape(states.shape[0], -1)
         return torch.sqrt(((gradient ** 2).sum(1) * rho * self.weights).sum(1).clamp_min(0))
 
+
 class DensityCheck:
     """eulerian.departure's tests of every member's forward run, without a host round trip per step: after every
     step the largest coefficient magnitude is kept on the device (a NaN or an infinity stays in it), and at each
@@ -197,6 +200,7 @@ class DensityCheck:
                  f"its mass drifting or |rho| beyond {BLOW_UP_FACTOR:g} x all the mass in one cell)")
                 for m in range(self.peak.shape[0])]
 
+
 class TapeHooks(Hooks):
     """Keeps the tape of a forward run and checks every step's state (DensityCheck)."""
 
@@ -211,6 +215,7 @@ class TapeHooks(Hooks):
     def at_knot(self, plan: Plan, state: torch.Tensor) -> list:
         self.check.knot(plan, state)
         return []
+
 
 class Tape:
     """What the forward pass keeps for the backward one (module docstring): its end state at every `every`-th
@@ -273,6 +278,7 @@ class Tape:
                 return keep[0]
             yield segment, stages, states
 
+
 def _batched(forward: ControlledForward, c0, controls: torch.Tensor):
     """(states (M, N), controls (M, L, d, d), single) from either the batch's own arguments or one member's
     coefficients (*coeff, complex) and controls (L, d, d)."""
@@ -286,6 +292,7 @@ def _batched(forward: ControlledForward, c0, controls: torch.Tensor):
     controls = controls[None] if single else controls
     return states, controls.to(forward.problem.placement.real), single
 
+
 def evaluate_costs(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor) -> list:
     """J(W) of the discretised forward map per member (no adjoint), or the NumericalFailure of its run: for
     finite differences and line searches."""
@@ -295,16 +302,19 @@ def evaluate_costs(forward: ControlledForward, states: torch.Tensor, controls: t
     return [float(cost) if reason is None else NumericalFailure(f"numerical failure: {reason}")
             for cost, reason in zip(costs, reasons)]
 
+
 def evaluate_cost(forward: ControlledForward, c0, controls: torch.Tensor):
     """`evaluate_costs` of one member (c0 its coefficients, controls (L, d, d)), raising its failure."""
     states, controls, single = _batched(forward, c0, controls)
     costs = evaluate_costs(forward, states, controls)
     return only(costs) if single else costs
 
+
 def central_differences(forward: ControlledForward, c0, controls: torch.Tensor, h: float = 1e-5) -> torch.Tensor:
     """dJ/dW of the discretised forward map by central differences (`central_differences_of`): the independent
     check of the adjoint gradients (one member)."""
     return central_differences_of(lambda W: evaluate_cost(forward, c0, W), controls, h)
+
 
 def central_differences_of(cost, controls: torch.Tensor, h: float = 1e-5) -> torch.Tensor:
     """dJ/dW by central differences (J(W + h E_k) - J(W - h E_k)) / (2h) in every entry k, J = cost(W) a

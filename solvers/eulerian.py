@@ -27,6 +27,7 @@ from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from solvers.forward_problem import ForwardProblem
 from solvers.eulerian_recorder import Recorder
 
+
 MAX_STEPS_PER_SAVE = 1e12  # a CFL step asking for more means the velocity blew up
 # A finite state is no density any more when |rho| exceeds this many times the densest one the grid holds
 # (all the mass in the smallest cell; a truncated delta peaks at about that on S^1, below it on S^2).

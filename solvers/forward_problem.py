@@ -121,6 +121,7 @@ class ForwardProblem:
         dt = float(plan.dt[0]) if (plan.dt == plan.dt[0]).all() else self.placement.tensor(plan.dt)[:, None]
         return self.scheme.factors(self.lam, dt)
 
+
 def spectral_filter(basis, order: int) -> torch.Tensor | None:
     """Exponential filter exp(-36 (l / lmax)^order) (None when order = 0) on the real view (N,) of the
     coefficients: damps only the top modes."""

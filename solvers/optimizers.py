@@ -12,7 +12,6 @@ from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
 
 
-
 class TrainingResult:
     """The trained controls, the per-iteration history, the first (at the initial control) and final gradients,
     why the optimizer stopped (`stop`, one line: the output's optimizer_stop attribute) and, when a numerical
@@ -25,6 +24,7 @@ class TrainingResult:
         self.failure = failure  # the numerical failure that ended the training early, or None
         self.notes = []  # lines for the output's `notes`
 
+
 class GradientDescent:
     """W <- W - lr dJ/dW."""
 
@@ -33,6 +33,7 @@ class GradientDescent:
 
     def step(self, parameter: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
         return parameter - self.learning_rate * gradient
+
 
 class Adam:
     """Adam (Kingma & Ba 2015) with the usual moments beta_1 = 0.9, beta_2 = 0.999 and eps = 1e-8:
@@ -53,7 +54,9 @@ class Adam:
         v_hat = self.v / (1 - b2 ** self.count)
         return parameter - self.learning_rate * m_hat / (torch.sqrt(v_hat) + self.eps)
 
+
 OPTIMIZERS = {"gd": GradientDescent, "adam": Adam}
+
 
 def _checked(gradient, iteration: int, loss: str | None):
     """The gradient, or NumericalFailure when J or dJ/dW is not finite; the message gives J and l(mu_T)
@@ -67,6 +70,7 @@ def _checked(gradient, iteration: int, loss: str | None):
                    "make l(mu_T) or its gradient non-finite: lower control.tau")
     raise NumericalFailure(f"numerical failure at training iteration {iteration}: J = {gradient.cost:g}, l(mu_T) = "
                            f"{gradient.loss:g}{'' if finite_dW else ', dJ/dW not finite'} ({advice})")
+
 
 def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None) -> TrainingResult:
     """The optimizer loop of the module docstring, step 1, from W_l = W on every layer; gradient_of(controls)
@@ -106,6 +110,7 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
         parameter = optimizer.step(parameter, gradient.dW)
     bar.close()
     return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient, stop, failure)
+
 
 def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: bool | None = None) -> TrainingResult:
     """L-BFGS from the controls `parameter` (module docstring, step 1): scipy's L-BFGS-B on the flattened

@@ -23,7 +23,6 @@ from spherepde.kernels.exp_kernel import block_rows, dense_exp_kernel
 from spherepde.model.attention import ModelBatch, attention_mean, velocity, zero_temperature_mean
 
 
-
 @dataclass(frozen=True)
 class EmpiricalMeasure:
     """The particles seen as a quadrature: points x_j with weights 1/n (what DenseExpKernel integrates over)."""

@@ -51,6 +51,7 @@ from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_fl
 from spherepde.geometry.sphere import exponential_map, normalise
 from solvers.particle_recorder import ParticleRecorder
 
+
 # Largest block of Gaussian draws made at once per member (bytes).
 NOISE_BYTES = 2 ** 26
 

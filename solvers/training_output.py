@@ -27,6 +27,7 @@ def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
     raise NumericalFailure(f"{result.failure}; the training stopped at iteration {kept + 1}, and the output keeps "
                            f"the controls of iteration {kept} and their run", dataset)
 
+
 def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_at) -> NumericalFailure:
     """`failure`, of a training's first evaluation, made to carry the last good state there is: the forward run
     at the starting `controls` (run_at(controls), a Dataset; up to its own failure if it has one) with W =
@@ -41,6 +42,7 @@ def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_a
                           "optimizer_stop": result.stop, "iterations": 0})
     return NumericalFailure(f"{failure}; no training iteration finished: the output keeps the starting controls "
                             "and their forward run", dataset)
+
 
 def adjoint_variables(forward: ControlledForward, controls: torch.Tensor, states: torch.Tensor) -> dict:
     """Per member (by position) `phi` (adjoint_time, grid): the adjoint phi_t of one more gradient evaluation at
@@ -64,6 +66,7 @@ def adjoint_variables(forward: ControlledForward, controls: torch.Tensor, states
                                          {"long_name": "step time of phi nearest each save", "units": "1"})}
     return variables
 
+
 def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.Dataset:
     """`dataset` with the training's coordinates (iteration, layer, row, col) and variables `W` (layer, row,
     col), `layer_time` (layer) and `loss` (J), `terminal_loss` (l(mu_T)), `gradient_norm` (|dJ/dW|_F) per
@@ -85,6 +88,7 @@ def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.D
     dataset["gradient_norm"] = (("iteration",), np.array(result.gradient_norms),
                                 {"long_name": "Frobenius norm of dJ/dW over all layers", "units": "1"})
     return dataset
+
 
 def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Dataset, first: Gradient) -> dict:
     """Seed-004 diagnostics of member `member`'s trained run (spherepde.analysis.turnpike): `energy_gap` and `mean_angle`
