@@ -59,7 +59,7 @@ import torch
 
 from spherepde.geometry.ambient import inner
 from spherepde.base.errors import CaseError, NumericalFailure
-from spherepde.kernels.exp_kernel import MemberKernels
+from spherepde.kernels.choice import MemberKernels
 from spherepde.model.losses import make_loss
 from spherepde.model.attention import attention, velocity
 from spherepde.model.transport import complex_state, real_state

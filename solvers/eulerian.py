@@ -27,9 +27,10 @@ from spherepde.discretisation.bases import make_basis
 from spherepde.base.device import placement as make_placement
 from spherepde.model.energy import FreeEnergy
 from spherepde.base.errors import CaseError, NumericalFailure
-from spherepde.kernels.exp_kernel import MemberKernels
+from spherepde.kernels.choice import MemberKernels
+from spherepde.kernels.funk_hecke import check_resolution
 from spherepde.model.initial import initial_density
-from spherepde.model.attention import Model, ModelBatch, check_resolution, interaction_energy, principal_subspace
+from spherepde.model.attention import Model, ModelBatch, interaction_energy, principal_subspace
 from spherepde.io.output import DIAGNOSTIC_ATTRS, eulerian_dataset
 from spherepde.base.progress import Progress
 from spherepde.model.transport import Transport, complex_state, real_diagonal, real_state

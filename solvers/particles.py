@@ -54,7 +54,7 @@ from spherepde.geometry.ambient import tangent_projection
 from spherepde.base.device import placement as make_placement
 from spherepde.model.energy import FreeEnergy
 from spherepde.base.errors import CaseError
-from spherepde.kernels.exp_kernel import DenseExpKernel, block_rows, dense_exp_kernel
+from spherepde.kernels.dense import DenseExpKernel, block_rows, dense_exp_kernel
 from spherepde.model.attention import Model, ModelBatch, attention_mean, principal_subspace, velocity, zero_temperature_mean
 from spherepde.io.output import particle_dataset
 from spherepde.base.progress import Progress
@@ -145,7 +145,7 @@ def direct_attention(points: torch.Tensor, coupling: torch.Tensor, softmax: bool
 
 class SystemKernel:
     """The exponential-kernel sum over each system's particles with weights 1/n_s, where `direct_attention` does
-    not serve: channels (S, n_s, c) -> (scaled, log_scale) as the transforms of spherepde.kernels.exp_kernel give them
+    not serve: channels (S, n_s, c) -> (scaled, log_scale) as the transforms of spherepde.kernels give them
     (model.attention's `exp_kernel`).  beta = 0: the plain sums; else the shifted blocks of
     exp_kernel.dense_exp_kernel."""
 

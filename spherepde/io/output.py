@@ -68,7 +68,7 @@ def eulerian_dataset(recorder, status: str) -> xr.Dataset:
     attrs = {
         "solver": "eulerian",
         "status": status,
-        "backend": getattr(basis, "backend", "torch-fft"),
+        "backend": basis.backend,
         "grid": "uniform" if basis.dim == 2 else "gauss-legendre",
         "grid_shape": list(basis.grid_shape),
         "lmax": basis.lmax,
