@@ -1,10 +1,10 @@
-"""Dense attention (exp_kernel.dense_exp_kernel) by block size: time relative to solver.chunk = "auto".
+"""Dense attention (kernels.dense.dense_exp_kernel) by block size: time relative to solver.chunk = "auto".
 
 One call is T_C f = sum_j exp(beta <x_i, C y_j>) f_j over n points (x = y, particles on S^2, C = seed 003's
 B = diag(-1, -1, 1), the d + 1 = 4 channels of the softmax), cut into blocks of rows whose kernel matrix takes
 a given number of MiB.  Every size is timed in each round, the rounds repeated, so that the ratios of medians
 are measured side by side on a shared machine; time is the calling thread's CPU time (one thread).  With
---beta 1000 most entries sit at the exponent floor (exp_kernel.exponent_floor).
+--beta 1000 most entries sit at the exponent floor (kernels.dense.exponent_floor).
 
     OMP_NUM_THREADS=1 python benchmarks/dense_blocks.py [--n 1000 2000 4000 8000 16000] [--beta 30]
 """
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from spherepde.kernels.exp_kernel import block_rows, dense_exp_kernel  # noqa: E402
+from spherepde.kernels.dense import block_rows, dense_exp_kernel  # noqa: E402
 
 MEBIBYTES = [0.25, 1.0, 4.0, 16.0, 64.0]
 

@@ -32,8 +32,9 @@ import torch  # noqa: E402
 
 from spherepde.discretisation.bases import SphereBasis  # noqa: E402
 from spherepde.base.device import placement  # noqa: E402
-from spherepde.kernels.exp_kernel import (DENSE_MATRIX_BYTES, DenseExpKernel, SpectralExpKernel, dense_exp_kernel,  # noqa: E402
-                                  make_exp_kernel)
+from spherepde.kernels.choice import make_exp_kernel  # noqa: E402
+from spherepde.kernels.dense import DENSE_MATRIX_BYTES, DenseExpKernel, dense_exp_kernel  # noqa: E402
+from spherepde.kernels.spectral import SpectralExpKernel  # noqa: E402
 
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])
 ROTATION = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]

@@ -25,7 +25,9 @@ import torch  # noqa: E402
 
 from spherepde.discretisation.bases import SphereBasis  # noqa: E402
 from spherepde.base.device import placement  # noqa: E402
-from spherepde.kernels.exp_kernel import SpectralExpKernel, dense_exp_kernel, kernel_degree  # noqa: E402
+from spherepde.kernels.dense import dense_exp_kernel  # noqa: E402
+from spherepde.kernels.funk_hecke import kernel_degree  # noqa: E402
+from spherepde.kernels.spectral import SpectralExpKernel  # noqa: E402
 
 CPU64 = placement("cpu", "float64")
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])

@@ -55,7 +55,7 @@ import torch
 
 from spherepde.geometry.ambient import inner
 from spherepde.base.errors import NumericalFailure
-from spherepde.kernels.exp_kernel import MemberKernels
+from spherepde.kernels.choice import MemberKernels
 from spherepde.model.attention import attention, velocity
 from spherepde.model.transport import complex_state, real_state
 

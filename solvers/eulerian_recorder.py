@@ -114,7 +114,7 @@ class Recorder(RunRecord):
         basis = self.basis
         attrs = {
             "solver": "eulerian",
-            "backend": getattr(basis, "backend", "torch-fft"),
+            "backend": basis.backend,
             "grid": "uniform" if basis.dim == 2 else "gauss-legendre",
             "grid_shape": list(basis.grid_shape),
             "lmax": basis.lmax,

@@ -13,9 +13,10 @@ import torch
 from spherepde.discretisation.bases import make_basis
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
-from spherepde.kernels.exp_kernel import MemberKernels
+from spherepde.kernels.choice import MemberKernels
 from spherepde.model.initial import initial_density
-from spherepde.model.attention import Model, ModelBatch, check_resolution
+from spherepde.model.attention import Model, ModelBatch
+from spherepde.kernels.funk_hecke import check_resolution
 from spherepde.model.transport import Transport, complex_state, real_diagonal, real_state
 
 from solvers.timegrid import Plan

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from spherepde.base.errors import CaseError
-from spherepde.kernels.exp_kernel import block_rows, dense_exp_kernel
+from spherepde.kernels.dense import block_rows, dense_exp_kernel
 from spherepde.model.attention import ModelBatch, attention_mean, velocity, zero_temperature_mean
 
 
@@ -95,9 +95,9 @@ def direct_attention(points: torch.Tensor, coupling: torch.Tensor, softmax: bool
 
 class SystemKernel:
     """The exponential-kernel sum over each system's particles with weights 1/n_s, where `direct_attention` does
-    not serve: channels (S, n_s, c) -> (scaled, log_scale) as the transforms of spherepde.kernels.exp_kernel give them
+    not serve: channels (S, n_s, c) -> (scaled, log_scale) as the transforms of spherepde.kernels give them
     (model.attention's `exp_kernel`).  beta = 0: the plain sums; else the shifted blocks of
-    exp_kernel.dense_exp_kernel."""
+    kernels.dense.dense_exp_kernel."""
 
     def __init__(self, points: torch.Tensor, B: torch.Tensor, beta: torch.Tensor, chunk: int | str):
         self.points, self.B, self.beta, self.chunk = points, B, beta, chunk

@@ -11,7 +11,7 @@ import torch
 from spherepde.measures import diagnostics as diag
 from spherepde.measures.sample_statistics import half_sample_bias, mean_and_error, paired_w2
 from spherepde.model.energy import FreeEnergy
-from spherepde.kernels.exp_kernel import DenseExpKernel
+from spherepde.kernels.dense import DenseExpKernel
 from spherepde.model.attention import Model, principal_subspace
 from spherepde.io.output import particle_dataset
 

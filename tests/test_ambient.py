@@ -1,5 +1,5 @@
 """Pointwise vector algebra (spherepde/geometry/ambient.py) in both memory layouts the solvers hand it: components
-innermost (grid points, particles) and outermost (the exp_kernel's channel-major output)."""
+innermost (grid points, particles) and outermost (the exponential-kernel transforms' channel-major output)."""
 
 import torch
 

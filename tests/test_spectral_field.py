@@ -9,9 +9,12 @@ import torch
 from spherepde.discretisation.bases import CircleBasis, SphereBasis
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError
-from spherepde.kernels.exp_kernel import (CircleEvaluator, DenseExpKernel, DuccEvaluator, SpectralExpKernel, SphereRotation,
-                                  TorusNUFFT, barycentric_weights, chebyshev_nodes, funk_hecke, grid_permutation,
-                                  dense_exp_kernel, make_exp_kernel)
+from spherepde.discretisation.rotations import SphereRotation, grid_permutation
+from spherepde.discretisation.scattered import CircleEvaluator, DuccEvaluator, TorusNUFFT, barycentric_weights
+from spherepde.kernels.choice import make_exp_kernel
+from spherepde.kernels.dense import DenseExpKernel, dense_exp_kernel
+from spherepde.kernels.funk_hecke import chebyshev_nodes, funk_hecke
+from spherepde.kernels.spectral import ScaledMode, SpectralExpKernel
 from solvers.eulerian import run_eulerian
 
 CPU64 = placement("cpu", "float64")
@@ -120,8 +123,8 @@ def test_circle_rotation_is_exact(reflect):
     basis = CircleBasis(12, CPU64)
     c = random_coefficients(basis)
     kernel = SpectralExpKernel(basis, torch.as_tensor(Q), 0.0, 1e-10)  # beta = 0: plain integral, no rotation
-    assert kernel.rotation is None
-    from spherepde.kernels.exp_kernel import CircleRotation
+    assert isinstance(kernel.mode, ScaledMode)
+    from spherepde.discretisation.rotations import CircleRotation
 
     rotated = CircleRotation(Q, basis.lmax, torch.device("cpu"), torch.float64)(c)
     expected = basis.evaluate(c, basis.points @ torch.as_tensor(Q))
@@ -141,7 +144,7 @@ def test_chebyshev_node_count_is_the_smallest_meeting_the_tolerance():
         interpolated = barycentric_weights(points, r) @ funk_hecke(3, 100.0 * points[:, None], degree)
         return (np.abs(interpolated - exact) / exact[:, :1]).max()
 
-    from spherepde.kernels.exp_kernel import chebyshev_points
+    from spherepde.discretisation.scattered import chebyshev_points
 
     assert error(nodes) <= 1.5e-12
     assert error(chebyshev_points(len(nodes) - 1, 1 / 3, 1.0)) > 1e-12
@@ -336,7 +339,7 @@ def test_dense_kernel_over_scattered_points_does_not_underflow():
 
 def test_dense_kernel_at_beta_1000_where_most_entries_underflow():
     """At beta = 1000 most shifted exponents lie below log(smallest normal) (the CPU's slow path, hence
-    exp_kernel.exponent_floor): Z must still equal an independent log-sum-exp and N / Z the softmax mean
+    kernels.dense.exponent_floor): Z must still equal an independent log-sum-exp and N / Z the softmax mean
     to round-off, in blocks of any size (`solver.chunk` "auto" and 7 rows)."""
     generator = torch.Generator().manual_seed(11)
     points = torch.nn.functional.normalize(torch.randn(600, 3, generator=generator, dtype=torch.float64), dim=1)

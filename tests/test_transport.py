@@ -7,7 +7,7 @@ import torch
 from spherepde.discretisation.bases import make_basis
 from spherepde.io.case import case_from_dict
 from spherepde.base.device import placement
-from spherepde.kernels.exp_kernel import MemberKernels
+from spherepde.kernels.choice import MemberKernels
 from spherepde.model.initial import initial_density
 from spherepde.model.attention import Model, ModelBatch, attention, velocity
 from spherepde.model.transport import Transport, complex_state, real_state

@@ -30,7 +30,7 @@ from spherepde.io.case import load_case_text
 from spherepde.discretisation.timesteppers import RK4, explicit_flow  # the characteristics are integrated like particles
 from spherepde.geometry.sphere import normalise
 from spherepde.base.device import placement as make_placement
-from spherepde.kernels.exp_kernel import dense_exp_kernel
+from spherepde.kernels.dense import dense_exp_kernel
 from spherepde.model.initial import initial_density
 
 # ---------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ Shared interface (`CircleBasis`, `SphereBasis`):
     degree         (*coeff,) degree l (S^2) or |k| (S^1) of each coefficient
     laplacian      (*coeff,) eigenvalue of the Laplace-Beltrami operator: -l(l+1) or -k^2
     frame          (d - 1, *grid, d) orthonormal tangent frame: t (S^1); e_theta, e_phi (S^2)
+    backend        the transforms' backend: "torch-fft" (S^1), "torch" or "shtns" (S^2)
+    float64_points the grid's unit vectors (N, d) in numpy float64, whatever the run's dtype
+    scalar_transform(lmax)  analysis and synthesis alone of degree lmax on the same grid, same backend
     analysis / synthesis, gradient (coeffs -> tangent field), divergence (tangent field -> coeffs)
     synthesis_adjoint, divergence_adjoint: their exact transposes (for hand-written adjoints)
     norm_squared   L2(sigma) norm^2 computed from coefficients (Parseval)
@@ -33,6 +36,7 @@ exact in exact arithmetic on both grids (modes outside the triangle, multiplicit
 import functools
 import math
 
+import numpy as np
 import torch
 
 from spherepde.geometry.ambient import inner
@@ -128,7 +132,7 @@ def dealiased_gauss_latitudes(lmax: int, minimum: int = 0) -> int:
 def dealiased_gauss_grid(lmax: int, minimum: int = 0) -> tuple[int, int]:
     """(nlat, nlon) of the dealiased Gauss grid: nlat from ``dealiased_gauss_latitudes``, nlon >= 2 nlat
     with a fast FFT (``fft_length``) and divisible by 4, so that the meridians phi = k pi / 2 are on the
-    grid and every sign flip of the coordinates permutes it (exp_kernel.grid_permutation)."""
+    grid and every sign flip of the coordinates permutes it (discretisation.rotations.grid_permutation)."""
     nlat = dealiased_gauss_latitudes(lmax, minimum)
     return nlat, fft_length(2 * nlat, 4)
 
@@ -157,6 +161,7 @@ class CircleBasis(_SpectralBasis):
     """Fourier basis on S^1 (d = 2), points x = (cos theta, sin theta)."""
 
     dim = 2
+    backend = "torch-fft"
 
     def __init__(self, lmax: int, placement: Placement, n: int | None = None):
         self.lmax, self.placement = lmax, placement
@@ -202,6 +207,15 @@ class CircleBasis(_SpectralBasis):
 
     def coordinates(self) -> dict:
         return {"theta": self.theta}
+
+    def float64_points(self) -> np.ndarray:
+        """The grid's unit vectors (n, 2) in float64 whatever the run's dtype: theta_j = 2 pi j / n."""
+        theta = 2 * np.pi * np.arange(self.grid_shape[0]) / self.grid_shape[0]
+        return np.stack([np.cos(theta), np.sin(theta)], axis=1)
+
+    def scalar_transform(self, lmax: int) -> FourierTransform:
+        """The Fourier transform of degree `lmax` on this grid."""
+        return FourierTransform(lmax, self.fourier.n, self.placement.device, self.placement.real)
 
     def evaluate(self, c: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
         """f(x) at arbitrary points x (n, 2) of the circle from coefficients (kmax+1,): the exact series."""
@@ -292,6 +306,26 @@ class SphereBasis(_SpectralBasis):
 
     def coordinates(self) -> dict:
         return {"lat": self.latitude, "lon": self.longitude}
+
+    def float64_points(self) -> np.ndarray:
+        """The grid's unit vectors (nlat nlon, 3) in float64 whatever the run's dtype: Gauss nodes cos(theta_j)
+        (north to south) and phi_k = 2 pi k / nlon."""
+        nlat, nlon = self.grid_shape
+        z = gauss_legendre(nlat)[0][:, None]
+        phi = 2 * np.pi * np.arange(nlon)[None, :] / nlon
+        s = np.sqrt((1 - z) * (1 + z))
+        return np.stack(np.broadcast_arrays(s * np.cos(phi), s * np.sin(phi), z), axis=-1).reshape(-1, 3)
+
+    def scalar_transform(self, lmax: int):
+        """Scalar analysis and synthesis alone of degree `lmax` on this grid, with the basis's backend."""
+        nlat, nlon = self.grid_shape
+        if self.backend == "shtns":
+            from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT
+
+            return ShtnsSHT(lmax, nlat, nlon, self.placement.device, self.placement.real)
+        from spherepde.discretisation.transforms.sht_torch import TorchSHT
+
+        return TorchSHT(lmax, nlat, nlon, self.placement.device, self.placement.real, vector=False)
 
     def evaluate(self, c: torch.Tensor, points: torch.Tensor, block: int = 2048) -> torch.Tensor:
         """f(x) at arbitrary points x (n, 3) from coefficients (lmax+1, lmax+1): the exact series,

@@ -3,8 +3,8 @@ at each grid point or particle (positions x on S^{d-1}, velocities, attention me
 
 The sums over components are written out as d fused multiply-adds.  On the CPU, torch's reduction over a
 last axis of length 2 or 3 is about three times slower than that, and twenty times slower (vector_norm) when
-the components are the outermost axis in memory, as in the exp_kernel's channel-major output: 10 ms of an
-S^2 step's 46 ms at lmax 160 went to one such norm.
+the components are the outermost axis in memory, as in the exponential-kernel transforms' channel-major output:
+10 ms of an S^2 step's 46 ms at lmax 160 went to one such norm.
 """
 
 import torch

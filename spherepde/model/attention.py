@@ -16,8 +16,6 @@ import torch
 
 from spherepde.geometry.ambient import norm, tangent_projection
 from spherepde.base.device import Placement
-from spherepde.base.errors import CaseError
-from spherepde.kernels.exp_kernel import kernel_degree
 
 
 @dataclass(frozen=True)
@@ -147,7 +145,7 @@ def attention(batch: ModelBatch, exp_kernel, points: torch.Tensor, rho: torch.Te
 
     points (P, d) shared or (M, P, d); rho (M, P): densities on a grid, or ones for particles (the
     quadrature weights are the transform's); exp_kernel maps channels (M, P, c) to (scaled, log_scale) as
-    `spherepde.kernels.exp_kernel` transforms do, member by member."""
+    `spherepde.kernels.choice` transforms do, member by member."""
     if batch.zero_temperature:
         return zero_temperature_mean(batch.B, points), None
     if batch.kernel == "unnormalized":  # N alone: no Z channel to transform
@@ -198,31 +196,3 @@ def principal_subspace(matrix: np.ndarray, rtol: float = 1e-9) -> np.ndarray | N
     q, r = np.linalg.qr(eigenvectors[:, chosen].real)
     rank = int((np.abs(np.diag(r)) > rtol).sum())
     return q[:, :rank]
-
-
-def check_resolution(model: Model, basis, tol: float) -> None:
-    """Refuse a grid too coarse for the kernel width (CaseError naming the lmax needed).
-
-    The kernel exp(beta <C^T x, y>) has Funk-Hecke weights above tol up to degree
-    kernel_degree(beta sigma_max(B)) (its width ~ 1/sqrt(beta sigma_max)); with rho of degree
-    lmax the grid must integrate polynomials of degree kernel_degree + lmax exactly.  The same
-    rule holds for both fields: the dense quadrature is accurate to tol only then, and the
-    spectral transform, exact at any lmax for band-limited rho, yields an attention field that
-    varies on the kernel width, which a coarser grid cannot carry through the product rho v.
-    """
-    if model.zero_temperature or model.beta == 0:
-        return
-    sigma_max = float(torch.linalg.matrix_norm(model.B.double(), ord=2))
-    try:
-        needed = kernel_degree(model.beta * sigma_max, basis.dim, tol)
-    except ValueError:
-        raise CaseError(f"model.beta: beta |B| = {model.beta * sigma_max:g} makes the kernel narrower than any "
-                        f"grid can carry; lower model.beta or model.B, or use beta = \"inf\"") from None
-    if needed + basis.lmax <= basis.quadrature_degree(basis.lmax):
-        return
-    lmax = basis.lmax
-    while needed + lmax > basis.quadrature_degree(lmax):
-        lmax += 1
-    raise CaseError(
-        f"sphere.lmax: {basis.lmax} is too coarse for model.beta = {model.beta:g} "
-        f"(kernel needs degree {needed} at solver.kernel_tol = {tol:g}); use lmax >= {lmax}")

@@ -551,6 +551,6 @@ def attention_operator(basis, batch: ModelBatch, kernels, operator_bytes: int = 
 
 def _shifted_matrix(kernel) -> tuple[torch.Tensor, torch.Tensor]:
     """The shifted kernel matrix of a dense transform that does not keep it (beta = 0: all ones)."""
-    from spherepde.kernels.exp_kernel import shifted_exp_kernel
+    from spherepde.kernels.dense import shifted_exp_kernel
 
     return shifted_exp_kernel(kernel.points, kernel.points, kernel.C, kernel.beta)

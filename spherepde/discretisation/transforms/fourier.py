@@ -11,7 +11,10 @@ import torch
 
 
 class FourierTransform:
-    """Real-field Fourier analysis / synthesis on n uniform points, modes |k| <= kmax."""
+    """Real-field Fourier analysis / synthesis on n uniform points, modes |k| <= kmax (no stored tables:
+    ``table_bytes`` is 0)."""
+
+    table_bytes = 0
 
     def __init__(self, kmax: int, n: int, device=torch.device("cpu"), dtype=torch.float64):
         if n <= 2 * kmax:

@@ -1,0 +1,110 @@
+"""The choice of exponential-kernel transform  T_C f(x) = integral exp(beta <x, C y>) f(y) dsigma(y).
+
+It is the attention integral of the model: with f = rho (partition function Z) and f = y_c rho (numerator N),
+applied with C = B.  Values can be astronomically large (beta in the thousands), so every implementation
+returns them scaled, T_C f(x) = exp(log_scale(x)) * scaled(x), with log_scale(x) <= beta |C^T x|, the bound
+keeping every kernel entry below 1, since <x, C y> = <C^T x, y> <= |C^T x|.  Both implementations, the dense
+quadrature (spherepde.kernels.dense) and the spectral Funk-Hecke transform (spherepde.kernels.spectral), share
+one call signature, f (*grid, c) -> (scaled (*grid, c), log_scale (*grid)), and a `name`; `make_exp_kernel`
+picks one (solver.field) and `MemberKernels` holds those of a batch of members.  The transform is linear and
+never divides: whether N / Z is well defined is the model's business (`model.attention_mean`).
+"""
+
+import copy
+import math
+
+import torch
+
+from spherepde.base.errors import CaseError
+from spherepde.kernels.dense import DENSE_MATRIX_BYTES, DenseExpKernel
+from spherepde.kernels.spectral import SpectralExpKernel
+
+
+def make_exp_kernel(basis, C: torch.Tensor, beta: float, field: str, tol: float, chunk: int | str = "auto"):
+    """The exponential-kernel transform for solver.field = "dense" | "spectral" | "auto".
+
+    "auto" takes the spectral transform when it reaches tol (a general C may need too many
+    Chebyshev nodes) and its estimated cost per call (`cost`, flops for the d + 1 channels
+    rho, y rho) is below the dense quadrature's; else the dense one.  At beta = inf the model
+    never calls the transform (m = B^T x / |B^T x|) and the dense one stands in.
+    """
+    if math.isinf(beta):
+        return DenseExpKernel(basis, C, beta, chunk)
+    if field == "dense":
+        return DenseExpKernel(basis, C, beta, chunk, DENSE_MATRIX_BYTES)
+    if field == "spectral":
+        return SpectralExpKernel(basis, C, beta, tol)
+    dense = DenseExpKernel(basis, C, beta, chunk, DENSE_MATRIX_BYTES)
+    try:
+        spectral = SpectralExpKernel(basis, C, beta, tol)
+    except CaseError:
+        return dense
+    channels = basis.dim + 1
+    return spectral if spectral.cost(channels) < dense.cost(channels) else dense
+
+
+class MemberKernels:
+    """The exponential-kernel transforms of a batch of members on one basis grid (solver.field for each member's
+    C = B_m and beta_m): one transform per distinct (B, beta), members sharing it transformed in one call.
+
+    Called like a transform, with a member axis and the grid flattened: f (M, P, c) -> (scaled (M, P, c),
+    log_scale (M, P)).  `member(m)` is member m's own transform (grid-shaped calls, as `make_exp_kernel`'s).
+    """
+
+    def __init__(self, basis, B: torch.Tensor, beta, field: str, tol: float, chunk: int | str = "auto"):
+        self.grid_shape, self.device = basis.grid_shape, B.device
+        self.kernels, self._of_member, groups = [], [], {}
+        for m, (C, b) in enumerate(zip(B, beta)):
+            key = (float(b), C.detach().cpu().double().numpy().tobytes())
+            if key not in groups:
+                groups[key] = len(self.kernels)
+                self.kernels.append(make_exp_kernel(basis, C, float(b), field, tol, chunk))
+            self._of_member.append(groups[key])
+        self._group()
+
+    def _group(self) -> None:
+        """(kernel, member indices) of every transform some member uses."""
+        self._groups = [(kernel, torch.as_tensor([m for m, k in enumerate(self._of_member) if k == g],
+                                                 device=self.device))
+                        for g, kernel in enumerate(self.kernels) if g in self._of_member]
+
+    def select(self, members: list) -> "MemberKernels":
+        """The transforms of the members at the indices `members` (a list), in that order."""
+        chosen = copy.copy(self)
+        chosen._of_member = [self._of_member[m] for m in members]
+        chosen._group()
+        return chosen
+
+    @property
+    def name(self) -> str:
+        """The transforms' `name` ("dense" or "spectral"), or "mixed"."""
+        names = {kernel.name for kernel in self.kernels}
+        return names.pop() if len(names) == 1 else "mixed"
+
+    def member(self, m: int):
+        return self.kernels[self._of_member[m]]
+
+    def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Channels last: f (M, P, c) -> (scaled (M, P, c), log_scale (M, P))."""
+        scaled, log_scale = self.fields(f.transpose(1, 2))
+        return scaled.transpose(1, 2), log_scale
+
+    def fields(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Channels first: f (M, c, P) -> (scaled (M, c, P), log_scale (M, P)); the members' fields go through
+        their transform together, as one batch of M c fields."""
+        if len(self._groups) == 1:
+            return _members_through(self._groups[0][0], f, self.grid_shape)
+        scaled, log_scale = torch.empty_like(f), f.new_empty((f.shape[0], f.shape[2]))
+        for kernel, members in self._groups:
+            part, part_scale = _members_through(kernel, f.index_select(0, members), self.grid_shape)
+            scaled.index_copy_(0, members, part)
+            log_scale.index_copy_(0, members, part_scale)
+        return scaled, log_scale
+
+
+def _members_through(kernel, f: torch.Tensor, grid_shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """One transform applied to the fields of every member at once: (M, c, P), the member axis riding along with
+    the channels."""
+    members, channels, points = f.shape
+    scaled, log_scale = kernel.fields(f.reshape((members * channels,) + tuple(grid_shape)))
+    return scaled.reshape(members, channels, points), log_scale.reshape(1, points).expand(members, points)
