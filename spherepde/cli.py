@@ -28,7 +28,7 @@ EXAMPLES = {
   spherepde run cases/kuramoto-s1.toml --set model.eps=0.4 --set "model.V=[[2,0],[0,2]]"
   spherepde run cases/kuramoto-s2.toml --solver particles --set particles.n=100000 --set particles.replicas=10
   spherepde run CASE.toml -o OUT.nc --resume       # after an interruption (Ctrl-C, a killed job)
-every key of a case file, with its default: the docstring of spherepde/io/case.py""",
+every key of a case file, with its default: the docstring of spherepde/io/case_schema.py""",
     "compare": """examples:
   spherepde compare out/both.nc                  # the two halves of a --solver both file
   spherepde compare eulerian.nc particles.nc -o out/report""",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import spherepde.io.case as case_module
+import spherepde.io.case_schema as case_schema
 from conftest import make_case
 from spherepde.io.case import Case, case_from_dict, load_case, load_case_text, parse_override
 from spherepde.base.errors import CaseError
@@ -448,7 +448,7 @@ def test_every_resolved_key_is_documented(tmp_path):
     keys = {f"{section}.{key}" for text in texts
             for section, table in load_case_text(text, base_dir=tmp_path).data.items() for key in table}
     assert len(keys) == 44  # every key of every section, each initial kind included
-    assert [key for key in keys if key not in case_module.__doc__] == []
+    assert [key for key in keys if key not in case_schema.__doc__] == []
 
 
 @pytest.mark.parametrize("path", SHIPPED_CASES, ids=lambda path: path.stem)

@@ -3,7 +3,7 @@ refused up front with one line (CaseError, exit status 2), not after minutes of 
 
 This module imports neither torch nor the solvers (importing torch alone takes about 220 MB), so that a refusal
 costs what reading the case costs.  The case file's own limits (its size, its nesting, the ranges of its keys)
-are in spherepde.io.case.
+are in spherepde.io.case and spherepde.io.case_schema.
 """
 
 import math

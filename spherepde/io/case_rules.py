@@ -1,0 +1,95 @@
+"""The cross-key rules of a case's sections: checks of a resolved section that look at several of its keys (or at
+other sections) at once, each raising a CaseError that names the key to change.
+"""
+
+from __future__ import annotations
+
+import math
+
+from spherepde.base.errors import CaseError
+from spherepde.io.case_files import negative_part
+
+
+def model_rules(model: dict, ctx) -> None:
+    if model["beta"] == math.inf and model["kernel"] != "softmax":
+        raise CaseError(f'model.beta: "inf" needs model.kernel = "softmax", got {model["kernel"]!r}')
+    if model["beta"] == math.inf and not any(map(any, model["B"])):
+        raise CaseError('model.B: must be nonzero at model.beta = "inf" (the attention goes to '
+                        "B^T x / |B^T x|, which B = 0 leaves 0/0 at every x)")
+
+
+def initial_rules(initial: dict, ctx) -> None:
+    if initial["kind"] == "file":
+        problem = negative_part(initial)
+        if problem:
+            raise CaseError(f"initial.path: {problem}")
+    if initial["kind"] != "vmf_mixture":
+        return
+    count = len(initial["means"])
+    for key in ("kappas", "weights"):
+        if len(initial[key]) != count:
+            raise CaseError(f"initial.{key}: expected one entry per entry of initial.means "
+                            f"({count}), got {len(initial[key])}")
+
+
+_MAX_SAVES = 10 ** 6  # the save times are a list in memory
+_MAX_STEPS_PER_SAVE = 10 ** 12  # beyond this a run would never end
+# The stiffest diffusion mode over one step, dt eps lmax (lmax + 1): an IMEX step weighs terms
+# dt lam U_i of that size against O(1) coefficients, and imex-ark436 amplifies their rounding
+# error beyond ~1e17 in float32 (~1e35 in float64); float32's eps lmax^2 overflows near 3e38.
+_MAX_DIFFUSION_STIFFNESS = 1e15
+
+
+def time_rules(time: dict, ctx) -> None:
+    if not time["save_every"] > 0:
+        raise CaseError(f"time.t_end: {time['t_end']!r} is too small: its default save_every, t_end / 20, rounds to 0")
+    if "dt" in time and "cfl" in time:
+        raise CaseError("time.dt: give either time.dt or time.cfl, not both")
+    if time["t_end"] / time["save_every"] > _MAX_SAVES:
+        raise CaseError(f"time.save_every: t_end / save_every = {time['t_end'] / time['save_every']:.3g} saves; "
+                        f"at most {_MAX_SAVES:.0e}")
+    if "dt" in time:
+        _fixed_step_rules(time, time["dt"], "time.dt")
+    eps, lmax = ctx.data["model"]["eps"], ctx.data["sphere"]["lmax"]
+    longest_step = min(time["save_every"], time["t_end"], time.get("dt", math.inf))
+    if eps * lmax * (lmax + 1) * longest_step > _MAX_DIFFUSION_STIFFNESS:
+        raise CaseError(f"model.eps: {eps:.3g} makes the stiffness dt eps lmax (lmax + 1) of a step up to "
+                        f"{eps * lmax * (lmax + 1) * longest_step:.3g} (dt <= min(t_end, save_every, time.dt)); "
+                        f"at most {_MAX_DIFFUSION_STIFFNESS:.0e}, beyond which a diffusion step loses every digit")
+
+
+def _fixed_step_rules(time: dict, dt: float, key: str) -> None:
+    """A fixed step dt (given as `key`) must end: at most _MAX_STEPS_PER_SAVE steps per save, and within
+    time.max_steps when there is one."""
+    if min(time["save_every"], time["t_end"]) / dt > _MAX_STEPS_PER_SAVE:
+        raise CaseError(f"{key}: {dt!r} makes more than {_MAX_STEPS_PER_SAVE:.0e} steps per save")
+    if "max_steps" in time and math.ceil(time["t_end"] / dt - 1e-9) > time["max_steps"]:
+        # at least t_end / dt steps with a fixed dt (each save interval is cut into whole steps): known now
+        raise CaseError(f"time.max_steps: {time['max_steps']} steps cannot reach t_end = {time['t_end']:g} with "
+                        f"{key} = {dt:g} (at least {math.ceil(time['t_end'] / dt - 1e-9)} steps)")
+
+
+def particles_rules(particles: dict, ctx) -> None:
+    if "dt" in particles and ctx.data["solver"]["method"] in ("particles", "both"):
+        _fixed_step_rules(ctx.data["time"], particles["dt"], "particles.dt")
+    if particles["save"] > particles["n"]:
+        raise CaseError(f"particles.save: must be <= particles.n = {particles['n']}, got {particles['save']}")
+    n, replicas = particles["n"], particles["replicas"]
+    if n % replicas or n // replicas < 2:
+        raise CaseError(f"particles.replicas: must divide particles.n = {n} into systems of at least 2 tokens, "
+                        f"got {replicas}")
+
+
+def control_rules(control: dict, ctx) -> None:
+    if "dt" not in ctx.data["time"]:
+        raise CaseError("control: a training run needs time.dt (one fixed step grid for the forward and "
+                        "adjoint runs), not time.cfl")
+    if ctx.data["solver"]["method"] == "both":
+        raise CaseError("control: training runs use solver.method = 'eulerian' or 'particles', not 'both' "
+                        "(train each separately)")
+    if control.get("noise") == "fresh" and control["optimizer"] == "lbfgs":
+        raise CaseError("control.noise: 'fresh' noise makes J random, which the line search of 'lbfgs' cannot "
+                        "use (take 'adam' or 'gd')")
+    if control.get("noise") == "fresh" and control["tol"] > 0:
+        raise CaseError("control.tol: with 'fresh' noise J changes between iterations by chance, so the stopping "
+                        "rule would stop at random (set control.tol = 0 and a number of iterations)")

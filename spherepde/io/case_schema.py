@@ -1,0 +1,329 @@
+"""The keys of a case file: one declaration per key, with its check and its default (DESIGN §5).
+
+Schema (d = ``sphere.dim``; "required" keys have no default; "absent" means the key is
+left out of the resolved data when not given):
+
+=========================  ==========================================  =========================
+key                        type and check                              default
+=========================  ==========================================  =========================
+case.name                  non-blank string of at most 210 bytes       file stem (leading dots
+                           without "/", the OS's path separators or    dropped, separators made
+                           NUL, not starting with ".": it names the    "_", cut to 210 bytes),
+                           default output files                        else "case"
+case.description           string                                      ""
+sphere.dim                 int in [2, 2048) (the Eulerian solver       required
+                           takes 2, 3; the d x d matrices of the
+                           resolved case go into every output file)
+sphere.lmax                int in [2, 32768)                           32
+model.kernel               "softmax" | "unnormalized"                  "softmax"
+model.beta                 real >= 0, or "inf"/inf (softmax only)      1.0
+model.B, model.V           d x d real matrix; B nonzero at beta = inf  identity
+                           (m = B^T x / |B^T x|; a singular B is
+                           allowed: 0/0 only on the null set where
+                           B^T x = 0, where m is taken as 0)
+model.W                    d x d real matrix                           zeros
+model.eps                  real >= 0, with eps lmax (lmax + 1) h <=    0.0
+                           1e15 for the longest step h = min(t_end,
+                           save_every, time.dt): stiffer diffusion
+                           steps lose every digit (imex-ark436 grows
+                           rounding errors from ~1e17 in float32)
+initial.kind               "uniform" | "vmf" | "vmf_mixture" |         "uniform"
+                           "projected_gaussian" | "file"
+initial.mean               vmf: nonzero length-d vector, made unit;    required
+                           projected_gaussian: length-d vector m (any,
+                           kept as given), X ~ N(m, S), x = X / |X|
+initial.covariance         projected_gaussian: S, a d x d symmetric    required
+                           positive definite matrix, or a real s > 0
+                           for S = s I (resolved to the matrix)
+initial.kappa              vmf: real >= 0                              required
+initial.means              vmf_mixture: list of nonzero length-d       required
+                           vectors, each made unit
+initial.kappas             vmf_mixture: list of reals >= 0             required
+initial.weights            vmf_mixture: reals >= 0, positive sum,      equal weights
+                           normalised to sum 1
+initial.path               file: readable file, made absolute          required
+                           (relative to the case file's directory)
+initial.time               file: int index into its time axis          -1
+initial.sha256             file: the SHA-256 of the file's bytes (64   the file's
+                           hex digits); a run refuses a file that no   digest
+                           longer matches, so an output's stored case
+                           pins the density it started from
+time.t_end                 real > 0                                    required
+time.dt                    real > 0 (not together with time.cfl), at   absent
+                           most 1e12 steps per save interval
+time.cfl                   real > 0 (not together with time.dt)        0.5 when dt is absent
+time.save_every            real > 0, at most 1e6 saves up to t_end     t_end / 20
+time.scheme                "auto" | "imex-ark436" | "imex-ars443"  "auto": imex-ark436 when
+                           | "rk4" | "lawson-rk4" (rk4 is explicit     eps > 0, else rk4
+                           in the diffusion too: stable for
+                           dt eps lmax (lmax + 1) <= 2.78)
+time.max_steps             int >= 1 (safety limit on the step count)   absent (no limit)
+solver.method              "eulerian" | "particles" | "both"           "eulerian"
+solver.field               "auto" | "dense" | "spectral"               "auto"
+solver.backend             "auto" | "torch" | "shtns" (S^2 only:       "auto"
+                           sphere.dim = 3)
+solver.device              "auto" | "cpu" | "cuda"                     "auto"
+solver.dtype               "float64" | "float32"                       "float64"
+solver.chunk               "auto" | int >= 1: rows per block of dense  "auto": a 1 MiB block on
+                           attention                                   the CPU; on CUDA 4096 rows,
+                                                                       at most 1 GiB
+solver.threads             "auto" | int >= 1: CPU threads of torch     absent = "auto": 1 up to
+                           during the run (spherepde/base/threads.py)       lmax 128 and 2e4 particles,
+                                                                       else torch's default
+solver.filter_order        int >= 0: exponential spectral filter       0 (no filter)
+                           order
+solver.kernel_tol          real in (0, 1): truncation tolerance of     1e-10
+                           the kernel resolution rule
+particles.n                int in [2, 2**32) (more do not fit one      1000
+                           device: 2**32 x d states of 32 GiB+ each)
+particles.seed             int in [0, 2**63) (torch and numpy take     0
+                           < 2**64; stored as a 64-bit attribute)
+particles.integrator       "euler" | "rk4" | "heun"                    "heun"
+particles.save             int in [0, particles.n]: particles saved    min(n, 1000)
+particles.beta_inf_mode    "mean_field" | "hardmax"                    "mean_field"
+particles.dt               real > 0: particle time step                absent: time.dt, else the
+                                                                       CFL rule of time.cfl
+particles.replicas         int >= 1 dividing particles.n, n / replicas 1
+                           >= 2: independent systems of n / replicas
+                           tokens (standard errors by batch means)
+diagnostics.lyapunov_p     list of distinct reals > 0 (a coordinate)   [0.25]
+diagnostics.tail_tol       real > 0                                    1e-06
+diagnostics.w2             bool: w2_projection at every save. Cost,    true
+                           particles on S^1: the circular
+                           rearrangement with its dual certificate,
+                           O(n log n) + n^2 distances (n = 1e4: 0.5 s
+                           a save, 1.7x the run without it); where not
+                           certified (mass moved by ~1 rad) and on
+                           S^2, POT's exact OT of <= w2_atoms atoms
+                           (1000: seconds a save; false skips it)
+diagnostics.w2_atoms       int >= 1: atoms above which a measure is    1000
+                           quantised before exact W2 (error bound
+                           stored as w2_quantisation_bound, with
+                           the grid's: twice its cells' radius)
+control                    optional: absent means no training, {}      {} (empty)
+control.loss               "align" | "bow" (spherepde.model.losses.LOSSES)   "align"
+control.target             nonzero length-d vector, made unit: align   e_2 = [0, 1, 0...]
+                           target / bow vMF mean direction
+control.lambda_reg         real >= 0: L2 weight of int |W_t|_F^2 dt    0.01
+control.layers             int in [1, 2**20): W_t piecewise constant   8
+                           on equal slices of [0, time.t_end] (the
+                           slice ends are step knots, like the saves)
+control.optimizer          "adam" | "gd" | "lbfgs" (solvers/training)  "adam"
+control.iterations         int >= 0 (0: the forward run of model.W)    100
+control.learning_rate      real > 0                                    0.05
+control.tol                real >= 0: stop when |J_k - J_{k-1}| <=     0 (never)
+                           tol |J_k| or |dJ/dW| <= tol (lbfgs:
+                           scipy's ftol and gtol)
+control.gradient           "discrete" (exact gradient of the           "discrete"
+                           discretised J) | "continuous" (the adjoint
+                           PDE discretised on its own); Eulerian only
+control.checkpoint_every   int >= 0: forward steps between stored      0: ceil(sqrt(steps))
+                           states of the adjoint's recomputation;
+                           Eulerian only
+control.save_adjoint       bool: also write phi_t, the adjoint at the    false
+                           trained W, at the steps nearest the saves
+                           (variable `phi`, coordinate adjoint_time;
+                           one more gradient evaluation); Eulerian only
+control.noise              "common" (every evaluation of J sees the    "common"
+                           same x_0 and Brownian path) | "fresh" (new
+                           ones per evaluation: stochastic gradients;
+                           not with lbfgs or tol > 0); particles only
+control.kappa_cand         bow: real >= 0, vMF concentration of the    2.0
+                           candidates
+control.tau                bow: real > 0, softmax temperature          1.0
+control.K                  bow: int in [2, 2**20), number of           16
+                           candidates (scores: atoms x K; one
+                           candidate has probability 1 whatever mu)
+control.seed               bow: int in [0, 2**63), seed of the         0
+                           candidates
+=========================  ==========================================  =========================
+
+A ``[control]`` section with at least one key makes the run a training run (``spherepde run``
+trains W and writes the trained forward run; an empty ``[control]``, as every plain run's stored
+case has, trains nothing: give e.g. ``loss = "align"`` to train with the defaults); it needs
+``time.dt`` (one fixed step grid shared by the forward and adjoint runs).  ``solver.method = "eulerian"``
+trains the density (solvers.training),
+``"particles"`` the particle system by autograd (solvers.particle_training; the keys marked
+"Eulerian only" are then errors); ``"both"`` is refused (train each separately).
+
+Types are strict: a bool is never a number, a real (even 64.0) is never an integer,
+a string is never a number (except ``beta = "inf"``), every real is finite (except
+``beta``), and every integer fits in 64 bits, [-2**63, 2**63) (TOML's integers; torch
+sizes and NetCDF attributes take no more). Keys of ``[initial]`` that do not belong to
+``initial.kind`` are errors.
+A unit vector or a weight list already normalised to within 1e-12 is kept as given,
+so the resolved case is a fixed point of resolution (the round trip is exact).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from spherepde.io.case_files import initial_file_digest, pinned_digest, readable_file, time_index
+from spherepde.io.case_rules import control_rules, initial_rules, model_rules, particles_rules, time_rules
+from spherepde.io.case_values import (NONNEGATIVE, POSITIVE, SEED, Context, Interval, auto_or_count, backend, beta,
+                                      boolean, case_name, choice, covariance, default_case_name, direction,
+                                      directions, distinct, equal_weights, identity, initial_mean, integer, matrix,
+                                      real, reals, text, weights, zeros)
+
+
+REQUIRED = object()  # no default: the key must be given
+ABSENT = object()  # a default meaning "leave the key out of the resolved data"
+
+
+def _always_used(ctx) -> None:
+    return None
+
+
+def _only_for_kinds(*kinds: str):
+    """Keys of [initial] that belong to some kinds only: a reason when they do not apply."""
+    def unused(ctx) -> str | None:
+        kind = ctx.section["kind"]
+        if kind not in kinds:
+            return f"not used when initial.kind = {kind!r} (it belongs to kind {' / '.join(map(repr, kinds))})"
+        return None
+    return unused
+
+
+@dataclass(frozen=True)
+class _Key:
+    """One key: how to parse it, its default (an immutable value, a function of the context,
+    REQUIRED or ABSENT), and when it does not apply."""
+
+    name: str
+    parse: Callable[[Any, Context], Any]
+    default: Any = REQUIRED
+    unused: Callable[[Context], str | None] = _always_used
+
+
+@dataclass(frozen=True)
+class Section:
+    """One [section]: its keys in resolution order and cross-key rules.
+
+    An ``optional`` section resolves to {} when the case does not give it or gives it empty (no defaults filled
+    in): the resolved text of every plain run holds an empty [control], which must stay a plain run.
+    """
+
+    name: str
+    keys: tuple[_Key, ...] = ()
+    rules: Callable[[dict, Context], None] | None = None
+    optional: bool = False
+
+
+def _only_for_losses(*losses: str):
+    """Keys of [control] that belong to some losses only: a reason when they do not apply."""
+    def unused(ctx) -> str | None:
+        loss = ctx.section["loss"]
+        if loss not in losses:
+            return f"not used when control.loss = {loss!r} (it belongs to loss {' / '.join(map(repr, losses))})"
+        return None
+    return unused
+
+
+def _loss_names(value, ctx) -> str:
+    from spherepde.model.losses import LOSSES  # the registry is the list of choices
+
+    return choice(*LOSSES)(value, ctx)
+
+
+def _second_axis(ctx) -> list[float]:
+    return [float(i == 1) for i in range(ctx.dim)]
+
+
+def _eulerian_training_only(ctx) -> str | None:
+    """Keys of [control] that only the Eulerian training reads: a reason when training particles."""
+    if ctx.data["solver"]["method"] == "particles":
+        return "not used when solver.method = 'particles' (it belongs to the Eulerian adjoint)"
+    return None
+
+
+def _particle_training_only(ctx) -> str | None:
+    """Keys of [control] that only the particle training reads: a reason when training the Eulerian solver."""
+    if ctx.data["solver"]["method"] != "particles":
+        return "not used when solver.method is not 'particles' (it sets the particles' noise)"
+    return None
+
+
+SCHEMA = (
+    Section("case", (
+        _Key("name", case_name, default_case_name),
+        _Key("description", text, ""),
+    )),
+    Section("sphere", (
+        _Key("dim", integer(Interval(2, high=2 ** 11))),
+        _Key("lmax", integer(Interval(2, high=2 ** 15)), 32),
+    )),
+    Section("model", (
+        _Key("kernel", choice("softmax", "unnormalized"), "softmax"),
+        _Key("beta", beta, 1.0),
+        _Key("B", matrix, identity),
+        _Key("V", matrix, identity),
+        _Key("W", matrix, zeros),
+        _Key("eps", real(NONNEGATIVE), 0.0),
+    ), model_rules),
+    Section("initial", (
+        _Key("kind", choice("uniform", "vmf", "vmf_mixture", "projected_gaussian", "file"), "uniform"),
+        _Key("mean", initial_mean, unused=_only_for_kinds("vmf", "projected_gaussian")),
+        _Key("covariance", covariance, unused=_only_for_kinds("projected_gaussian")),
+        _Key("kappa", real(NONNEGATIVE), unused=_only_for_kinds("vmf")),
+        _Key("means", directions, unused=_only_for_kinds("vmf_mixture")),
+        _Key("kappas", reals(NONNEGATIVE), unused=_only_for_kinds("vmf_mixture")),
+        _Key("weights", weights, equal_weights, unused=_only_for_kinds("vmf_mixture")),
+        _Key("path", readable_file, unused=_only_for_kinds("file")),
+        _Key("time", time_index, -1, unused=_only_for_kinds("file")),
+        _Key("sha256", pinned_digest, initial_file_digest, unused=_only_for_kinds("file")),
+    ), initial_rules),
+    Section("time", (
+        _Key("t_end", real(POSITIVE)),
+        _Key("dt", real(POSITIVE), ABSENT),
+        _Key("cfl", real(POSITIVE), lambda ctx: ABSENT if "dt" in ctx.section else 0.5),
+        _Key("save_every", real(POSITIVE), lambda ctx: ctx.section["t_end"] / 20),
+        _Key("scheme", choice("auto", "imex-ark436", "imex-ars443", "rk4", "lawson-rk4"), "auto"),
+        _Key("max_steps", integer(Interval(1)), ABSENT),
+    ), time_rules),
+    Section("solver", (
+        _Key("method", choice("eulerian", "particles", "both"), "eulerian"),
+        _Key("field", choice("auto", "dense", "spectral"), "auto"),
+        _Key("backend", backend, "auto"),
+        _Key("device", choice("auto", "cpu", "cuda"), "auto"),
+        _Key("dtype", choice("float64", "float32"), "float64"),
+        _Key("chunk", auto_or_count, "auto"),
+        _Key("threads", auto_or_count, ABSENT),  # absent: "auto" (so the resolved text of earlier cases stays)
+        _Key("filter_order", integer(NONNEGATIVE), 0),
+        _Key("kernel_tol", real(Interval(0, strict=True, high=1)), 1e-10),
+    )),
+    Section("particles", (
+        _Key("n", integer(Interval(2, high=2 ** 32)), 1000),
+        _Key("seed", integer(SEED), 0),
+        _Key("integrator", choice("euler", "rk4", "heun"), "heun"),
+        _Key("save", integer(NONNEGATIVE), lambda ctx: min(ctx.section["n"], 1000)),
+        _Key("beta_inf_mode", choice("mean_field", "hardmax"), "mean_field"),
+        _Key("dt", real(POSITIVE), ABSENT),
+        _Key("replicas", integer(Interval(1)), 1),
+    ), particles_rules),
+    Section("diagnostics", (
+        _Key("lyapunov_p", distinct(reals(POSITIVE)), lambda ctx: [0.25]),
+        _Key("tail_tol", real(POSITIVE), 1e-6),
+        _Key("w2", boolean, True),
+        _Key("w2_atoms", integer(POSITIVE), 1000),
+    )),
+    Section("control", (
+        _Key("loss", _loss_names, "align"),
+        _Key("target", direction, _second_axis),
+        _Key("lambda_reg", real(NONNEGATIVE), 0.01),
+        _Key("layers", integer(Interval(1, high=2 ** 20)), 8),
+        _Key("optimizer", choice("adam", "gd", "lbfgs"), "adam"),
+        _Key("iterations", integer(NONNEGATIVE), 100),
+        _Key("learning_rate", real(POSITIVE), 0.05),
+        _Key("tol", real(NONNEGATIVE), 0.0),
+        _Key("gradient", choice("discrete", "continuous"), "discrete", unused=_eulerian_training_only),
+        _Key("checkpoint_every", integer(NONNEGATIVE), 0, unused=_eulerian_training_only),
+        _Key("save_adjoint", boolean, False, unused=_eulerian_training_only),
+        _Key("noise", choice("common", "fresh"), "common", unused=_particle_training_only),
+        _Key("kappa_cand", real(NONNEGATIVE), 2.0, unused=_only_for_losses("bow")),
+        _Key("tau", real(POSITIVE), 1.0, unused=_only_for_losses("bow")),
+        _Key("K", integer(Interval(2, high=2 ** 20)), 16, unused=_only_for_losses("bow")),
+        _Key("seed", integer(SEED), 0, unused=_only_for_losses("bow")),
+    ), control_rules, optional=True),
+)
