@@ -62,7 +62,7 @@ from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.kernels.exp_kernel import MemberKernels
 from spherepde.model.losses import make_loss
 from spherepde.model.attention import attention, velocity
-from spherepde.model.transport import complex_state, real_state
+from spherepde.base.real_view import complex_state, real_state
 
 from solvers.eulerian import BLOW_UP_FACTOR, ForwardProblem, departure, only
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate

@@ -32,7 +32,8 @@ from spherepde.model.initial import initial_density
 from spherepde.model.attention import Model, ModelBatch, check_resolution, interaction_energy, principal_subspace
 from spherepde.io.output import DIAGNOSTIC_ATTRS, eulerian_dataset
 from spherepde.base.progress import Progress
-from spherepde.model.transport import Transport, complex_state, real_diagonal, real_state
+from spherepde.base.real_view import complex_state, real_diagonal, real_state
+from spherepde.model.transport import Transport
 
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from spherepde.discretisation.timesteppers import RungeKutta, choose_scheme

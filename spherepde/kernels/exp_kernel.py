@@ -64,7 +64,8 @@ from spherepde.geometry.ambient import norm
 from spherepde.base.errors import CaseError
 from spherepde.discretisation.transforms.fourier import FourierTransform
 from spherepde.discretisation.transforms.legendre import gauss_legendre, legendre_tables
-from spherepde.discretisation.transforms.sht_torch import PackedLegendre, TorchSHT
+from spherepde.discretisation.transforms.legendre_layouts import PackedLegendre
+from spherepde.discretisation.transforms.sht_torch import TorchSHT
 
 # solver.chunk = "auto": a block of the dense kernel matrix of about this size stays in a CPU core's cache
 # through the six passes over it (logits, row maximum, shift, floor, exponential, product with f).  Measured
