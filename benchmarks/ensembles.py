@@ -185,7 +185,7 @@ def step_seconds(problem, repeats: int, dt: float = 0.01) -> float:
 
 def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
     """Seconds of a forward step per path (forced) and the path Transport's estimate picks."""
-    import spherepde.model.transport as transport
+    from spherepde.model.matrix_path import MatrixPath
     from solvers.forward_problem import ForwardProblem
 
     case = load(path, overrides)
@@ -196,7 +196,7 @@ def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
         if forced == "grid":
             problem.transport._matrices, problem.transport.path = None, "grid"
         elif problem.transport._matrices is None:
-            problem.transport._matrices = transport.MatrixPath.build(problem.transport, 2 ** 40)
+            problem.transport._matrices = MatrixPath.build(problem.transport, 2 ** 40)
             problem.transport.path = "matrix"
         if problem.transport._matrices is None and forced == "matrix":
             continue

@@ -13,7 +13,7 @@ prints the torch / shtns time ratios.  Times are CPU seconds of the calling thre
 compute on it with one thread): on a shared machine the wall time also counts the spells the
 thread waits for a core (up to 10x the CPU time at a load of 15 on 2 cores, seen while writing this).
 "torch" is TorchSHT as the solver builds it, in the Legendre-table layout of
-`sht_torch.default_layout` (dense, packed or sparse; see sht_torch's module docstring).  Up to lmax
+`legendre_layouts.default_layout` (dense, packed or sparse; see legendre_layouts' module docstring).  Up to lmax
 --other-up-to the other two layouts are timed too, each printed as its time over the chosen one's
 (> 1: the chosen layout is the faster): the measurement behind the layout crossovers.
 
@@ -33,7 +33,8 @@ import torch  # noqa: E402
 
 from spherepde.discretisation.bases import dealiased_gauss_grid  # noqa: E402
 from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT  # noqa: E402
-from spherepde.discretisation.transforms.sht_torch import LAYOUTS, TorchSHT, default_layout  # noqa: E402
+from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, default_layout  # noqa: E402
+from spherepde.discretisation.transforms.sht_torch import TorchSHT  # noqa: E402
 
 
 def best_times(functions: dict, repeats: int) -> dict:

@@ -73,7 +73,7 @@ GPU_READING = """Reading of the outputs below:
 - These GPU figures (and the CPU baseline run above them) were measured on the earlier grid nlon = 2 nlat
   (194 x 388 at lmax 128, 386 x 772 at 256) and, on the CPU, with the packed Legendre tables.  The grid
   now has a fast FFT length, nlon = 400 and 800 there (bases.dealiased_gauss_grid), and the CPU uses
-  the sparse layout from lmax 48 (sht_torch.default_layout): together 1.5x the CPU step rate at lmax
+  the sparse layout from lmax 48 (legendre_layouts.default_layout): together 1.5x the CPU step rate at lmax
   128 (see the step rate above).  The GPU keeps its layouts; neither the GPU nor the baseline figures
   are remeasured.
 """

@@ -57,7 +57,7 @@ from spherepde.geometry.ambient import inner
 from spherepde.base.errors import NumericalFailure
 from spherepde.kernels.choice import MemberKernels
 from spherepde.model.attention import attention, velocity
-from spherepde.model.transport import complex_state, real_state
+from spherepde.base.real_view import complex_state, real_state
 
 from solvers.eulerian import only
 from solvers.controlled_forward import ControlledForward, Gradient, Tape, _batched

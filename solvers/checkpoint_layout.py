@@ -8,6 +8,7 @@ import math
 import torch
 import xarray as xr
 
+from spherepde.base.device import placement
 from spherepde.io.output import DIAGNOSTIC_ATTRS
 
 
@@ -48,7 +49,7 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
     t1 = min(t0 + save_every, t_end)
     interval, substep, substeps, dt, t, c = (state.get(key) for key in ("interval", "substep", "substeps", "dt", "t",
                                                                       "c"))
-    expected = (torch.complex128 if case["solver"]["dtype"] == "float64" else torch.complex64,
+    expected = (placement("cpu", case["solver"]["dtype"]).complex,
                 (CircleBasis if case.dim == 2 else SphereBasis).coefficient_shape(case["sphere"]["lmax"]))
     # in order: each check may take the ones before it as passed
     checks = [

@@ -16,7 +16,7 @@ import torch
 
 from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.model.losses import make_loss
-from spherepde.model.transport import real_state
+from spherepde.base.real_view import real_state
 
 from solvers.eulerian import BLOW_UP_FACTOR, departure, only
 from solvers.forward_problem import ForwardProblem

@@ -21,7 +21,7 @@ import torch
 
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
-from spherepde.model.transport import real_state
+from spherepde.base.real_view import real_state
 
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from solvers.forward_problem import ForwardProblem

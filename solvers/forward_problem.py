@@ -17,7 +17,8 @@ from spherepde.kernels.choice import MemberKernels
 from spherepde.model.initial import initial_density
 from spherepde.model.attention import Model, ModelBatch
 from spherepde.kernels.funk_hecke import check_resolution
-from spherepde.model.transport import Transport, complex_state, real_diagonal, real_state
+from spherepde.model.transport import Transport
+from spherepde.base.real_view import complex_state, real_diagonal, real_state
 
 from solvers.timegrid import Plan
 from spherepde.discretisation.timesteppers import RungeKutta, choose_scheme
@@ -79,7 +80,7 @@ class ForwardProblem:
         return self.kernels.member(0)
 
     def initial(self) -> torch.Tensor:
-        """The members' initial states (M, N): the real view of their coefficients (transport.real_state)."""
+        """The members' initial states (M, N): the real view of their coefficients (base.real_view.real_state)."""
         return real_state(torch.stack([initial_density(member["initial"], self.basis) for member in self.cases]))
 
     def coefficients(self, state: torch.Tensor) -> torch.Tensor:

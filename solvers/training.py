@@ -203,7 +203,7 @@ def train(forward: ControlledForward, c0=None, progress: bool | None = None, sta
 
 
 def _states(forward: ControlledForward, c0) -> torch.Tensor:
-    from spherepde.model.transport import real_state
+    from spherepde.base.real_view import real_state
 
     return real_state(c0[None]) if c0.is_complex() else c0
 

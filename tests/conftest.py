@@ -31,3 +31,23 @@ def make_case(dim=3, lmax=12, model=None, initial=None, time=None, solver=None, 
 @pytest.fixture
 def case_factory():
     return make_case
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request, monkeypatch):
+    """The device a test runs on: "cpu" by default, and "cuda", marked cuda (run with -m cuda; skipped without a
+    CUDA device by pytest_collection_modifyitems), with float32 matrix products in full precision (no TF32), as
+    the tolerances against the CPU float64 reference assume."""
+    if request.param == "cuda":
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked cuda where no CUDA device is present."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -165,20 +165,18 @@ def test_fused_and_dense_attention_agree_and_hardmax_is_the_zero_temperature_lim
     assert torch.abs(difference[0][clear]).max() <= 1e-12
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype, tolerance", [("float64", 1e-12), ("float32", 2e-5)])
-def test_cuda_fused_attention_matches_the_cpu_dense_mean(dtype, tolerance):
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_the_device_attention_matches_the_cpu_dense_mean(dtype, tolerance, device):
+    """Fused attention on CUDA, the dense sum on the CPU, against the CPU float64 dense sum."""
     case = make_case(3, 12, model={"beta": 3.0, "B": [[1.0, 0.2, 0.0], [0.0, 0.9, 0.1], [0.1, 0.0, 1.1]]},
-                     solver={"device": "cuda", "dtype": dtype})
-    gpu = placement("cuda", dtype)
-    field = ParticleField.from_case(case, batch_of(case, gpu))
-    assert field.attention == "fused"
+                     solver={"device": device, "dtype": dtype})
+    place = placement(device, dtype)
+    field = ParticleField.from_case(case, batch_of(case, place))
+    assert field.attention == ("fused" if device == "cuda" else "dense")
     x = uniform(5000, 3, generator(5))[None]
     dense = ParticleField(batch_of(case), "dense", 512).mean_field(x)
-    fused = field.mean_field(x.to(gpu.device, gpu.real)).cpu().double()
-    assert torch.abs(fused - dense).max() <= tolerance
+    mean = field.mean_field(x.to(place.device, place.real)).cpu().double()
+    assert torch.abs(mean - dense).max() <= tolerance
 
 
 def test_replicas_are_independent_systems_with_batch_mean_errors():

@@ -38,7 +38,7 @@ from solvers.adjoint import discrete_gradient
 from solvers.controlled_forward import ControlledForward
 from solvers.training import trained_runs
 from spherepde.io.case import load_case_text
-from spherepde.model.transport import real_state
+from spherepde.base.real_view import real_state
 from spherepde.analysis.turnpike import (_interaction_potential, exponential_rate, free_energy, gibbs_minimum,
                                 rayleigh_quotient, turnpike_bound)
 

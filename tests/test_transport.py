@@ -10,7 +10,8 @@ from spherepde.base.device import placement
 from spherepde.kernels.choice import MemberKernels
 from spherepde.model.initial import initial_density
 from spherepde.model.attention import Model, ModelBatch, attention, velocity
-from spherepde.model.transport import Transport, complex_state, real_state
+from spherepde.base.real_view import complex_state, real_state
+from spherepde.model.transport import Transport
 
 CPU64 = placement("cpu", "float64")
 

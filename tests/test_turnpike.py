@@ -11,7 +11,7 @@ import torch
 from solvers.adjoint import discrete_gradient
 from solvers.controlled_forward import ControlledForward
 from solvers.forward_problem import ForwardProblem
-from spherepde.model.transport import real_state
+from spherepde.base.real_view import real_state
 from spherepde.discretisation.bases import make_basis
 from spherepde.base.device import placement
 from spherepde.analysis.turnpike import (exponential_rate, free_energy, gibbs_minimum, h_minus_one_quotient, phases,

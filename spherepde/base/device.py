@@ -5,9 +5,9 @@ from dataclasses import dataclass
 import torch
 
 from spherepde.base.errors import CaseError
+from spherepde.base.real_view import COMPLEX_DTYPE
 
 _REAL = {"float64": torch.float64, "float32": torch.float32}
-_COMPLEX = {torch.float64: torch.complex128, torch.float32: torch.complex64}
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Placement:
 
     @property
     def complex(self) -> torch.dtype:
-        return _COMPLEX[self.real]
+        return COMPLEX_DTYPE[self.real]
 
     @property
     def name(self) -> str:

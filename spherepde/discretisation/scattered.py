@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from spherepde.discretisation.transforms.legendre import legendre_tables
-from spherepde.discretisation.transforms.sht_torch import PackedLegendre
+from spherepde.discretisation.transforms.legendre_layouts import PackedLegendre
 
 
 def barycentric_weights(nodes: np.ndarray, r: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spherepde.geometry.ambient import norm, tangent_projection
+from spherepde.geometry.ambient import inner, norm, tangent_projection
 from spherepde.base.device import Placement
 
 
@@ -136,6 +136,27 @@ def softmax_mean(N: torch.Tensor, Z: torch.Tensor, rho: torch.Tensor) -> torch.T
     void = (magnitude <= NEGLIGIBLE_DENSITY * magnitude.amax(-1, keepdim=True))[..., None]
     bounded = mean / norm(mean)[..., None].clamp(min=1)
     return torch.where(void, torch.nan_to_num(bounded, nan=0.0), mean)
+
+
+def softmax_mean_adjoint(N: torch.Tensor, Z: torch.Tensor, rho: torch.Tensor,
+                         m_bar: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N_bar (M, P, d), Z_bar (M, P)): the transpose of the derivative of model.softmax_mean(N, Z, rho) applied
+    to m_bar (the void mask, a function of rho, is piecewise constant: no cotangent flows through it).
+
+    m = N / Z:  N_bar = mean_bar / Z,  Z_bar = -<mean_bar, m> / Z,  with mean_bar = m_bar except in the void,
+    where |m| > 1 is bounded to m / |m| (mean_bar = (m_bar - m_hat <m_hat, m_bar>) / |m|) and Z <= 0 gives
+    m = 0 (mean_bar = 0)."""
+    mean = torch.where(Z[..., None] > 0, N / torch.where(Z > 0, Z, 1.0)[..., None], torch.nan)
+    magnitude = rho.abs()
+    void = (magnitude <= NEGLIGIBLE_DENSITY * magnitude.amax(-1, keepdim=True))[..., None]
+    length = torch.sqrt(inner(mean, mean))[..., None]
+    direction = mean / torch.where(length > 0, length, 1.0)
+    bounded_bar = torch.where(length > 1, (m_bar - direction * inner(direction, m_bar)[..., None]) / length, m_bar)
+    mean_bar = torch.where(void, torch.where(torch.isnan(mean), 0.0, bounded_bar), m_bar)
+    safe = torch.where(Z > 0, Z, 1.0)[..., None]
+    N_bar = torch.where(void & ~(Z[..., None] > 0), 0.0, mean_bar / safe)
+    Z_bar = -inner(N_bar, torch.nan_to_num(mean, nan=0.0))
+    return N_bar, Z_bar
 
 
 def attention(batch: ModelBatch, exp_kernel, points: torch.Tensor, rho: torch.Tensor):
