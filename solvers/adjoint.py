@@ -43,8 +43,8 @@ Two gradients, one step grid (control.gradient):
 The tape (what the backward pass reads of the forward one) is chosen by memory (`Tape`): every step's state,
 and the stage tokens (Transport.rate_token: on S^1's matrix path the rows (rho, v) of each stage, so that the
 transpose skips their product; else the stage's state) of as many of the first steps as fit
-controlled_forward.TAPE_BYTES beside them (a step whose tokens are kept costs the backward pass no recomputation; one without is recomputed once,
-with its stages), else the state at every K-th step,
+controlled_forward.TAPE_BYTES beside them (a step whose tokens are kept costs the backward pass no recomputation; one
+without is recomputed once, with its stages), else the state at every K-th step,
 K = control.checkpoint_every or ceil(sqrt(steps)) (segments recomputed: one forward run more).  Memory in
 the last case: (steps / K + K + 1) states per member, about 2 sqrt(steps) x 16 (lmax + 1) bytes on S^1 and
 2 sqrt(steps) x 16 (lmax + 1)^2 bytes on S^2.  None changes the gradient beyond round-off.
@@ -53,14 +53,13 @@ the last case: (steps / K + K + 1) states per member, about 2 sqrt(steps) x 16 (
 
 import torch
 
-from spherepde.geometry.ambient import inner
+from solvers.controlled_forward import ControlledForward, Gradient, Tape, _batched
+from solvers.eulerian import only
 from spherepde.base.errors import NumericalFailure
+from spherepde.base.real_view import complex_state, real_state
+from spherepde.geometry.ambient import inner
 from spherepde.kernels.choice import MemberKernels
 from spherepde.model.attention import attention, velocity
-from spherepde.base.real_view import complex_state, real_state
-
-from solvers.eulerian import only
-from solvers.controlled_forward import ControlledForward, Gradient, Tape, _batched
 
 
 def discrete_gradients(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor,

@@ -1,5 +1,5 @@
-"""Checkpoints of long runs, so that an interrupted run resumes and loses nothing (docs/design.md "Output"), and resumes only
-what it wrote itself.
+"""Checkpoints of long runs, so that an interrupted run resumes and loses nothing (docs/design.md "Output"), and resumes
+only what it wrote itself.
 
 A run writing OUT.nc keeps its checkpoint in the folder OUT.nc.checkpoint/:
 
@@ -47,11 +47,18 @@ import tomllib
 import torch
 import xarray as xr
 
+from solvers.checkpoint_files import (
+    Refused,
+    data_identity,
+    file_identity,
+    mismatch,
+    read_regular,
+    sha256,
+    write_atomically,
+)
+from solvers.checkpoint_layout import eulerian_problem, is_int
 from spherepde.base.errors import CaseError
 from spherepde.io.output import make_folders, write_dataset
-from solvers.checkpoint_layout import eulerian_problem, is_int
-from solvers.checkpoint_files import Refused, data_identity, file_identity, mismatch, read_regular, sha256, write_atomically
-
 
 FORMAT = 2  # version of the checkpoint layout: 2 added the manifest
 MANIFEST = "manifest.json"

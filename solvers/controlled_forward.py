@@ -14,14 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from spherepde.base.errors import CaseError, NumericalFailure
-from spherepde.model.losses import make_loss
-from spherepde.base.real_view import real_state
-
 from solvers.eulerian import BLOW_UP_FACTOR, departure, only
 from solvers.forward_problem import ForwardProblem
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
-
+from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.base.real_view import real_state
+from spherepde.model.losses import make_loss
 
 # Largest tape of a gradient evaluation kept in memory whole (the stages' tokens, else step states), all members.
 TAPE_BYTES = 512 * 2 ** 20

@@ -19,14 +19,12 @@ import math
 import numpy as np
 import torch
 
+from solvers.eulerian_recorder import Recorder
+from solvers.forward_problem import ForwardProblem
+from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
 from spherepde.base.real_view import real_state
-
-from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
-from solvers.forward_problem import ForwardProblem
-from solvers.eulerian_recorder import Recorder
-
 
 MAX_STEPS_PER_SAVE = 1e12  # a CFL step asking for more means the velocity blew up
 # A finite state is no density any more when |rho| exceeds this many times the densest one the grid holds

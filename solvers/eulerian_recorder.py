@@ -1,5 +1,5 @@
-"""What an Eulerian run records at its save times (docs/design.md "Diagnostics"): per member the density on the grid and its
-diagnostics row (mass, mean, alignments, Lyapunov functionals from the coefficients, W2 to the projection,
+"""What an Eulerian run records at its save times (docs/design.md "Diagnostics"): per member the density on the grid and
+its diagnostics row (mass, mean, alignments, Lyapunov functionals from the coefficients, W2 to the projection,
 entropy, interaction and free energy, min density, spectral tail), the first loss of resolution, and the
 scalars a checkpoint stores; handed to spherepde.io.output as a plain `Saves` record.
 """
@@ -9,15 +9,14 @@ import warnings
 import numpy as np
 import torch
 
-from spherepde.measures import diagnostics as diag
-from spherepde.measures.optimal_transport import grid_w2_bound, w2_projection
-from spherepde.model.energy import FreeEnergy
-from spherepde.model.attention import interaction_energy, principal_subspace
-from spherepde.io.output import DIAGNOSTIC_ATTRS, eulerian_dataset
-
+from solvers.forward_problem import ForwardProblem
 from solvers.records import RunRecord
 from solvers.timegrid import Plan
-from solvers.forward_problem import ForwardProblem
+from spherepde.io.output import DIAGNOSTIC_ATTRS, eulerian_dataset
+from spherepde.measures import diagnostics as diag
+from spherepde.measures.optimal_transport import grid_w2_bound, w2_projection
+from spherepde.model.attention import interaction_energy, principal_subspace
+from spherepde.model.energy import FreeEnergy
 
 
 class Recorder(RunRecord):

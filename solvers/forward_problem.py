@@ -10,18 +10,17 @@ import copy
 
 import torch
 
-from spherepde.discretisation.bases import make_basis
+from solvers.timegrid import Plan
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
-from spherepde.kernels.choice import MemberKernels
-from spherepde.model.initial import initial_density
-from spherepde.model.attention import Model, ModelBatch
-from spherepde.kernels.funk_hecke import check_resolution
-from spherepde.model.transport import Transport
 from spherepde.base.real_view import complex_state, real_diagonal, real_state
-
-from solvers.timegrid import Plan
+from spherepde.discretisation.bases import make_basis
 from spherepde.discretisation.timesteppers import RungeKutta, choose_scheme
+from spherepde.kernels.choice import MemberKernels
+from spherepde.kernels.funk_hecke import check_resolution
+from spherepde.model.attention import Model, ModelBatch
+from spherepde.model.initial import initial_density
+from spherepde.model.transport import Transport
 
 
 class ForwardProblem:

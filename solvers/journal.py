@@ -34,9 +34,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from spherepde.base.errors import NumericalFailure
-
 from solvers.controlled_forward import Gradient
+from spherepde.base.errors import NumericalFailure
 
 
 class Evaluation:
@@ -81,7 +80,7 @@ class Journal:
                 return _answer(evaluation, controls)
             note = (f"the resumed training left its stored path at evaluation {self.count}: the {len(self.replay) + 1} "
                     "stored evaluations from there on were made again")
-            warnings.warn(note, RuntimeWarning)
+            warnings.warn(note, RuntimeWarning, stacklevel=2)
             self.notes.append(note)
             # the checkpoint is written anew, from the evaluations still on the path, at its next write
             self.replay, self.unsaved = [], self.replayed
@@ -172,8 +171,8 @@ def _evaluations(segment: xr.Dataset) -> list[Evaluation]:
             continue
         times = row["times"].values
         steps = ~np.isnan(times)
-        gradient = Gradient(float(row["cost"]), float(row["loss"]), torch.as_tensor(row["dW"].values), times[steps].tolist(),
-                            row["adjoint_norm"].values[steps].tolist())
+        gradient = Gradient(float(row["cost"]), float(row["loss"]), torch.as_tensor(row["dW"].values),
+                            times[steps].tolist(), row["adjoint_norm"].values[steps].tolist())
         evaluations.append(Evaluation(row["controls"].values, gradient))
     return evaluations
 

@@ -30,13 +30,12 @@ large beta or large n, beta = 0 and the beta = inf fields are transposed by auto
 
 import torch
 
-from spherepde.geometry.ambient import inner, tangent_projection
-from spherepde.model.attention import drift
-
-from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_increment
-from spherepde.geometry.sphere import normalise
 from solvers.particle_field import direct_attention
 from solvers.particles import Integrator, noise_variance
+from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_increment
+from spherepde.geometry.ambient import inner, tangent_projection
+from spherepde.geometry.sphere import normalise
+from spherepde.model.attention import drift
 
 
 def supports(integrator: Integrator, x: torch.Tensor) -> bool:

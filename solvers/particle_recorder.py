@@ -1,5 +1,5 @@
-"""What a particle run records at its save times: the diagnostics of docs/design.md "Diagnostics" as empirical averages over the
-tokens with their Monte Carlo standard errors (the formulas: `ParticleRecorder`), and the first particles.save
+"""What a particle run records at its save times: the diagnostics of docs/design.md "Diagnostics" as empirical averages
+over the tokens with their Monte Carlo standard errors (the formulas: `ParticleRecorder`), and the first particles.save
 positions; handed to spherepde.io.output as a plain `Saves` record.
 """
 
@@ -8,16 +8,14 @@ import math
 import numpy as np
 import torch
 
-from spherepde.measures import diagnostics as diag
-from spherepde.measures.sample_statistics import half_sample_bias, mean_and_error, paired_w2
-from spherepde.model.energy import FreeEnergy
-from spherepde.kernels.dense import DenseExpKernel
-from spherepde.model.attention import Model, principal_subspace
-from spherepde.io.output import particle_dataset
-
 from solvers.particle_field import EmpiricalMeasure, ParticleField
 from solvers.records import RunRecord
-
+from spherepde.io.output import particle_dataset
+from spherepde.kernels.dense import DenseExpKernel
+from spherepde.measures import diagnostics as diag
+from spherepde.measures.sample_statistics import half_sample_bias, mean_and_error, paired_w2
+from spherepde.model.attention import Model, principal_subspace
+from spherepde.model.energy import FreeEnergy
 
 # Above S^2 measures cannot be quantised: w2_projection is exact OT up to this many particles.
 EXACT_W2_ABOVE_S2 = 3000

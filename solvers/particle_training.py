@@ -70,11 +70,6 @@ import numpy as np
 import torch
 import xarray as xr
 
-from spherepde.analysis import turnpike
-from spherepde.base.errors import CaseError, NumericalFailure
-from spherepde.model.losses import make_loss
-from spherepde.model.attention import interaction_energy
-
 from solvers import particle_adjoint
 from solvers.controlled_forward import Gradient
 from solvers.eulerian import only
@@ -83,6 +78,10 @@ from solvers.particles import ParticleSystem, initial_state, run_members
 from solvers.timegrid import Plan, TimeGrid, fixed_steps
 from solvers.training import Lockstep, journaled_optimise
 from solvers.training_output import control_variables, finished, kept_at_start
+from spherepde.analysis import turnpike
+from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.model.attention import interaction_energy
+from spherepde.model.losses import make_loss
 
 
 class ParticleControl:

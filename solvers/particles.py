@@ -1,4 +1,5 @@
-"""The reference particle solver: n tokens on S^{d-1} (any d >= 2) for the model of docs/design.md "The model", for M members at once.
+"""The reference particle solver: n tokens on S^{d-1} (any d >= 2) for the model of docs/design.md "The model", for M
+members at once.
 
     dX_i = v[mu_n](X_i, t) dt + sqrt(2 eps) dB_i,    mu_n = (1/n) sum_j delta_{X_j},
 
@@ -37,20 +38,18 @@ import math
 import numpy as np
 import torch
 
-from spherepde.geometry.ambient import tangent_projection
-from spherepde.base.device import placement as make_placement
-from spherepde.base.errors import CaseError
-from spherepde.model.attention import Model, ModelBatch
-from spherepde.base.progress import Progress
-from spherepde.model.sampling import initial_particles
-
 from solvers.eulerian import MAX_STEPS_PER_SAVE, only, outcomes
 from solvers.particle_field import ParticleField
-from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
-from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_flow
-from spherepde.geometry.sphere import exponential_map, normalise
 from solvers.particle_recorder import ParticleRecorder
-
+from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
+from spherepde.base.device import placement as make_placement
+from spherepde.base.errors import CaseError
+from spherepde.base.progress import Progress
+from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_flow
+from spherepde.geometry.ambient import tangent_projection
+from spherepde.geometry.sphere import exponential_map, normalise
+from spherepde.model.attention import Model, ModelBatch
+from spherepde.model.sampling import initial_particles
 
 # Largest block of Gaussian draws made at once per member (bytes).
 NOISE_BYTES = 2 ** 26

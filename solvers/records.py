@@ -1,6 +1,6 @@
 """What every run keeps while it steps, whatever its solver: its saves, the wall time it has taken, and the
-failure that ends it carrying the saves made so far (a numerical failure keeps the last good state, docs/design.md "Command line").
-A recorder hands its saves to spherepde.io.output as a plain `Saves` record."""
+failure that ends it carrying the saves made so far (a numerical failure keeps the last good state:
+docs/design.md "Command line"). A recorder hands its saves to spherepde.io.output as a plain `Saves` record."""
 
 import time as wallclock
 

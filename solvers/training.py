@@ -1,5 +1,5 @@
-"""Training: minimise J(W) = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt over piecewise-constant W (docs/design.md "The model"), for
-one member or M members in lockstep.
+"""Training: minimise J(W) = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt over piecewise-constant W
+(docs/design.md "The model"), for one member or M members in lockstep.
 
 A case with a [control] section is a training run (`spherepde run CASE.toml`, `spherepde.run`):
 
@@ -51,17 +51,16 @@ import numpy as np
 import torch
 import xarray as xr
 
-from spherepde.base.errors import NumericalFailure
-from spherepde.base.progress import Progress
-
 from solvers.adjoint import GRADIENTS
 from solvers.controlled_forward import ControlledForward
 from solvers.eulerian import ForwardHooks, only
 from solvers.eulerian_recorder import Recorder
 from solvers.journal import Journal
-from solvers.timegrid import integrate
 from solvers.optimizers import TrainingResult, optimise
+from solvers.timegrid import integrate
 from solvers.training_output import adjoint_variables, control_variables, finished, kept_at_start, turnpike_variables
+from spherepde.base.errors import NumericalFailure
+from spherepde.base.progress import Progress
 
 
 class Stopped(Exception):

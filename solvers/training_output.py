@@ -9,12 +9,11 @@ import numpy as np
 import torch
 import xarray as xr
 
-from spherepde.analysis import turnpike
-from spherepde.base.errors import NumericalFailure
-
 from solvers.adjoint import GRADIENTS
 from solvers.controlled_forward import ControlledForward, Gradient
 from solvers.optimizers import TrainingResult
+from spherepde.analysis import turnpike
+from spherepde.base.errors import NumericalFailure
 
 
 def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
@@ -91,10 +90,10 @@ def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.D
 
 
 def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Dataset, first: Gradient) -> dict:
-    """Seed-004 diagnostics of member `member`'s trained run (spherepde.analysis.turnpike): `energy_gap` and `mean_angle`
-    (time), and the global attributes plateau_width, initial_width, terminal_width, three_phase ("true"/"false"),
-    plateau_relative_variance, terminal_lift, terminal_energy_rate, escape_rate (from `first`, the gradient
-    at the initial control), adjoint_rate, rayleigh_quotient, h_minus_one_quotient, h_minus_one_norm,
+    """Seed-004 diagnostics of member `member`'s trained run (spherepde.analysis.turnpike): `energy_gap` and
+    `mean_angle` (time), and the global attributes plateau_width, initial_width, terminal_width, three_phase
+    ("true"/"false"), plateau_relative_variance, terminal_lift, terminal_energy_rate, escape_rate (from `first`, the
+    gradient at the initial control), adjoint_rate, rayleigh_quotient, h_minus_one_quotient, h_minus_one_norm,
     terminal_displacement, min_energy.
 
     The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0); for

@@ -315,8 +315,8 @@ def command_sweep(args) -> int:
         raise CaseError("sweep needs the optional Dask packages: pip install 'spherepde[sweep]' "
                         "(or bash scripts/setup.sh test)")
     from spherepde import load_case
-    from spherepde.io.output import check_folder
     from spherepde.api.sweep import COMBINED, run_sweep
+    from spherepde.io.output import check_folder
 
     case = load_case(args.case, args.set)
     folder = f"{case.name}-sweep" if args.output is None else args.output

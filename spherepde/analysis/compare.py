@@ -38,11 +38,11 @@ import textwrap
 import numpy as np
 import xarray as xr
 
-from spherepde.measures.optimal_transport import w2_between
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
 from spherepde.io.output import DIAGNOSTIC_ATTRS, history, split_both, write_dataset
 from spherepde.io.summary import open_result
+from spherepde.measures.optimal_transport import w2_between
 
 REFINED_CIRCLE = 2 ** 13
 
@@ -72,8 +72,8 @@ def refined_circle_measure(density: np.ndarray, lmax: int, points: int = REFINED
     """The band-limited density of a circle grid, re-synthesised on `points` equispaced points (masses 2 pi rho / M)."""
     import torch
 
-    from spherepde.discretisation.bases import CircleBasis
     from spherepde.base.device import placement
+    from spherepde.discretisation.bases import CircleBasis
 
     cpu = placement("cpu", "float64")
     coefficients = CircleBasis(lmax, cpu, density.shape[0]).analysis(torch.as_tensor(density))

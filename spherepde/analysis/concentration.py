@@ -1,4 +1,5 @@
-"""Seed-003 measurements beyond the per-save diagnostics of docs/design.md "Diagnostics" (all quantities nondimensional).
+"""Seed-003 measurements beyond the per-save diagnostics of docs/design.md "Diagnostics" (all quantities
+nondimensional).
 
 * Projection masses.  For a one-dimensional E = span(e) the pushforward Pi_# rho,
   Pi(x) = P_E x / |P_E x|, is the pair of atoms +-e with the hemisphere masses
@@ -24,12 +25,15 @@ import numpy as np
 import torch
 from scipy.special import eval_legendre
 
-from spherepde.geometry.ambient import tangent_projection
-from spherepde.discretisation.bases import make_basis
-from spherepde.io.case import load_case_text
-from spherepde.discretisation.timesteppers import RK4, explicit_flow  # the characteristics are integrated like particles
-from spherepde.geometry.sphere import normalise
 from spherepde.base.device import placement as make_placement
+from spherepde.discretisation.bases import make_basis
+from spherepde.discretisation.timesteppers import (  # the characteristics are integrated like particles
+    RK4,
+    explicit_flow,
+)
+from spherepde.geometry.ambient import tangent_projection
+from spherepde.geometry.sphere import normalise
+from spherepde.io.case import load_case_text
 from spherepde.kernels.dense import dense_exp_kernel
 from spherepde.model.initial import initial_density
 

@@ -1,4 +1,5 @@
-"""The diagnostics panels of a result figure: the time series of docs/design.md "Diagnostics", one panel each, and a training's.
+"""The diagnostics panels of a result figure: the time series of docs/design.md "Diagnostics", one panel each, and a
+training's.
 
 A panel draws a diagnostic of the run and, in a solver = "both" file, of its particle run (prefix "particles_"),
 with bands of +-2 standard errors where the run has them (`<name>_stderr`); "mass drift" is |mass - mass(0)|,
@@ -207,7 +208,8 @@ def _controls(axis, dataset) -> None:
     """|W_t|_F over depth: the piecewise-constant control, layer l on [l t_end / L, (l + 1) t_end / L]."""
     norms = np.sqrt((dataset["W"].values ** 2).sum(axis=(1, 2)))
     t_end = float(_case(dataset).get("time", {}).get("t_end", dataset["time"].values[-1]))
-    axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4, baseline=None)  # no drop to 0 at the ends
+    # baseline=None: no drop to 0 at the ends
+    axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4, baseline=None)
     if (norms > 0).all():
         axis.set_yscale("log")
     axis.set_xlabel("time (depth)")

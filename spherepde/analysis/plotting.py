@@ -32,8 +32,7 @@ from matplotlib.animation import FuncAnimation, PillowWriter  # noqa: E402
 from matplotlib.colors import PowerNorm  # noqa: E402
 
 from spherepde.analysis.diagnostic_panels import _case, _diagnostics, _filled_axes, _mark_failures  # noqa: E402
-from spherepde.analysis.sphere_view import (CMAP, MAX_PARTICLES_DRAWN, SphereView, _final_mean,  # noqa: E402
-                                            _has_density)
+from spherepde.analysis.sphere_view import CMAP, MAX_PARTICLES_DRAWN, SphereView, _final_mean, _has_density  # noqa: E402
 from spherepde.base.errors import CaseError  # noqa: E402
 from spherepde.io.output import check_folder, failed_parts, failure_summary, make_folders  # noqa: E402
 from spherepde.io.summary import open_result  # noqa: E402

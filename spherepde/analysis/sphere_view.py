@@ -18,10 +18,10 @@ import numpy as np  # noqa: E402
 from matplotlib.colors import PowerNorm  # noqa: E402
 from scipy.interpolate import RegularGridInterpolator  # noqa: E402
 
-from spherepde.discretisation.bases import make_basis  # noqa: E402
 from spherepde.base.device import placement  # noqa: E402
-from spherepde.model.initial import density_from_file  # noqa: E402
+from spherepde.discretisation.bases import make_basis  # noqa: E402
 from spherepde.io.output import BOTH_PREFIX  # noqa: E402
+from spherepde.model.initial import density_from_file  # noqa: E402
 
 CMAP = "magma"
 PIXELS = 321  # orthographic disk resolution

@@ -81,7 +81,8 @@ def gibbs_minimum(model, exp_kernel, basis, direction: torch.Tensor, damping: fl
         if change <= tol * float(update.abs().max()):
             break
     else:
-        raise RuntimeError(f"the Gibbs fixed point did not converge in {iterations} iterations (last change {change:.2e})")
+        raise RuntimeError(f"the Gibbs fixed point did not converge in {iterations} iterations "
+                           f"(last change {change:.2e})")
     rho = _gibbs_density(potential, eps, basis)
     return rho, free_energy(model, exp_kernel, basis, rho)
 
@@ -92,7 +93,8 @@ def _gibbs_density(potential: torch.Tensor, eps: float, basis) -> torch.Tensor:
 
 
 def free_energy(model, exp_kernel, basis, rho: torch.Tensor) -> float:
-    """E = eps int rho log rho - 1/2 int int exp(beta <x, B y>) rho rho (quadrature on the grid; rho log rho = 0 where rho <= 0)."""
+    """E = eps int rho log rho - 1/2 int int exp(beta <x, B y>) rho rho (quadrature on the grid; rho log rho = 0 where
+    rho <= 0)."""
     interaction = -0.5 * float(basis.integrate(_interaction_potential(exp_kernel, rho) * rho))
     positive = rho.clamp_min(0)
     entropy = float(basis.integrate(torch.where(positive > 0, positive * torch.log(positive.clamp_min(1e-300)), 0.0)))

@@ -59,7 +59,6 @@ def _run(case: "Case", progress: bool | None, checkpoint):
     if method == "eulerian":
         return run_eulerian(case, progress=progress, checkpoint=checkpoint)
     from solvers.particles import run_particles
-
     from spherepde.io.output import both_dataset
 
     # each solver's failure keeps its last good state, and the other solver still runs

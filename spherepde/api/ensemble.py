@@ -11,15 +11,15 @@ but the kernel, the whole [initial] section, particles.seed and particles.save, 
 of a training's [control] its loss and target, lambda_reg, the optimizer and its learning rate, iterations
 and tolerance, the bow candidates' keys and save_adjoint.  Everything else (sphere, time, solver, the
 particles' size, replicas and integrator, the layers and the gradient) is shared, and so must be what it
-implies: the time scheme of a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy.
-Particle runs stepped by the CFL rule (no fixed dt) each run alone: their members would take different steps
+implies: the time scheme of a density ("auto" depends on eps), whether beta is infinite, whether the particles are
+noisy. Particle runs stepped by the CFL rule (no fixed dt) each run alone: their members would take different steps
 and their draws would not be those of their serial runs.
 """
 
 import math
 
-from spherepde.io.case import Case
 from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.io.case import Case
 
 MEMBER_KEYS = {
     "case": None,  # every key

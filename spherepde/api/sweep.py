@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spherepde.io.case import Case, format_override, parse_override
+from spherepde.api.limits import check_members
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError, NumericalFailure
-from spherepde.api.limits import check_members
+from spherepde.io.case import Case, format_override, parse_override
 from spherepde.io.output import check_folder
 
 GRID_DIMS = ("theta", "lat", "lon")

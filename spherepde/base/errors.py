@@ -1,4 +1,5 @@
-"""The two ways a run can fail, each with its exit status (docs/design.md "Command line"), and how messages quote text from files."""
+"""The two ways a run can fail, each with its exit status (docs/design.md "Command line"), and how messages quote text
+from files."""
 
 
 def printable(text: str) -> str:

@@ -39,10 +39,10 @@ import math
 import numpy as np
 import torch
 
-from spherepde.geometry.ambient import inner
 from spherepde.base.device import Placement
 from spherepde.discretisation.transforms.fourier import FourierTransform
 from spherepde.discretisation.transforms.legendre import gauss_legendre
+from spherepde.geometry.ambient import inner
 
 
 class _SpectralBasis:

@@ -23,9 +23,10 @@ import difflib
 import os
 import re
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from spherepde.base.errors import CaseError
 from spherepde.io.case_files import regular_file_problem

@@ -157,16 +157,40 @@ so the resolved case is a fixed point of resolution (the round trip is exact).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from spherepde.io.case_files import initial_file_digest, pinned_digest, readable_file, time_index
 from spherepde.io.case_rules import control_rules, initial_rules, model_rules, particles_rules, time_rules
-from spherepde.io.case_values import (NONNEGATIVE, POSITIVE, SEED, Context, Interval, auto_or_count, backend, beta,
-                                      boolean, case_name, choice, covariance, default_case_name, direction,
-                                      directions, distinct, equal_weights, identity, initial_mean, integer, matrix,
-                                      real, reals, text, weights, zeros)
-
+from spherepde.io.case_values import (
+    NONNEGATIVE,
+    POSITIVE,
+    SEED,
+    Context,
+    Interval,
+    auto_or_count,
+    backend,
+    beta,
+    boolean,
+    case_name,
+    choice,
+    covariance,
+    default_case_name,
+    direction,
+    directions,
+    distinct,
+    equal_weights,
+    identity,
+    initial_mean,
+    integer,
+    matrix,
+    real,
+    reals,
+    text,
+    weights,
+    zeros,
+)
 
 REQUIRED = object()  # no default: the key must be given
 ABSENT = object()  # a default meaning "leave the key out of the resolved data"

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from spherepde.model.energy import LABEL as FREE_ENERGY_LABEL
 from spherepde.base.errors import CaseError
 from spherepde.base.version import VERSION
 from spherepde.io.locking import one_writer
+from spherepde.model.energy import LABEL as FREE_ENERGY_LABEL
 
 DIAGNOSTIC_ATTRS = {
     "mass": ("total mass: int rho dsigma", "1"),
@@ -55,8 +55,8 @@ def grid_coordinates(basis) -> tuple[dict, tuple, str]:
 class Saves:
     """What a run recorded at its save times, as plain values: the record a solver hands to this module.
 
-    `attrs` are the run's own output attributes (docs/design.md "Output"), `solver` and `status` first; `densities` (rho on the
-    grid) belong to an Eulerian run, `positions` (the first particles.save particles) to a particle run."""
+    `attrs` are the run's own output attributes (docs/design.md "Output"), `solver` and `status` first; `densities` (rho
+    on the grid) belong to an Eulerian run, `positions` (the first particles.save particles) to a particle run."""
 
     case: Any
     times: list
@@ -195,7 +195,7 @@ def failure_summary(which: str, last_good: float | None) -> str:
 
 def history(command: str) -> str:
     """A CF `history` entry: the time (UTC) and the spherepde `command` that made the file."""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return f"{now}: spherepde {VERSION} {command}"
 
 

@@ -29,7 +29,8 @@ def open_result(path: str) -> xr.Dataset:
 
 
 def _attribute(value) -> str:
-    """An attribute as text, a float to 10 significant digits (a save time 3 x 0.1 reads 0.3, not 0.30000000000000004)."""
+    """An attribute as text, a float to 10 significant digits (a save time 3 x 0.1 reads 0.3, not
+    0.30000000000000004)."""
     return f"{value:.10g}" if isinstance(value, (float, np.floating)) else str(value)
 
 
@@ -74,8 +75,8 @@ def _training_lines(dataset) -> list[str]:
         with np.errstate(over="ignore"):  # a W that blew a run up prints as inf
             norms = np.linalg.norm(dataset["W"].values, axis=(1, 2))
         lines.append("  |W_l|_F per layer: " + " ".join(f"{norm:.3g}" for norm in norms))
-    found = [f"{name} = {_attribute(attrs[name])}" for name in
-             ("three_phase", "plateau_width", "terminal_displacement", "escape_rate", "rayleigh_quotient") if name in attrs]
+    names = ("three_phase", "plateau_width", "terminal_displacement", "escape_rate", "rayleigh_quotient")
+    found = [f"{name} = {_attribute(attrs[name])}" for name in names if name in attrs]
     if found:
         lines.append("  " + ", ".join(found))
     return lines

@@ -54,7 +54,7 @@ class MemberKernels:
     def __init__(self, basis, B: torch.Tensor, beta, field: str, tol: float, chunk: int | str = "auto"):
         self.grid_shape, self.device = basis.grid_shape, B.device
         self.kernels, self._of_member, groups = [], [], {}
-        for m, (C, b) in enumerate(zip(B, beta)):
+        for C, b in zip(B, beta):
             key = (float(b), C.detach().cpu().double().numpy().tobytes())
             if key not in groups:
                 groups[key] = len(self.kernels)

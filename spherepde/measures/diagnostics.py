@@ -92,7 +92,8 @@ def _zonal_moments(d: int, q: float, degree: int) -> np.ndarray:
         return 2 * parity * (np.cos(np.outer(np.arange(degree + 1), th)) @ (np.pi / 4 * w * g))
     y, w = roots_jacobi(nodes, -q, 2 * q)
     t = (1 + y) / 2
-    return 2 * np.pi * parity * (eval_legendre(np.arange(degree + 1)[:, None], t) @ (2.0 ** (-q - 1) * w * (1 + t) ** (-q)))
+    weights = 2.0 ** (-q - 1) * w * (1 + t) ** (-q)
+    return 2 * np.pi * parity * (eval_legendre(np.arange(degree + 1)[:, None], t) @ weights)
 
 
 def entropy(density: np.ndarray, weights: np.ndarray) -> float:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spherepde.geometry.ambient import inner, norm, tangent_projection
 from spherepde.base.device import Placement
+from spherepde.geometry.ambient import inner, norm, tangent_projection
 
 
 @dataclass(frozen=True)

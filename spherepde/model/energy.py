@@ -68,8 +68,8 @@ class FreeEnergy:
 
     @classmethod
     def of_model(cls, model, controlled: bool = False) -> "FreeEnergy":
-        """FreeEnergy.of for a spherepde.model.attention.Model (its tensors brought to the host); `controlled`: the run's W_t
-        is a trained control, not model.W."""
+        """FreeEnergy.of for a spherepde.model.attention.Model (its tensors brought to the host); `controlled`: the
+        run's W_t is a trained control, not model.W."""
         host = lambda matrix: matrix.cpu().double().numpy()  # noqa: E731
         return cls.of(model.kernel, model.beta, host(model.B), host(model.V), host(model.W), model.eps,
                       controlled=controlled)

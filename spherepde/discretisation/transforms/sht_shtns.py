@@ -66,7 +66,8 @@ class ShtnsSHT:
         if torch.device(device).type != "cpu" or dtype != torch.float64:
             raise ValueError(f"ShtnsSHT runs on the CPU in float64 only, got device={device}, dtype={dtype}")
         if nlat < _MIN_NLAT:
-            raise ValueError(f"ShtnsSHT needs nlat >= {_MIN_NLAT} (shtns's vectorised transforms abort below), got {nlat}")
+            raise ValueError(f"ShtnsSHT needs nlat >= {_MIN_NLAT} (shtns's vectorised transforms abort below), "
+                             f"got {nlat}")
         if lmax < 2:
             raise ValueError(f"ShtnsSHT needs lmax >= 2 (shtns refuses smaller), got {lmax}")
         self.lmax, self.nlat, self.nlon = lmax, nlat, nlon
@@ -147,7 +148,8 @@ class ShtnsSHT:
         return self._tensor(S, batch), self._tensor(T, batch)
 
     def vector_synthesis(self, S: torch.Tensor, T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """v_theta = dS/dtheta + (1/sin theta) dT/dphi, v_phi = (1/sin theta) dS/dphi - dT/dtheta (shtns ``SHsphtor_to_spat``)."""
+        """v_theta = dS/dtheta + (1/sin theta) dT/dphi, v_phi = (1/sin theta) dS/dphi - dT/dtheta (shtns
+        ``SHsphtor_to_spat``)."""
         if not isinstance(T, torch.Tensor):
             T = torch.full_like(S, T)
         if not isinstance(S, torch.Tensor):

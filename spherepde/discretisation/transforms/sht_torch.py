@@ -42,7 +42,8 @@ def check_grid(lmax: int, nlat: int, nlon: int) -> None:
         raise ValueError(f"lmax must be >= 0, got {lmax}")
     if nlat <= lmax:
         raise ValueError(
-            f"nlat = {nlat} must exceed lmax = {lmax}: Gauss quadrature on nlat nodes is exact only to degree 2 nlat - 1"
+            f"nlat = {nlat} must exceed lmax = {lmax}: Gauss quadrature on nlat nodes is exact only to degree "
+            "2 nlat - 1"
         )
     if nlon <= 2 * lmax:
         raise ValueError(f"nlon = {nlon} must exceed 2 lmax = {2 * lmax}: orders |m| <= lmax alias on fewer longitudes")
@@ -138,7 +139,8 @@ class TorchSHT:
         return pairs * self._quadrature, batch
 
     def _grid(self, rows: torch.Tensor, batch: torch.Size) -> torch.Tensor:
-        """Ring sums g_m(theta_j) as real rows (2B, M, nlat) -> f = g_0 + 2 Re sum_{m>0} g_m e^{i m phi}, (..., nlat, nlon)."""
+        """Ring sums g_m(theta_j) as real rows (2B, M, nlat) -> f = g_0 + 2 Re sum_{m>0} g_m e^{i m phi},
+        (..., nlat, nlon)."""
         pairs = rows.reshape(-1, 2, self.lmax + 1, self.nlat).permute(0, 3, 2, 1).contiguous()
         rings = torch.view_as_complex(pairs)  # (B, J, M)
         f = torch.fft.irfft(rings, n=self.nlon, dim=-1, norm="forward")
@@ -147,12 +149,14 @@ class TorchSHT:
     # --- scalar transforms ---------------------------------------------------------------------
 
     def analysis(self, f: torch.Tensor) -> torch.Tensor:
-        """a_lm = sum_j w_j Pbar_lm(x_j) (2 pi / nlon) sum_k f[j, k] e^{-i m phi_k}: (..., nlat, nlon) -> (..., M, L)."""
+        """a_lm = sum_j w_j Pbar_lm(x_j) (2 pi / nlon) sum_k f[j, k] e^{-i m phi_k}:
+        (..., nlat, nlon) -> (..., M, L)."""
         rings, batch = self._fourier_rows(f)
         return self._coefficients(self._legendre.analysis(rings, self._P, odd=False), batch)
 
     def synthesis(self, coeffs: torch.Tensor) -> torch.Tensor:
-        """f[j, k] = sum_l [a_l0 Pbar_l0 + 2 Re sum_{m>0} a_lm Pbar_lm(x_j) e^{i m phi_k}]: (..., M, L) -> (..., nlat, nlon)."""
+        """f[j, k] = sum_l [a_l0 Pbar_l0 + 2 Re sum_{m>0} a_lm Pbar_lm(x_j) e^{i m phi_k}]:
+        (..., M, L) -> (..., nlat, nlon)."""
         rows, batch = self._spectral_rows(coeffs)
         return self._grid(self._legendre.synthesis(rows, self._P, odd=False), batch)
 
