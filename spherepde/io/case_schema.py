@@ -200,12 +200,13 @@ def _always_used(ctx) -> None:
     return None
 
 
-def _only_for_kinds(*kinds: str):
-    """Keys of [initial] that belong to some kinds only: a reason when they do not apply."""
+def _only_for(section: str, key: str, *values: str):
+    """Keys that belong to some values of another key of their section only (initial.kind, control.loss): a
+    reason when they do not apply."""
     def unused(ctx) -> str | None:
-        kind = ctx.section["kind"]
-        if kind not in kinds:
-            return f"not used when initial.kind = {kind!r} (it belongs to kind {' / '.join(map(repr, kinds))})"
+        value = ctx.section[key]
+        if value not in values:
+            return f"not used when {section}.{key} = {value!r} (it belongs to {key} {' / '.join(map(repr, values))})"
         return None
     return unused
 
@@ -233,16 +234,6 @@ class Section:
     keys: tuple[_Key, ...] = ()
     rules: Callable[[dict, Context], None] | None = None
     optional: bool = False
-
-
-def _only_for_losses(*losses: str):
-    """Keys of [control] that belong to some losses only: a reason when they do not apply."""
-    def unused(ctx) -> str | None:
-        loss = ctx.section["loss"]
-        if loss not in losses:
-            return f"not used when control.loss = {loss!r} (it belongs to loss {' / '.join(map(repr, losses))})"
-        return None
-    return unused
 
 
 def _loss_names(value, ctx) -> str:
@@ -288,15 +279,15 @@ SCHEMA = (
     ), model_rules),
     Section("initial", (
         _Key("kind", choice("uniform", "vmf", "vmf_mixture", "projected_gaussian", "file"), "uniform"),
-        _Key("mean", initial_mean, unused=_only_for_kinds("vmf", "projected_gaussian")),
-        _Key("covariance", covariance, unused=_only_for_kinds("projected_gaussian")),
-        _Key("kappa", real(NONNEGATIVE), unused=_only_for_kinds("vmf")),
-        _Key("means", directions, unused=_only_for_kinds("vmf_mixture")),
-        _Key("kappas", reals(NONNEGATIVE), unused=_only_for_kinds("vmf_mixture")),
-        _Key("weights", weights, equal_weights, unused=_only_for_kinds("vmf_mixture")),
-        _Key("path", readable_file, unused=_only_for_kinds("file")),
-        _Key("time", time_index, -1, unused=_only_for_kinds("file")),
-        _Key("sha256", pinned_digest, initial_file_digest, unused=_only_for_kinds("file")),
+        _Key("mean", initial_mean, unused=_only_for("initial", "kind", "vmf", "projected_gaussian")),
+        _Key("covariance", covariance, unused=_only_for("initial", "kind", "projected_gaussian")),
+        _Key("kappa", real(NONNEGATIVE), unused=_only_for("initial", "kind", "vmf")),
+        _Key("means", directions, unused=_only_for("initial", "kind", "vmf_mixture")),
+        _Key("kappas", reals(NONNEGATIVE), unused=_only_for("initial", "kind", "vmf_mixture")),
+        _Key("weights", weights, equal_weights, unused=_only_for("initial", "kind", "vmf_mixture")),
+        _Key("path", readable_file, unused=_only_for("initial", "kind", "file")),
+        _Key("time", time_index, -1, unused=_only_for("initial", "kind", "file")),
+        _Key("sha256", pinned_digest, initial_file_digest, unused=_only_for("initial", "kind", "file")),
     ), initial_rules),
     Section("time", (
         _Key("t_end", real(POSITIVE)),
@@ -345,9 +336,9 @@ SCHEMA = (
         _Key("checkpoint_every", integer(NONNEGATIVE), 0, unused=_eulerian_training_only),
         _Key("save_adjoint", boolean, False, unused=_eulerian_training_only),
         _Key("noise", choice("common", "fresh"), "common", unused=_particle_training_only),
-        _Key("kappa_cand", real(NONNEGATIVE), 2.0, unused=_only_for_losses("bow")),
-        _Key("tau", real(POSITIVE), 1.0, unused=_only_for_losses("bow")),
-        _Key("K", integer(Interval(2, high=2 ** 20)), 16, unused=_only_for_losses("bow")),
-        _Key("seed", integer(SEED), 0, unused=_only_for_losses("bow")),
+        _Key("kappa_cand", real(NONNEGATIVE), 2.0, unused=_only_for("control", "loss", "bow")),
+        _Key("tau", real(POSITIVE), 1.0, unused=_only_for("control", "loss", "bow")),
+        _Key("K", integer(Interval(2, high=2 ** 20)), 16, unused=_only_for("control", "loss", "bow")),
+        _Key("seed", integer(SEED), 0, unused=_only_for("control", "loss", "bow")),
     ), control_rules, optional=True),
 )
