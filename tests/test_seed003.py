@@ -16,10 +16,11 @@ import pytest
 import torch
 
 import spherepde
-from spherepde.analysis import concentration as cc
-from spherepde.model.initial import initial_density, vmf_density
-from spherepde.model.attention import attention_mean, principal_subspace
 from solvers.forward_problem import ForwardProblem
+from spherepde.analysis import concentration as cc
+from spherepde.io.output import grid_points
+from spherepde.model.attention import attention_mean, principal_subspace
+from spherepde.model.initial import initial_density, vmf_density
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 
@@ -74,7 +75,7 @@ def test_hemisphere_mass_is_exact_for_band_limited_densities():
     """rho = (1 + x1 + x1^3 + x1^2 x2) / (4 pi) has mass (2 pi + pi + pi/2) / (4 pi) = 7/8 on {x1 > 0}."""
     run = spherepde.run(load("seed003-baseline-betainf", "sphere.lmax=12", "time.t_end=0.01", "time.save_every=0.01",
                              "solver.method='eulerian'", "diagnostics.w2=false"), progress=False)
-    x = cc.grid_points(run)
+    x = grid_points(run)
     run["density"][:] = (1 + x[..., 0] + x[..., 0] ** 3 + x[..., 0] ** 2 * x[..., 1]) / (4 * math.pi)
     assert np.abs(cc.hemisphere_mass(run, [1, 0, 0]) - 7 / 8).max() < 1e-14
 
@@ -92,13 +93,13 @@ def test_second_moments_are_exact_for_band_limited_densities():
     S^1, rho = (1 + cos theta sin theta) / (2 pi): M_11 = M_22 = 1/2, M_12 = 1/8.  Particles: their average."""
     run = spherepde.run(load("seed003-baseline-betainf", "sphere.lmax=12", "time.t_end=0.01", "time.save_every=0.01",
                              "solver.method='eulerian'", "diagnostics.w2=false"), progress=False)
-    x = cc.grid_points(run)
+    x = grid_points(run)
     run["density"][:] = (1 + x[..., 0] * x[..., 1] + x[..., 2] ** 2) / (4 * math.pi)
     exact = np.array([[6, 1, 0], [1, 6, 0], [0, 0, 8]]) / 15
     assert np.abs(cc.second_moments(run) - exact).max() < 1e-15
     circle = spherepde.run(load("kuramoto-s1", "sphere.lmax=8", "time.t_end=0.05", "time.save_every=0.05",
                                 "solver.method='eulerian'"), progress=False)
-    x = cc.grid_points(circle)
+    x = grid_points(circle)
     circle["density"][:] = (1 + x[..., 0] * x[..., 1]) / (2 * math.pi)
     assert np.abs(cc.second_moments(circle) - np.array([[4, 1], [1, 4]]) / 8).max() < 1e-15
     tokens = spherepde.run(load("seed003-baseline-betainf", "particles.n=4", "time.t_end=0.01",

@@ -40,7 +40,7 @@ import xarray as xr
 
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
-from spherepde.io.output import DIAGNOSTIC_ATTRS, history, split_both, write_dataset
+from spherepde.io.output import DIAGNOSTIC_ATTRS, grid_points, history, split_both, write_dataset
 from spherepde.io.summary import open_result
 from spherepde.measures.optimal_transport import w2_between
 
@@ -62,10 +62,7 @@ def measure(dataset: xr.Dataset, index: int) -> tuple[np.ndarray, np.ndarray]:
     density = dataset["density"].isel(time=index).values.astype(float)
     if "theta" in dataset["density"].dims:
         return refined_circle_measure(density, int(dataset.attrs["lmax"]))
-    lat, lon = np.deg2rad(dataset["lat"].values), np.deg2rad(dataset["lon"].values)
-    lat, lon = np.meshgrid(lat, lon, indexing="ij")
-    points = np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=-1)
-    return points.reshape(-1, 3), (dataset["cell_area"].values * density).reshape(-1)
+    return grid_points(dataset).reshape(-1, 3), (dataset["cell_area"].values * density).reshape(-1)
 
 
 def refined_circle_measure(density: np.ndarray, lmax: int, points: int = REFINED_CIRCLE):

@@ -34,22 +34,13 @@ from spherepde.discretisation.timesteppers import (  # the characteristics are i
 from spherepde.geometry.ambient import tangent_projection
 from spherepde.geometry.sphere import normalise
 from spherepde.io.case import load_case_text
+from spherepde.io.output import grid_points
 from spherepde.kernels.dense import dense_exp_kernel
 from spherepde.model.initial import initial_density
 
 # ---------------------------------------------------------------------------------------
 # Points and masses of saved results
 # ---------------------------------------------------------------------------------------
-
-
-def grid_points(dataset) -> np.ndarray:
-    """Ambient coordinates of a result's grid: (ntheta, 2) on S^1 (theta in radians), (nlat, nlon, 3) on S^2
-    (lat, lon in degrees)."""
-    if "theta" in dataset.dims:
-        theta = dataset["theta"].values
-        return np.stack([np.cos(theta), np.sin(theta)], axis=-1)
-    lat, lon = np.meshgrid(np.deg2rad(dataset["lat"].values), np.deg2rad(dataset["lon"].values), indexing="ij")
-    return np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=-1)
 
 
 def second_moments(dataset) -> np.ndarray:

@@ -51,6 +51,16 @@ def grid_coordinates(basis) -> tuple[dict, tuple, str]:
     return {"lat": lat, "lon": lon}, ("lat", "lon"), "sr-1"
 
 
+def grid_points(dataset) -> np.ndarray:
+    """Ambient coordinates of a result's grid (`grid_coordinates` undone): (ntheta, 2) on S^1 (theta in radians), (nlat, nlon, 3) on S^2
+    (lat, lon in degrees)."""
+    if "theta" in dataset.dims:
+        theta = dataset["theta"].values
+        return np.stack([np.cos(theta), np.sin(theta)], axis=-1)
+    lat, lon = np.meshgrid(np.deg2rad(dataset["lat"].values), np.deg2rad(dataset["lon"].values), indexing="ij")
+    return np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=-1)
+
+
 @dataclass
 class Saves:
     """What a run recorded at its save times, as plain values: the record a solver hands to this module.
