@@ -52,8 +52,8 @@ def grid_coordinates(basis) -> tuple[dict, tuple, str]:
 
 
 def grid_points(dataset) -> np.ndarray:
-    """Ambient coordinates of a result's grid (`grid_coordinates` undone): (ntheta, 2) on S^1 (theta in radians), (nlat, nlon, 3) on S^2
-    (lat, lon in degrees)."""
+    """Ambient coordinates of a result's grid (`grid_coordinates` undone): (ntheta, 2) on S^1 (theta in radians), (nlat,
+    nlon, 3) on S^2 (lat, lon in degrees)."""
     if "theta" in dataset.dims:
         theta = dataset["theta"].values
         return np.stack([np.cos(theta), np.sin(theta)], axis=-1)
