@@ -1,4 +1,4 @@
-"""The layout of an Eulerian run's checkpoint (solvers.eulerian.Recorder.checkpoint_state): what its state and
+"""The layout of an Eulerian run's checkpoint (solvers.eulerian_recorder.Recorder.checkpoint_state): what its state and
 segments must hold for `solvers.checkpoint.Checkpoint.verify` to resume from them (the rules: that module's
 docstring, "Resuming").
 """

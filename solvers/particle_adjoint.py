@@ -57,7 +57,7 @@ def projection_transpose(points: torch.Tensor, y: torch.Tensor, vbar: torch.Tens
 
 
 def exponential_map_transpose(points: torch.Tensor, tangent: torch.Tensor, outbar: torch.Tensor):
-    """(xbar, tbar) of particles.exponential_map(x, t)."""
+    """(xbar, tbar) of geometry.sphere.exponential_map(x, t)."""
     length = torch.linalg.vector_norm(tangent, dim=-1, keepdim=True)
     safe = torch.where(length > 0, length, 1.0)
     direction = tangent / safe
@@ -111,7 +111,7 @@ class Stage:
 
 
 class Flow:
-    """particles.explicit_flow with the integrator's tableau from x (`out`), keeping its stages for `transpose`."""
+    """timesteppers.explicit_flow with the integrator's tableau from x (`out`), keeping its stages for `transpose`."""
 
     def __init__(self, integrator: Integrator, x: torch.Tensor, W: torch.Tensor, h: float):
         self.tableau, self.h, self.W, self.stages = EXPLICIT_TABLEAUX[integrator.name], h, W, []

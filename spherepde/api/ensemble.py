@@ -1,6 +1,6 @@
 """Members run together: which cases one tensor program can advance at once, and running them.
 
-The solvers take a member axis (solvers.eulerian.ForwardProblem, solvers.particles.ParticleSystem, the
+The solvers take a member axis (solvers.forward_problem.ForwardProblem, solvers.particles.ParticleSystem, the
 trainings' lockstep): members that share a grid and the shapes of their state run as one batch, each with its
 own initial law, model matrices and scalars, seed and (for trainings) its own optimizer and loss.  `batches`
 groups the cases of a sweep by what they must share, `run_batch` runs one group and returns per member what its

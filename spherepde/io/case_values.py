@@ -227,7 +227,7 @@ def beta(value, ctx) -> float:
 
 
 def auto_or_count(value, ctx) -> str | int:
-    """"auto" or an int >= 1: rows per block of the dense kernel matrix (exp_kernel.block_rows), CPU threads
+    """"auto" or an int >= 1: rows per block of the dense kernel matrix (kernels.dense.block_rows), CPU threads
     (spherepde.base.threads)."""
     if value == "auto":
         return value
