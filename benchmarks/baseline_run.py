@@ -73,12 +73,13 @@ def main(argv=None):
     for device in args.devices:
         for dtype in args.dtypes:
             path = os.path.join(args.out, f"baseline-{device}-{dtype}.nc")
-            dataset = xr.load_dataset(path) if args.reuse else run(device, dtype, args.lmax, args.t_end, args.filter_order,
-                                                                       path)
+            dataset = (xr.load_dataset(path) if args.reuse
+                       else run(device, dtype, args.lmax, args.t_end, args.filter_order, path))
             results[device, dtype] = dataset
             print(f"{device:>4} {dtype}: {dataset.attrs['status']} at t = {float(dataset['time'][-1]):g}, "
                   f"{dataset.attrs['benchmark_wall_seconds']:8.1f} s wall "
-                  f"({dataset.attrs.get('benchmark_cpu_seconds', float('nan')):.1f} s CPU), {dataset.attrs['steps']} steps, "
+                  f"({dataset.attrs.get('benchmark_cpu_seconds', float('nan')):.1f} s CPU), "
+                  f"{dataset.attrs['steps']} steps, "
                   f"field {dataset.attrs['field']}, {torch.get_num_threads()} CPU threads, "
                   f"resolved until t = {dataset.attrs['resolved_until']}, "
                   f"min density {float(dataset['min_density'].min()):.2e}")

@@ -185,8 +185,8 @@ def step_seconds(problem, repeats: int, dt: float = 0.01) -> float:
 
 def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
     """Seconds of a forward step per path (forced) and the path Transport's estimate picks."""
-    from spherepde.model.matrix_path import MatrixPath
     from solvers.forward_problem import ForwardProblem
+    from spherepde.model.matrix_path import MatrixPath
 
     case = load(path, overrides)
     out = {}

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from spherepde.discretisation.bases import SphereBasis  # noqa: E402
 from spherepde.base.device import placement  # noqa: E402
+from spherepde.discretisation.bases import SphereBasis  # noqa: E402
 from spherepde.kernels.choice import make_exp_kernel  # noqa: E402
 from spherepde.kernels.dense import DENSE_MATRIX_BYTES, DenseExpKernel, dense_exp_kernel  # noqa: E402
 from spherepde.kernels.spectral import SpectralExpKernel  # noqa: E402
@@ -89,7 +89,8 @@ def main(argv=None):
     where = placement(args.device, "float64")
     columns = ["dense", "sign flips", "rotation", "general", "general (torch NUFFT)"]
     times = {name: [] for name in columns}
-    print(f"beta = {args.beta:g}, float64, {args.device}, {torch.get_num_threads()} thread; seconds per call (thread CPU time on the CPU) "
+    print(f"beta = {args.beta:g}, float64, {args.device}, {torch.get_num_threads()} thread; "
+          "seconds per call (thread CPU time on the CPU) "
           "(ratio dense / spectral)")
     print(f"{'lmax':>5} {'N':>7} " + " ".join(f"{name:>24}" for name in columns) + "  auto (flips/rot/gen)")
     for lmax in args.lmax:

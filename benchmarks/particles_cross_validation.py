@@ -40,9 +40,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import spherepde  # noqa: E402
-from spherepde.io.case import case_from_dict  # noqa: E402
-from spherepde.analysis.compare import compare  # noqa: E402
 from solvers.particles import run_particles  # noqa: E402
+from spherepde.analysis.compare import compare  # noqa: E402
+from spherepde.io.case import case_from_dict  # noqa: E402
 
 CASES = {
     "s1": {

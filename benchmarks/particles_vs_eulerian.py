@@ -43,9 +43,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import spherepde  # noqa: E402
-from spherepde.io.case import case_from_dict  # noqa: E402
-from spherepde.base.errors import NumericalFailure  # noqa: E402
 from solvers.particles import run_particles  # noqa: E402
+from spherepde.base.errors import NumericalFailure  # noqa: E402
+from spherepde.io.case import case_from_dict  # noqa: E402
 
 TOLERANCE = 1e-3
 T_END = 10.0
@@ -123,7 +123,8 @@ def benchmark(name: str, n0: int, replicas: int, max_n: int) -> dict:
         eulerian.append((seconds, lmax, dt, abs(r - fine), stepping))
     passing = sorted(entry for entry in eulerian if entry[3] <= TOLERANCE)
     for seconds, lmax, dt, error, stepping in sorted(eulerian, key=lambda e: (e[1], -e[2])):
-        outcome = "unstable" if math.isnan(error) else f"error {error:.2e}, {seconds:7.3f} s (stepping {stepping:.3f} s)"
+        outcome = ("unstable" if math.isnan(error)
+                   else f"error {error:.2e}, {seconds:7.3f} s (stepping {stepping:.3f} s)")
         print(f"  eulerian lmax {lmax:>3} dt {dt:<5g}: {outcome}")
     eulerian_seconds, lmax, dt, eulerian_error, stepping_seconds = passing[0]
     print(f"cheapest Eulerian run within {TOLERANCE:g}: lmax {lmax}, dt {dt:g}: error {eulerian_error:.2e} in "

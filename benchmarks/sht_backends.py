@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from spherepde.discretisation.bases import dealiased_gauss_grid  # noqa: E402
-from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT  # noqa: E402
 from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, default_layout  # noqa: E402
+from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT  # noqa: E402
 from spherepde.discretisation.transforms.sht_torch import TorchSHT  # noqa: E402
 
 
@@ -52,10 +52,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lmax", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--other-up-to", type=int, default=256, help="largest lmax at which the other layouts are timed")
+    parser.add_argument("--other-up-to", type=int, default=256,
+                        help="largest lmax at which the other layouts are timed")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread; float64; best thread CPU time of {args.repeats}")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread; float64; "
+          f"best thread CPU time of {args.repeats}")
     kinds = ("scalar", "batch 4", "vector")
     print(f"{'lmax':>5} {'grid':>10} {'tables':>16} | " + " | ".join(
         f"{kind + ' torch':>13} {'shtns':>8} {'ratio':>6} {'others over torch':>24}" for kind in kinds))

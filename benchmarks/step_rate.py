@@ -59,7 +59,8 @@ def copy_bandwidth(device: torch.device) -> float:
 
 
 def measure(lmax: int, device: str, dtype: str, B: str, steps: int) -> dict:
-    overrides = ["model.beta = 30.0", f"sphere.lmax = {lmax}", f"solver.device = '{device}'", f"solver.dtype = '{dtype}'"]
+    overrides = ["model.beta = 30.0", f"sphere.lmax = {lmax}", f"solver.device = '{device}'",
+                 f"solver.dtype = '{dtype}'"]
     if B == "general":
         overrides.append(f"model.B = {GENERAL_B}")
     case = spherepde.load_case(CASE, overrides=overrides)
@@ -85,7 +86,7 @@ def measure(lmax: int, device: str, dtype: str, B: str, steps: int) -> dict:
         allocated = torch.cuda.memory_stats(place)["allocated_bytes.all.allocated"] - before
     clock = time.thread_time if place.type == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
     durations = []
-    for k in range(steps):
+    for _ in range(steps):
         synchronize(place)
         start = clock()
         c = step(c)

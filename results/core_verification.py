@@ -1,4 +1,4 @@
-"""Figures of the core verification (issue: Eulerian solver), printed as a markdown report.
+r"""Figures of the core verification (issue: Eulerian solver), printed as a markdown report.
 
     python3 results/core_verification.py | grep -v "^\[SHTns" > results/core_verification.md
 
@@ -14,9 +14,9 @@ from scipy.optimize import brentq
 from scipy.special import i0e, i1e
 
 import spherepde
-from spherepde.discretisation.bases import make_basis
 from spherepde.analysis.concentration import hemisphere_mass
 from spherepde.base.device import placement
+from spherepde.discretisation.bases import make_basis
 from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT
 from spherepde.discretisation.transforms.sht_torch import TorchSHT
 

@@ -42,10 +42,10 @@ import xarray as xr
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import spherepde
-from spherepde.analysis import concentration as cc
-from solvers.checkpoint import Checkpoint
-from spherepde.io.output import write_dataset
+import spherepde  # noqa: E402
+from solvers.checkpoint import Checkpoint  # noqa: E402
+from spherepde.analysis import concentration as cc  # noqa: E402
+from spherepde.io.output import write_dataset  # noqa: E402
 
 SUMMARIES = ROOT / "results" / "paper003_runs"
 # Dimensions of the fields a summary leaves out (densities, particles), and of its second moments.
@@ -111,7 +111,8 @@ SEED_ABLATIONS = {
 }
 NOISE = [1e-2, 3e-3, 1e-3]
 BACKENDS = ["shtns", "torch"]  # the Eulerian runs' transforms (plan's `backend`)
-# Reading of the small-noise runs (seed 3; the --full rows say so); the tables above it are regenerated, this text is not.
+# Reading of the small-noise runs (seed 3; the --full rows say so); the tables above it are regenerated,
+# this text is not.
 NOISE_READING = [
     "Reading.", "",
     "- Symmetry. The uniform law, B = diag(-1, -1, 1) and V = diag(-1, 1, -2) are invariant under each reflection "
@@ -120,7 +121,8 @@ NOISE_READING = [
     "beta = 10 and 0.984 at beta = 30; the particles at the same eps reach 0.983 and 0.985) and stays to t = 20, "
     "resolved throughout (largest tails 8e-9 and 1.1e-7). The particles leave (beta = 10: at t = 10; beta = 30: "
     "alignment down to 0.80 at t = 20): their sample breaks the symmetry by O(n^-1/2) and the fixed point is "
-    "unstable (measured and explained below). The 0.53 gap of the first row is that, not a solver error: the two solve initial value problems "
+    "unstable (measured and explained below). The 0.53 gap of the first row is that, not a solver error: "
+    "the two solve initial value problems "
     "that differ by the sampling noise, about an unstable state.",
     "- With the symmetry broken in the initial law, the Eulerian solution leaves E when the particles do: at "
     "t = 15.0 against 14.8 from the projected Gaussian law (beta = 30; alignment within 0.059 of the particles' "
@@ -168,7 +170,8 @@ NOISE_READING = [
     "below its limit, happens to come within 0.22 eps of the n = 2000 particles, against 1.5 and 1.3 eps at the "
     "larger eps.) At beta = 1000 only two eps are there and beta eps >= 3: the linear extrapolation, 0.99939, is "
     "5e-4 below the particles at n = 8000. On E the stationary 1 - alignment is the clusters' thermal variance, which "
-    "spherepde/analysis/concentration.py (two_cluster_alignment) derives to first order in eps and every order in beta eps: "
+    "spherepde/analysis/concentration.py (two_cluster_alignment) derives to first order in eps and every order "
+    "in beta eps: "
     "each token attends to the opposite cluster through a Gaussian tilt that the sphere's curvature narrows. The "
     "Eulerian runs match it at t = 20 to a relative 2.5e-4, 3.3e-5, 5e-6 at beta = 10 and 4.3e-4, 6.8e-5, 1e-5 at "
     "beta = 30 (eps = 1e-2, 3e-3, 1e-3: faster than eps), and to 2.9e-3 and 5.2e-4 at beta = 1000 (eps = 1e-2, "
@@ -185,7 +188,8 @@ NOISE_READING = [
     "The Eulerian runs at eps = 1e-2 (lmax 128) and 3e-3 (lmax 224) stay on E, resolved (tails 4e-7 and 9.5e-8), "
     "with 1 - alignment 0.0093124 and 0.0032120 at t = 20 against the theory's 0.0092851 and 0.0032103 (beta eps "
     "= 10 and 3). At eps = 1e-3 the clusters need lmax 336 (resolving_lmax), about 5 CPU hours: not run here. "
-    "They need the bounded attention mean of spherepde/model/attention.py (softmax_mean). Between the sharp clusters Z is "
+    "They need the bounded attention mean of spherepde/model/attention.py (softmax_mean). "
+    "Between the sharp clusters Z is "
     "exp(-beta gap) of its scale, below the transform's accuracy. The raw N / Z there reached |m| = 2 on a quarter "
     "of the grid, and then NaN at t = 8 (exit 3). The density there is round-off too, so bounding m by 1 changes "
     "rho v only at that level.",
@@ -212,7 +216,8 @@ DIFFERENCES = [
     "the window's end; our average over that window (0.77 and 0.84) is the nearest of our figures to the seed's, "
     "but the seed does not say it averages. Our model is DESIGN §2 as written, and the "
     "seed does not state its initial law or its normalisation, so we cannot say which of them differs.",
-    "- Transition to F: it happens later than in the seed (t ~ 13 at beta = 10 against ~5; 14.5 at beta = 30 against ~8), "
+    "- Transition to F: it happens later than in the seed "
+    "(t ~ 13 at beta = 10 against ~5; 14.5 at beta = 30 against ~8), "
     "and it passes through a plateau with alignment_E = 1/2. There the tokens sit in two antipodal clusters at "
     "+-(1, 0, 1)/sqrt 2. For such c, <c, B c> = 0, so each cluster gives both clusters equal weight and m = 0: "
     "the pair is a fixed point. The tokens leave it for +-e2 later (the figure's plateau).",
@@ -412,7 +417,8 @@ def main_row(dataset) -> dict:
         "w2_min": float(w2[k]), "t_w2_min": float(t[k]), "w2_end": float(w2[-1]),
         "u_shape": bool(0 < k < len(t) - 1 and w2[-1] > 2 * w2[k]),
         "t_F": cc.first_time(t, (align_f > align_e) & (t >= t[peak])),
-        "w2_bound": float(dataset.attrs.get("w2_quantisation_bound", 0.0)), "F_end": float(align_f[-1]), "t_end": float(t[-1]),
+        "w2_bound": float(dataset.attrs.get("w2_quantisation_bound", 0.0)), "F_end": float(align_f[-1]),
+        "t_end": float(t[-1]),
     }
 
 
@@ -466,8 +472,10 @@ def report(data: dict, full: bool, summaries: Path, substituted: list, absent: l
         lines += [f"- {item}" for item in REDUCED] + [""]
     if substituted or absent:
         lines += ["**Not every run of this set is done.** "
-                  + (f"Reduced variant used for: {', '.join(f'`{key}`' for key in substituted)}. " if substituted else "")
-                  + (f"Not run yet (left out of the tables): {', '.join(f'`{key}`' for key in absent)}. " if absent else "")
+                  + (f"Reduced variant used for: {', '.join(f'`{key}`' for key in substituted)}. "
+                     if substituted else "")
+                  + (f"Not run yet (left out of the tables): {', '.join(f'`{key}`' for key in absent)}. "
+                     if absent else "")
                   + "`--only KEY --runs-only` adds one run at a time.", ""]
     cases = {key: spherepde.load_case_text(dataset.attrs["case"]) for key, dataset in data.items()}
     by_torch = sorted(key for key, case in cases.items()
@@ -477,13 +485,16 @@ def report(data: dict, full: bool, summaries: Path, substituted: list, absent: l
                   f"{', '.join(f'`{key}`' for key in by_torch)}.", ""]
     lines += ["## Our choices where the seed is silent", "",
               "- Initial law: uniform for the main table, plus one row (beta = 30) from the Gaussian projected to the "
-              "sphere, X / |X| with X ~ N((0.3, 0.2, 0.5), 0.5 I) (`cases/seed003-baseline-gaussian.toml`), and one (beta = 10) from the "
+              "sphere, X / |X| with X ~ N((0.3, 0.2, 0.5), 0.5 I) (`cases/seed003-baseline-gaussian.toml`), "
+              "and one (beta = 10) from the "
               "uniform law with 5% of its mass in a vMF bump (kappa 4; `cases/seed003-baseline-perturbed.toml`), which "
               "breaks the uniform law's reflection symmetry by about as much as sampling 2000 tokens does; the vMF law "
               "of `cases/baseline-inf.toml` (mean (0.3, 0.5, 0.8), kappa = 2) for the ablations and the temperature "
               "coupling.",
-              "- Particles: Heun with dt = 0.01 (the seed: projected Euler, dt = 0.01), seed 3; n = 2000 as in the seed.",
-              "- Ablation matrices the seed does not print: see each `cases/seed003-ablation-*.toml` (non-symmetric B with "
+              "- Particles: Heun with dt = 0.01 (the seed: projected Euler, dt = 0.01), seed 3; "
+              "n = 2000 as in the seed.",
+              "- Ablation matrices the seed does not print: see each `cases/seed003-ablation-*.toml` "
+              "(non-symmetric B with "
               "V B^T = [[1,1,0],[2,1,0],[0,0,-2]]; V_1 = [[0,1,0],[-1,0,0],[0,0,-2]]; B = V = diag(1, 1/2, 1/4); "
               "B = -V with V = diag(1, 1/2, 1/4)). Ablations at beta = 30.",
               "- Alignment = int |P_E x|^2 drho (DESIGN §4); 'mass moves to F' = first save with alignment_F > "
@@ -501,7 +512,8 @@ def main_section(data: dict) -> list:
              "Seed vs ours (particles, n in column n, t <= 20). 'W2 min' is the minimum of W2(rho_t, Pi_# rho_0), "
              "by exact OT against all particles (diagnostics.w2_atoms = 8000); the bracket is the quantisation "
              "bound, 0 when nothing was quantised.", "",
-             "| beta | rho_0 | n | window log beta | seed: max align E | ours: max align E (at t) | seed: to F? | ours: first t "
+             "| beta | rho_0 | n | window log beta | seed: max align E | ours: max align E (at t) | seed: to F? | "
+             "ours: first t "
              "with align F > align E (align F at the end) | seed: W2 trend | ours: W2 min (at t), at the end, U-shape "
              "[quantisation bound] |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -511,9 +523,11 @@ def main_section(data: dict) -> list:
             continue
         row, seed = main_row(data[key]), SEED_MAIN[beta]
         n = spherepde.load_case_text(data[key].attrs["case"])["particles"]["n"]
-        lines.append(f"| {beta} | {law} | {n} | {seed[0]} | {seed[1]} | {fmt(row['max_E'])} ({fmt(row['t_max_E'])}) | {seed[2]} | "
+        lines.append(f"| {beta} | {law} | {n} | {seed[0]} | {seed[1]} | {fmt(row['max_E'])} ({fmt(row['t_max_E'])}) | "
+                     f"{seed[2]} | "
                      f"{fmt(row['t_F'])} ({fmt(row['F_end'])}) | {seed[3]} | {fmt(row['w2_min'])} "
-                     f"({fmt(row['t_w2_min'])}), {fmt(row['w2_end'])}, {fmt(row['u_shape'])} [{fmt(row['w2_bound'], 2)}] |")
+                     f"({fmt(row['t_w2_min'])}), {fmt(row['w2_end'])}, {fmt(row['u_shape'])} "
+                     f"[{fmt(row['w2_bound'], 2)}] |")
     failed = [f"`{key}`: {dataset.attrs['status']}" for key, dataset in sorted(data.items())
               if "failed" in dataset.attrs.get("status", "")]
     if failed:
@@ -527,7 +541,9 @@ def main_section(data: dict) -> list:
             row = main_row(data[f"main-p8000-beta{beta}"])
             lines.append(f"| {beta} | {fmt(row['max_E'])} ({fmt(row['t_max_E'])}) | {fmt(row['t_F'])} | "
                          f"{fmt(row['w2_min'])} ({fmt(row['t_w2_min'])}) | {fmt(row['w2_end'])} |")
-    lines += ["", "Eulerian at eps = 0 while resolved (spectral tail <= 1e-6), against the particles at the same t:", "",
+    lines += ["",
+              "Eulerian at eps = 0 while resolved (spectral tail <= 1e-6), against the particles at the same t:",
+              "",
               "| beta | rho_0 | lmax | resolved until t | t | align E Eulerian | align E particles | "
               "W2(rho_t, Pi_# rho_0) Eulerian | particles |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for beta, law in MAIN_ROWS:
@@ -570,10 +586,12 @@ def noise_section(data: dict) -> list:
              "'leaves E': first t after the peak of alignment with E at which it is below 0.75.", "",
              "| beta | rho_0 | eps | lmax | resolved until t (largest tail) | max align E: Eulerian / particles eps / "
              "particles eps = 0 | leaves E: Eulerian / particles eps / particles eps = 0 | first t align F > align E: "
-             "Eulerian / particles eps / particles eps = 0 | max over resolved t of abs(align E Eulerian - particles eps) |",
+             "Eulerian / particles eps / particles eps = 0 | "
+             "max over resolved t of abs(align E Eulerian - particles eps) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for beta, law, eps in eulerian:
-        e, p, p0 = data[noisy_key("e", beta, law, eps)], data[noisy_key("p", beta, law, eps)], data[main_key("p", beta, law)]
+        e, p, p0 = (data[noisy_key("e", beta, law, eps)], data[noisy_key("p", beta, law, eps)],
+                    data[main_key("p", beta, law)])
         p0 = p0.sel(time=slice(0, float(e["time"].values[-1])))
         re, rp, r0 = main_row(e), main_row(p), main_row(p0)
         t_resolved = resolved_until(e)
@@ -587,14 +605,17 @@ def noise_section(data: dict) -> list:
     lines += eulerian_eps_limit(data) + eulerian_extrapolation(data) + stability_section(data)
     lines += ["", "Particles as eps -> 0: max over the window of |align E(eps) - align E(eps = 0)| and |W2 to the "
               "projection(eps) - (eps = 0)| (same seed, n = 2000), and when they leave E:", "",
-              "| beta | rho_0 | eps | align E gap | W2 gap | leaves E: eps / eps = 0 |", "| --- | --- | --- | --- | --- | --- |"]
+              "| beta | rho_0 | eps | align E gap | W2 gap | leaves E: eps / eps = 0 |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for beta, law, eps in rows:
         p, p0 = data.get(noisy_key("p", beta, law, eps)), data.get(main_key("p", beta, law))
         if p is None or p0 is None:
             continue
         ref = p0.interp(time=p["time"])
-        gaps = [float(np.nanmax(np.abs(p[name].values - ref[name].values))) for name in ("alignment_E", "w2_projection")]
-        lines.append(f"| {beta} | {law} | {eps:g} | {gaps[0]:.3g} | {gaps[1]:.3g} | {fmt(left_E(p))} / {fmt(left_E(p0))} |")
+        gaps = [float(np.nanmax(np.abs(p[name].values - ref[name].values)))
+                for name in ("alignment_E", "w2_projection")]
+        lines.append(f"| {beta} | {law} | {eps:g} | {gaps[0]:.3g} | {gaps[1]:.3g} | "
+                     f"{fmt(left_E(p))} / {fmt(left_E(p0))} |")
     lines += ["", "![noise](paper003_noise.png)", ""] + NOISE_READING
     return lines
 
@@ -607,7 +628,8 @@ def eulerian_eps_limit(data: dict) -> list:
     lines = ["", "Eulerian as eps -> 0, against the Eulerian run at eps = 0 (largest difference over the saves both "
              "have while both are resolved) and the particles at eps = 0 (at the time of their peak alignment with "
              "E, with their Monte Carlo standard error); last column: the alignment at t = 20 of the runs that "
-             "stay on E against the stationary pair of clusters at +-e1 to first order in eps (spherepde/analysis/concentration.py, "
+             "stay on E against the stationary pair of clusters at +-e1 to first order in eps "
+             "(spherepde/analysis/concentration.py, "
              "two_cluster_alignment):", "",
              "| beta | rho_0 | eps | max abs(align E - Eulerian eps = 0) (over t <=) | the same / eps | at t | "
              "align E: Eulerian / particles eps = 0 (s.e.) | difference / eps | at t = 20: 1 - align E, Eulerian / "
@@ -628,7 +650,8 @@ def eulerian_eps_limit(data: dict) -> list:
         if peak <= t_resolved:
             ours, theirs = float(e["alignment_E"].sel(time=peak, method="nearest")), p0.sel(time=peak, method="nearest")
             at_peak = (f"{fmt(peak)} | {ours:.4f} / {float(theirs['alignment_E']):.4f} "
-                       f"({float(theirs['alignment_E_stderr']):.1g}) | {(float(theirs['alignment_E']) - ours) / eps:.2g}")
+                       f"({float(theirs['alignment_E_stderr']):.1g}) | "
+                       f"{(float(theirs['alignment_E']) - ours) / eps:.2g}")
         stationary = "-"
         if math.isnan(left_E(e)) and "failed" not in e.attrs["status"]:
             model = spherepde.load_case_text(e.attrs["case"])["model"]
@@ -680,7 +703,9 @@ def stability_section(data: dict) -> list:
     """The pair of clusters on E against cc.two_cluster_stability: its rotation towards e3 grows where
     beta eps < 1/2 (for the seed's V, B) and decays beyond; the measured rate of the Eulerian runs (rotation_rate)
     and whether the particles at the same eps leave E."""
-    lines = ["", "Stability of the pair of clusters at +-e1 (spherepde/analysis/concentration.py, two_cluster_stability, first "
+    lines = ["",
+             "Stability of the pair of clusters at +-e1 (spherepde/analysis/concentration.py, two_cluster_stability, "
+             "first "
              "order in eps): growth rate of its rigid rotation towards e3 and of its shift towards e2 (< 0: decay), "
              "against the Eulerian run's measured rotation rate (the growth of int x1 x3 drho while linear and "
              "resolved, from t = 3; from the uniform law it grows from round-off) and the particles at the same "
@@ -706,7 +731,8 @@ def ablation_section(data: dict) -> list:
     lines = ["## Ablations (beta = 30, vMF rho_0, particles, t <= 20)", "",
              "int x1^2 drho oscillation: half the peak-to-peak range over t in [2, 8] and [14, 20].", "",
              "| ablation | seed: early (E) | seed: late | ours: max align E (t) | first t align F > align E "
-             "(align F at the end) | x1^2 oscillation early / late | mean at the end |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "(align F at the end) | x1^2 oscillation early / late | mean at the end |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for ablation, (early, late) in SEED_ABLATIONS.items():
         key = f"ablation-{ablation}"
         if key not in data:
@@ -747,7 +773,8 @@ def theorem_section(data: dict) -> list:
     if len(betas):
         lines += ["", f"- W2(rho_t^beta, rho_t^inf) at t = {t:g} (Eulerian lmax 64/128, vMF rho_0); "
                   "upper = L2(rho_0) distance of the two flows, lower = largest component of the mean difference:", "",
-                  "| beta | lower | upper | upper / sqrt(log(beta+1)/beta) | upper * beta |", "| --- | --- | --- | --- | --- |"]
+                  "| beta | lower | upper | upper / sqrt(log(beta+1)/beta) | upper * beta |",
+                  "| --- | --- | --- | --- | --- |"]
         for b, lo, up in zip(betas, lower, upper):
             lines.append(f"| {b:g} | {lo:.3e} | {up:.3e} | {up / math.sqrt(math.log(b + 1) / b):.3e} | {up * b:.3f} |")
         for name, values in (("upper", upper), ("lower", lower)):
@@ -766,7 +793,8 @@ def theorem_section(data: dict) -> list:
 def coupling_bounds(data: dict) -> tuple:
     """(betas, upper, lower, t) of the temperature-coupling runs: their bounds on W2(rho_t^beta, rho_t^inf) at
     their last save t (empty arrays when there is none)."""
-    betas = np.array(sorted(float(key.removeprefix("coupling-beta")) for key in data if key.startswith("coupling-beta")))
+    betas = np.array(sorted(float(key.removeprefix("coupling-beta"))
+                            for key in data if key.startswith("coupling-beta")))
     results = [data[f"coupling-beta{int(b)}"] for b in betas]
     upper = np.array([float(r["coupling_upper"][-1]) for r in results])
     lower = np.array([float(r["coupling_lower"][-1]) for r in results])

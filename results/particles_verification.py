@@ -40,14 +40,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import spherepde  # noqa: E402
 from benchmarks import particles_cross_validation as cross  # noqa: E402
 from benchmarks import particles_vs_eulerian as cost_benchmark  # noqa: E402
-from spherepde.io.case import case_from_dict  # noqa: E402
+from solvers.particles import run_particles  # noqa: E402
 from spherepde.analysis.compare import write_report  # noqa: E402
 from spherepde.analysis.concentration import hemisphere_mass  # noqa: E402
+from spherepde.io.case import case_from_dict  # noqa: E402
+from spherepde.io.output import write_dataset  # noqa: E402
 from spherepde.measures.optimal_transport import wasserstein2  # noqa: E402
 from spherepde.model.attention import principal_subspace  # noqa: E402
-from spherepde.io.output import write_dataset  # noqa: E402
 from spherepde.model.sampling import DensityFileSampler  # noqa: E402
-from solvers.particles import run_particles  # noqa: E402
 
 FOLDER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "particles")
 SIZES = [1000, 10000, 100000]
@@ -421,9 +421,10 @@ def report_cost():
           "`spherepde.run` and its stepping alone (the run less a one-step run; not measured for the beta = 0 rows, "
           "measured before this split). Particles: the time of one run of n_needed = sigma^2 / (tol^2 - bias^2) "
           "tokens, timed, or extrapolated with the fitted cost exponent where n_needed > max-n.\n")
-    print("| case | r(10) | Eulerian run s | Eulerian stepping s | n_needed | particles s | how | ratio | ratio to stepping |")
+    print("| case | r(10) | Eulerian run s | Eulerian stepping s | n_needed | particles s | how | ratio | "
+          "ratio to stepping |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for part, data in parts:
+    for _part, data in parts:
         for name, row in (data or {}).get("results", {}).items():
             if not row:
                 continue
@@ -436,7 +437,8 @@ def report_cost():
                   f"{how} | {row['ratio']:.3g} | {stepping_ratio} |")
     for part, data in parts:
         if data is not None:
-            print(f"\n`benchmarks/particles_vs_eulerian.py --case {' '.join(data.get('cases', ['beta0-s1', 'beta0-s2']))} "
+            print(f"\n`benchmarks/particles_vs_eulerian.py "
+                  f"--case {' '.join(data.get('cases', ['beta0-s1', 'beta0-s2']))} "
                   f"--n0 {data['n0']} --replicas {data['replicas']} --max-n {data['max_n']}` (part `{part}`), its "
                   f"output:\n\n```\n{data['printout'].strip()}\n```")
 

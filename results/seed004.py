@@ -29,7 +29,6 @@ plateau) over the terminal layer, the seed's "fitted a").
 """
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -270,7 +269,8 @@ def pending(keys: list) -> list:
     rows = [BY_KEY[key] for key in dict.fromkeys(runs_of(BY_KEY[key]).key for key in keys)]
     particle_rows = [row for row in rows if not is_current(row, "particles")]
     groups = batches([particle_cases(row)[0] for row in particle_rows])
-    jobs = [(run_particles, tuple(particle_rows[i].key for i in group)) for group in sorted(groups, key=len, reverse=True)]
+    jobs = [(run_particles, tuple(particle_rows[i].key for i in group))
+            for group in sorted(groups, key=len, reverse=True)]
     return jobs + [(run_eulerian, row.key) for row in rows if row.eulerian is None and not is_current(row, "eulerian")]
 
 
@@ -412,7 +412,10 @@ def cells(row: Row, measures: dict, eulerian: dict | None) -> list:
         return [("(all)", "", "not run yet", "", "")]
     out = []
     phased = sum(run["three_phase"] for run in runs)
-    euler = (lambda key, digits=3: fmt(eulerian[key], digits) if eulerian else "-")
+
+    def euler(key, digits=3):
+        return fmt(eulerian[key], digits) if eulerian else "-"
+
     if "three_phase_of" in seed:
         pooled = [measures.get(runs_of(BY_KEY[key]).key) for key in seed["three_phase_of"]]
         if all(pooled):

@@ -1,7 +1,8 @@
 """Seed 004, bow kappa_cand = 2: redrawn candidates and the conditioning of the terminal displacement (issue 4,
 criterion 5), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_candidates.py [--draws 7] [--seeds 3] [--starts 1e-12 1e-9 1e-6] [--no-cross] [--finite-n 64 256 1024 4096 8192] [--workers 2] [--report-only] > results/seed004_candidates.md
+    OMP_NUM_THREADS=1 python3 results/seed004_candidates.py [--draws 7] [--seeds 3] [--starts 1e-12 1e-9 1e-6] \
+[--no-cross] [--finite-n 64 256 1024 4096 8192] [--workers 2] [--report-only] > results/seed004_candidates.md
 
 The seed's bow displacement 0.763 +- 0.343 has a spread seven times that of our particle seeds at one draw of
 the K candidates (results/seed004_particles.md, +- 0.047 over 10 seeds).  This script asks whether the
@@ -36,8 +37,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-
-from seed004_particles import N, T_END, load, mean_field_cost, particle_overrides, run_particles_at
+from seed004_particles import T_END, N, load, mean_field_cost, particle_overrides, run_particles_at
 from seed004_reduced import overrides_of
 
 NAME = "seed004-bow-k2"
@@ -261,7 +261,8 @@ def report_finite_n(sizes):
     print("Sampling error amplification: the std over seeds of the order parameter |int x dmu^N_t| at T over that "
           "at t = 0 (at the largest N; an error carried along without amplification keeps the ratio near 1).\n")
     print("| W | mean-field J | J on the training path of particle seed 0 (N = 64) | "
-          + " | ".join(f"particle J, N = {n} (mean ± SE)" for n in sizes) + f" | amplification to T, N = {max(sizes)} |")
+          + " | ".join(f"particle J, N = {n} (mean ± SE)" for n in sizes)
+          + f" | amplification to T, N = {max(sizes)} |")
     print("|---|---|---|" + "---|" * len(sizes) + "---|")
     mean_field = mean_field_cost(NAME, job_overrides("eulerian", 0, None))
     training_path = ParticleControl(load(NAME, job_overrides("particles", 0, 0)))
@@ -278,7 +279,8 @@ def report_finite_n(sizes):
             f"{c.mean():.3f} ± {c.std(ddof=1) / np.sqrt(c.size):.3f}" for c in costs)
             + f" | {spread[-1] / spread[0]:.1f} |")
     (eulerian, amplified, _, _), (particle, damped, trained, fresh) = reading["eulerian"], reading["particles"]
-    print(f"\nAt N = {max(sizes)} the particle J is {eulerian:.3f} at the Eulerian W and {particle:.3f} at the particle "
+    print(f"\nAt N = {max(sizes)} the particle J is {eulerian:.3f} at the Eulerian W and {particle:.3f} "
+          "at the particle "
           f"W; the sampling error is amplified {amplified:.1f}-fold under the first and {damped:.1f}-fold under the "
           "second." + (f"  The particle W gives J = {trained:.3f} on the path it was trained on and {fresh:.3f} on "
                         f"fresh paths of the same N = {N}." if N in runs else "") + "\n")

@@ -80,11 +80,14 @@ def main(argv=None):
     print("# Seed 004: escape rate of the adjoint vs the Rayleigh quotient (issue 4, criterion 4)\n")
     print("The first gradient step (the seed's 1-GD) at the seed's scale; results/seed004.md fits the trained "
           "runs' terminal rates beside these.\n")
-    print("Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_escape.py --workers 2 > results/seed004_escape.md`.\n")
-    print(f"Each case of `cases/` at its own scale (S^1, eps = {first['eps']:g}, T = {first['T']:g}, lmax {first['lmax']}, "
+    print("Regenerate: "
+          "`OMP_NUM_THREADS=1 python3 results/seed004_escape.py --workers 2 > results/seed004_escape.md`.\n")
+    print(f"Each case of `cases/` at its own scale (S^1, eps = {first['eps']:g}, T = {first['T']:g}, "
+          f"lmax {first['lmax']}, "
           f"dt = {first['dt']:g}): the first gradient step at W = 0 (the seed's 1-GD), continuous adjoint. "
           "R_mu(g) is the Rayleigh quotient of the Wasserstein Hessian of E along grad g at the Gibbs minimum "
-          "(spherepde/analysis/turnpike.py explains why this, not the seed's printed formula, is the rate: the adjoint is "
+          "(spherepde/analysis/turnpike.py explains why this, not the seed's printed formula, is the rate: "
+          "the adjoint is "
           "phi_t = exp(-(T - t) H K) g near the minimum); the escape rate is the fitted growth rate of "
           "|grad phi_t|_{L2(mu_t)} over the last 1 / R_mu(g) of depth, the slope at T that over the last step, "
           "the deep rate that over [T - 10, T - 2] (the slowest mode present in g; the script's docstring says why "

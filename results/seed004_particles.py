@@ -1,6 +1,7 @@
 """Seed 004 through the particle system (issue 4, criterion 5), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_particles.py [--seeds 20] [--bow-seeds 10] [--converged-seeds 10] [--fresh-seeds 10] [--finite-n 64 256 1024 4096] [--report-only] > results/seed004_particles.md
+    OMP_NUM_THREADS=1 python3 results/seed004_particles.py [--seeds 20] [--bow-seeds 10] [--converged-seeds 10] \
+[--fresh-seeds 10] [--finite-n 64 256 1024 4096] [--report-only] > results/seed004_particles.md
 
 The reduced-scale cases of results/seed004_reduced.py (its overrides: eps = 0.05, lmax 24 for the Gibbs
 minimum, dt = 0.1, T = 16, 16 layers; 25 Adam iterations at lr 0.05, and, in the last section, L-BFGS
@@ -27,7 +28,6 @@ import sys
 import warnings
 
 import numpy as np
-
 from seed004_reduced import TRAININGS, member, overrides_of, path_of
 
 T_END = 16.0
@@ -175,7 +175,8 @@ def report(name, seeds, training="adam", eulerian_training=None):
     final = np.array([row["loss"][1] for row in rows])
     at_eulerian = np.array([row["at_eulerian_W"] for row in rows])
     phased = sum(row["three_phase"] == "true" for row in rows)
-    print(f"| **particles, mean ± std** | {phased} / {len(rows)} true | {plateau.mean():.1f} ± {plateau.std(ddof=1):.1f} "
+    print(f"| **particles, mean ± std** | {phased} / {len(rows)} true | "
+          f"{plateau.mean():.1f} ± {plateau.std(ddof=1):.1f} "
           f"| | | final J {final.mean():.3f} ± {final.std(ddof=1):.3f} | {at_eulerian.mean():.3f} ± "
           f"{at_eulerian.std(ddof=1):.3f} | {np.nanmean(mean_field):.3f} ± {np.nanstd(mean_field, ddof=1):.3f}"
           f"{unstable} | "

@@ -1,7 +1,8 @@
 """Seed 004, bow: Eulerian and particle trainings with the candidates where the case files put them and centred on
 the cluster (issue 4, criteria 4 and 5), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_readout.py [--seeds 6] [--workers 2] [--report-only] > results/seed004_readout.md
+    OMP_NUM_THREADS=1 python3 results/seed004_readout.py [--seeds 6] [--workers 2] [--report-only] \
+> results/seed004_readout.md
 
 cases/seed004-bow-k*.toml draw the K = 16 candidates from vMF(control.target = e_2, kappa_cand), a quarter
 turn from the cluster at e_1 that the initial law falls into.  The seed does not say where its vMF is
@@ -29,7 +30,6 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-
 from seed004_escape import measure
 from seed004_particles import load, mean_field_cost, particle_overrides
 from seed004_reduced import overrides_of
@@ -112,9 +112,11 @@ def report(readout, name, seeds, escape_row):
     print("| run | three phases | plateau | terminal lift | order parameter at T/2, T | J first -> last | "
           "Eulerian J at this W | terminal displacement (rad) |")
     print("|---|---|---|---|---|---|---|---|")
-    for title, figures in [("Eulerian (lmax 24)", eulerian)] + [(f"particles, seed {s}", p) for s, p in zip(seeds, particles)]:
+    for title, figures in ([("Eulerian (lmax 24)", eulerian)]
+                           + [(f"particles, seed {s}", p) for s, p in zip(seeds, particles)]):
         print(f"| {title} | {figures['three_phase']} | {figures['plateau']:.1f} | {figures['lift']:.3f} | "
-              f"{figures['order'][0]:.3f}, {figures['order'][1]:.3f} | {figures['loss'][0]:.4f} -> {figures['loss'][1]:.4f} | "
+              f"{figures['order'][0]:.3f}, {figures['order'][1]:.3f} | "
+              f"{figures['loss'][0]:.4f} -> {figures['loss'][1]:.4f} | "
               f"{figures['eulerian_J']:.4f} | {figures['displacement']:.3f} |")
     displacement = np.array([p["displacement"] for p in particles])
     phases = sum(p["three_phase"] == "true" for p in particles)
@@ -124,7 +126,8 @@ def report(readout, name, seeds, escape_row):
           f"{displacement.mean() - eulerian['displacement']:+.4f} (standard error of the mean "
           f"{displacement.std(ddof=1) / np.sqrt(len(particles)):.4f}).  Seed scale, first gradient step: R_mu(g) = "
           f"{escape_row['rayleigh_quotient']:.4f}, slope at T {escape_row['slope_at_T']:.4f}, escape rate "
-          f"{escape_row['escape_rate']:.4f}, escape / R = {escape_row['escape_rate'] / escape_row['rayleigh_quotient']:.3f}, "
+          f"{escape_row['escape_rate']:.4f}, "
+          f"escape / R = {escape_row['escape_rate'] / escape_row['rayleigh_quotient']:.3f}, "
           f"deep rate {escape_row['deep_rate']:.4f} (seed's a / R: {seed_rates}).\n")
 
 
@@ -146,7 +149,8 @@ def main():
           "bow with the candidates centred on the cluster (control.target = e_1).\n")
     print(f"Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004_readout.py --seeds {args.seeds} --workers 2 > "
           "results/seed004_readout.md`.  The script's docstring says what is run; in short, cases/seed004-bow-k*.toml "
-          f"as written and with `{' '.join(READOUTS['cluster'][0])}`: trained by L-BFGS at the reduced scale (Eulerian, "
+          f"as written and with `{' '.join(READOUTS['cluster'][0])}`: "
+          "trained by L-BFGS at the reduced scale (Eulerian, "
           "and N = 64 particles per seed), and the first gradient step at the seed's scale.\n")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

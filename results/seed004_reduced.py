@@ -1,6 +1,7 @@
 """Seed-004 diagnostics on reduced-scale training runs (issue 4, criteria 2-4), printed as markdown.
 
-    OMP_NUM_THREADS=1 python3 results/seed004_reduced.py [--workers 2] [--trainings adam lbfgs] [--report-only] > results/seed004_reduced.md
+    OMP_NUM_THREADS=1 python3 results/seed004_reduced.py [--workers 2] [--trainings adam lbfgs] [--report-only] \
+> results/seed004_reduced.md
 
 The cases/seed004-*.toml files hold the seed's scale (eps = 1e-2, T = 80, lmax 128, 200 Adam
 iterations), hours of CPU per case here.  This script runs the same cases with overrides that make
@@ -112,7 +113,8 @@ def main():
           "how an under-resolved grid (lmax 24) moves each figure.\n")
     print(__doc__.split("\n\n", 2)[2].replace("\n", " ") + "\n")
     for training, (overrides, title) in TRAININGS.items():
-        rows = [summary(name, t_end, training) for name, t_end in cases if os.path.exists(path_of(name, t_end, training))]
+        rows = [summary(name, t_end, training) for name, t_end in cases
+                if os.path.exists(path_of(name, t_end, training))]
         if rows:
             print(f"# Trained by {title}\n")
             print("Overrides: `" + " ".join(overrides) + " time.t_end=T control.layers=T`.\n")
@@ -124,7 +126,8 @@ def print_tables(rows):
     """The three tables of one training: the cases at T = 16, the depth sweep, the adjoint's growth."""
     print("## Phases, escape rate, Rayleigh quotient (T = 16), beside the seed (T = 80, N = 64 particles)\n")
     print("escape rate: growth rate of the first gradient's adjoint over the last 1 / R_mu(g) of depth; R_mu(g): "
-          "Rayleigh quotient of the Wasserstein Hessian (spherepde/analysis/turnpike.py); terminal energy rate: slope of "
+          "Rayleigh quotient of the Wasserstein Hessian (spherepde/analysis/turnpike.py); "
+          "terminal energy rate: slope of "
           "log(Delta - Delta_ref) over the trained run's terminal layer; iterations and |dJ/dW|_F at the end of "
           "the training.\n")
     print("| case | three phases | plateau | initial / terminal layer | terminal lift | J first -> last | "
@@ -136,7 +139,8 @@ def print_tables(rows):
             continue
         label, seed_r, seed_theta, seed_a = SEED[name]
         print(f"| {label} | {row['three_phase']} | {row['plateau_width']:.1f} | {row['initial_width']:.1f} / "
-              f"{row['terminal_width']:.1f} | {row['terminal_lift']:.3f} | {row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | "
+              f"{row['terminal_width']:.1f} | {row['terminal_lift']:.3f} | "
+              f"{row['loss'][0]:.3f} -> {row['loss'][1]:.3f} | "
               f"{row['iterations']}, {row['gradient_norm']:.1e} | "
               f"{row['escape_rate']:.3f} | {row['rayleigh_quotient']:.3f} | {row['terminal_energy_rate']:.3f} | "
               f"{seed_a} / {seed_r} | {row['terminal_displacement']:.3f} | "
@@ -151,7 +155,8 @@ def print_tables(rows):
                   f"{row['terminal_width']:.1f} | {row['escape_rate']:.3f} | {row['rayleigh_quotient']:.3f} | "
                   f"{row['terminal_displacement']:.3f} | {row['iterations']}, {row['gradient_norm']:.1e} |")
     print("\n## Adjoint growth towards the output layer (criterion 2)\n")
-    print("| case | T | norm of grad phi in L2(mu): t = T over t = 0 | fitted growth rate of its log over the plateau |")
+    print("| case | T | norm of grad phi in L2(mu): t = T over t = 0 | "
+          "fitted growth rate of its log over the plateau |")
     print("|---|---|---|---|")
     for name, t_end, row in rows:
         print(f"| {name} | {t_end:g} | {row['adjoint_growth']:.3g} | {row['adjoint_rate']:.3f} |")

@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from spherepde.discretisation.bases import SphereBasis  # noqa: E402
 from spherepde.base.device import placement  # noqa: E402
+from spherepde.discretisation.bases import SphereBasis  # noqa: E402
 from spherepde.kernels.dense import dense_exp_kernel  # noqa: E402
 from spherepde.kernels.funk_hecke import kernel_degree  # noqa: E402
 from spherepde.kernels.spectral import SpectralExpKernel  # noqa: E402
@@ -118,7 +118,8 @@ def criterion_1(full: bool) -> None:
     print("float64, solver.kernel_tol = 1e-10, one thread.  ", end="")
     rho = smooth_density(SphereBasis(64, CPU64))
     print(f"Density: two vMF-like bumps (max / min = {float(rho.max() / rho.min()):.0f}), band-limited to lmax.  "
-          "`m` is max |N/Z spectral - N/Z dense| (|m| <= 1, so absolute = relative to its scale); `T` is max |T spectral - T dense| / "
+          "`m` is max |N/Z spectral - N/Z dense| (|m| <= 1, so absolute = relative to its scale); "
+          "`T` is max |T spectral - T dense| / "
           "max |T dense| over the four channels.  beta = 1000 uses lmax 106, what the resolution rule asks "
           f"(kernel degree {kernel_degree(1000.0, 3, 1e-10)} at tol 1e-10, sigma_max(B) = 1).\n")
     print("| beta | lmax | B | Chebyshev nodes | points compared | max abs diff of m | max rel diff of T | bar | s |")
@@ -166,7 +167,8 @@ def report(rerun: list[str]) -> None:
         path = os.path.join(HERE, f"spectral_gpu_{name}.txt")
         if os.path.exists(path):
             with open(path) as handle:
-                print(f"## {title}\n\n(saved in results/{os.path.basename(path)})\n\n```\n{handle.read().rstrip()}\n```\n")
+                print(f"## {title}\n\n(saved in results/{os.path.basename(path)})\n\n"
+                      f"```\n{handle.read().rstrip()}\n```\n")
 
 
 def main(argv=None):

@@ -44,7 +44,7 @@ def overrides(case_file: Path) -> list[str]:
 
 def fingerprint(path: Path) -> dict:
     def attrs(item) -> dict:
-        return {name: str(item.getncattr(name)) for name in item.ncattrs() 
+        return {name: str(item.getncattr(name)) for name in item.ncattrs()
                 if name.removeprefix("particles_") not in PROVENANCE and not name.endswith("seconds")}
 
     def walk(group, prefix: str, into: dict):
@@ -92,7 +92,8 @@ def main() -> int:
     if not arguments.compare:
         return 0
     before = json.loads(Path(arguments.compare).read_text())
-    differences = [f"{label}: {key}" for label in results for key in sorted(set(results[label]) | set(before.get(label, {})))
+    differences = [f"{label}: {key}" for label in results
+                   for key in sorted(set(results[label]) | set(before.get(label, {})))
                    if results[label].get(key) != before.get(label, {}).get(key)]
     print("\n".join(differences) or f"identical: {len(results)} runs")
     return 1 if differences else 0

@@ -160,6 +160,7 @@ def test_continuous_gradient_converges_to_the_discrete_one_at_the_scheme_order(k
     errors = []
     for dt in (0.1, 0.05, 0.025):
         forward, c0, controls = setup(training_case(kernel, lmax=16, t_end=2.0, dt=dt, scheme=scheme))
-        errors.append(relative(continuous_gradient(forward, c0, controls).dW, discrete_gradient(forward, c0, controls).dW))
+        errors.append(relative(continuous_gradient(forward, c0, controls).dW,
+                               discrete_gradient(forward, c0, controls).dW))
     rates = [math.log2(errors[i] / errors[i + 1]) for i in range(2)]
     assert all(abs(rate - order) < 0.35 for rate in rates), (errors, rates)

@@ -6,11 +6,11 @@ import random
 from pathlib import Path
 
 import pytest
+from conftest import make_case
 
 import spherepde.io.case_schema as case_schema
-from conftest import make_case
-from spherepde.io.case import Case, case_from_dict, load_case, load_case_text, parse_override
 from spherepde.base.errors import CaseError
+from spherepde.io.case import Case, case_from_dict, load_case, load_case_text, parse_override
 
 SPHERE = "[sphere]\ndim = 2\n"
 SPHERE3 = "[sphere]\ndim = 3\n"

@@ -17,12 +17,12 @@ import netCDF4
 import numpy as np
 import pytest
 import xarray as xr
+from test_cli import SMALL_S1
 
 import spherepde
+from spherepde.api.sweep import combine, plan, run_batch
 from spherepde.base.errors import CaseError
 from spherepde.io.output import write_dataset
-from spherepde.api.sweep import combine, plan, run_batch
-from test_cli import SMALL_S1
 
 KNOWN_FALSE_POSITIVES = ("Coordinate variable 'time' should have standard_name='time'",)
 

@@ -168,7 +168,8 @@ def test_initial_density_from_file_interpolates_spectrally(tmp_path, capsys):
     case = write_case(tmp_path)
     first = tmp_path / "first.nc"
     assert run_cli(["run", case, "-o", first, "--quiet", "--set", "time.t_end=0.5"], capsys)[0] == 0
-    restart = SMALL_S1.replace('kind = "vmf"\nmean = [1.0, 0.0]\nkappa = 2.0', 'kind = "file"\npath = "first.nc"\ntime = 0')
+    restart = SMALL_S1.replace('kind = "vmf"\nmean = [1.0, 0.0]\nkappa = 2.0',
+                               'kind = "file"\npath = "first.nc"\ntime = 0')
     second = tmp_path / "second.nc"
     case2 = write_case(tmp_path, restart.replace("lmax = 16", "lmax = 24"), "restart.toml")
     assert run_cli(["run", case2, "-o", second, "--quiet"], capsys)[0] == 0

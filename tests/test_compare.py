@@ -7,11 +7,11 @@ import ot
 import pytest
 import torch
 import xarray as xr
+from conftest import make_case
 
 import spherepde
-from conftest import make_case
-from spherepde.cli import main
 from spherepde.analysis.compare import compare, max_z_probability, measure, refined_circle_measure
+from spherepde.cli import main
 from spherepde.io.output import split_both, write_dataset
 from spherepde.measures.optimal_transport import circle_w2, w2_between
 from spherepde.model.sampling import von_mises_fisher
@@ -186,7 +186,8 @@ lyapunov_p = [0.1]
     assert report.attrs["verdict_order_parameter"] == "agrees"
     assert report.attrs["w2_method"].startswith("circular monotone rearrangement")
     assert 0 < float(report["w2"][0]) < 0.05
-    assert report.attrs["history"].endswith(f"compare {result} -o {tmp_path / 'report'} --k 3.0 --atol 1e-09 --atoms 4000")
+    assert report.attrs["history"].endswith(f"compare {result} -o {tmp_path / 'report'} "
+                                            "--k 3.0 --atol 1e-09 --atoms 4000")
     assert (tmp_path / "report.png").stat().st_size > 10_000
     # the report exists: refused without --overwrite (one line, exit 2)
     assert main(["compare", str(result), "-o", str(tmp_path / "report")]) == 2

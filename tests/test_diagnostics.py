@@ -16,10 +16,10 @@ from scipy.integrate import IntegrationWarning, quad
 from scipy.special import beta as beta_function
 from scipy.special import i0e
 
+from spherepde.base.device import placement
+from spherepde.discretisation.bases import make_basis
 from spherepde.measures import diagnostics as diag
 from spherepde.measures import optimal_transport
-from spherepde.discretisation.bases import make_basis
-from spherepde.base.device import placement
 
 CPU64 = placement("cpu", "float64")
 FRAME = np.linalg.qr(np.random.default_rng(7).normal(size=(3, 3)))[0]  # a generic orthonormal frame of R^3
@@ -32,14 +32,16 @@ def uniform(area):
 
 def series(basis, c):
     """degree_sum of the band-limited density with coefficients c: its series at the axis, degree l times M[l]."""
-    return lambda moments, axis: float(basis.evaluate(c * CPU64.tensor(moments)[basis.degree], CPU64.tensor(axis[None]))[0])
+    return lambda moments, axis: float(basis.evaluate(c * CPU64.tensor(moments)[basis.degree],
+                                                      CPU64.tensor(axis[None]))[0])
 
 
 @pytest.mark.parametrize("p", [0.1, 0.25, 0.4])
 def test_uniform_density_closed_forms(p):
     # S^1: (1/2pi) int |tan th|^(2p) dth = 1/cos(pi p).
     e = np.array([[math.cos(0.3)], [math.sin(0.3)]])
-    assert diag.lyapunov_of_density(uniform(2 * math.pi), e, p, 4) == pytest.approx(1 / math.cos(math.pi * p), abs=1e-12)
+    assert (diag.lyapunov_of_density(uniform(2 * math.pi), e, p, 4)
+            == pytest.approx(1 / math.cos(math.pi * p), abs=1e-12))
     # S^2, t = <x, axis>, dsigma = dt dphi: dim E = 1: int_0^1 t^(-2p) (1 - t^2)^p dt = B(1/2 - p, p + 1)/2;
     # dim E = 2: int_0^1 t^(2p) (1 - t^2)^(-p) dt = B(p + 1/2, 1 - p)/2.
     assert diag.lyapunov_of_density(uniform(4 * math.pi), FRAME[:, :1], p, 4) == pytest.approx(
@@ -60,7 +62,8 @@ def test_trivial_and_non_integrable_cases():
 def vmf_reference_s1(alpha, mu, kappa, p):
     """int |tan(th - alpha)|^(2p) e^(kappa cos(th - mu)) / (2 pi I0(kappa)) dth, adaptive quadrature per quarter arc."""
     def f(th):
-        return abs(math.tan(th - alpha)) ** (2 * p) * math.exp(kappa * (math.cos(th - mu) - 1)) / (2 * math.pi * i0e(kappa))
+        return (abs(math.tan(th - alpha)) ** (2 * p) * math.exp(kappa * (math.cos(th - mu) - 1))
+                / (2 * math.pi * i0e(kappa)))
     edges = alpha + np.pi / 2 * np.arange(-1, 4)
     # QUADPACK's extrapolation reports round-off near the |.|^(-2p) end points once it is at ~1e-12,
     # below the 1e-10 asserted; the warning says nothing beyond that.
@@ -78,7 +81,8 @@ def vmf_reference_s2(axis, mu, kappa, q):
     def f(t):
         s = math.sqrt(1 - t * t)
         log_f = kappa * (t * m_a + s * m_perp) + math.log(i0e(kappa * s * m_perp)) - kappa
-        return abs(t) ** (2 * q) * (1 - t * t) ** (-q) * 2 * math.pi * kappa / (2 * math.pi * (1 - math.exp(-2 * kappa))) * math.exp(log_f)
+        return (abs(t) ** (2 * q) * (1 - t * t) ** (-q) * 2 * math.pi * kappa
+                / (2 * math.pi * (1 - math.exp(-2 * kappa))) * math.exp(log_f))
     return sum(quad(f, a, b, epsabs=1e-13, epsrel=1e-12, limit=200)[0] for a, b in ((-1, 0), (0, 1)))
 
 
@@ -149,8 +153,9 @@ def test_w2_projection_lies_within_its_stored_bound_of_the_densities_w2():
     w2_quantisation_bound of W2(rho_t, rho_0) between the densities, computed independently by exact OT
     between 400-point samples of the exact densities (within their own cell bound), at lmax 12 and 48.
     Before, the bound left the grid out (0 on S^1) while the grid value was twice W2 at t = 0.1, lmax 16."""
-    import spherepde
     from conftest import make_case
+
+    import spherepde
 
     fine = 400
     angles = 2 * np.pi * np.arange(fine) / fine

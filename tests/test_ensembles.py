@@ -6,8 +6,8 @@ import pytest
 import xarray as xr
 
 from spherepde import run
-from spherepde.io.case import case_from_dict
 from spherepde.api.ensemble import batches, run_batch
+from spherepde.io.case import case_from_dict
 
 # Attributes that say how a run was made, not what it computed.
 RUN_ATTRIBUTES = {"wall_seconds", "batch_members", "history", "training_seconds"}

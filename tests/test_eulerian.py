@@ -5,13 +5,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import identity, make_case
 from scipy.optimize import brentq
 from scipy.special import i0e, i1e
 
 import spherepde
-from conftest import identity, make_case
-from spherepde.discretisation.bases import make_basis
 from spherepde.base.device import placement
+from spherepde.discretisation.bases import make_basis
 
 CPU64 = placement("cpu", "float64")
 
@@ -179,7 +179,8 @@ def test_shtns_and_torch_backends_give_the_same_run():
 
 def test_float32_run_tracks_float64():
     overrides = ["sphere.lmax=16", "time.t_end=0.5", "time.save_every=0.5", "solver.device='cpu'"]
-    runs = {dtype: spherepde.run(spherepde.load_case("cases/convergence-s2.toml", overrides + [f"solver.dtype={dtype}"]),
+    runs = {dtype: spherepde.run(spherepde.load_case("cases/convergence-s2.toml",
+                                                     overrides + [f"solver.dtype={dtype}"]),
                                  progress=False) for dtype in ("float32", "float64")}
     assert runs["float32"].attrs["dtype"] == "float32"
     for name in ("order_parameter", "entropy", "interaction_energy", "min_density"):

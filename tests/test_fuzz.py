@@ -34,9 +34,10 @@ SECTIONS = {
     "diagnostics": ["lyapunov_p", "tail_tol", "w2", "w2_atoms"],
     "control": ["loss"],
 }
-WORDS = ["softmax", "unnormalized", "inf", "uniform", "vmf", "vmf_mixture", "projected_gaussian", "file", "eulerian", "particles", "both",
-         "auto", "dense", "spectral", "torch", "shtns", "cpu", "cuda", "float64", "float32", "rk4", "lawson-rk4",
-         "imex-ark436", "imex-ars443", "euler", "heun", "mean_field", "hardmax", "run.nc", "case.toml", ""]
+WORDS = ["softmax", "unnormalized", "inf", "uniform", "vmf", "vmf_mixture", "projected_gaussian", "file", "eulerian",
+         "particles", "both", "auto", "dense", "spectral", "torch", "shtns", "cpu", "cuda", "float64", "float32", "rk4",
+         "lawson-rk4", "imex-ark436", "imex-ars443", "euler", "heun", "mean_field", "hardmax", "run.nc",
+         "case.toml", ""]
 S1 = {
     "case": {"name": "fuzz"}, "sphere": {"dim": 2, "lmax": 12},
     "model": {"kernel": "softmax", "beta": 2.0, "eps": 0.1},

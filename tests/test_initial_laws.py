@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from conftest import make_case
 from scipy.integrate import quad
 
-from conftest import make_case
-from spherepde.discretisation.bases import make_basis
-from spherepde.io.case import load_case_text
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError
+from spherepde.discretisation.bases import make_basis
+from spherepde.io.case import load_case_text
 from spherepde.model.initial import RECURSION_SWITCH, density_from_file, initial_density, projected_gaussian_density
 from spherepde.model.sampling import DensityFileSampler, initial_particles, projected_gaussian
 

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
-
-import spherepde
-from spherepde.analysis import plotting
-from solvers.checkpoint import Checkpoint, checkpoint_folder
-from spherepde.cli import main
-from spherepde.io.locking import OutputLock
-from spherepde.io.output import write_dataset
 from test_cli import SMALL_S1
 from test_resume import CASE, assert_same_result, interrupt
 from test_training import CASE as TRAINING_CASE
+
+import spherepde
+from solvers.checkpoint import Checkpoint, checkpoint_folder
+from spherepde.analysis import plotting
+from spherepde.cli import main
+from spherepde.io.locking import OutputLock
+from spherepde.io.output import write_dataset
 
 TRAINING = TRAINING_CASE + 'optimizer = "adam"\n'
 

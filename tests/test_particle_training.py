@@ -8,9 +8,9 @@ import xarray as xr
 
 from solvers.controlled_forward import central_differences_of
 from solvers.particle_training import ParticleControl
-from spherepde.io.case import case_from_dict
-from spherepde.cli import main
 from spherepde.base.errors import CaseError
+from spherepde.cli import main
+from spherepde.io.case import case_from_dict
 
 A = [[1.0, 0.0], [0.0, 0.65]]  # the seed's attention matrix, B = V = A
 

@@ -7,24 +7,24 @@ import numpy as np
 import ot
 import pytest
 import torch
+from conftest import identity, make_case
 from scipy import stats
 from scipy.integrate import quad
 from scipy.linalg import expm
 from scipy.special import i0, iv, ive
+from test_eulerian import hemisphere_mass
 
 import spherepde
-from conftest import identity, make_case
-from spherepde.discretisation.bases import make_basis
+from solvers.particle_field import ParticleField, fused_softmax_mean, hardmax_mean
+from solvers.particles import Integrator, noise_variance, run_particles
 from spherepde.analysis.compare import compare
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError
-from spherepde.model.attention import Model, ModelBatch
+from spherepde.discretisation.bases import make_basis
 from spherepde.io.output import split_both
-from spherepde.model.sampling import DensityFileSampler, initial_particles, uniform, vmf_mixture, von_mises_fisher
 from spherepde.measures.optimal_transport import c_transform, empirical_transport
-from solvers.particle_field import ParticleField, fused_softmax_mean, hardmax_mean
-from solvers.particles import Integrator, noise_variance, run_particles
-from test_eulerian import hemisphere_mass
+from spherepde.model.attention import Model, ModelBatch
+from spherepde.model.sampling import DensityFileSampler, initial_particles, uniform, vmf_mixture, von_mises_fisher
 
 CPU64 = placement("cpu", "float64")
 SEED_003 = {"kernel": "softmax", "beta": "inf", "B": [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0], [0.0, 0.0, 1.0]],
@@ -433,7 +433,8 @@ def test_particle_output_contract():
     assert dataset.attrs["solver"] == "particles" and dataset.attrs["steps"] == 4 and dataset.attrs["dt"] == 0.05
     assert "density" not in dataset and "min_density" not in dataset and "spectral_tail" not in dataset
     assert np.isnan(dataset["entropy"].values).all()
-    # eps = 0, beta = 1, V = B: the free energy is the interaction energy (spherepde/model/energy.py); the softmax has none
+    # eps = 0, beta = 1, V = B: the free energy is the interaction energy (spherepde/model/energy.py);
+    # the softmax has none
     assert np.array_equal(dataset["free_energy"].values, dataset["interaction_energy"].values)
     assert np.isnan(run_particles(case.with_overrides(['model.kernel="softmax"']))["free_energy"].values).all()
     for name in ("mean", "order_parameter", "alignment_E", "lyapunov", "interaction_energy"):

@@ -5,15 +5,15 @@ import numpy as np
 import pytest
 import xarray as xr
 from PIL import Image
+from test_cli import SMALL_S1
 
 import spherepde
-from spherepde.cli import main
-from spherepde.io.output import write_dataset
 from spherepde.analysis.diagnostic_panels import _controls, _curves, _diagnostics
 from spherepde.analysis.plotting import _circle_centre, _circle_window
 from spherepde.analysis.sphere_view import PIXELS, SphereDensity, SphereView, _disk_points, _view_frame
 from spherepde.api.sweep import combine, plan, run_batch
-from test_cli import SMALL_S1
+from spherepde.cli import main
+from spherepde.io.output import write_dataset
 
 S2 = SMALL_S1.replace("dim = 2", "dim = 3").replace("lmax = 16", "lmax = 12").replace(
     "mean = [1.0, 0.0]", "mean = [0.0, 0.6, -0.8]").replace("kappa = 2.0", "kappa = 6.0")
@@ -97,8 +97,9 @@ def test_training_panels_draw_the_controls_per_layer_and_name_each_alignment(res
     with xr.open_dataset(results["s1"]) as dataset:
         W = np.array([[[3.0, 4.0], [0.0, 0.0]], [[0.0, 0.0], [0.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]]])
         rising = np.linspace(0.5, 0.9, dataset.sizes["time"])  # SMALL_S1's E is the plane: make both informative
-        trained = dataset.assign(W=(("layer", "row", "col"), W), alignment_E=("time", rising), interaction_gap=("time", rising),
-                                 alignment_F=("time", rising ** 2), loss=(("iteration",), [2.0, 1.5, 1.2]),
+        trained = dataset.assign(W=(("layer", "row", "col"), W), alignment_E=("time", rising),
+                                 interaction_gap=("time", rising), alignment_F=("time", rising ** 2),
+                                 loss=(("iteration",), [2.0, 1.5, 1.2]),
                                  terminal_loss=(("iteration",), [2.0, 1.4, 1.1]))
         figure, axis = plt.subplots()
         _controls(axis, trained)

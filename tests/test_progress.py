@@ -4,9 +4,9 @@ import io
 import subprocess
 import sys
 
-from spherepde.base.progress import Progress
-
 from test_cli import SMALL_S1
+
+from spherepde.base.progress import Progress
 
 
 def test_log_lines_carry_the_latest_values():

@@ -12,16 +12,16 @@ import time
 import numpy as np
 import pytest
 import xarray as xr
+from test_cli import SMALL_S1
+from test_training import CASE as TRAINING_CASE
 
 import spherepde
 from solvers import journal
-from spherepde import CaseError
 from solvers.adjoint import GRADIENTS
-from solvers.particle_training import ParticleControl
 from solvers.checkpoint import Checkpoint, checkpoint_folder
+from solvers.particle_training import ParticleControl
+from spherepde import CaseError
 from spherepde.cli import main
-from test_cli import SMALL_S1
-from test_training import CASE as TRAINING_CASE
 
 # 200 steps of 0.01, saves every 0.25: long enough to be killed midway, short enough for the fast tests.
 CASE = SMALL_S1.replace("t_end = 0.5", "t_end = 2.0").replace("dt = 0.05", "dt = 0.01")
@@ -306,7 +306,8 @@ def test_interrupted_training_resumes_from_its_evaluations_bit_for_bit(tmp_path,
     case, reference, output, total, err = interrupted_training(
         tmp_path, capsys, counted_gradients, TRAINING_CASE + f'optimizer = "{optimizer}"\n' + solver)
     assert total >= 5
-    assert "at the end of this evaluation of J and dJ/dW" in err and "checkpointed (3 evaluations of J and dJ/dW)" in err
+    assert ("at the end of this evaluation of J and dJ/dW" in err
+            and "checkpointed (3 evaluations of J and dJ/dW)" in err)
 
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     assert status == 0 and "resuming" in err and "(3 evaluations of J and dJ/dW)" in err, err

@@ -138,7 +138,8 @@ def lyapunov_rates(name: str, t_end: float):
 
 
 def test_lyapunov_rate_orthogonal_baseline():
-    """Baseline: V B^T = diag(1, -1, -2), gamma = 2, sigma_max(B) = 1.  Each token's ratio R = |(I - P_E)x|^2 / |P_E x|^2
+    """Baseline: V B^T = diag(1, -1, -2), gamma = 2, sigma_max(B) = 1.  Each token's ratio \
+R = |(I - P_E)x|^2 / |P_E x|^2
     is a e^{-4t} + b e^{-6t}, so every local rate of V_p lies in [4p, 6p] and tends to the bound 4p."""
     times, series = lyapunov_rates("seed003-baseline-betainf", 8.0)
     for p, values in series.items():

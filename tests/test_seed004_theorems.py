@@ -1,6 +1,7 @@
 """Seed 004's theorems as tests that can fail, each beside a case that must fail it (issue 25).
 
-The seed's energy on S^1 (spherepde/analysis/turnpike.py): E(mu) = eps int rho log rho - 1/2 int int exp(<x, A y>) dmu dmu,
+The seed's energy on S^1 (spherepde/analysis/turnpike.py): \
+E(mu) = eps int rho log rho - 1/2 int int exp(<x, A y>) dmu dmu,
 A = diag(1, lambda_2), its Gibbs minimum rho_* and gap Delta(mu) = E(mu) - E(rho_*).
 
 Local Polyak-Lojasiewicz inequality: D(mu) = int |grad dE/dmu|^2 dmu >= c_PL Delta(mu) near rho_*.  Linearised
@@ -19,7 +20,8 @@ must fail: A = I (lambda_2 = lambda_1, the theorem's spectral gap closed), where
 decays at 2 R.
 
 Turnpike bound on trained runs: Delta(mu_t) <= C (exp(-a t) + exp(-a (T - t))) with C and a independent of T
-(spherepde.analysis.turnpike.turnpike_bound fits them), read from the Eulerian trainings of results/seed004.py (their committed
+(spherepde.analysis.turnpike.turnpike_bound fits them), read from the Eulerian trainings of results/seed004.py \
+(their committed
 summaries in results/seed004_runs/: the trained W, the free energy at the saves, min E).  The case that must fail:
 the same trained controls moved 15 slices towards the input, so that the cluster turns at mid-depth.
 """
@@ -32,18 +34,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from solvers.forward_problem import ForwardProblem
-from solvers.adjoint import discrete_gradient
-from solvers.controlled_forward import ControlledForward
-from solvers.training import trained_runs
-from spherepde.io.case import load_case_text
-from spherepde.base.real_view import real_state
-from spherepde.analysis.turnpike import (_interaction_potential, exponential_rate, free_energy, gibbs_minimum,
-                                rayleigh_quotient, turnpike_bound)
-
 from test_adjoint import training_case
 from test_turnpike import rotated
+
+from solvers.adjoint import discrete_gradient
+from solvers.controlled_forward import ControlledForward
+from solvers.forward_problem import ForwardProblem
+from solvers.training import trained_runs
+from spherepde.analysis.turnpike import (
+    _interaction_potential,
+    exponential_rate,
+    free_energy,
+    gibbs_minimum,
+    rayleigh_quotient,
+    turnpike_bound,
+)
+from spherepde.base.real_view import real_state
+from spherepde.io.case import load_case_text
 
 
 def seed_problem(lambda_2=0.65, eps=1e-2, lmax=128):

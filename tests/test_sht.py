@@ -42,7 +42,8 @@ def shtns_sht():
     return ShtnsSHT(LMAX, NLAT, NLON)
 
 
-@pytest.fixture(scope="module", params=["dense", "packed", "sparse"], ids=["dense tables", "packed tables", "sparse tables"])
+@pytest.fixture(scope="module", params=["dense", "packed", "sparse"],
+                ids=["dense tables", "packed tables", "sparse tables"])
 def torch_sht(request):
     return TorchSHT(LMAX, NLAT, NLON, layout=request.param)
 
@@ -134,7 +135,8 @@ def _compare_backends(sht, reference, tolerance):
         "synthesis": relative_difference(sht.synthesis(c.to(sht.device)), f),
         "analysis": relative_difference(sht.analysis(f.to(sht.device)), reference.analysis(f)),
     }
-    for name, x, y in zip(("v_theta", "v_phi"), sht.vector_synthesis(S.to(sht.device), T.to(sht.device)), (v_theta, v_phi)):
+    for name, x, y in zip(("v_theta", "v_phi"), sht.vector_synthesis(S.to(sht.device), T.to(sht.device)),
+                          (v_theta, v_phi)):
         differences["vector_synthesis " + name] = relative_difference(x, y)
     S_ref, T_ref = reference.vector_analysis(v_theta, v_phi)
     for name, x, y in zip("ST", sht.vector_analysis(v_theta.to(sht.device), v_phi.to(sht.device)), (S_ref, T_ref)):
@@ -183,7 +185,8 @@ def test_shtns_round_trip_and_analysis_of_arbitrary_field(torch_sht, shtns_sht):
     c = random_coefficients(3)
     assert relative_difference(shtns_sht.analysis(shtns_sht.synthesis(c)), c) <= 1e-13
     f = torch.randn(NLAT, NLON, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    assert relative_difference(torch_sht.analysis(f), shtns_sht.analysis(f)) <= 1e-12  # same quadrature, not band-limited
+    # same quadrature, not band-limited
+    assert relative_difference(torch_sht.analysis(f), shtns_sht.analysis(f)) <= 1e-12
 
 
 # --- 3. analytic identities (torch backend alone) ----------------------------------------------

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from spherepde.discretisation.bases import CircleBasis, SphereBasis
+from solvers.eulerian import run_eulerian
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError
+from spherepde.discretisation.bases import CircleBasis, SphereBasis
 from spherepde.discretisation.rotations import SphereRotation, grid_permutation
 from spherepde.discretisation.scattered import CircleEvaluator, DuccEvaluator, TorusNUFFT, barycentric_weights
 from spherepde.kernels.choice import make_exp_kernel
 from spherepde.kernels.dense import DenseExpKernel, dense_exp_kernel
 from spherepde.kernels.funk_hecke import chebyshev_nodes, funk_hecke
 from spherepde.kernels.spectral import ScaledMode, SpectralExpKernel
-from solvers.eulerian import run_eulerian
 
 CPU64 = placement("cpu", "float64")
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])
@@ -65,7 +65,8 @@ def field_difference(basis, C, beta, tol=1e-10, matrix_bytes=0):
 
 @pytest.mark.parametrize("kappa", [0.3, 30.0, 1000.0])
 def test_funk_hecke_eigenvalues_match_quadrature(kappa):
-    """mu_l = exp(-kappa) lambda_l: S^2  2 pi int_{-1}^{1} e^{kappa (t - 1)} P_l(t) dt,  S^1  int e^{kappa (cos t - 1)} cos(l t) dt."""
+    """mu_l = exp(-kappa) lambda_l: S^2  2 pi int_{-1}^{1} e^{kappa (t - 1)} P_l(t) dt,  \
+S^1  int e^{kappa (cos t - 1)} cos(l t) dt."""
     degree = np.arange(40)
     # S^2: Gauss-Legendre in s = 1 - t on [0, 2], graded towards s = 0 where the integrand lives (width 1/kappa).
     x, w = np.polynomial.legendre.leggauss(400)

@@ -13,12 +13,13 @@ import xarray as xr
 
 pytest.importorskip("distributed", reason="the sweep extra (Dask) is not installed: pip install 'spherepde[sweep]'")
 
+from test_cli import SMALL_S1
+
 import spherepde
 from spherepde.api import sweep as sweep_module
-from spherepde.cli import main
-from spherepde.base.errors import CaseError
 from spherepde.api.sweep import derived_seeds, parse_param, plan, run_sweep
-from test_cli import SMALL_S1
+from spherepde.base.errors import CaseError
+from spherepde.cli import main
 
 EPS, BETA = [0.05, 0.1, 0.2, 0.4], [1.0, 3.0]
 PARAMS = ["model.eps=" + ",".join(map(str, EPS)), "model.beta=" + ",".join(map(str, BETA))]

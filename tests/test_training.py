@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 import xarray as xr
+from test_adjoint import training_case
 
 import spherepde
 from solvers.adjoint import discrete_gradient
@@ -15,8 +16,6 @@ from solvers.eulerian import checked_state
 from solvers.training import train
 from spherepde.cli import main
 from spherepde.model.initial import initial_density
-
-from test_adjoint import training_case
 
 CASE = """
 [case]

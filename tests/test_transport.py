@@ -4,13 +4,13 @@ attention modes against each other, and its hand-written transpose against torch
 import pytest
 import torch
 
+from spherepde.base.device import placement
+from spherepde.base.real_view import complex_state, real_state
 from spherepde.discretisation.bases import make_basis
 from spherepde.io.case import case_from_dict
-from spherepde.base.device import placement
 from spherepde.kernels.choice import MemberKernels
-from spherepde.model.initial import initial_density
 from spherepde.model.attention import Model, ModelBatch, attention, velocity
-from spherepde.base.real_view import complex_state, real_state
+from spherepde.model.initial import initial_density
 from spherepde.model.transport import Transport
 
 CPU64 = placement("cpu", "float64")

@@ -7,17 +7,24 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_adjoint import training_case
 
 from solvers.adjoint import discrete_gradient
 from solvers.controlled_forward import ControlledForward
 from solvers.forward_problem import ForwardProblem
+from spherepde.analysis.turnpike import (
+    exponential_rate,
+    free_energy,
+    gibbs_minimum,
+    h_minus_one_quotient,
+    phases,
+    rayleigh_quotient,
+    turnpike_bound,
+    wasserstein_hessian,
+)
+from spherepde.base.device import placement
 from spherepde.base.real_view import real_state
 from spherepde.discretisation.bases import make_basis
-from spherepde.base.device import placement
-from spherepde.analysis.turnpike import (exponential_rate, free_energy, gibbs_minimum, h_minus_one_quotient, phases,
-                                rayleigh_quotient, turnpike_bound, wasserstein_hessian)
-
-from test_adjoint import training_case
 
 
 def gibbs_state(problem):
