@@ -47,14 +47,17 @@ def fingerprint(path: Path) -> dict:
         return {name: str(item.getncattr(name)) for name in item.ncattrs()
                 if name.removeprefix("particles_") not in PROVENANCE and not name.endswith("seconds")}
 
+    def digest(values: dict) -> str:
+        return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+
     def walk(group, prefix: str, into: dict):
-        into[prefix + "@attrs"] = hashlib.sha256(json.dumps(attrs(group), sort_keys=True).encode()).hexdigest()
+        into[prefix + "@attrs"] = digest(attrs(group))
         for name, variable in group.variables.items():
             variable.set_auto_maskandscale(False)
             data = variable[...]
-            digest = hashlib.sha256(getattr(data, "tobytes", lambda: str(data).encode())())
-            digest.update(json.dumps(attrs(variable), sort_keys=True).encode())
-            into[prefix + name] = digest.hexdigest()
+            raw = getattr(data, "tobytes", lambda: str(data).encode())()
+            into[prefix + name] = hashlib.sha256(raw).hexdigest()
+            into[prefix + name + "@attrs"] = digest(attrs(variable))
         for name, child in group.groups.items():
             walk(child, prefix + name + "/", into)
         return into
