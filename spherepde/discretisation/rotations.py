@@ -14,6 +14,8 @@ import numpy as np
 import torch
 from scipy.linalg import eigh_tridiagonal
 
+from spherepde.base.real_view import COMPLEX_DTYPE
+
 
 def orthogonal_factor(C: np.ndarray, rtol: float = 1e-14) -> tuple[float, np.ndarray] | None:
     """(s, Q) with C = s Q, Q orthogonal, when C^T C = s^2 I to rtol; else None.  C = 0 gives (0, I)."""
@@ -86,7 +88,7 @@ class SphereRotation:
             mirrored[:, l + 1:] = d[:, :l][:, ::-1] * (-1.0) ** order[1:l + 1]  # (-1)^m' d_{m,-m'}
             plus[l, : l + 1, : l + 1] = (d[:, l:] + mirrored[:, l:]).T
             minus[l, : l + 1, : l + 1] = (d[:, l:] - mirrored[:, l:]).T
-        complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+        complex_dtype = COMPLEX_DTYPE[dtype]
         parity = (-1.0) ** np.arange(nmode) if sign < 0 else np.ones(nmode)
         self._plus = torch.as_tensor(plus, dtype=dtype, device=device)
         self._minus = torch.as_tensor(minus, dtype=dtype, device=device)
@@ -116,7 +118,7 @@ class CircleRotation:
     def __init__(self, Q: np.ndarray, kmax: int, device, dtype):
         self.reflect = np.linalg.det(Q) < 0
         angle = math.atan2(Q[1, 0], Q[0, 0])
-        complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+        complex_dtype = COMPLEX_DTYPE[dtype]
         self._phase = torch.as_tensor(np.exp(-1j * np.arange(kmax + 1) * angle), dtype=complex_dtype, device=device)
 
     def __call__(self, c: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ import warnings
 import numpy as np
 import torch
 
+from spherepde.base.real_view import COMPLEX_DTYPE
 from spherepde.discretisation.transforms.legendre import legendre_tables
 from spherepde.discretisation.transforms.legendre_layouts import PackedLegendre
 
@@ -51,7 +52,7 @@ class CircleEvaluator:
         angle = np.arctan2(points[:, 1], points[:, 0])
         k = np.arange(kmax + 1)
         waves = np.exp(1j * angle[:, None] * k) * np.where(k == 0, 1.0, 2.0) / math.sqrt(2 * math.pi)
-        complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+        complex_dtype = COMPLEX_DTYPE[dtype]
         self._waves = torch.as_tensor(waves, dtype=complex_dtype, device=device)
 
     def __call__(self, c: torch.Tensor) -> torch.Tensor:
@@ -96,8 +97,7 @@ class DuccEvaluator:
     def transpose(self, g: torch.Tensor) -> torch.Tensor:
         """The transpose of `values`: (N, F) real -> (F, M, L) complex cotangents."""
         threads = torch.get_num_threads()
-        out = torch.zeros((g.shape[1],) + tuple(self._mask.shape), dtype=torch.complex128 if g.dtype == torch.float64
-                          else torch.complex64)
+        out = torch.zeros((g.shape[1],) + tuple(self._mask.shape), dtype=COMPLEX_DTYPE[g.dtype])
         multiplicity = torch.where(torch.arange(self.lmax + 1) == 0, 1.0, 2.0)[:, None].expand_as(self._mask)
         for f, column in enumerate(g.detach().T.contiguous().numpy()):
             alm = self._adjoint_synthesis(map=column[None, :], spin=0, lmax=self.lmax, loc=self._location,
