@@ -10,7 +10,8 @@ from spherepde.io.output import Saves
 
 class RunRecord:
     """Saves (`times`, diagnostics `rows`), `notes` for the output, and `wall_seconds` of a run, a failed one
-    included: counted from `start_clock`, added up at each `tick` (checkpoints, the end, a failure)."""
+    included: counted from `start_clock`, added up at each `tick` (checkpoints, the end, a failure).  Each solver's
+    recorder adds `dataset(status)`, its output Dataset so far, built from `saves`."""
 
     def __init__(self, case):
         self.case = case
@@ -33,10 +34,6 @@ class RunRecord:
         """The plain record of the saves so far, with the output attributes `attrs` after solver and status."""
         return Saves(self.case, self.times, self.rows, self.lyapunov_p,
                      {"solver": attrs.pop("solver"), "status": status} | attrs, **fields)
-
-    def dataset(self, status: str):
-        """The run's output Dataset so far (each solver's recorder builds it from its saves)."""
-        raise NotImplementedError
 
     def failure_cause(self) -> str:
         """What the failure message adds about the likely cause ("" when nothing is known)."""
