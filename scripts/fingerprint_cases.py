@@ -1,8 +1,9 @@
 """Fingerprint the outputs of every case in cases/: a refactoring must leave them bit-identical.
 
-Runs each case through the CLI (float64, CPU, one thread) on a shortened horizon, then hashes every
-variable's bytes and every attribute of the NetCDF file except provenance (history, timing, version,
-commit).  Usage:
+Runs each case through the CLI (float64, CPU, one thread) on a shortened problem (depth at most HORIZON,
+lmax at most LMAX, 2 training iterations), then hashes every variable's bytes and, apart from them, its
+attributes and the file's, except provenance and timings (history, source, version, commit, *seconds).
+Usage:
 
     OMP_NUM_THREADS=1 python3 scripts/fingerprint_cases.py -o before.json
     OMP_NUM_THREADS=1 python3 scripts/fingerprint_cases.py --compare before.json

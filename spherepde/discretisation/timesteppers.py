@@ -261,7 +261,7 @@ class RungeKutta:
             flat.addmm_(coefficients.T, part.reshape(1, -1))
 
 
-EXPLICIT_TABLEAUX = {"heun": HEUN, "rk4": RK4}  # the particles' steps, by solver.scheme
+EXPLICIT_TABLEAUX = {"heun": HEUN, "rk4": RK4}  # the particles' steps, by particles.integrator
 
 
 def explicit_increment(velocity, x: torch.Tensor, h: float, tableau: Tableau) -> torch.Tensor:

@@ -4,6 +4,7 @@ import torch
 
 
 def normalise(y: torch.Tensor) -> torch.Tensor:
+    """y / |y|: the radial projection of nonzero vectors onto the sphere."""
     return y / torch.linalg.vector_norm(y, dim=-1, keepdim=True)
 
 
