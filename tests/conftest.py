@@ -33,14 +33,29 @@ def case_factory():
     return make_case
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
-def device(request, monkeypatch):
-    """The device a test runs on: "cpu" by default, and "cuda", marked cuda (run with -m cuda; skipped without a
-    CUDA device by pytest_collection_modifyitems), with float32 matrix products in full precision (no TF32), as
-    the tolerances against the CPU float64 reference assume."""
+CUDA = pytest.param("cuda", marks=pytest.mark.cuda)
+
+
+def _placed(request, monkeypatch) -> str:
+    """The parametrised device, CUDA with float32 matrix products in full precision (no TF32), as the tolerances
+    against the CPU float64 reference assume."""
     if request.param == "cuda":
         monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     return request.param
+
+
+@pytest.fixture(params=["cpu", CUDA])
+def device(request, monkeypatch):
+    """The device a test runs on: "cpu" by default, and "cuda", marked cuda (run with -m cuda; skipped without a
+    CUDA device by pytest_collection_modifyitems)."""
+    return _placed(request, monkeypatch)
+
+
+@pytest.fixture(params=[CUDA])
+def accelerator(request, monkeypatch):
+    """The devices other than the CPU, for tests whose reference is the CPU run itself (on the CPU they would
+    compare a run with itself)."""
+    return _placed(request, monkeypatch)
 
 
 def pytest_collection_modifyitems(config, items):

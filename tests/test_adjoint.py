@@ -91,14 +91,14 @@ def test_continuous_gradient_is_within_the_truncation_error(loss):
 
 
 @pytest.mark.parametrize("dim, kernel", [(2, "unnormalized"), (2, "softmax"), (3, "softmax")])
-def test_the_gradient_matches_the_cpu_gradient(dim, kernel, device):
+def test_the_gradient_matches_the_cpu_gradient(dim, kernel, accelerator):
     def gradient(where):
         case = training_case(kernel, dim=dim, lmax=12 if dim == 2 else 6).with_overrides([f"solver.device={where}"])
         forward, c0, controls = setup(case)
         return discrete_gradient(forward, c0, controls.to(c0.device)).dW.cpu()
 
     reference = gradient("cpu")
-    assert relative(gradient(device), reference) <= 1e-10
+    assert relative(gradient(accelerator), reference) <= 1e-10
 
 
 def test_discrete_gradient_on_the_sphere_matches_central_differences():

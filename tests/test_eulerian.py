@@ -203,7 +203,7 @@ def test_spectral_convergence_over_the_whole_window():
     assert error[32] <= 1e-4 * error[16], error
 
 
-def test_the_run_matches_the_cpu_run(device):
+def test_the_run_matches_the_cpu_run(accelerator):
     overrides = ["sphere.lmax=24", "time.t_end=0.3", "time.save_every=0.3"]
 
     def density(where):
@@ -211,4 +211,4 @@ def test_the_run_matches_the_cpu_run(device):
         return spherepde.run(case, progress=False)["density"].values[-1]
 
     reference = density("cpu")
-    assert np.abs(reference - density(device)).max() <= 1e-12 * np.abs(reference).max()
+    assert np.abs(reference - density(accelerator)).max() <= 1e-12 * np.abs(reference).max()
