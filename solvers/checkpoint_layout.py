@@ -18,12 +18,12 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
     segments' save times in order and continuous on the case's save schedule from t = 0, each segment of this
     case and grid with every diagnostic, the state inside the save interval after the last save, its
     coefficients of the case's shape and dtype and finite."""
-    from spherepde.discretisation.bases import CircleBasis, SphereBasis
+    from spherepde.discretisation.bases import basis_class
 
     timing = case["time"]
     t_end, save_every = timing["t_end"], timing["save_every"]
     tolerance = 1e-9 * max(1.0, t_end)
-    grid = ("theta",) if case.dim == 2 else ("lat", "lon")
+    grid = basis_class(case.dim).grid_dims
     times, shapes = [], set()
     for path, segment in segments:
         if segment.attrs.get("case") != case.text:
@@ -50,7 +50,7 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
     interval, substep, substeps, dt, t, c = (state.get(key) for key in ("interval", "substep", "substeps", "dt", "t",
                                                                       "c"))
     expected = (placement("cpu", case["solver"]["dtype"]).complex,
-                (CircleBasis if case.dim == 2 else SphereBasis).coefficient_shape(case["sphere"]["lmax"]))
+                basis_class(case.dim).coefficient_shape(case["sphere"]["lmax"]))
     # in order: each check may take the ones before it as passed
     checks = [
         (lambda: state.get("t_end") == t_end, f"holds t_end = {state.get('t_end')!r}, not the case's {t_end:g}"),

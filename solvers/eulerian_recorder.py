@@ -114,7 +114,7 @@ class Recorder(RunRecord):
         attrs = {
             "solver": "eulerian",
             "backend": basis.backend,
-            "grid": "uniform" if basis.dim == 2 else "gauss-legendre",
+            "grid": basis.grid_name,
             "grid_shape": list(basis.grid_shape),
             "lmax": basis.lmax,
             "dtype": basis.placement.name,

@@ -52,7 +52,7 @@ def adjoint_variables(forward: ControlledForward, controls: torch.Tensor, states
     steps = sorted({int(np.argmin(np.abs(step_times - t))) for t in saves})
     gradients = GRADIENTS[forward.case["control"]["gradient"]](forward, states, controls, keep=frozenset(steps))
     basis = forward.problem.basis
-    grid = ("theta",) if basis.dim == 2 else ("lat", "lon")
+    grid = basis.grid_dims
     variables = {}
     for m, gradient in enumerate(gradients):
         if isinstance(gradient, NumericalFailure):

@@ -162,6 +162,7 @@ class CircleBasis(_SpectralBasis):
 
     dim = 2
     backend = "torch-fft"
+    grid_name, grid_dims, measure_units = "uniform", ("theta",), "radian"  # the output's names for this grid
 
     def __init__(self, lmax: int, placement: Placement, n: int | None = None):
         self.lmax, self.placement = lmax, placement
@@ -232,6 +233,7 @@ class SphereBasis(_SpectralBasis):
     """
 
     dim = 3
+    grid_name, grid_dims, measure_units = "gauss-legendre", ("lat", "lon"), "sr"
 
     def __init__(self, lmax: int, placement: Placement, backend: str = "torch",
                  grid_shape: tuple[int, int] | None = None):
@@ -352,8 +354,14 @@ def make_basis(dim: int, lmax: int, placement: Placement, backend: str = "auto",
     `grid_shape` overrides the dealiased grid: (n,) circle points, or (nlat, nlon) on S^2 (e.g. an
     earlier output's grid); ValueError if it does not resolve degree lmax.
     """
-    if dim == 2:
+    if basis_class(dim) is CircleBasis:
         return CircleBasis(lmax, placement, grid_shape[0] if grid_shape else None)
-    if dim == 3:
-        return SphereBasis(lmax, placement, "torch" if backend == "auto" else backend, grid_shape)
-    raise ValueError(f"the Eulerian solver handles d = 2 or 3, not {dim}")
+    return SphereBasis(lmax, placement, "torch" if backend == "auto" else backend, grid_shape)
+
+
+def basis_class(dim: int) -> type:
+    """The basis class of S^{dim-1}: its class attributes (grid_dims, coefficient_shape, ...) without a grid."""
+    classes = {2: CircleBasis, 3: SphereBasis}
+    if dim not in classes:
+        raise ValueError(f"the Eulerian solver handles d = 2 or 3, not {dim}")
+    return classes[dim]

@@ -38,17 +38,18 @@ DIAGNOSTIC_ATTRS = {
 
 def grid_coordinates(basis) -> tuple[dict, tuple, str]:
     """Coordinates, grid dims and density units of a basis (CF attributes included)."""
+    density_units = f"{basis.measure_units}-1"
     if basis.dim == 2:
         n = basis.grid_shape[0]
         theta = xr.Variable("theta", 2 * np.pi * np.arange(n) / n,
                             {"units": "radian", "long_name": "angle on the circle S^1", "axis": "X"})
-        return {"theta": theta}, ("theta",), "radian-1"
+        return {"theta": theta}, basis.grid_dims, density_units
     lat = xr.Variable("lat", basis.latitude.cpu().numpy(),
                       {"units": "degrees_north", "standard_name": "latitude", "long_name": "Gauss latitude",
                        "axis": "Y"})
     lon = xr.Variable("lon", basis.longitude.cpu().numpy(),
                       {"units": "degrees_east", "standard_name": "longitude", "long_name": "longitude", "axis": "X"})
-    return {"lat": lat, "lon": lon}, ("lat", "lon"), "sr-1"
+    return {"lat": lat, "lon": lon}, basis.grid_dims, density_units
 
 
 def grid_points(dataset) -> np.ndarray:
@@ -80,7 +81,7 @@ class Saves:
 def eulerian_dataset(saves: Saves, basis) -> xr.Dataset:
     """The Dataset of an Eulerian run from its saves on the grid of `basis`."""
     coords, grid_dims, density_units = grid_coordinates(basis)
-    area_units = "radian" if basis.dim == 2 else "sr"
+    area_units = basis.measure_units
     coords.update(common_coordinates(saves.times, basis.dim, saves.lyapunov_p))
     density_attrs = {"long_name": "probability density w.r.t. the surface measure", "units": density_units}
     if basis.dim == 3:  # CF cell_measures knows only area and volume: on S^1 cell_area is a plain variable
