@@ -18,21 +18,17 @@ diagnostic of the float32 run is compared with the float64 run on the same devic
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 import warnings
 
 import numpy as np
+import torch
+import xarray as xr
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import torch  # noqa: E402
-import xarray as xr  # noqa: E402
-
-import spherepde  # noqa: E402
-from spherepde.base.errors import NumericalFailure  # noqa: E402
-from spherepde.io.output import DIAGNOSTIC_ATTRS  # noqa: E402
+import spherepde
+from spherepde.base.errors import NumericalFailure
+from spherepde.io.output import DIAGNOSTIC_ATTRS
 
 CASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", "baseline-inf.toml")
 

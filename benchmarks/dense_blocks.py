@@ -11,15 +11,13 @@ are measured side by side on a shared machine; time is the calling thread's CPU 
 
 import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torch  # noqa: E402
+import torch
 
-from spherepde.kernels.dense import block_rows, dense_exp_kernel  # noqa: E402
+from spherepde.kernels.dense import block_rows, dense_exp_kernel
 
 MEBIBYTES = [0.25, 1.0, 4.0, 16.0, 64.0]
 

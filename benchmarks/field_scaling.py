@@ -21,20 +21,18 @@ one measured faster.
 
 import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from spherepde.base.device import placement  # noqa: E402
-from spherepde.discretisation.bases import SphereBasis  # noqa: E402
-from spherepde.kernels.choice import make_exp_kernel  # noqa: E402
-from spherepde.kernels.dense import DENSE_MATRIX_BYTES, DenseExpKernel, dense_exp_kernel  # noqa: E402
-from spherepde.kernels.spectral import SpectralExpKernel  # noqa: E402
+from spherepde.base.device import placement
+from spherepde.discretisation.bases import SphereBasis
+from spherepde.kernels.choice import make_exp_kernel
+from spherepde.kernels.dense import DENSE_MATRIX_BYTES, DenseExpKernel, dense_exp_kernel
+from spherepde.kernels.spectral import SpectralExpKernel
 
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])
 ROTATION = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]

@@ -23,18 +23,16 @@ thread waits for a core (up to 10x the CPU time at a load of 15 on 2 cores, seen
 
 import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torch  # noqa: E402
+import torch
 
-from spherepde.discretisation.bases import dealiased_gauss_grid  # noqa: E402
-from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, default_layout  # noqa: E402
-from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT  # noqa: E402
-from spherepde.discretisation.transforms.sht_torch import TorchSHT  # noqa: E402
+from spherepde.discretisation.bases import dealiased_gauss_grid
+from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, default_layout
+from spherepde.discretisation.transforms.sht_shtns import ShtnsSHT
+from spherepde.discretisation.transforms.sht_torch import TorchSHT
 
 
 def best_times(functions: dict, repeats: int) -> dict:

@@ -22,18 +22,15 @@ copy measured here (and of the nominal bandwidth given by --peak-gbs, if any).
 import argparse
 import os
 import statistics
-import sys
 import time
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import spherepde  # noqa: E402
-from solvers.forward_problem import ForwardProblem  # noqa: E402
-from solvers.timegrid import Plan, TimeGrid  # noqa: E402
+import spherepde
+from solvers.forward_problem import ForwardProblem
+from solvers.timegrid import Plan, TimeGrid
 
 CASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", "baseline-inf.toml")
 GENERAL_B = "[[0.7, 0.21, -0.14], [0.07, 0.56, 0.28], [-0.21, 0.14, 0.84]]"

@@ -1,53 +1,45 @@
 """Seed 003 reproduction: low-temperature concentration of mean-field attention on S^2.
 
-    python results/paper003.py [--full] [--jobs N] [--out results/paper003]
+    python results/paper003.py [--full] [--jobs N] [--only KEY,...] [--runs-only] [--backend torch]
 
 runs the seed003-*.toml cases (cases/) with both solvers and writes results/paper003.md with the figures
-results/paper003_*.png.  Each run's output goes to --out (not committed: Eulerian outputs at lmax 224 hold
-hundreds of MB of densities), and its summary, everything the report reads (the diagnostics, the attributes
-with the full case, int x x^T drho at each save, the temperature-coupling bounds), to results/paper003_runs/,
-which is committed.  Both are named by the run's key and a digest of its resolved case text: a run is redone
-only when it has no summary for that text (the reduced and --full variants of a key sit side by side), so a
-fresh checkout regenerates the report from the summaries and runs only what they lack.  Without --full it runs the
-reduced set, about 45 CPU minutes, most of it the Eulerian runs to t = 20 at eps = 1e-2, lmax 96 (about 3 CPU
-minutes each) and eps = 3e-3, lmax 160 (about 15); what is reduced is listed in REDUCED and printed in the
-report.  --full runs everything the issue asks for: its small-noise Eulerian runs take 1.5 (lmax 224) to 2
+results/paper003_*.png.  The runs go through the results harness (results/harness.py): each run's full output to
+results/paper003/outputs/ (not committed: Eulerian outputs at lmax 224 hold hundreds of MB of densities;
+`spherepde run` checkpoints them, so an interrupted run resumes), and its summary, everything the report reads (the
+diagnostics, the attributes with the full case, int x x^T drho at each save, the temperature-coupling bounds), to
+results/paper003/runs/, which is committed.  Both are named by the run's key and a digest of its resolved case
+text: a run is redone only when it has no summary for that text (the reduced and --full variants of a key sit side
+by side), so a fresh checkout regenerates the report from the summaries and runs only what they lack.  Without
+--full it runs the reduced set, about 45 CPU minutes, most of it the Eulerian runs to t = 20 at eps = 1e-2, lmax 96
+(about 3 CPU minutes each) and eps = 3e-3, lmax 160 (about 15); what is reduced is listed in REDUCED and printed
+in the report.  --full runs everything the issue asks for: its small-noise Eulerian runs take 1.5 (lmax 224) to 2
 (lmax 256) CPU hours each, and about 5 at lmax 336 (beta = 1000, eps = 1e-3), the particle runs at n = 8000
-about 15 minutes each; the other 42 runs of the set together about 1.1 CPU hours.
+about 15 minutes each; the other 42 runs of the set together about 1.1 CPU hours.  `--smoke FOLDER` runs a tiny
+version of every run into FOLDER, to check the pipeline in minutes.
 Set OMP_NUM_THREADS to the cores each of the --jobs processes may use.
 
-Model (DESIGN §2, softmax kernel, W = 0): d_t rho = eps Lap rho - div(rho P_x(V m[rho])),
+Model (docs/design.md "The model", softmax kernel, W = 0): d_t rho = eps Lap rho - div(rho P_x(V m[rho])),
 m = N / Z at inverse temperature beta, m = B^T x / |B^T x| at beta = inf; time is
 nondimensional depth.  Seed: V = diag(-1, 1, -2), B = diag(-1, -1, 1), E = span(e1) (V B^T),
 F = span(e2) (V).
 """
 
 import argparse
-import hashlib
 import math
-import subprocess
-import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import harness
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
-import xarray as xr
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import spherepde
+from spherepde.analysis import concentration as cc
 
-import spherepde  # noqa: E402
-from solvers.checkpoint import Checkpoint  # noqa: E402
-from spherepde.analysis import concentration as cc  # noqa: E402
-from spherepde.io.output import write_dataset  # noqa: E402
-
-SUMMARIES = ROOT / "results" / "paper003_runs"
+ROOT = harness.ROOT
 # Dimensions of the fields a summary leaves out (densities, particles), and of its second moments.
 FIELD_DIMS = ("lat", "lon", "theta", "particle")
 BETAS = ["10", "30", "1000", "inf"]
@@ -244,60 +236,32 @@ DIFFERENCES = [
 
 @dataclass
 class Run:
-    """One cached run: a case file with overrides, the solver, and the output file name."""
+    """One run of the plan: a case file of cases/ with overrides."""
 
     key: str
     case: str
     overrides: list = field(default_factory=list)
 
     @property
-    def coupling(self) -> bool:
-        """A temperature-coupling run (theorem 3): its summary holds cc.temperature_coupling's bounds."""
-        return self.key.startswith("coupling-")
-
-    def resolved(self):
-        return spherepde.load_case(ROOT / "cases" / f"{self.case}.toml", self.overrides)
-
-    def path(self, out: Path) -> Path:
-        """The run's output under `out` (or its summary, with `out` = SUMMARIES)."""
-        digest = hashlib.sha256(self.resolved().text.encode()).hexdigest()[:10]
-        return out / f"{self.key}-{digest}.nc"
-
-    def command(self, out: Path) -> list:
-        """`spherepde run`; it resumes an Eulerian run interrupted earlier (by a killed script, say) from its
-        checkpoint, which `spherepde run` writes every 5 minutes."""
-        sets = [item for override in self.overrides for item in ("--set", override)]
-        output = self.path(out)
-        interrupted = Checkpoint(output).exists()
-        return [sys.executable, "-m", "spherepde", "run", str(ROOT / "cases" / f"{self.case}.toml"),
-                "-o", str(output), "--resume" if interrupted else "--overwrite", "--quiet", *sets]
-
-    def cached(self, summaries: Path) -> bool:
-        """The summary of this resolved case exists and its run did not fail."""
-        if not self.path(summaries).exists():
-            return False
-        with xr.open_dataset(self.path(summaries)) as dataset:
-            return "failed" not in dataset.attrs.get("status", "")
+    def spec(self) -> harness.Spec:
+        return harness.Spec(self.key, harness.load_cases(self.case, self.overrides))
 
 
-def summarise(output: Path, target: Path, coupling: bool) -> None:
-    """Write the summary of a run's output to `target`: the output without its fields on the grid or the
-    particles, plus `second_moment` (time, row, col) = int x x^T drho (cc.second_moments) and, when `coupling`
-    (a temperature-coupling run), the bounds of cc.temperature_coupling as `coupling_upper`, `coupling_lower`
+def summarise(spec: harness.Spec, outcomes: list):
+    """The summary of a run's output: the output without its fields on the grid or the particles, plus
+    `second_moment` (time, row, col) = int x x^T drho (cc.second_moments) and, for a temperature-coupling run
+    (theorem 3, key "coupling-..."), the bounds of cc.temperature_coupling as `coupling_upper`, `coupling_lower`
     over `coupling_time`."""
-    dataset = xr.load_dataset(output)
+    dataset = outcomes[0]
     summary = dataset.drop_dims([dim for dim in FIELD_DIMS if dim in dataset.dims])
     summary["second_moment"] = (("time", "row", "col"), cc.second_moments(dataset))
     summary["second_moment"].attrs = {"long_name": "int x x^T drho", "units": "1"}
-    if coupling:
+    if spec.key.startswith("coupling-"):
         bounds = cc.temperature_coupling(dataset, quadrature_lmax=12)
         summary = summary.assign_coords(coupling_time=bounds["time"])
         for name in ("upper", "lower"):
             summary[f"coupling_{name}"] = ("coupling_time", bounds[name])
-    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
-                            text=True, check=False).stdout.strip()
-    summary.attrs["summary_of"] = f"{output.name}, summarised at commit {commit or 'unknown'}"
-    write_dataset(summary, target)
+    return summary
 
 
 def plan(full: bool, smoke: bool = False, backend: str = "shtns") -> list:
@@ -338,63 +302,42 @@ def plan(full: bool, smoke: bool = False, backend: str = "shtns") -> list:
                     [particles, "particles.integrator='rk4'", "time.t_end=16.0"]))
     if smoke:
         # lmax 32 holds the softmax kernel only up to beta ~ 90 (the solver refuses more)
-        runs = [run for run in runs if not (run.resolved()["solver"]["method"] == "eulerian"
-                                            and 100 <= run.resolved()["model"]["beta"] < math.inf)]
+        runs = [run for run in runs if not (run.spec.cases[0]["solver"]["method"] == "eulerian"
+                                            and 100 <= run.spec.cases[0]["model"]["beta"] < math.inf)]
         for run in runs:
             run.overrides += ["time.t_end=0.4", "time.save_every=0.05", "particles.n=200", "sphere.lmax=32"]
     return runs
 
 
-def execute(runs: list, out: Path, summaries: Path, jobs: int) -> None:
-    """Run what has no summary (`jobs` at a time, each a `spherepde run` process) and summarise it; an output
-    already under `out` (from a run of this script before summaries existed) is summarised, not rerun."""
-    for run in runs:
-        if run.path(out).exists() and not run.path(summaries).exists():
-            summarise(run.path(out), run.path(summaries), run.coupling)
-    todo = [run for run in runs if not run.cached(summaries)]
-    netcdf = threading.Lock()  # the HDF5 library under netCDF4 is not thread-safe (two summaries at once crash)
-
-    def one(run):
-        print(f"running {run.key}: {' '.join(run.command(out)[2:])}", flush=True)
-        result = subprocess.run(run.command(out), capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            print(f"  {run.key} exited {result.returncode}: {result.stderr.strip()[-400:]}", flush=True)
-        if run.path(out).exists():
-            with netcdf:
-                summarise(run.path(out), run.path(summaries), run.coupling)
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        list(pool.map(one, todo))
-
-
-def summarised(plans: list, summaries: Path) -> list:
-    """The runs of plans[0], each replaced by the run of the same key in a later plan where only that one has a
+def summarised(plans: list, study: harness.Study) -> list:
+    """The specs of plans[0], each replaced by the spec of the same key in a later plan where only that one has a
     summary.  The plans differ in the Eulerian transform (plan's `backend`): its solution is the same to
     round-off, so a run summarised with either needs no rerun with the other."""
-    alternatives = [{run.key: run for run in other} for other in plans[1:]]
+    alternatives = [{run.key: run.spec for run in other} for other in plans[1:]]
     chosen = []
     for run in plans[0]:
-        if not run.cached(summaries):
-            run = next((other[run.key] for other in alternatives
-                        if run.key in other and other[run.key].cached(summaries)), run)
-        chosen.append(run)
+        spec = run.spec
+        if not study.has(spec):
+            spec = next((other[run.key] for other in alternatives if run.key in other and study.has(other[run.key])),
+                        spec)
+        chosen.append(spec)
     return chosen
 
 
-def load(runs: list, summaries: Path, fallback: list) -> tuple:
-    """({key: summary Dataset} of the summarised runs, keys whose run has no summary and which use the summary of
-    the run of the same key in `fallback` instead (the reduced plan, for a --full report made before all its
+def load(specs: list, study: harness.Study, fallback: list) -> tuple:
+    """({key: summary Dataset} of the summarised specs, keys whose spec has no summary and which use the summary
+    of the spec of the same key in `fallback` instead (the reduced plan, for a --full report made before all its
     runs are done), keys with neither)."""
-    others = {run.key: run for run in fallback}
+    others = {spec.key: spec for spec in fallback}
     data, substituted, absent = {}, [], []
-    for run in runs:
-        if run.path(summaries).exists():
-            data[run.key] = xr.load_dataset(run.path(summaries))
-        elif run.key in others and others[run.key].path(summaries).exists():
-            data[run.key] = xr.load_dataset(others[run.key].path(summaries))
-            substituted.append(run.key)
+    for spec in specs:
+        if study.has(spec):
+            data[spec.key] = study.read(spec)
+        elif spec.key in others and study.has(others[spec.key]):
+            data[spec.key] = study.read(others[spec.key])
+            substituted.append(spec.key)
         else:
-            absent.append(run.key)
+            absent.append(spec.key)
     return data, substituted, absent
 
 
@@ -899,28 +842,28 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="every run the issue asks for (hours on a CPU)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
-    parser.add_argument("--out", default=str(ROOT / "results" / "paper003"),
-                        help="folder of the runs' full outputs (not committed)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny runs, to check the pipeline (summaries, report and figures in --out)")
+    parser.add_argument("--smoke", metavar="FOLDER",
+                        help="tiny runs, to check the pipeline: summaries, outputs, report and figures in FOLDER")
     parser.add_argument("--runs-only", action="store_true", help="run (the --only keys), write no report")
+    parser.add_argument("--report-only", action="store_true", help="run nothing: the report from the summaries alone")
     parser.add_argument("--only", default="", help="comma-separated run keys to run now (the report uses all cached)")
     parser.add_argument("--backend", choices=BACKENDS, default="shtns",
                         help="transform of the Eulerian runs still to run: shtns (CPU) or torch (on a GPU where there "
                              "is one); a run summarised with the other is not rerun")
     args = parser.parse_args(argv)
-    out = Path(args.out).resolve()
-    summaries, folder = (out / "summaries", out) if args.smoke else (SUMMARIES, ROOT / "results")
-    summaries.mkdir(parents=True, exist_ok=True)
+    smoke = args.smoke is not None
+    folder = Path(args.smoke).resolve() if smoke else harness.RESULTS
+    study = harness.Study("paper003", ".nc", keep_outputs=True, root=folder)
     backends = [args.backend] + [backend for backend in BACKENDS if backend != args.backend]
-    runs = summarised([plan(args.full, args.smoke, backend) for backend in backends], summaries)
-    chosen = [run for run in runs if not args.only or run.key in args.only.split(",")]
-    execute(chosen, out, summaries, args.jobs)
+    specs = summarised([plan(args.full, smoke, backend) for backend in backends], study)
+    if not args.report_only:
+        study.ensure([spec for spec in specs if not args.only or spec.key in args.only.split(",")], summarise,
+                     args.jobs)
     if args.runs_only:
         return
-    reduced = summarised([plan(False, args.smoke, backend) for backend in backends], summaries) if args.full else []
-    data, substituted, absent = load(runs, summaries, reduced)
-    (folder / "paper003.md").write_text(report(data, args.full, summaries, substituted, absent))
+    reduced = summarised([plan(False, smoke, backend) for backend in backends], study) if args.full else []
+    data, substituted, absent = load(specs, study, reduced)
+    (folder / "paper003.md").write_text(report(data, args.full, study.folder, substituted, absent))
     write_figures(data, folder)
     print(f"wrote {folder / 'paper003.md'}")
 

@@ -17,9 +17,10 @@ the overrides that make the row.  For each row:
   (see the row's note), so those rows have particles only.
 
 Each run's summary (everything the report reads: the diagnostics at the save times, W, the J history, the full
-case text of every member, the commit, the CPU seconds) is written to results/seed004_runs/<row>.<kind>.json,
-which is committed.  A run is redone only when its case texts differ from the summary's, so on a fresh clone
-`--report-only` rewrites results/seed004.md and its figures from the summaries in seconds.
+case text of every member, the commit, the CPU seconds) is committed by the results harness (results/harness.py)
+as results/seed004/runs/<row>-<kind>-<digest of the case texts>.json.  A run is redone only when no summary of its
+case texts exists, so on a fresh clone `--report-only` rewrites results/seed004.md and its figures from the
+summaries in seconds.
 
 What the report measures per run, from the stored series (spherepde.analysis.turnpike): the three-phase test on the
 energy gap (particles: the interaction energy, the entropy of 64 atoms being undefined; Eulerian: the free
@@ -31,20 +32,14 @@ plateau) over the terminal layer, the seed's "fitted a").
 import argparse
 import json
 import math
-import os
-import subprocess
-import sys
-import time
-import warnings
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import harness
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-SUMMARIES = ROOT / "results" / "seed004_runs"
-REPORT = ROOT / "results" / "seed004.md"
+STUDY = harness.Study("seed004")
+REPORT = harness.RESULTS / "seed004.md"
 SEEDS = range(20)
 # L-BFGS (scipy's, ftol = gtol = control.tol: it stops when an iteration lowers J by at most tol max(|J|, 1), or
 # the projected gradient's largest entry is below tol), 300 iterations at most.
@@ -130,14 +125,12 @@ def runs_of(row: Row) -> Row:
 
 
 def load_case(row: Row, overrides: list):
-    import spherepde
-
-    return spherepde.load_case(ROOT / "cases" / f"{row.case}.toml", list(row.overrides) + overrides)
+    return harness.load_cases(row.case, list(row.overrides) + overrides)[0]
 
 
-def particle_cases(row: Row) -> list:
+def particle_cases(row: Row) -> tuple:
     shared = ["solver.method='particles'", f"particles.n={row.n}", f"particles.dt={PARTICLE_DT}"]
-    return [load_case(row, shared + (TRAINING if row.trained else []) + [f"particles.seed={seed}"]) for seed in SEEDS]
+    return harness.load_cases(row.case, list(row.overrides) + shared + (TRAINING if row.trained else []), SEEDS)
 
 
 def eulerian_case(row: Row, grid: list = EULERIAN_GRID):
@@ -145,31 +138,12 @@ def eulerian_case(row: Row, grid: list = EULERIAN_GRID):
     return load_case(row, training + grid)
 
 
-def summary_path(row: Row, kind: str) -> Path:
-    return SUMMARIES / f"{row.key}.{kind}.json"
-
-
-def planned_cases(row: Row, kind: str) -> list:
-    return [case.text for case in (particle_cases(row) if kind == "particles" else [eulerian_case(row)])]
-
-
-def is_current(row: Row, kind: str) -> bool:
-    """The summary exists and was made from the cases the plan holds now."""
-    path = summary_path(row, kind)
-    if not path.exists():
-        return False
-    return json.loads(path.read_text())["cases"] == planned_cases(row, kind)
-
-
-def commit() -> str:
-    """The commit the plan runs, "-dirty" when tracked files other than the plan's own outputs (the summaries, the
-    report, its figures) differ from it."""
-    def git(*arguments):
-        return subprocess.run(["git", "-C", str(ROOT), *arguments], capture_output=True, text=True,
-                              check=False).stdout.strip()
-    outputs = [":!results/seed004_runs", ":!results/seed004.md", ":!results/seed004_*.png"]
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no", "--", ".", *outputs) else "")
+def plan(keys: list) -> list:
+    """The specs of the rows `keys` (each row that repeats another by that row's runs): the 20 particle trainings
+    of a row, key "<row>-particles", and its Eulerian training where it has one, "<row>-eulerian"."""
+    rows = [BY_KEY[key] for key in dict.fromkeys(runs_of(BY_KEY[key]).key for key in keys)]
+    return ([harness.Spec(f"{row.key}-particles", particle_cases(row)) for row in rows]
+            + [harness.Spec(f"{row.key}-eulerian", (eulerian_case(row),)) for row in rows if row.eulerian is None])
 
 
 def rounded(values, digits: int = 10):
@@ -178,112 +152,62 @@ def rounded(values, digits: int = 10):
         f"{float(text):.{digits}g}"))
 
 
-def write_summary(row: Row, kind: str, summary: dict) -> None:
-    """JSON written beside the target, then renamed (no half-written summary)."""
-    SUMMARIES.mkdir(parents=True, exist_ok=True)
-    path = summary_path(row, kind)
-    temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(summary, separators=(",", ":")) + "\n")
-    os.replace(temporary, path)
+def summarise(spec, outcomes: list) -> dict:
+    """A row's summary from its runs' outcomes: the particle trainings' series per member, or the Eulerian
+    training's series and its J at the trained W on CHECK_GRID."""
+    key, kind = spec.key.rsplit("-", 1)
+    return {"row": key, "kind": kind} | (particle_summary(outcomes) if kind == "particles" else
+                                         eulerian_summary(BY_KEY[key], outcomes[0])) | {
+        "cases": [case.text for case in spec.cases]}
 
 
-def run_particles(keys: tuple, made_by: str) -> str:
-    """Train the 20 particle systems of each row `keys` in one batch (rows that spherepde.api.ensemble.batches puts
-    together: the same N, T and step) and write each row's summary (`made_by`: the commit the plan runs)."""
-    from spherepde.api.ensemble import run_batch
-
-    rows = [BY_KEY[key] for key in keys]
-    cases = [case for row in rows for case in particle_cases(row)]
-    start = time.process_time()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        outcomes = run_batch(cases, progress=False)
-    seconds = time.process_time() - start
-    for index, row in enumerate(rows):
-        row_cases, row_outcomes = cases[index * len(SEEDS):(index + 1) * len(SEEDS)], outcomes[index * len(SEEDS):]
-        members = []
-        for seed, outcome in zip(SEEDS, row_outcomes):
-            dataset = outcome if not isinstance(outcome, Exception) else getattr(outcome, "dataset", None)
-            member = {"seed": seed, "status": "completed" if dataset is outcome else f"failed: {outcome}"}
-            if dataset is not None:
-                member.update({
-                    "iterations": int(dataset.sizes.get("iteration", 1) - 1),
-                    "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
-                    "loss": rounded(dataset["loss"].values), "W": rounded(dataset["W"].values),
-                    "mean": rounded(dataset["mean"].values),
-                    "interaction_energy": rounded(dataset["interaction_energy"].values)})
-                if seed == SEEDS[0]:
-                    points = dataset["particles"].values
-                    member["particle_angle"] = rounded(np.arctan2(points[..., 1], points[..., 0]), 6)
-            members.append(member)
-        times = next(o for o in row_outcomes[:len(SEEDS)] if not isinstance(o, Exception))["time"].values
-        write_summary(row, "particles", {"row": row.key, "kind": "particles", "commit": made_by,
-                                         "cpu_seconds": seconds, "batch": list(keys), "particle_dt": PARTICLE_DT,
-                                         "times": rounded(times), "members": members,
-                                         "cases": [case.text for case in row_cases]})
-    return f"{', '.join(keys)} particles: {seconds:.0f} CPU s"
+def particle_summary(outcomes: list) -> dict:
+    members = []
+    for seed, outcome in zip(SEEDS, outcomes):
+        dataset = outcome if not isinstance(outcome, Exception) else getattr(outcome, "dataset", None)
+        member = {"seed": seed, "status": "completed" if dataset is outcome else f"failed: {outcome}"}
+        if dataset is not None:
+            member.update({
+                "iterations": int(dataset.sizes.get("iteration", 1) - 1),
+                "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
+                "loss": rounded(dataset["loss"].values), "W": rounded(dataset["W"].values),
+                "mean": rounded(dataset["mean"].values),
+                "interaction_energy": rounded(dataset["interaction_energy"].values)})
+            if seed == SEEDS[0]:
+                points = dataset["particles"].values
+                member["particle_angle"] = rounded(np.arctan2(points[..., 1], points[..., 0]), 6)
+        members.append(member)
+    times = next(outcome for outcome in outcomes if not isinstance(outcome, Exception))["time"].values
+    return {"particle_dt": PARTICLE_DT, "times": rounded(times), "members": members}
 
 
-def run_eulerian(key: str, made_by: str) -> str:
-    """The row's Eulerian training, its J at the trained W on CHECK_GRID, and their summary."""
+def eulerian_summary(row: Row, outcome) -> dict:
+    """The Eulerian training's series (eps = 0 fails: up to its last good state) and J at its W on CHECK_GRID."""
     import torch
 
-    import spherepde
     from solvers.controlled_forward import ControlledForward, evaluate_cost
-    from spherepde.base.errors import NumericalFailure
     from spherepde.model.initial import initial_density
 
-    row = BY_KEY[key]
-    case = eulerian_case(row)
-    start = time.process_time()
-    status = "completed"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        try:
-            dataset = spherepde.run(case, progress=False)
-            check = ControlledForward(eulerian_case(row, CHECK_GRID))
-            c0 = initial_density(check.case["initial"], check.problem.basis)
-            check_cost = evaluate_cost(check, c0, torch.as_tensor(dataset["W"].values))
-        except NumericalFailure as failure:  # eps = 0: the run up to its last good state
-            dataset, status, check_cost = failure.dataset, f"failed: {failure}", math.nan
-    seconds = time.process_time() - start
+    if isinstance(outcome, Exception):
+        dataset, status, check_cost = outcome.dataset, f"failed: {outcome}", math.nan
+    else:
+        dataset, status = outcome, "completed"
+        check = ControlledForward(eulerian_case(row, CHECK_GRID))
+        c0 = initial_density(check.case["initial"], check.problem.basis)
+        check_cost = evaluate_cost(check, c0, torch.as_tensor(dataset["W"].values))
     attributes = {name: float(dataset.attrs.get(name, math.nan)) for name in (
         "rayleigh_quotient", "escape_rate", "terminal_energy_rate", "min_energy", "plateau_width",
         "terminal_displacement")}
     series = {name: rounded(dataset[name].values if name in dataset else []) for name in (
         "loss", "W", "mean", "free_energy", "interaction_energy", "adjoint_norm")}
-    write_summary(row, "eulerian", {
-        "row": key, "kind": "eulerian", "commit": made_by, "cpu_seconds": seconds, "status": status,
-        "grid": EULERIAN_GRID, "check_grid": CHECK_GRID, "check_cost": check_cost, "attributes": attributes,
-        "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
-        "resolved_until": dataset.attrs.get("resolved_until"), "times": rounded(dataset["time"].values)} | series
-        | {"cases": [case.text]})
-    return f"{key} eulerian: {seconds:.0f} CPU s"
+    return {"status": status, "grid": EULERIAN_GRID, "check_grid": CHECK_GRID, "check_cost": check_cost,
+            "attributes": attributes, "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
+            "resolved_until": dataset.attrs.get("resolved_until"), "times": rounded(dataset["time"].values)} | series
 
 
-def pending(keys: list) -> list:
-    """(runner, argument) of every run of the rows `keys` whose summary is missing or stale: the particle rows in
-    the batches that spherepde.api.ensemble.batches makes of them (largest first), then the Eulerian runs."""
-    from spherepde.api.ensemble import batches
-
-    rows = [BY_KEY[key] for key in dict.fromkeys(runs_of(BY_KEY[key]).key for key in keys)]
-    particle_rows = [row for row in rows if not is_current(row, "particles")]
-    groups = batches([particle_cases(row)[0] for row in particle_rows])
-    jobs = [(run_particles, tuple(particle_rows[i].key for i in group))
-            for group in sorted(groups, key=len, reverse=True)]
-    return jobs + [(run_eulerian, row.key) for row in rows if row.eulerian is None and not is_current(row, "eulerian")]
-
-
-def execute(jobs: list, workers: int) -> None:
-    print(f"seed004: {len(jobs)} runs to make: " + ", ".join(
-        f"{'+'.join(key) if isinstance(key, tuple) else key} ({runner.__name__[4:]})" for runner, key in jobs),
-        file=sys.stderr, flush=True)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        made_by = commit()  # at the start: editing the tree while the plan runs does not change what made it
-        futures = [pool.submit(runner, key, made_by) for runner, key in jobs]
-        for done, future in enumerate(as_completed(futures), start=1):
-            print(f"[{done}/{len(jobs)}] {future.result()}", file=sys.stderr, flush=True)
-
+def read_summaries(specs: list) -> dict:
+    """{(row key, kind): summary} of the specs that have one."""
+    return {tuple(spec.key.rsplit("-", 1)): STUDY.read(spec) for spec in specs if STUDY.has(spec)}
 
 # ---------------------------------------------------------------------------------------
 # The report, from the summaries alone
@@ -354,12 +278,6 @@ def eulerian_measures(summary: dict) -> dict:
         "R": summary["attributes"]["rayleigh_quotient"], "J": summary["loss"][-1], "check": summary["check_cost"],
         "escape_rate": summary["attributes"]["escape_rate"],
         "variants": rate_variants(times, gap, mean, np.array(summary["W"]))}
-
-
-def read_summaries(folder: Path) -> dict:
-    """{(row key, kind): summary} of every summary in `folder`."""
-    return {(path.name.split(".")[0], path.name.split(".")[1]): json.loads(path.read_text())
-            for path in sorted(folder.glob("*.json"))}
 
 
 def digits_unit(value: float) -> float:
@@ -480,7 +398,7 @@ def report_text(summaries: dict) -> str:
                 if kind == "eulerian" and summary["status"] == "completed" and BY_KEY[key].eulerian_trained}
     lines = ["# Seed 004 at the seed's scale: every cell of both tables (issue 25)", "",
              "Regenerate: `OMP_NUM_THREADS=1 python3 results/seed004.py --workers 2` (runs only what has no current "
-             "summary in results/seed004_runs/, then writes this report and results/seed004_*.png); "
+             "summary in results/seed004/runs/, then writes this report and results/seed004_*.png); "
              "`python3 results/seed004.py --report-only` writes them from the summaries alone.", "",
              f"Scale: S^1, N = 64 tokens (the N rows: 32, 128), T = 80 (the T rows: 40, 120) with slices of width 2, "
              f"A = diag(1, lambda_2) as B = V, unnormalized kernel, beta = 1, eps = 1e-2, lambda_reg = 0.01, "
@@ -490,19 +408,11 @@ def report_text(summaries: dict) -> str:
     for title, keys in (("Main table", ["no-train", "align-l020", "align-l065", "align-l080", "bow-k2", "bow-k10"]),
                         ("Ablation table", ["seeds", "eps-0", "eps-1e-4", "eps-1e-3", "eps-1e-1", "T40", "T80", "T120",
                                             "N32", "N64", "N128", "lambda-0.01", "lambda-0"])):
-        lines += [f"## {title}", "",
-                  "| row | quantity | seed | particles, mean +- sd over the runs | Eulerian | verdict |",
-                  "|---|---|---|---|---|---|"]
-        for key in keys:
-            row = BY_KEY[key]
-            source = runs_of(row).key
-            for quantity, seed, ours, euler, verdict in cells(row, measures, eulerian.get(source)):
-                lines.append(f"| {row.title} | {quantity} | {seed} | {ours} | {euler} | {verdict} |")
-        lines.append("")
-    lines += ["## Every row measured", "",
-              "| row | runs | three phases | plateau | initial / terminal layer | displacement (rad) | fitted a | "
-              "final J | Eulerian: three phases, plateau, displacement, a, R, J (check grid) | CPU s (particles, "
-              "Eulerian) |", "|---|---|---|---|---|---|---|---|---|---|"]
+        rows = [(BY_KEY[key].title, *cell) for key in keys
+                for cell in cells(BY_KEY[key], measures, eulerian.get(runs_of(BY_KEY[key]).key))]
+        lines += [f"## {title}", ""] + harness.table(
+            ["row", "quantity", "seed", "particles, mean +- sd over the runs", "Eulerian", "verdict"], rows) + [""]
+    measured = []
     for row in ROWS:
         if row.same_as or row.key not in measures:
             continue
@@ -516,12 +426,15 @@ def report_text(summaries: dict) -> str:
         seconds = (f"{summary['cpu_seconds']:.0f}" + (f" (one batch of {len(batch)} rows)" if len(batch) > 1 else "")
                    + (f", {summaries[(row.key, 'eulerian')]['cpu_seconds']:.0f}"
                       if (row.key, "eulerian") in summaries else ""))
-        lines.append(
-            f"| {row.title} | {len(runs)} | {sum(r['three_phase'] for r in runs)} | "
-            f"{fmt_mean(mean_sd(r['plateau'] for r in runs), 1)} | "
-            f"{fmt_mean(mean_sd(r['initial'] for r in runs), 2)} / {fmt_mean(mean_sd(r['terminal'] for r in runs), 2)} "
-            f"| {fmt_mean(mean_sd(r['displacement'] for r in runs))} | {fmt_mean(mean_sd(r['rate'] for r in runs))} | "
-            f"{fmt_mean(final, 4)} | {euler_text} | {seconds} |")
+        measured.append((
+            row.title, len(runs), sum(r["three_phase"] for r in runs), fmt_mean(mean_sd(r["plateau"] for r in runs), 1),
+            f"{fmt_mean(mean_sd(r['initial'] for r in runs), 2)} / {fmt_mean(mean_sd(r['terminal'] for r in runs), 2)}",
+            fmt_mean(mean_sd(r["displacement"] for r in runs)), fmt_mean(mean_sd(r["rate"] for r in runs)),
+            fmt_mean(final, 4), euler_text, seconds))
+    lines += ["## Every row measured", ""] + harness.table(
+        ["row", "runs", "three phases", "plateau", "initial / terminal layer", "displacement (rad)", "fitted a",
+         "final J", "Eulerian: three phases, plateau, displacement, a, R, J (check grid)",
+         "CPU s (particles, Eulerian)"], measured)
     lines += rate_section(measures, eulerian)
     lines += turnpike_section(summaries)
     lines += notes_section(measures, eulerian)
@@ -555,9 +468,8 @@ def rate_section(measures: dict, eulerian: dict) -> list:
              "R: the Rayleigh quotient at the Gibbs minimum and the first gradient's adjoint rate "
              "(spherepde/analysis/turnpike.py, "
              "results/seed004_escape.md), both Eulerian.  A normalisation that explains the seed would show as one "
-             "ratio seed / ours for every row.", "",
-             "| row | seed a | seed R | " + " | ".join(f"{name} (particles; E)" for name in VARIANTS.values())
-             + " | R; first-gradient rate (E) | seed a / ours, per fit |", "|---" * (5 + len(VARIANTS)) + "|"]
+             "ratio seed / ours for every row.", ""]
+    rows = []
     for key in RATE_ROWS + ["seeds"]:
         row = BY_KEY[key]
         runs, euler = measures.get(runs_of(row).key), eulerian.get(runs_of(row).key)
@@ -571,9 +483,9 @@ def rate_section(measures: dict, eulerian: dict) -> list:
             fits.append(f"{fmt_mean(ours)}; {fmt(mine)}")
             ratios.append(fmt(row.seed["rate"] / ours[0], 2) if ours[2] else "n/a")
         theory = f"{fmt(euler['R'])}; {fmt(euler['escape_rate'])}" if euler else "-"
-        lines.append(f"| {row.title} | {row.seed['rate']} | {row.seed.get('R', '-')} | " + " | ".join(fits)
-                     + f" | {theory} | {', '.join(ratios)} |")
-    return lines
+        rows.append((row.title, row.seed["rate"], row.seed.get("R", "-"), *fits, theory, ", ".join(ratios)))
+    return lines + harness.table(["row", "seed a", "seed R", *(f"{name} (particles; E)" for name in VARIANTS.values()),
+                                  "R; first-gradient rate (E)", "seed a / ours, per fit"], rows)
 
 
 def turnpike_section(summaries: dict) -> list:
@@ -584,9 +496,8 @@ def turnpike_section(summaries: dict) -> list:
     lines = ["", "## The turnpike bound on the trained Eulerian runs", "",
              "C = max(Delta(0), Delta(T)), a the largest rate with Delta(t) <= C (exp(-a t) + exp(-a (T - t))) at "
              "every save (spherepde.analysis.turnpike.turnpike_bound; Delta = free energy - min E on the run's grid).  "
-             "The seed: C and a do not depend on T, and a is set by the spectral gap 1 - lambda_2 / lambda_1.", "",
-             "| row | T | 1 - lambda_2 | C | a | a / (1 - lambda_2) | R | smallest Delta on the plateau |",
-             "|---|---|---|---|---|---|---|---|"]
+             "The seed: C and a do not depend on T, and a is set by the spectral gap 1 - lambda_2 / lambda_1.", ""]
+    rows = []
     for row in ROWS:
         summary = summaries.get((row.key, "eulerian"))
         if row.same_as or summary is None or summary["status"] != "completed" or not row.trained:
@@ -597,10 +508,11 @@ def turnpike_section(summaries: dict) -> list:
         C, a = turnpike.turnpike_bound(times, gap)
         spectral_gap = 1 - case["model"]["B"][1][1] / case["model"]["B"][0][0]
         middle = (times > 0.25 * times[-1]) & (times < 0.75 * times[-1])
-        lines.append(f"| {row.title} | {times[-1]:g} | {spectral_gap:.2f} | {C:.4f} | {a:.4f} | "
-                     f"{a / spectral_gap:.3f} | "
-                     f"{fmt(summary['attributes']['rayleigh_quotient'])} | {gap[middle].min():.2e} |")
-    return lines
+        rows.append((row.title, f"{times[-1]:g}", f"{spectral_gap:.2f}", f"{C:.4f}", f"{a:.4f}",
+                     f"{a / spectral_gap:.3f}", fmt(summary["attributes"]["rayleigh_quotient"]),
+                     f"{gap[middle].min():.2e}"))
+    return lines + harness.table(["row", "T", "1 - lambda_2", "C", "a", "a / (1 - lambda_2)", "R",
+                                  "smallest Delta on the plateau"], rows)
 
 
 def notes_section(measures: dict, eulerian: dict) -> list:
@@ -666,9 +578,9 @@ def eulerian_note(row: Row, summaries: dict) -> str:
     return f"W = 0 on {summary['grid'][0]}: {resolved}{ending}"
 
 
-def write_report(summaries_folder: Path, target: Path) -> None:
-    """The report and its figures (beside it, seed004_*.png) from the summaries in `summaries_folder`."""
-    summaries = read_summaries(summaries_folder)
+def write_report(specs: list, target: Path) -> None:
+    """The report and its figures (beside it, seed004_*.png) from the summaries of `specs`."""
+    summaries = read_summaries(specs)
     target.write_text(report_text(summaries))
     write_figures(summaries, target.parent)
 
@@ -761,8 +673,8 @@ def main(argv=None) -> None:
     parser.add_argument("--report-only", action="store_true", help="write the report from the summaries alone")
     args = parser.parse_args(argv)
     if not args.report_only:
-        execute(pending(args.rows), args.workers)
-    write_report(SUMMARIES, REPORT)
+        STUDY.ensure(plan(args.rows), summarise, args.workers)
+    write_report(plan(list(BY_KEY)), REPORT)
 
 
 if __name__ == "__main__":

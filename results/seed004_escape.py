@@ -23,13 +23,10 @@ check at lmax 32, eps = 0.05).  Reported (spherepde.analysis.turnpike):
 
 import argparse
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # case: (label, seed's fitted a, seed's R)
 SEED = {"seed004-align-l020": ("align, lambda_2 = 0.20", "0.19", "0.18"),

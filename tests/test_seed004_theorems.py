@@ -22,7 +22,7 @@ decays at 2 R.
 Turnpike bound on trained runs: Delta(mu_t) <= C (exp(-a t) + exp(-a (T - t))) with C and a independent of T
 (spherepde.analysis.turnpike.turnpike_bound fits them), read from the Eulerian trainings of results/seed004.py \
 (their committed
-summaries in results/seed004_runs/: the trained W, the free energy at the saves, min E).  The case that must fail:
+summaries in results/seed004/runs/: the trained W, the free energy at the saves, min E).  The case that must fail:
 the same trained controls moved 15 slices towards the input, so that the cluster turns at mid-depth.
 """
 
@@ -177,12 +177,14 @@ def test_one_gradient_step_lifts_the_energy_at_second_order_decaying_at_twice_th
     assert bound == holds
 
 
-SUMMARIES = Path(__file__).resolve().parent.parent / "results" / "seed004_runs"
+SUMMARIES = Path(__file__).resolve().parent.parent / "results" / "seed004" / "runs"
 
 
 def trained_run(key: str) -> tuple:
-    """(summary, save times, energy gap Delta = E - min E) of row `key`'s Eulerian training."""
-    summary = json.loads((SUMMARIES / f"{key}.eulerian.json").read_text())
+    """(summary, save times, energy gap Delta = E - min E) of row `key`'s Eulerian training (its one summary,
+    results/seed004/runs/<key>-eulerian-<digest>.json)."""
+    (path,) = SUMMARIES.glob(f"{key}-eulerian-*.json")
+    summary = json.loads(path.read_text())
     gap = np.array(summary["free_energy"]) - summary["attributes"]["min_energy"]
     return summary, np.array(summary["times"]), gap
 

@@ -1,4 +1,4 @@
-"""The keys of a case file: one declaration per key, with its check and its default (DESIGN §5).
+"""The keys of a case file: one declaration per key, with its check and its default (docs/design.md "Case files").
 
 Schema (d = ``sphere.dim``; "required" keys have no default; "absent" means the key is
 left out of the resolved data when not given):
