@@ -14,6 +14,10 @@
 #
 #     bash benchmarks/gpu_checks.sh OUTDIR [PART...]      (PART: cuda_tests, baseline_run, step_rate,
 #                                                           particles_s2, step_rate_more; default all)
+#
+# Then `python3 results/spectral_verification.py --import-gpu OUTDIR` files gpu_env.txt and the gpu_*.txt of
+# issue 5 (all but particles_s2) as the summaries of results/spectral_verification/runs/ (named by the command on
+# each output's first line) and rewrites results/spectral_verification.md, which quotes them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:?usage: gpu_checks.sh OUTDIR [PART...]}"

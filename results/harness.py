@@ -74,7 +74,7 @@ def commit(outputs: list) -> str:
 
 class Study:
     """The committed summaries of one study, results/<name>/runs/ (`root`/<name>/runs/ for a trial elsewhere), as
-    JSON (`suffix` ".json") or NetCDF (".nc").
+    JSON (`suffix` ".json"), NetCDF (".nc") or plain text (".txt": a command's printed output, quoted by the report).
 
     With `keep_outputs` every spec (of one case) runs alone through `spherepde run`, which writes its full output
     to results/<name>/outputs/<spec name>.nc (not committed: the fields on the grid) and checkpoints a long run,
@@ -92,12 +92,13 @@ class Study:
         return self.path(spec).exists()
 
     def read(self, spec: Spec):
-        """The summary of `spec`: a dict, or an xarray.Dataset loaded into memory."""
+        """The summary of `spec`: a dict, an xarray.Dataset loaded into memory, or the text."""
         if self.suffix == ".nc":
             import xarray as xr
 
             return xr.load_dataset(self.path(spec))
-        return json.loads(self.path(spec).read_text())
+        text = self.path(spec).read_text()
+        return text if self.suffix == ".txt" else json.loads(text)
 
     def write(self, spec: Spec, summary) -> None:
         """Write beside the target, then rename: no summary is ever half-written."""
@@ -109,7 +110,7 @@ class Study:
             write_dataset(summary, target)
             return
         temporary = target.with_name(target.name + ".tmp")
-        temporary.write_text(json.dumps(summary, separators=(",", ":")) + "\n")
+        temporary.write_text(summary if self.suffix == ".txt" else json.dumps(summary, separators=(",", ":")) + "\n")
         os.replace(temporary, target)
 
     def stale(self, specs: list) -> list:
@@ -159,7 +160,8 @@ def _run_group(specs: list, summarise, measure, outputs: Path | None) -> tuple:
 
     start = time.process_time()
     if not specs[0].cases:
-        return time.process_time() - start, [measure(specs[0])]
+        summary = measure(specs[0])
+        return time.process_time() - start, [summary]
     if outputs is not None:
         import xarray as xr
 
@@ -200,7 +202,10 @@ def _run_kept(spec: Spec, outputs: Path) -> tuple:
 
 
 def _stamped(summary, made_by: str, seconds: float, batch: list):
-    """The summary with the commit that made it, its batch's CPU seconds and the keys of the specs in that batch."""
+    """The summary with the commit that made it, its batch's CPU seconds and the keys of the specs in that batch
+    (a text summary as it was printed)."""
+    if isinstance(summary, str):
+        return summary
     if isinstance(summary, dict):
         return {"commit": made_by, "cpu_seconds": seconds, "batch": batch} | summary
     summary.attrs["summary_of"] = f"made at commit {made_by} in {seconds:.0f} CPU s, batch {', '.join(batch)}"

@@ -15,6 +15,9 @@ import sys
 import harness
 
 REPORTS = {
+    "core_verification": ["core_verification.py", "--report-only"],
+    "adjoint_verification": ["adjoint_verification.py", "--report-only"],
+    "spectral_verification": ["spectral_verification.py", "--report-only"],
     "seed004": ["seed004.py", "--report-only"],
     "paper003": ["paper003.py", "--full", "--report-only"],
 }

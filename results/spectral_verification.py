@@ -1,41 +1,49 @@
-"""Figures of issue 5 (spectral attention field), printed as a markdown report.
+"""Figures of issue 5 (spectral attention field): results/spectral_verification.md.
 
-    python results/spectral_verification.py --rerun all > results/spectral_verification.md
-    python results/spectral_verification.py > results/spectral_verification.md   # quote the saved outputs
+    python3 results/spectral_verification.py                   # measure what has no summary, then the report
+    python3 results/spectral_verification.py --report-only     # the report from the saved outputs alone
+    python3 results/spectral_verification.py --rerun NAME ...  # measure NAME (or all) again first
+    python3 results/spectral_verification.py --import-gpu OUT  # file the outputs of `bash benchmarks/gpu_checks.sh OUT`
 
-Every figure is the output of one command, saved as results/spectral_<name>.txt and quoted with the
-command that wrote it; --rerun NAME ... (or all) reruns those first (criterion 1 ~15 min, the
-benchmarks ~5-10 min each, the baseline run an hour or more on 2 shared cores).  Criterion 1 is
-measured by this script (--criterion-1): the attention mean m = N / Z (dimensionless, |m| <= 1) and
-the scaled transform T_C f exp(-beta |C^T x|) of the d + 1 channels (rho, y rho) of a smooth positive
-density, spectral (Funk-Hecke) against dense quadrature on the same Gauss grid, float64.
+Every figure is the output of one command, quoted with that command.  The outputs are the study's summaries, saved
+as text by the results harness's naming (results/harness.py): results/spectral_verification/runs/<name>-<digest>.txt,
+the digest that of the command (a changed command is a new summary).  The CPU outputs are measured here (criterion 1
+~15 min, the benchmarks ~5-10 min each, the baseline run an hour or more on 2 shared cores); the GPU ones
+(gpu_<name>, the machine in gpu_env) are what benchmarks/gpu_checks.sh wrote on a lent GPU, each headed by its
+command, quoted only.  Criterion 1 is measured by this script (--criterion-1): the attention mean m = N / Z
+(dimensionless, |m| <= 1) and the scaled transform T_C f exp(-beta |C^T x|) of the d + 1 channels (rho, y rho) of a
+smooth positive density, spectral (Funk-Hecke) against dense quadrature on the same Gauss grid, float64.
 """
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
+import harness
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from spherepde.base.device import placement
+from spherepde.discretisation.bases import SphereBasis
+from spherepde.kernels.dense import dense_exp_kernel
+from spherepde.kernels.funk_hecke import kernel_degree
+from spherepde.kernels.spectral import SpectralExpKernel
 
-from spherepde.base.device import placement  # noqa: E402
-from spherepde.discretisation.bases import SphereBasis  # noqa: E402
-from spherepde.kernels.dense import dense_exp_kernel  # noqa: E402
-from spherepde.kernels.funk_hecke import kernel_degree  # noqa: E402
-from spherepde.kernels.spectral import SpectralExpKernel  # noqa: E402
-
+STUDY = harness.Study("spectral_verification", suffix=".txt")
+REPORT = harness.RESULTS / "spectral_verification.md"
+# The machine the saved CPU outputs were measured on (the report quotes them; it measures nothing).
+CPU_CORES = 2
 CPU64 = placement("cpu", "float64")
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])
 ROTATION = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]
 MATRICES = {"sign flips (seed 003)": np.diag([-1.0, -1.0, 1.0]),
             "rotation": ROTATION * np.linalg.det(ROTATION),
             "general (sigma ratio 3)": GENERAL / np.linalg.svd(GENERAL, compute_uv=False)[0]}
-# (name, title, script, options): each output is saved as results/spectral_<name>.txt.
+# (name, title, script, options): each output is the summary of Spec(name, parameters=its command).
 MEASUREMENTS = [
     ("field_agreement", "criterion 1: spectral vs dense field", "results/spectral_verification.py",
      ["--criterion-1"]),
@@ -48,14 +56,23 @@ MEASUREMENTS = [
      ["--threads", "2", "--filter-order", "16"]),
 ]
 
-# Measured on a lent GPU by `bash benchmarks/gpu_checks.sh OUT` (no GPU here, so quoted, never rerun):
-# (name, title); each output is saved as results/spectral_gpu_<name>.txt, the machine in spectral_gpu_env.txt.
+# Measured on a lent GPU by `bash benchmarks/gpu_checks.sh OUT` (no GPU here, so quoted, never rerun): (name, title,
+# command); OUT/gpu_<name>.txt is the summary of Spec(f"gpu_{name}", parameters=command), the command as the first
+# line of that output has it ("$ command": gpu_checks.sh writes it; --threads is the lent machine's nproc), and
+# OUT/gpu_env.txt, the machine, that of GPU_ENVIRONMENT.
 GPU_MEASUREMENTS = [
-    ("cuda_tests", "CUDA tests: pytest -m cuda (each CUDA result against the CPU or shtns)"),
-    ("baseline_run", "criterion 4 on the GPU: seed-003 baseline, lmax 128, t in [0, 3], float64 and float32"),
-    ("step_rate", "full time steps per second on the GPU and its CPU (1 thread), memory bandwidth achieved"),
-    ("step_rate_more", "steps per second with a general B, and at lmax 256 against all CPU cores"),
+    ("cuda_tests", "CUDA tests: pytest -m cuda (each CUDA result against the CPU or shtns)",
+     "python3 -m pytest -m cuda -q -p no:cacheprovider tests"),
+    ("baseline_run", "criterion 4 on the GPU: seed-003 baseline, lmax 128, t in [0, 3], float64 and float32",
+     "python3 benchmarks/baseline_run.py --devices cuda --filter-order 16 --out /tmp/baseline"),
+    ("step_rate", "full time steps per second on the GPU and its CPU (1 thread), memory bandwidth achieved",
+     "python3 benchmarks/step_rate.py --devices cpu cuda"),
+    ("step_rate_more", "steps per second with a general B, and at lmax 256 against all CPU cores",
+     "bash -c python3 benchmarks/step_rate.py --devices cpu cuda --B general --lmax 64 128     --dtypes float64 && "
+     "python3 benchmarks/step_rate.py --devices cpu cuda --lmax 256 --dtypes float64 --threads 16"),
 ]
+GPU_ENVIRONMENT = harness.Spec("gpu_env", parameters="bash benchmarks/gpu_checks.sh OUT: nvidia-smi --query-gpu=name,"
+                               "memory.total,driver_version,clocks.max.sm,clocks.max.mem; python, torch, numpy; nproc")
 
 # What the saved GPU outputs show (2026-11-30, one H200 session); update with them.
 GPU_READING = """Reading of the outputs below:
@@ -135,54 +152,110 @@ def criterion_1(full: bool) -> None:
     print()
 
 
-def report(rerun: list[str]) -> None:
-    print("# Spectral attention field: verification (issue 5)\n")
-    print(f"Machine: {os.cpu_count()} CPU cores shared with other jobs; timings are ratios measured side by side "
-          "in one process, single-threaded timings in thread CPU time.\n")
-    for name, title, script, options in MEASUREMENTS:
-        path = os.path.join(HERE, f"spectral_{name}.txt")
-        command = " ".join(["python", script, *options])
-        if name in rerun or "all" in rerun:
-            output = subprocess.run([sys.executable, os.path.join(HERE, "..", script), *options], check=True,
-                                    capture_output=True, text=True).stdout
-            with open(path, "w") as handle:  # without shtns's banner lines
-                handle.writelines(line for line in output.splitlines(keepends=True) if not line.startswith("[SHTns"))
-        print(f"## {title}\n\n`OMP_NUM_THREADS=1 {command}` (saved in results/{os.path.basename(path)}):\n")
-        if os.path.exists(path):
-            with open(path) as handle:
-                text = handle.read().rstrip()
+def command(script: str, options: list) -> str:
+    return " ".join(["python", script, *options])
+
+
+def cpu_specs() -> dict:
+    """name -> the Spec of a CPU measurement, its parameters the command that writes it."""
+    return {name: harness.Spec(name, parameters=command(script, options)) for name, _, script, options in MEASUREMENTS}
+
+
+def gpu_specs() -> dict:
+    return {name: harness.Spec(f"gpu_{name}", parameters=line) for name, _, line in GPU_MEASUREMENTS}
+
+
+def saved(spec: harness.Spec) -> str:
+    """The summary's path as the report names it."""
+    return STUDY.path(spec).relative_to(harness.ROOT).as_posix()
+
+
+def measure(name: str) -> None:
+    """Run the command of CPU measurement `name` (one thread) and save its output without shtns's banner lines."""
+    _, _, script, options = next(measurement for measurement in MEASUREMENTS if measurement[0] == name)
+    print(f"spectral_verification: {command(script, options)}", file=sys.stderr, flush=True)
+    output = subprocess.run([sys.executable, str(harness.ROOT / script), *options], check=True, capture_output=True,
+                            text=True, env=os.environ | {"OMP_NUM_THREADS": "1"}).stdout
+    STUDY.write(cpu_specs()[name], "".join(line for line in output.splitlines(keepends=True)
+                                    if not line.startswith("[SHTns")))
+
+
+def import_gpu(folder: Path) -> None:
+    """File the outputs of `bash benchmarks/gpu_checks.sh FOLDER` as the GPU summaries.  An output whose first line
+    is not the planned command is refused: a changed command is a new measurement, so GPU_MEASUREMENTS is updated
+    first (a new digest; the summary of the old command is then stale)."""
+    copies = []
+    for name, _, line in GPU_MEASUREMENTS:
+        source = folder / f"gpu_{name}.txt"
+        if not source.exists():
+            print(f"spectral_verification: no {source}, gpu_{name} kept", file=sys.stderr)
+            continue
+        first = source.read_text().split("\n", 1)[0]
+        if first != f"$ {line}":
+            raise SystemExit(f"{source} ran `{first[2:]}`, the plan has `{line}`: update GPU_MEASUREMENTS")
+        copies.append((source, STUDY.path(gpu_specs()[name])))
+    if (folder / "gpu_env.txt").exists():
+        copies.append((folder / "gpu_env.txt", STUDY.path(GPU_ENVIRONMENT)))
+    STUDY.folder.mkdir(parents=True, exist_ok=True)
+    for source, target in copies:
+        shutil.copyfile(source, target)
+
+
+def report() -> str:
+    """The report, from the saved outputs alone."""
+    lines = ["# Spectral attention field: verification (issue 5)\n",
+             f"Machine: {CPU_CORES} CPU cores shared with other jobs; timings are ratios measured side by side "
+             "in one process, single-threaded timings in thread CPU time.\n"]
+    specs = cpu_specs()
+    for name, title, *_ in MEASUREMENTS:
+        spec = specs[name]
+        lines.append(f"## {title}\n\n`OMP_NUM_THREADS=1 {spec.parameters}` (saved in {saved(spec)}):\n")
+        if STUDY.has(spec):
+            text = STUDY.read(spec).rstrip()
             # Criterion 1 is a markdown table already; the benchmarks print fixed-width text.
-            print(text + "\n" if name == "field_agreement" else "```\n" + text + "\n```\n")
+            lines.append(text + "\n" if name == "field_agreement" else "```\n" + text + "\n```\n")
         else:
-            print(f"(not run yet: --rerun {name})\n")
-    environment = os.path.join(HERE, "spectral_gpu_env.txt")
-    if not os.path.exists(environment):
-        return
-    with open(environment) as handle:
-        machine = handle.read().strip()
-    print("# On a GPU\n\nMeasured by `bash benchmarks/gpu_checks.sh OUT` on a lent machine (each part's command is the "
-          f"first line of its output):\n\n```\n{machine}\n```\n")
-    print(GPU_READING)
-    for name, title in GPU_MEASUREMENTS:
-        path = os.path.join(HERE, f"spectral_gpu_{name}.txt")
-        if os.path.exists(path):
-            with open(path) as handle:
-                print(f"## {title}\n\n(saved in results/{os.path.basename(path)})\n\n"
-                      f"```\n{handle.read().rstrip()}\n```\n")
+            lines.append(f"(not run yet: --rerun {name})\n")
+    if not STUDY.has(GPU_ENVIRONMENT):
+        return "\n".join(lines) + "\n"
+    machine = STUDY.read(GPU_ENVIRONMENT).strip()
+    lines.append("# On a GPU\n\nMeasured by `bash benchmarks/gpu_checks.sh OUT` on a lent machine (each part's command "
+                 f"is the first line of its output):\n\n```\n{machine}\n```\n")
+    lines.append(GPU_READING)
+    specs = gpu_specs()
+    for name, title, _ in GPU_MEASUREMENTS:
+        if STUDY.has(specs[name]):
+            lines.append(f"## {title}\n\n(saved in {saved(specs[name])})\n\n"
+                         f"```\n{STUDY.read(specs[name]).rstrip()}\n```\n")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rerun", nargs="+", default=[], metavar="NAME",
                         help="field_agreement, sht_backends, field_scaling, step_rate, baseline_run or all")
+    parser.add_argument("--report-only", action="store_true", help="measure nothing: the report from the saved outputs")
+    parser.add_argument("--import-gpu", metavar="OUT", type=Path,
+                        help="file OUT/gpu_*.txt (written by benchmarks/gpu_checks.sh OUT) as the GPU summaries")
     parser.add_argument("--criterion-1", action="store_true", help="measure criterion 1 only (markdown table)")
     parser.add_argument("--full", action="store_true", help="dense quadrature on every point at beta = 1000 too")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     if args.criterion_1:
         criterion_1(args.full)
-    else:
-        report(args.rerun)
+        return
+    if args.import_gpu:
+        import_gpu(args.import_gpu)
+    if not args.report_only:
+        specs = cpu_specs()
+        for name, *_ in MEASUREMENTS:
+            if name in args.rerun or "all" in args.rerun or not STUDY.has(specs[name]):
+                measure(name)
+    stale = STUDY.stale(list(cpu_specs().values()) + list(gpu_specs().values()) + [GPU_ENVIRONMENT])
+    if stale:
+        print("spectral_verification: summaries no command of the plan names: "
+              + ", ".join(path.name for path in stale), file=sys.stderr)
+    REPORT.write_text(report())
 
 
 if __name__ == "__main__":
