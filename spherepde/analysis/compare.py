@@ -152,12 +152,8 @@ def _w2_projection_bias(a: xr.Dataset, b: xr.Dataset) -> np.ndarray:
 
         bias = sqrt(W2^2 + s_B) - sqrt(W2^2 + s_A),
 
-    which is s / (2 W2) for W2 >> sqrt(s) and sqrt(s) at W2 = 0, where it exceeds the standard error.
-    Measured for the Eulerian solver (lmax 64, floor 0.031) against 40 particle runs of n = 300, noisy Kuramoto on
-    S^1 (eps = 0.25, t <= 2): started at its stationary law (W2 = 0), the particles' mean excess was 0.063-0.097
-    (standard errors 0.015-0.03) and this bias 0.054-0.083; with it subtracted 0 of 40 runs disagreed (rms z
-    0.75), against 16 of 40 without it, and against the Eulerian run of eps = 0.6 all 40 still disagreed.
-    Started at a vMF of kappa = 1 (W2 0.03-0.26, lmax 128): 1 of 40 disagreed, rms z 1.02.
+    which is s / (2 W2) for W2 >> sqrt(s) and sqrt(s) at W2 = 0, where it exceeds the standard error (what it
+    changes in the verdicts: docs/design.md "Facts measured while planning").
     """
     squared = [np.nan_to_num(run["w2_projection_squared_bias"].values, nan=0.0) if "w2_projection_squared_bias" in run
                else np.zeros(run.sizes["time"]) for run in (a, b)]  # NaN: no estimate (n < 4)

@@ -19,7 +19,7 @@ from spherepde.geometry.ambient import norm
 # solver.chunk = "auto": a block of the dense kernel matrix of about this size stays in a CPU core's cache
 # through the six passes over it (logits, row maximum, shift, floor, exponential, product with f).  Measured
 # with benchmarks/dense_blocks.py for n = 1000 to 16000 points: 0.7-0.9 of the time of 4 MiB blocks, a third of
-# that of 64 MiB ones (4096 rows at n = 2000 to 8000, the former default); at least CPU_BLOCK_MIN_ROWS rows, so
+# that of 64 MiB ones (4096 rows at n = 2000 to 8000); at least CPU_BLOCK_MIN_ROWS rows, so
 # that the per-block overhead stays small at large n.  A GPU wants large blocks instead: GPU_BLOCK_ROWS, fewer
 # where a block would exceed GPU_BLOCK_BYTES (n = 10^6 particles: 134 rows, not 32 GB).
 CPU_BLOCK_BYTES = 2 ** 20
