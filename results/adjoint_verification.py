@@ -19,7 +19,7 @@ import time
 import harness
 
 STUDY = harness.Study("adjoint_verification")
-REPORT = harness.RESULTS / "adjoint_verification.md"
+REPORT = harness.REPORTS / "adjoint_verification.md"
 REGENERATE = ("Regenerate: `OMP_NUM_THREADS=1 python3 results/adjoint_verification.py` (measures what has no summary "
               "in results/adjoint_verification/runs/, then writes this report; `--report-only` writes it from the "
               "summaries alone)")

@@ -18,7 +18,7 @@ import time
 import harness
 
 STUDY = harness.Study("core_verification")
-REPORT = harness.RESULTS / "core_verification.md"
+REPORT = harness.REPORTS / "core_verification.md"
 
 # The plan of each section, what it runs: (case file, overrides) per run; a spec's parameters are this text.
 SHT = {"lmax": 63, "nlat": 96, "nlon": 192, "seed": 0, "dtypes": ["float64", "float32"]}

@@ -29,6 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"
+# Where the reports and their figures are written: results/, or the folder $SPHEREPDE_REPORTS names (regenerate.py
+# --check writes them there and compares them with the committed ones; the summaries are always read from RESULTS).
+REPORTS = Path(os.environ.get("SPHEREPDE_REPORTS") or RESULTS)
 
 
 @dataclass(frozen=True)

@@ -852,8 +852,8 @@ def main(argv=None):
                              "is one); a run summarised with the other is not rerun")
     args = parser.parse_args(argv)
     smoke = args.smoke is not None
-    folder = Path(args.smoke).resolve() if smoke else harness.RESULTS
-    study = harness.Study("paper003", ".nc", keep_outputs=True, root=folder)
+    folder = Path(args.smoke).resolve() if smoke else harness.REPORTS
+    study = harness.Study("paper003", ".nc", keep_outputs=True, root=folder if smoke else harness.RESULTS)
     backends = [args.backend] + [backend for backend in BACKENDS if backend != args.backend]
     specs = summarised([plan(args.full, smoke, backend) for backend in backends], study)
     if not args.report_only:

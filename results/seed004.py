@@ -39,7 +39,7 @@ import harness
 import numpy as np
 
 STUDY = harness.Study("seed004")
-REPORT = harness.RESULTS / "seed004.md"
+REPORT = harness.REPORTS / "seed004.md"
 SEEDS = range(20)
 # L-BFGS (scipy's, ftol = gtol = control.tol: it stops when an iteration lowers J by at most tol max(|J|, 1), or
 # the projected gradient's largest entry is below tol), 300 iterations at most.

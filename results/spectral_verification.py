@@ -34,7 +34,7 @@ from spherepde.kernels.funk_hecke import kernel_degree
 from spherepde.kernels.spectral import SpectralExpKernel
 
 STUDY = harness.Study("spectral_verification", suffix=".txt")
-REPORT = harness.RESULTS / "spectral_verification.md"
+REPORT = harness.REPORTS / "spectral_verification.md"
 # The machine the saved CPU outputs were measured on (the report quotes them; it measures nothing).
 CPU_CORES = 2
 CPU64 = placement("cpu", "float64")
