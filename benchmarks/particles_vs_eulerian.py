@@ -28,24 +28,24 @@ All times are CPU seconds of one core (torch.set_num_threads(1), time.process_ti
 
     python benchmarks/particles_vs_eulerian.py            # all four cases, about 30 CPU minutes
     python benchmarks/particles_vs_eulerian.py --case softmax-s1 softmax-s2 --n0 1000 --max-n 2000
+
+results/particles_verification.py (criterion 5 of issue 3) runs it as a command, with --json for the figures it
+tabulates, and quotes its printout.
 """
 
 import argparse
+import json
 import math
-import os
-import sys
 import time
 import warnings
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-import spherepde  # noqa: E402
-from solvers.particles import run_particles  # noqa: E402
-from spherepde.base.errors import NumericalFailure  # noqa: E402
-from spherepde.io.case import case_from_dict  # noqa: E402
+import spherepde
+from solvers.particles import run_particles
+from spherepde.base.errors import NumericalFailure
+from spherepde.io.case import case_from_dict
 
 TOLERANCE = 1e-3
 T_END = 10.0
@@ -181,10 +181,15 @@ def main():
     parser.add_argument("--n0", type=int, default=100_000, help="tokens per run for sigma and the bias")
     parser.add_argument("--replicas", type=int, default=8)
     parser.add_argument("--max-n", type=int, default=20_000_000, help="largest run actually timed")
+    parser.add_argument("--json", metavar="FILE", help="also write each case's figures (what `benchmark` returns) "
+                                                       "to FILE (results/particles_verification.py tabulates them)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     warnings.simplefilter("ignore", RuntimeWarning)
     results = {name: benchmark(name, args.n0, args.replicas, args.max_n) for name in args.case}
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
     print("\nCPU seconds (one core) to an error of 1e-3 in r(10):")
     for name, result in results.items():
         if result:

@@ -25,15 +25,13 @@ REPORTS = {
     "core_verification": ["core_verification.py", "--report-only"],
     "adjoint_verification": ["adjoint_verification.py", "--report-only"],
     "spectral_verification": ["spectral_verification.py", "--report-only"],
+    "particles_verification": ["particles_verification.py", "--report-only"],
     "seed004": ["seed004.py", "--report-only"],
     "paper003": ["paper003.py", "--full", "--report-only"],
 }
 NOT_REGENERABLE = {
-    "seed004_reduced": "about 75 CPU min (Adam and L-BFGS trainings at the reduced scale)",
-    "seed004_escape": "about 30 CPU min (the first gradient step at the seed's scale)",
-    "seed004_particles": "about 2 CPU h (particle trainings, warm starts, systems up to N = 4096)",
-    "seed004_candidates": "about 2.5 CPU h (redrawn candidates, perturbed starts, N up to 8192)",
-    "seed004_readout": "about 1 CPU h (both bow cases, centred candidates)",
+    "seed004_reduced": "about 3.3 CPU h: one plan writes seed004_reduced, _escape, _particles, _candidates and "
+                       "_readout.md; most of it particle systems of N = 4096-8192",
 }
 
 
