@@ -8,7 +8,8 @@
 #   gpu_step_rate.txt       issue 5 benchmark (c): RK4 steps per second, CPU (1 thread)
 #                           and GPU side by side, the GPU/CPU ratio and the achieved memory bandwidth
 #   gpu_particles_s2.txt    issue 3 criterion 1 on S^2: particle runs of one system of n = 1e3, 1e4,
-#   particles_s2.tar        1e5 tokens on the GPU against the Eulerian run (results/particles/s2.*)
+#   particles_s2.tar        1e5 tokens on the GPU against the Eulerian run (results/particles_verification/:
+#                           the s2 summary of --device cuda and its *_cuda.png figures)
 #   gpu_step_rate_more.txt  benchmark (c) with a general B (lmax 64, 128), and at lmax 256 with all cores
 # Each part has its own time limit, so a slow part cannot starve the ones after it.
 #
@@ -45,8 +46,8 @@ part() {  # part NAME SECONDS COMMAND...: run COMMAND under a time limit, output
 part cuda_tests 120 python3 -m pytest -m cuda -q -p no:cacheprovider tests
 part baseline_run 120 python3 benchmarks/baseline_run.py --devices cuda --filter-order 16 --out /tmp/baseline
 part step_rate 100 python3 benchmarks/step_rate.py --devices cpu cuda
-part particles_s2 200 python3 results/particles_verification.py s2 --device cuda
-[[ " $PARTS " == *" particles_s2 "* ]] && tar -cf "$OUT/particles_s2.tar" results/particles/s2.json results/particles/rate_s2.png \
-    results/particles/compare_s2_n10000.* 2>/dev/null
+part particles_s2 200 python3 results/particles_verification.py --only s2 --device cuda
+[[ " $PARTS " == *" particles_s2 "* ]] && tar -cf "$OUT/particles_s2.tar" results/particles_verification/runs/s2-*.json \
+    results/particles_verification/rate_s2_cuda.png results/particles_verification/compare_s2_n10000_cuda.* 2>/dev/null
 part step_rate_more 80 bash -c "python3 benchmarks/step_rate.py --devices cpu cuda --B general --lmax 64 128 \
     --dtypes float64 && python3 benchmarks/step_rate.py --devices cpu cuda --lmax 256 --dtypes float64 --threads $(nproc)"

@@ -83,8 +83,10 @@ class Study:
     to results/<name>/outputs/<spec name>.nc (not committed: the fields on the grid) and checkpoints a long run,
     so that a run interrupted earlier resumes and an output made earlier is summarised, not rerun."""
 
-    def __init__(self, name: str, suffix: str = ".json", keep_outputs: bool = False, root: Path = RESULTS):
+    def __init__(self, name: str, suffix: str = ".json", keep_outputs: bool = False, root: Path = RESULTS,
+                 reports: tuple = ()):
         self.name, self.suffix = name, suffix
+        self.reports = (name, *reports)  # the reports (results/<report>.md, <report>_*.png) the study writes
         self.folder = root / name / "runs"
         self.outputs = root / name / "outputs" if keep_outputs else None
 
@@ -129,7 +131,8 @@ class Study:
         missing = [spec for spec in specs if not self.has(spec)]
         if not missing:
             return
-        made_by = commit([f"results/{self.name}", f"results/{self.name}.md", f"results/{self.name}_*.png"])
+        made_by = commit([f"results/{self.name}"] + [f"results/{report}{ending}" for report in self.reports
+                                                     for ending in (".md", "_*.png")])
         jobs = _groups(missing, alone=self.outputs is not None)
         print(f"{self.name}: {len(missing)} summaries to make in {len(jobs)} runs", file=sys.stderr, flush=True)
         with ProcessPoolExecutor(max_workers=workers) as pool:

@@ -32,7 +32,8 @@ import warnings
 import harness
 import numpy as np
 
-STUDY = harness.Study("seed004_reduced")
+STUDY = harness.Study("seed004_reduced", reports=("seed004_escape", "seed004_particles", "seed004_candidates",
+                                                  "seed004_readout"))
 T_END = 16.0
 N = 64
 REDUCED = ["model.eps=0.05", "sphere.lmax=24", "time.dt=0.1", "solver.field='dense'", "control.iterations=25",
