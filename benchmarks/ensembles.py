@@ -41,13 +41,11 @@ import time
 import warnings
 
 import numpy as np
+import torch
+
+import spherepde
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
-
-import torch  # noqa: E402
-
-import spherepde  # noqa: E402
 
 BASELINE = "77c4626"  # the commit the ensembles issue started from
 S1_CASE = os.path.join(ROOT, "cases", "seed004-align-l065.toml")
