@@ -206,7 +206,7 @@ DIFFERENCES = [
     "are far lower. Sampling cannot explain it (n = 2000: +-0.01). Nor does reading the column as the maximum "
     "within the theorem's window t <= log beta: ours is then 0.983 (beta = 10) and 0.998 (beta = 30), reached at "
     "the window's end; our average over that window (0.77 and 0.84) is the nearest of our figures to the seed's, "
-    "but the seed does not say it averages. Our model is DESIGN §2 as written, and the "
+    "but the seed does not say it averages. Our model is docs/design.md \"The model\" as written, and the "
     "seed does not state its initial law or its normalisation, so we cannot say which of them differs.",
     "- Transition to F: it happens later than in the seed "
     "(t ~ 13 at beta = 10 against ~5; 14.5 at beta = 30 against ~8), "
@@ -440,8 +440,8 @@ def report(data: dict, full: bool, summaries: Path, substituted: list, absent: l
               "(non-symmetric B with "
               "V B^T = [[1,1,0],[2,1,0],[0,0,-2]]; V_1 = [[0,1,0],[-1,0,0],[0,0,-2]]; B = V = diag(1, 1/2, 1/4); "
               "B = -V with V = diag(1, 1/2, 1/4)). Ablations at beta = 30.",
-              "- Alignment = int |P_E x|^2 drho (DESIGN §4); 'mass moves to F' = first save with alignment_F > "
-              "alignment_E.", ""]
+              "- Alignment = int |P_E x|^2 drho (docs/design.md \"Diagnostics\"); 'mass moves to F' = first save with "
+              "alignment_F > alignment_E.", ""]
     lines += main_section(data)
     lines += DIFFERENCES
     lines += noise_section(data)

@@ -617,7 +617,7 @@ def report_escape(specs, p):
       "results/seed004_reduced.py says why not further back). "
       "log |grad phi_t| is convex in T - t, so its slope falls from R_mu(g) at T to the deep rate: the escape rate "
       "lies between them. The seed's a and R are in its own normalisation (N = 64 particles, model scaling not "
-      "stated); ours are per unit depth of the model in DESIGN §2.\n")
+      "stated); ours are per unit depth of the model of docs/design.md \"The model\".\n")
     body = []
     for name, row in rows.items():
         label, seed_a, seed_r = ESCAPE_SEED[name]
@@ -660,7 +660,8 @@ def escape_reading(rows) -> str:
         f"reached within about one unit of depth). So criterion 4 (within 20%) holds for {held} of the "
         f"{len(rows)} cases with this\n"
         "window, which was fixed before the first measurement; a shorter window would bring the fifth in, and we do\n"
-        "not adopt one after the fact. Against the seed: our rates are per unit depth of DESIGN §2's model and are\n"
+        "not adopt one after the fact. Against the seed: our rates are per unit depth of the model of\n"
+        "docs/design.md \"The model\" and are\n"
         f"{min(multiples):.0f}-{max(multiples):.0f} times the seed's R ({', '.join(f'{r:g}' for r in ratios)} for "
         "lambda_2 = 0.2, 0.65, 0.8; ours "
         + ", ".join(f"{r['rayleigh_quotient']:.2f}" for r in aligns) + "); the ratio\n"
