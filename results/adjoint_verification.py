@@ -11,9 +11,7 @@ results/adjoint_verification/runs/<key>-<digest>.json, the digest that of what i
 report is written from the summaries alone; the seconds columns of Table 1 are wall seconds of that measurement.
 """
 
-import argparse
 import math
-import sys
 import time
 
 import harness
@@ -186,23 +184,9 @@ def report(summaries: dict) -> str:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--report-only", action="store_true", help="measure nothing: the report from the summaries")
-    parser.add_argument("--only", nargs="+", choices=[spec.key for spec in SPECS], default=None,
-                        help="measure these only (if they have no summary), then the report")
-    args = parser.parse_args(argv)
-    if not args.report_only:
-        STUDY.ensure([spec for spec in SPECS if args.only is None or spec.key in args.only], summarise=None,
-                     measure=measure)
-    missing = [spec.key for spec in SPECS if not STUDY.has(spec)]
-    if missing:
-        raise SystemExit(f"adjoint_verification: no summary of {', '.join(missing)} (measure: python3 "
-                         "results/adjoint_verification.py)")
-    stale = STUDY.stale(SPECS)
-    if stale:
-        print("adjoint_verification: summaries the plan no longer names: " + ", ".join(path.name for path in stale),
-              file=sys.stderr)
-    REPORT.write_text(report({spec.key: STUDY.read(spec) for spec in SPECS}))
+    summaries = harness.measurement_main(argv, __doc__.splitlines()[0], STUDY, SPECS, measure,
+                                         "python3 results/adjoint_verification.py")
+    REPORT.write_text(report(summaries))
 
 
 if __name__ == "__main__":

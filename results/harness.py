@@ -123,6 +123,18 @@ class Study:
         wanted = {self.path(spec).name for spec in specs}
         return sorted(path for path in self.folder.glob(f"*{self.suffix}") if path.name not in wanted)
 
+    def complete(self, specs: list, command: str) -> dict:
+        """{key: summary} of every spec of `specs`; exits naming those without a summary and the `command` that
+        makes them, and names on stderr the summaries of the folder that no spec names."""
+        missing = [spec.key for spec in specs if not self.has(spec)]
+        if missing:
+            raise SystemExit(f"{self.name}: no summary of {', '.join(missing)} (make them: {command})")
+        stale = self.stale(specs)
+        if stale:
+            print(f"{self.name}: summaries the plan no longer names: " + ", ".join(path.name for path in stale),
+                  file=sys.stderr)
+        return {spec.key: self.read(spec) for spec in specs}
+
     def ensure(self, specs: list, summarise, workers: int = 1, measure=None) -> None:
         """Run every spec of `specs` without a summary and write `summarise(spec, outcomes)` (outcomes: per member
         its Dataset, NumericalFailure or CaseError, as run_batch returns them); the specs whose cases batch
@@ -143,6 +155,23 @@ class Study:
                 for spec, summary in zip(futures[future], summaries):
                     self.write(spec, _stamped(summary, made_by, seconds, keys))
                 print(f"[{done}/{len(jobs)}] {', '.join(keys)}: {seconds:.0f} CPU s", file=sys.stderr, flush=True)
+
+
+def measurement_main(argv, description: str, study: Study, specs: list, measure, command: str) -> dict:
+    """The command line of a study of measurements (specs without cases): `--only KEY ...` measures those of
+    them that have no summary, else all that have none, `--report-only` none; returns {key: summary} of every spec
+    (Study.complete)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--report-only", action="store_true", help="measure nothing: the report from the summaries")
+    parser.add_argument("--only", nargs="+", choices=[spec.key for spec in specs], default=None,
+                        help="measure these only (if they have no summary), then the report")
+    args = parser.parse_args(argv)
+    if not args.report_only:
+        study.ensure([spec for spec in specs if args.only is None or spec.key in args.only], summarise=None,
+                     measure=measure)
+    return study.complete(specs, command)
 
 
 def _groups(specs: list, alone: bool = False) -> list:
