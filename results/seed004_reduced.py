@@ -661,7 +661,7 @@ def escape_reading(rows) -> str:
         f"{len(rows)} cases with this\n"
         "window, which was fixed before the first measurement; a shorter window would bring the fifth in, and we do\n"
         "not adopt one after the fact. Against the seed: our rates are per unit depth of the model of\n"
-        "docs/design.md \"The model\" and are\n"
+        "docs/design.md \"The model\" and are "
         f"{min(multiples):.0f}-{max(multiples):.0f} times the seed's R ({', '.join(f'{r:g}' for r in ratios)} for "
         "lambda_2 = 0.2, 0.65, 0.8; ours "
         + ", ".join(f"{r['rayleigh_quotient']:.2f}" for r in aligns) + "); the ratio\n"
