@@ -24,7 +24,6 @@ ROTATION = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]
 ROTATION = ROTATION * np.sign(np.linalg.det(ROTATION))  # det +1
 MATRICES = {"sign flips": np.diag([-1.0, -1.0, 1.0]), "rotation": ROTATION, "reflection": -ROTATION,
             "general": GENERAL}
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
 
 def random_coefficients(basis, seed=0):
@@ -185,9 +184,10 @@ def test_circle_evaluator_matches_exact_series():
 @pytest.mark.parametrize("name", list(MATRICES))
 @pytest.mark.parametrize("beta", [1.0, 10.0, 30.0])
 @pytest.mark.parametrize("matrix_bytes", [0, 2 ** 30], ids=["row-blocks", "kept-matrix"])
-def test_spectral_field_matches_dense_on_the_sphere(name, beta, matrix_bytes):
+def test_spectral_field_matches_dense_on_the_sphere(name, beta, matrix_bytes, device):
     """lmax 24 >= what the resolution rule asks at beta = 30 (18): the dense quadrature is exact to ~1e-10."""
-    mean, transform = field_difference(SphereBasis(24, CPU64), MATRICES[name], beta, matrix_bytes=matrix_bytes)
+    basis = SphereBasis(24, placement(device, "float64"))
+    mean, transform = field_difference(basis, MATRICES[name], beta, matrix_bytes=matrix_bytes)
     assert mean <= 1e-10 and transform <= 1e-11
 
 
@@ -289,38 +289,22 @@ def test_spectral_field_matches_dense_at_issue_resolutions(name, beta, lmax, tol
     assert mean <= tolerance
 
 
-# --- the same checks on a GPU -----------------------------------------------------------------------------
+# --- the checks whose reference is a CPU float64 computation, on a GPU ------------------------------------
 
 
-@pytest.mark.cuda
-@needs_cuda
-@pytest.mark.parametrize("name", list(MATRICES))
-@pytest.mark.parametrize("beta", [1.0, 30.0])
-def test_cuda_spectral_field_matches_dense(name, beta):
-    torch.backends.cuda.matmul.allow_tf32 = False
-    mean, transform = field_difference(SphereBasis(24, placement("cuda", "float64")), MATRICES[name], beta)
-    assert mean <= 1e-10 and transform <= 1e-11
-
-
-@pytest.mark.cuda
-@needs_cuda
-def test_cuda_float32_spectral_field_matches_float64():
-    torch.backends.cuda.matmul.allow_tf32 = False
-    mean, _ = field_difference(SphereBasis(24, placement("cuda", "float32")), GENERAL, 10.0)
+def test_float32_spectral_field_on_an_accelerator_matches_float64(accelerator):
+    mean, _ = field_difference(SphereBasis(24, placement(accelerator, "float32")), GENERAL, 10.0)
     assert mean <= 1e-4  # both transforms in float32; the dense one against the spectral one
 
 
-@pytest.mark.cuda
-@needs_cuda
-def test_cuda_eulerian_run_matches_cpu(case_factory):
-    torch.backends.cuda.matmul.allow_tf32 = False
+def test_eulerian_run_on_an_accelerator_matches_cpu(case_factory, accelerator):
     results = {}
-    for device in ("cpu", "cuda"):
+    for device in ("cpu", accelerator):
         case = case_factory(lmax=24, model={"beta": 10.0, "B": GENERAL.tolist(), "eps": 0.05},
                             time={"t_end": 0.1, "dt": 0.01, "save_every": 0.05},
                             solver={"field": "spectral", "device": device}, diagnostics={"w2": False})
         results[device] = run_eulerian(case, progress=False)["density"].values
-    assert np.abs(results["cuda"] - results["cpu"]).max() <= 1e-10 * np.abs(results["cpu"]).max()
+    assert np.abs(results[accelerator] - results["cpu"]).max() <= 1e-10 * np.abs(results["cpu"]).max()
 
 
 def test_dense_kernel_over_scattered_points_does_not_underflow():
