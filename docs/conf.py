@@ -31,16 +31,16 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
-    "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
     "sphinx_gallery.gen_gallery",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 exclude_patterns = ["_build", "_ext", "examples", "**/sg_execution_times.rst"]
-myst_enable_extensions = ["dollarmath", "colon_fence"]
+myst_enable_extensions = ["colon_fence"]  # formulas are plain text, as in docs/design.md: no MathJax from a CDN
 myst_heading_anchors = 3
 nitpicky = True
+smartquotes = False  # "softmax" stays as a case file writes it: readers copy values from these pages
 nitpick_ignore_regex = [
     (r"py:class", r"(xarray|xr|np|numpy|torch|pathlib|os)\..*"),
     (r"py:class", r"(optional|callable|PathLike|sequence of str)"),

@@ -34,7 +34,8 @@ def rst_escape(text: str) -> str:
 
 
 def _list_table(header: list[str], rows: list[list[str]], widths: list[int]) -> list[str]:
-    lines = [".. list-table::", "   :header-rows: 1", f"   :widths: {' '.join(map(str, widths))}", ""]
+    lines = [".. list-table::", "   :header-rows: 1", "   :class: generated-reference",
+             f"   :widths: {' '.join(map(str, widths))}", ""]
     for row in [header] + rows:
         lines.append(f"   * - {row[0] or ' '}")
         lines.extend(f"     - {cell or ' '}" for cell in row[1:])
@@ -162,7 +163,7 @@ def case_keys_page() -> str:
         rows = [[f"``{key.name}``", rst_escape(key.documentation), rst_escape(key.default),
                  f"``{key.parsed_as}``"] for key in by_section.get(section.name, [])]
         lines += _list_table(["key", "type, check and meaning", "default", "parsed as (from the code)"], rows,
-                             [18, 50, 20, 22])
+                             [22, 48, 18, 16])
         if section.rules is not None and section.rules.__doc__:
             lines += [f"Rules across keys: {rst_escape(section.rules.__doc__)}", ""]
     lines += _title("Rules of the whole case", "-")
@@ -260,7 +261,7 @@ class OutputName:
     def meaning(self) -> str:
         if len(self.meanings) == 1:
             return next(iter(self.meanings))
-        return "; ".join(f"{meaning} ({', '.join(kinds)})" for meaning, kinds in self.meanings.items())
+        return "; ".join(f"{meaning} ({_written_by(kinds)})" for meaning, kinds in self.meanings.items())
 
 
 def _generic(text: str, name: str) -> str:
@@ -285,10 +286,15 @@ def output_variables() -> dict[str, OutputName]:
             else:
                 meaning = variable.attrs.get("long_name", "")
                 meaning = _generic(meaning, name) if row != name else meaning
+            dims = ", ".join(variable.dims) if "<" not in row else \
+                "those of <name>" if row.startswith("particles_<") else "those of <diagnostic>"
+            units = variable.attrs.get("units", "")
             if row not in rows:
-                dims = ", ".join(variable.dims) if "<" not in row else \
-                    "those of <name>" if row.startswith("particles_<") else "those of <diagnostic>"
-                rows[row] = OutputName(row, [], dims, variable.attrs.get("units", ""), {})
+                rows[row] = OutputName(row, [], dims, units, {})
+            for field, value in (("dims", dims), ("units", units)):  # S^1 and S^2 differ: "time, theta or ..."
+                known = getattr(rows[row], field)
+                if value and value not in known.split(" or "):
+                    setattr(rows[row], field, f"{known} or {value}" if known else value)
             if kind not in rows[row].kinds:
                 rows[row].add(kind, meaning)
     return rows
@@ -318,25 +324,36 @@ def output_attributes() -> dict[str, OutputName]:
 LONG_ATTRIBUTES = ("case", "case_a", "case_b", "report", "notes", "history")  # texts of many lines: no example
 
 
+KIND_LABELS = {"eulerian S^1": "S1", "eulerian S^2": "S2", "particles": "P", "both": "B", "training": "T",
+               "particle training": "PT", COMPARE_REPORT: "C"}
+
+
+def _written_by(kinds: list[str]) -> str:
+    runs = [kind for kind in KIND_LABELS if kind != COMPARE_REPORT]
+    if set(runs) <= set(kinds):
+        return "every file" if COMPARE_REPORT in kinds else "every run"
+    return " ".join(KIND_LABELS[kind] for kind in KIND_LABELS if kind in kinds)
+
+
 def output_page() -> str:
-    kinds = list(SAMPLE_RUNS) + [COMPARE_REPORT]
+    legend = "; ".join(f"{label} = {kind}" for kind, label in KIND_LABELS.items())
     lines = _title("Output variables and attributes") + [
-        "Generated at every build from the files the code writes: small runs of every kind (",
-        ", ".join(f"*{kind}*" for kind in kinds) + ") are made during the build, and every variable and global",
-        "attribute they hold is listed with the kinds of file that hold it. A variable's dimensions, ``units`` and",
-        "meaning (its ``long_name``) are those the code declares where it builds the Dataset",
-        "(``spherepde/io/output.py``, ``solvers/training_output.py``, ``spherepde/analysis/compare.py``);",
-        "``<diagnostic>`` stands for each of the diagnostics of :doc:`/design` \"Diagnostics\" that the file holds.",
-        "Reading them: :doc:`/guide/outputs`.", ""]
+        "Generated at every build from the files the code writes: small runs of every kind are made during the",
+        "build, and every variable and global attribute they hold is listed with the kinds of file that hold it",
+        f"(*written by*: {rst_escape(legend)}). A variable's dimensions, ``units`` and meaning (its ``long_name``)",
+        "are those the code declares where it builds the Dataset (``spherepde/io/output.py``,",
+        "``solvers/training_output.py``, ``spherepde/analysis/compare.py``); ``<diagnostic>`` stands for each of",
+        "the diagnostics of :doc:`docs/design.md </design>` \"Diagnostics\" that the file holds. Reading them:",
+        ":doc:`/guide/outputs`.", ""]
     lines += _title("Variables and coordinates", "-")
     rows = [[f"``{row.name}``", rst_escape(row.dims), rst_escape(row.units), rst_escape(row.meaning),
-             rst_escape(", ".join(row.kinds))] for row in output_variables().values()]
+             _written_by(row.kinds)] for row in output_variables().values()]
     lines += _list_table(["name", "dimensions", "units", "meaning (long_name)", "written by"], rows,
-                         [18, 16, 8, 40, 18])
+                         [22, 14, 8, 44, 12])
     lines += _title("Global attributes", "-")
     rows = [[f"``{row.name}``", rst_escape(row.meaning), f"``{row.example}``" if row.example else "",
-             rst_escape(", ".join(row.kinds))] for row in output_attributes().values()]
-    lines += _list_table(["name", "meaning", "example", "written by"], rows, [18, 50, 14, 18])
+             _written_by(row.kinds)] for row in output_attributes().values()]
+    lines += _list_table(["name", "meaning", "example", "written by"], rows, [22, 50, 16, 12])
     return "\n".join(lines)
 
 

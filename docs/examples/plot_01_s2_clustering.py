@@ -1,4 +1,4 @@
-r"""
+"""
 Clustering on S^2
 =================
 
@@ -6,7 +6,7 @@ The quick-start case (``cases/quickstart.toml``): softmax self-attention on the 
 B = V = I, beta = 1 and a little noise (eps = 0.12). Three token clouds, a mixture of von
 Mises-Fisher laws, merge into one cluster within a few units of depth.
 
-The order parameter :math:`|\int x \, d\rho|` rises towards 1 while the mass stays 1 to round-off (the transport is
+The order parameter ``|int x drho|`` rises towards 1 while the mass stays 1 to round-off (the transport is
 in flux form).
 """
 

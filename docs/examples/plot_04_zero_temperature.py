@@ -1,15 +1,15 @@
-r"""
+"""
 Zero temperature: the invariant hemisphere masses
 =================================================
 
 The low-temperature paper's baseline at beta = inf (``cases/baseline-inf.toml``): without noise the
 masses of two hemispheres are invariant while the density contracts, until the grid loses it.
 
-The attention mean is the local field :math:`m(x) = B^T x / |B^T x|`, with V = diag(-1, 1, -2) and
+The attention mean is the local field ``m(x) = B^T x / |B^T x|``, with V = diag(-1, 1, -2) and
 B = diag(-1, -1, 1), so V B^T = diag(1, -1, -2) and its leading eigenspace is E = span(e1). The masses
 of the hemispheres {x1 > 0} and {x1 < 0} are invariant (the projection Pi_# rho_t = Pi_# rho_0)
 while the density contracts across E at rates 2 and 3: the Lyapunov functional
-:math:`V_p = \int (|(I - P_E) x|^2 / |P_E x|^2)^p \, d\rho` decays.
+``V_p = int (|(I - P_E) x|^2 / |P_E x|^2)^p drho`` decays.
 
 The contraction is exponential, so every grid eventually loses it: this run says from which
 depth on it is under-resolved (``resolved_until``, when the spectral tail passes

@@ -24,7 +24,7 @@ from spherepde.io.output import split_both
 CASES = str(pathlib.Path(spherepde.__file__).resolve().parents[1] / "cases")
 
 case = spherepde.load_case(CASES + "/kuramoto-s1.toml", overrides=[
-    "solver.method='both'", "time.t_end=10.0", "time.save_every=0.5",
+    "solver.method='both'", "time.t_end=10.0", "time.save_every=1.0",
     "particles.n=4000", "particles.replicas=10", "particles.seed=1"])
 eulerian, particles = split_both(spherepde.run(case))
 report = compare(eulerian, particles, labels=("Eulerian", "particles"))

@@ -1,13 +1,13 @@
-r"""
+"""
 A small training and its three phases
 =====================================
 
 The training paper's align case (``cases/seed004-align-l065.toml``: unnormalized attention with
 B = V = diag(1, 0.65), beta = 1, on S^1) at a reduced scale: eps = 0.05, lmax 24, depth T = 16 in
-16 layers, 25 Adam iterations.
+16 layers, 20 Adam iterations.
 
 The feed-forward matrix W_t is trained to minimise
-:math:`J = l(\mu_T) + \frac{\lambda}{2} \int |W_t|^2 dt` (lambda is ``control.lambda_reg``) with l
+``J = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt`` (``control.lambda_reg``) with l
 the align loss towards e_2; each gradient comes from the adjoint equation stepped backward.
 
 The trained dynamics shows the paper's three phases in the energy gap
@@ -28,7 +28,7 @@ CASES = str(pathlib.Path(spherepde.__file__).resolve().parents[1] / "cases")
 
 case = spherepde.load_case(CASES + "/seed004-align-l065.toml", overrides=[
     "model.eps=0.05", "sphere.lmax=24", "time.dt=0.1", "time.t_end=16.0", "control.layers=16",
-    "solver.field='dense'", "control.iterations=25", "control.learning_rate=0.05",
+    "solver.field='dense'", "control.iterations=20", "control.learning_rate=0.05",
     "control.gradient='continuous'", "control.tol=0.0"])
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", RuntimeWarning)  # the initial cluster's tail passes tail_tol at lmax 24
@@ -40,7 +40,7 @@ for key in ("three_phase", "initial_width", "plateau_width", "terminal_width", "
 # %%
 # The energy gap with the plateau (between the initial and the terminal layer) shaded, the angle
 # of the mean (the cluster turns to the target pi / 2 only at the end), the cost over the
-# iterations, and the trained :math:`|W_t|_F` per layer, which grows towards the output layer.
+# iterations, and the trained ``|W_t|_F`` per layer, which grows towards the output layer.
 
 time = ds["time"].values
 T = time[-1]
