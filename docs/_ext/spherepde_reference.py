@@ -407,7 +407,7 @@ def cli_page() -> str:
             rows.append([f"``{_argument_form(action)}``", rst_escape(action.help or ""), rst_escape(choices),
                          default, "yes" if action.required or not action.option_strings and action.nargs != "?"
                          else ""])
-        lines += _list_table(["argument", "meaning", "choices", "default", "required"], rows, [24, 46, 12, 10, 8])
+        lines += _list_table(["argument", "meaning", "choices", "default", "required"], rows, [24, 42, 12, 10, 12])
         if command.epilog:
             lines += [".. code-block:: text", ""] + ["   " + line for line in command.epilog.splitlines()] + [""]
     return "\n".join(lines)
