@@ -34,7 +34,7 @@ with warnings.catch_warnings(record=True) as caught:  # the run warns when it lo
     ds = spherepde.run(case)
 print(*{str(warning.message) for warning in caught}, sep="\n")
 resolved_until = float(ds.attrs["resolved_until"])
-print("resolved until t =", resolved_until)
+print(f"resolved until t = {resolved_until:g}")
 
 # %%
 # The hemisphere mass rho_t({x1 > 0}) stays at its initial value to round-off while the run is
