@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs spherepde into the active Python (>= 3.11): a CPU build of PyTorch when no torch is present, then the
 # package in editable mode.  `bash scripts/setup.sh test` also installs what the test suite uses: the optional
-# extras shtns (built from source: FFTW headers from apt on Debian/Ubuntu) and sweep (Dask), and the test tools.
+# extras shtns (built from source: FFTW headers from apt on Debian/Ubuntu) and sweep (Dask), the test tools, and
+# the docs extra (Sphinx and its extensions: CI builds the docs).
 #
 # PyTorch: PyPI's Linux x86_64 wheel is the CUDA build (several GB with its nvidia-* packages), so the torch wheel
 # alone is taken first, and only a CPU build (no nvidia-* requirement): from the wheels your pip configuration
@@ -15,7 +16,7 @@ PIP=("$PYTHON" -m pip install -q)
 EXTRAS=""
 
 if [ "${1:-}" = "test" ]; then
-    EXTRAS="[test,shtns,sweep]"
+    EXTRAS="[test,shtns,sweep,docs]"
     if command -v dpkg >/dev/null 2>&1 && ! dpkg -s libfftw3-dev >/dev/null 2>&1; then
         SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
         $SUDO apt-get update -qq

@@ -15,7 +15,7 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
 
     "both" runs the Eulerian solver and then the particles, and returns one Dataset: the
     Eulerian run's variables and attributes as they are, the particle run's diagnostics and
-    attributes prefixed with "particles_", and the positions `particles` (see
+    attributes prefixed with ``"particles_"``, and the positions `particles` (see
     `spherepde.io.output.both_dataset`; `spherepde.io.output.split_both` undoes it).  When one of the two fails
     numerically the other still runs, and the NumericalFailure carries the combined Dataset (the failed run's
     saves up to its failure, NaN after).
