@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python3 results/seed004.py [--rows KEY ...] [--workers 2] [--report-only]
 
-The seed (arXiv 2605.07772, README "seed 004"): S^1, N = 64 tokens, depth T = 80, A = diag(1, lambda_2)
+The seed (arXiv 2605.07772, docs/model.md): S^1, N = 64 tokens, depth T = 80, A = diag(1, lambda_2)
 as B = V, the unnormalized kernel at beta = 1, eps = 1e-2, lambda_reg = 0.01, W_t piecewise constant on 40 slices of
 width 2, 20 independent runs per row.  Every row of both tables is one entry of ROWS: a case file of cases/ and
 the overrides that make the row.  For each row:
