@@ -57,6 +57,10 @@ class DenseOperator:
             return self.left.shape[-2] * self.left.shape[-1] + self.right.shape[-2] * self.right.shape[-1]
         return self.matrix.shape[-2] * self.matrix.shape[-1]
 
+    def rank(self) -> int:
+        """The rank of the factors (the number of points where the matrix is kept whole)."""
+        return self.matrix.shape[-2] if self.left is None else self.left.shape[-1]
+
     def select(self, index: torch.Tensor) -> "DenseOperator":
         if self.matrix.shape[0] == 1:
             return self
