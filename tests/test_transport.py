@@ -143,3 +143,40 @@ def test_the_fourier_path_with_one_operator_for_the_batch():
     state_bar, drive_bar = fourier.vjp(state, fourier.feed_forward(W), b)
     assert relative(state_bar, expected_state) < 1e-12
     assert relative(fourier.feed_forward_adjoint(drive_bar), expected_W) < 1e-12
+
+
+@pytest.mark.parametrize("setup_", SETUPS[:2])
+def test_selected_members_are_the_batch_rows(setup_):
+    """Transport.select (members leaving a batch: trainings that stop) on every path: the rate and the transpose of
+    the members [1, 0] are the batch's rows in that order."""
+    basis, batch, kernels, state, W = setup(*setup_)
+    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    order = [1, 0]
+    for transport in forced_paths(basis, batch, kernels).values():
+        chosen = transport.select(order)
+        drive, chosen_drive = transport.feed_forward(W), chosen.feed_forward(W[order])
+        assert relative(chosen(state[order], chosen_drive), transport(state, drive)[order]) == 0, transport.path
+        state_bar = transport.vjp(state, drive, b)[0]
+        assert relative(chosen.vjp(state[order], chosen_drive, b[order])[0], state_bar[order]) < 1e-15
+
+
+def test_softmax_components_are_those_of_the_softmax_mean():
+    """Transport._softmax_components (u from the channels, m never formed) against model.softmax_mean and the
+    frame components of its m, on channels with Z <= 0 and |m| > 1 both inside and outside the void (|rho| below
+    NEGLIGIBLE_DENSITY of its maximum): the same values to round-off, the same NaNs and zeros."""
+    from spherepde.model.attention import softmax_mean
+
+    basis, batch, kernels, state, W = setup(3, "softmax", 2.0, 8, "dense")
+    transport = Transport(basis, batch, kernels, path="grid")
+    generator = torch.Generator().manual_seed(4)
+    points = basis.grid_size
+    N = torch.randn(2, 3, points, generator=generator, dtype=torch.float64)
+    Z = torch.rand(2, points, generator=generator, dtype=torch.float64) * 2 - 0.2  # |m| > 1 and Z <= 0 at some points
+    rho = torch.rand(2, points, generator=generator, dtype=torch.float64)
+    rho[:, ::3] *= 1e-12  # a void at every third point
+    expected = transport._frame_components(softmax_mean(N.transpose(1, 2), Z, rho))
+    u = transport._softmax_components(N, Z, rho)
+    assert torch.equal(torch.isnan(u), torch.isnan(expected)) and bool(torch.isnan(u).any())
+    finite = ~torch.isnan(expected)
+    assert bool((expected[finite] == 0).any()) and torch.equal(u[finite] == 0, expected[finite] == 0)
+    assert relative(u[finite], expected[finite]) < 1e-14

@@ -16,7 +16,8 @@ chosen once by an estimate of their cost (multiply-adds, and a fixed cost per te
   N x N kernel is kept (S^1, small S^2 grids):
       unnormalized:  u = G rho,   G[k, i, j] = exp(beta <x_i, B y_j>) w_j <e_k(x_i), V y_j>;
       softmax:       (Z, N) = K rho,   K[c, i, j] = exp(beta <x_i, B y_j> - s_i) w_j (1, y_j)_c,
-                     m = N / Z (model.softmax_mean; the row shift s_i cancels), u_k = <e_k, V m>.
+                     m = N / Z (model.softmax_mean; the row shift s_i cancels), u_k = <e_k, V m>
+                     (Transport._softmax_components).
 * "zero temperature": m = B^T x / |B^T x| does not depend on rho; u is a field computed once.
 * "transform": the members' exponential-kernel transforms (kernels.choice.MemberKernels: dense blocks or the
   spectral field) applied to the channels (rho, rho y) at every call.
@@ -52,7 +53,7 @@ import torch
 
 from spherepde.base.real_view import complex_state, real_state
 from spherepde.geometry.ambient import inner
-from spherepde.model.attention import ModelBatch, softmax_mean, softmax_mean_adjoint, zero_temperature_mean
+from spherepde.model.attention import NEGLIGIBLE_DENSITY, ModelBatch, softmax_mean_adjoint, zero_temperature_mean
 from spherepde.model.dense_operator import attention_operator
 from spherepde.model.fourier_path import FourierPath
 from spherepde.model.matrix_path import MatrixPath
@@ -83,6 +84,7 @@ class Transport:
         # a_k(x) = sum_ij W_ij e_k,i(x) x_j: the feed-forward term is linear in W, one product with this (K P, d d).
         self._feed_forward = (self.frame[..., :, None] * self.points[:, None, :]).reshape((d - 1) * points, d * d)
         self._frame_V = torch.einsum("kpi,mij->mkpj", self.frame, batch.V)  # (e_k^T V)_j: (M, K, P, d)
+        self._frame_V_first = self._frame_V.permute(0, 1, 3, 2).contiguous()  # (M, K, d, P): `_softmax_components`
         self._operator = self._fixed = self._folded = None
         if batch.zero_temperature:
             self._fixed = self._frame_components(zero_temperature_mean(batch.B, self.points))
@@ -150,6 +152,7 @@ class Transport:
         index = torch.as_tensor(members, device=self.points.device)
         chosen.batch, chosen.kernels = self.batch.select(members), self.kernels.select(members)
         chosen._frame_V = self._frame_V.index_select(0, index)
+        chosen._frame_V_first = self._frame_V_first.index_select(0, index)
         chosen._fixed = None if self._fixed is None else self._fixed.index_select(0, index)
         chosen._operator = None if self._operator is None else self._operator.select(index)
         chosen._folded = None if self._folded is None else self._folded.select(chosen, index)
@@ -194,7 +197,25 @@ class Transport:
         scaled, log_scale = self.kernels.fields(self._channels(rho))
         if self.batch.kernel == "unnormalized":
             return self._frame_components(scaled.transpose(1, 2) * torch.exp(log_scale)[..., None])
-        return self._frame_components(softmax_mean(scaled[:, 1:].transpose(1, 2), scaled[:, 0], rho))
+        return self._softmax_components(scaled[:, 1:], scaled[:, 0], rho)
+
+    def _softmax_components(self, N: torch.Tensor, Z: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """u_k = <e_k, V m> (M, K, P) of m = model.softmax_mean(N, Z, rho) for the channels N (M, d, P), Z (M, P)
+        without forming m: u_k = <V^T e_k, N> / Z and |m| = |N| / Z, so that all but the first products are on
+        fields of one or K components, not d per point (the same values to round-off, with softmax_mean's void
+        rule: where |rho| <= NEGLIGIBLE_DENSITY max |rho|, m / max(|m|, 1), and 0 where Z <= 0; NaN where Z <= 0
+        elsewhere)."""
+        inverse = torch.where(Z > 0, Z, torch.nan).reciprocal()
+        frame_V = self._frame_V_first
+        u = frame_V[:, :, 0] * N[:, None, 0]
+        for c in range(1, N.shape[1]):
+            u = torch.addcmul(u, frame_V[:, :, c], N[:, None, c])
+        u = u * inverse[:, None]
+        length = (N * N).sum(1).sqrt() * inverse
+        magnitude = rho.abs()
+        void = magnitude <= NEGLIGIBLE_DENSITY * magnitude.amax(-1, keepdim=True)
+        bounded = torch.nan_to_num(u / length.clamp(min=1)[:, None], nan=0.0)
+        return torch.where(void[:, None], bounded, u)
 
     def _channels(self, rho: torch.Tensor) -> torch.Tensor:
         """The fields of the transform attention: rho y (M, d, P) for the unnormalized kernel (N alone), (rho, rho y)
