@@ -238,9 +238,9 @@ torch.set_num_threads(1)
 sys.path.insert(0, sys.argv[1])
 import spherepde
 from solvers.eulerian import ForwardProblem
-from spherepde.discretisation.timesteppers import choose_scheme, make_stepper
+from solvers.timesteppers import choose_scheme, make_stepper  # the baseline's own layout, not today's
 from solvers.adjoint import ControlledForward, discrete_gradient
-from spherepde.model.initial import initial_density
+from spherepde.initial import initial_density
 settings = json.loads(sys.argv[2])
 def clock(function, repeats):
     times = []
