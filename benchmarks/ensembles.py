@@ -23,8 +23,10 @@ eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense
    iterations, so that the same path is compared at a fraction of the cost): the same training with today's code,
    its CPU time and trained W against the stored ones.
 
---paths adds the measurement behind Transport's choice between its matrix and grid paths: a step on each,
-forced, at a few grids and batch sizes, beside the path the cost estimate picks.
+--paths adds the measurement behind Transport's choice between its matrix, fourier and grid paths: a step on
+each, forced, at a few grids and batch sizes, beside the path the cost estimate picks.  Beside 2. the benchmark
+prints one core's throughput (a large GEMM, a batch of 200-point FFTs) and the arithmetic floor of an S^1 step per
+member it implies on the paths taken at M = 1 and M = 20.
 
 --quick shortens the horizons (the ratios stay per step) for a run of a few minutes.
 """
@@ -182,25 +184,49 @@ def step_seconds(problem, repeats: int, dt: float = 0.01) -> float:
 
 
 def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
-    """Seconds of a forward step per path (forced) and the path Transport's estimate picks."""
+    """Seconds of a forward step per path (forced, where the case has it) and the path Transport's estimate
+    picks."""
     from solvers.forward_problem import ForwardProblem
-    from spherepde.model.matrix_path import MatrixPath
+    from spherepde.model.transport import MATRIX_BYTES, Transport
 
     case = load(path, overrides)
-    out = {}
-    for forced in ("matrix", "grid"):
-        problem = ForwardProblem([case] * members)
-        chosen = problem.transport.path
-        if forced == "grid":
-            problem.transport._matrices, problem.transport.path = None, "grid"
-        elif problem.transport._matrices is None:
-            problem.transport._matrices = MatrixPath.build(problem.transport, 2 ** 40)
-            problem.transport.path = "matrix"
-        if problem.transport._matrices is None and forced == "matrix":
+    problem = ForwardProblem([case] * members)
+    out = {"chosen": problem.transport.path}
+    for forced in ("matrix", "fourier", "grid"):
+        try:
+            transport = Transport(problem.basis, problem.batch, problem.kernels, 2 ** 40 if forced == "matrix"
+                                  else MATRIX_BYTES, path=forced)
+        except ValueError:  # the case has no such path
             continue
-        out[forced] = step_seconds(problem, repeats)
-    out["chosen"] = chosen
+        if transport.path == forced:
+            problem.transport = transport
+            out[forced] = step_seconds(problem, repeats)
     return out
+
+
+def arithmetic_floor(repeats: int) -> dict:
+    """One core's throughput: flops per second of a large float64 matrix product (the BLAS's best) and of a
+    batch of real FFTs of the S^1 grid's 200 points (counted as 2.5 n log2 n flops each)."""
+    a = torch.randn(512, 512, dtype=torch.float64)
+    gemm = 2 * 512 ** 3 / clock(lambda: a @ a, repeats + 2)
+    rows = torch.randn(2000, 200, dtype=torch.float64)
+    fft = 2000 * 2.5 * 200 * math.log2(200) / clock(lambda: torch.fft.rfft(rows), repeats + 2)
+    return {"gemm": gemm, "fft": fft}
+
+
+def s1_floor(throughput: dict, path: str, members: int) -> float:
+    """Seconds per member of an S^1 forward step at one core's throughput (arithmetic_floor): the six stages'
+    products at the GEMM rate and their FFTs at the FFT rate, on the path `path`, elementwise work left out."""
+    from solvers.forward_problem import ForwardProblem
+
+    problem = ForwardProblem([load(S1_CASE, S1)] * members)
+    stages, points, size = problem.scheme.stages_count, problem.basis.grid_size, problem.lam.shape[1]
+    if path == "matrix":
+        products, ffts = 3 * points * size, 0  # (rho, u) from the state, the divergence
+    else:
+        rank = problem.transport._folded.rank if path == "fourier" else points
+        products, ffts = rank * (size + points), 2
+    return stages * (2 * products / throughput["gemm"] + ffts * 2.5 * points * math.log2(points) / throughput["fft"])
 
 
 # --- the baseline's code, in a child process --------------------------------------------------------------
@@ -212,9 +238,9 @@ torch.set_num_threads(1)
 sys.path.insert(0, sys.argv[1])
 import spherepde
 from solvers.eulerian import ForwardProblem
-from spherepde.discretisation.timesteppers import choose_scheme, make_stepper
+from solvers.timesteppers import choose_scheme, make_stepper  # the baseline's own layout, not today's
 from solvers.adjoint import ControlledForward, discrete_gradient
-from spherepde.model.initial import initial_density
+from spherepde.initial import initial_density
 settings = json.loads(sys.argv[2])
 def clock(function, repeats):
     times = []
@@ -349,6 +375,12 @@ def main(argv=None):
     print(f"   evaluation      {1e3 * batch['evaluation'] / 20:8.4f} ms   ratio to M = 1 "
           f"{batch['evaluation'] / 20 / single['evaluation']:6.3f}   (criterion <= 0.1)")
 
+    throughput = arithmetic_floor(args.repeats)
+    print(f"   one core: {throughput['gemm'] / 1e9:.1f} Gflop/s in a 512^2 GEMM, {throughput['fft'] / 1e9:.1f} Gflop/s "
+          "in 200-point rffts; the arithmetic floor of a step per member (products and FFTs only):")
+    for path, members in ((single["path"], 1), (batch["path"], 20)):
+        print(f"   {path} path (M = {members}) {1e3 * s1_floor(throughput, path, members):8.4f} ms")
+
     particles = particle_costs(20, particle_t_end, 1)
     s2_single, s2_batch = sphere_costs(1, args.repeats), sphere_costs(16, max(1, args.repeats - 1))
     print(f"4. S^2 softmax, lmax 32, {s2_single['field']} field ({s2_single['path']} path): step per member "
@@ -376,8 +408,8 @@ def main(argv=None):
             for members in (1, 4, 20):
                 costs = path_costs(path, overrides, members, args.repeats)
                 print(f"   {os.path.basename(path)} {' '.join(overrides)} M = {members:2d}: matrix "
-                      f"{1e3 * costs.get('matrix', math.nan):8.3f}  grid {1e3 * costs['grid']:8.3f}  chosen "
-                      f"{costs['chosen']}")
+                      f"{1e3 * costs.get('matrix', math.nan):8.3f}  fourier {1e3 * costs.get('fourier', math.nan):8.3f}"
+                      f"  grid {1e3 * costs['grid']:8.3f}  chosen {costs['chosen']}")
     if args.training:
         stored = np.load(args.training)
         iterations = int(stored["iterations"]) if "iterations" in stored else 300

@@ -60,6 +60,7 @@ def assert_same_file(batched: xr.Dataset, serial: xr.Dataset, tolerance: float):
 
 @pytest.mark.parametrize("dim, kernel, beta, field, lmax, extra", [
     (2, "unnormalized", 1.0, "dense", 24, None),       # matrix path, a folded operator per member
+    (2, "unnormalized", 1.0, "dense", 128, None),      # fourier path batched, the matrix path serially
     (2, "softmax", 2.0, "spectral", 24, None),         # grid path, spectral transforms
     (3, "softmax", 2.0, "spectral", 8, None),
     (3, "softmax", "inf", "auto", 8, None),            # zero temperature

@@ -235,6 +235,21 @@ def test_divergence_has_no_mean(torch_sht):
     assert torch.max(torch.abs(div)).item() > 1.0
 
 
+def test_degree_filter_is_analysis_weights_synthesis(torch_sht):
+    """The per-order ring operator of a multiplier of the degree (the spectral field's Funk-Hecke weights) equals
+    the analysis, the multiplication and the synthesis it replaces, on a field that is not band-limited, and
+    reproduces an eigenfunction's own eigenvalue: mu_l Y_lm for Y_lm."""
+    mu = np.exp(-0.1 * np.arange(LMAX + 1)) * (1 + 0.5 * np.cos(np.arange(LMAX + 1)))
+    operator = torch_sht.degree_filter(mu)
+    f = torch.randn(2, 3, NLAT, NLON, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    expected = torch_sht.synthesis(torch_sht.analysis(f) * torch.as_tensor(mu))
+    assert relative_difference(torch_sht.filtered(f, operator), expected) <= 1e-13
+    c = torch.zeros(LMAX + 1, LMAX + 1, dtype=torch.complex128)
+    c[5, 9] = 1.0 + 0.5j
+    Y = torch_sht.synthesis(c)
+    assert relative_difference(torch_sht.filtered(Y, operator), mu[9] * Y) <= 1e-13
+
+
 # --- interface guards --------------------------------------------------------------------------
 
 

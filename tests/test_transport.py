@@ -64,32 +64,50 @@ def test_rate_is_minus_the_divergence_of_rho_v(setup_):
     assert relative(rate, real_state(reference)) < 1e-13
 
 
-@pytest.mark.parametrize("setup_", SETUPS)
-def test_matrix_and_grid_paths_agree(setup_):
-    """Forcing the grid path (basis transforms) where the cost rule chose the matrices gives the same rate."""
-    basis, batch, kernels, state, W = setup(*setup_)
-    chosen = Transport(basis, batch, kernels)
-    grid = Transport(basis, batch, kernels, matrix_bytes=0)
-    assert grid.path == "grid"
-    assert relative(chosen(state, chosen.feed_forward(W)), grid(state, grid.feed_forward(W))) < 1e-13
+def forced_paths(basis, batch, kernels):
+    """Every path this setup has, forced: {path: Transport}."""
+    transports = {}
+    for path in ("matrix", "fourier", "grid"):
+        try:
+            transport = Transport(basis, batch, kernels, path=path)
+        except ValueError:
+            continue
+        if transport.path == path:
+            transports[path] = transport
+    return transports
 
 
 @pytest.mark.parametrize("setup_", SETUPS)
-@pytest.mark.parametrize("matrix_bytes", [None, 0])
-def test_vjp_is_the_transpose_of_the_derivative(setup_, matrix_bytes):
-    """The hand-written cotangents of the state and of W equal torch autograd's through the grid path."""
+def test_paths_agree(setup_):
+    """Forcing each path (the grid path's basis transforms, the matrix path's dense matrices, the fourier path's
+    FFTs with the low-rank attention) gives the same rate."""
     basis, batch, kernels, state, W = setup(*setup_)
-    options = {} if matrix_bytes is None else {"matrix_bytes": matrix_bytes}
-    transport = Transport(basis, batch, kernels, **options)
-    reference = Transport(basis, batch, kernels, matrix_bytes=0)
+    transports = forced_paths(basis, batch, kernels)
+    assert "grid" in transports
+    if setup_[0] == 2 and setup_[1] == "unnormalized":
+        assert "fourier" in transports
+    grid = transports["grid"]
+    for transport in transports.values():
+        assert relative(transport(state, transport.feed_forward(W)), grid(state, grid.feed_forward(W))) < 1e-13
+
+
+@pytest.mark.parametrize("setup_", SETUPS)
+def test_vjp_is_the_transpose_of_the_derivative(setup_):
+    """On every path, the hand-written cotangents of the state and of W (from `vjp` and from the tokens of
+    `rate_token`) equal torch autograd's through the grid path."""
+    basis, batch, kernels, state, W = setup(*setup_)
+    reference = Transport(basis, batch, kernels, path="grid")
     b = torch.randn(state.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    state_bar, drive_bar = transport.vjp(state, transport.feed_forward(W), b)
-    W_bar = transport.feed_forward_adjoint(drive_bar)
     leaf_state, leaf_W = state.clone().requires_grad_(True), W.clone().requires_grad_(True)
     expected_state, expected_W = torch.autograd.grad(reference(leaf_state, reference.feed_forward(leaf_W)),
                                                      (leaf_state, leaf_W), b)
-    assert relative(state_bar, expected_state) < 1e-12
-    assert relative(W_bar, expected_W) < 1e-12
+    for transport in forced_paths(basis, batch, kernels).values():
+        drive = transport.feed_forward(W)
+        rate, token = transport.rate_token(state, drive)
+        assert relative(rate, transport(state, drive)) == 0
+        for state_bar, drive_bar in (transport.vjp(state, drive, b), transport.vjp_token(token, drive, b)):
+            assert relative(state_bar, expected_state) < 1e-12, transport.path
+            assert relative(transport.feed_forward_adjoint(drive_bar), expected_W) < 1e-12, transport.path
 
 
 def test_the_seed_case_runs_the_matrix_path_with_a_low_rank_operator():
@@ -103,3 +121,62 @@ def test_the_seed_case_runs_the_matrix_path_with_a_low_rank_operator():
     rho = basis.synthesis(complex_state(state, transport.coefficient_shape)).reshape(2, -1)
     full = torch.matmul(rho[:, None, :], operator.matrix)[:, 0]
     assert relative(operator._product(rho), full) < 1e-14
+
+
+def test_the_fourier_path_with_one_operator_for_the_batch():
+    """Members sharing one model (one folded operator, the factors broadcast over the batch), seed 004's case at
+    lmax 64: the fourier path's rate and its transpose against the grid path and torch autograd through it, and
+    the low rank (the kernel's smoothness) that makes it pay."""
+    cases = member_cases(2, "unnormalized", 1.0, 64, "dense")
+    basis = make_basis(2, 64, CPU64)
+    batch = ModelBatch.of([Model.from_case(cases[0], CPU64)] * 3)
+    kernels = MemberKernels(basis, batch.B, [m.beta for m in batch.models], "dense", 1e-10)
+    state = real_state(torch.stack([initial_density(case["initial"], basis) for case in cases + cases[:1]]))
+    W = 0.3 * torch.randn(3, 2, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    fourier, grid = (Transport(basis, batch, kernels, path=path) for path in ("fourier", "grid"))
+    assert fourier._folded.R.shape[0] == 1 and fourier._folded.rank < 40
+    assert relative(fourier(state, fourier.feed_forward(W)), grid(state, grid.feed_forward(W))) < 1e-13
+    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    leaf_state, leaf_W = state.clone().requires_grad_(True), W.clone().requires_grad_(True)
+    expected_state, expected_W = torch.autograd.grad(grid(leaf_state, grid.feed_forward(leaf_W)), (leaf_state, leaf_W),
+                                                     b)
+    state_bar, drive_bar = fourier.vjp(state, fourier.feed_forward(W), b)
+    assert relative(state_bar, expected_state) < 1e-12
+    assert relative(fourier.feed_forward_adjoint(drive_bar), expected_W) < 1e-12
+
+
+@pytest.mark.parametrize("setup_", SETUPS[:2])
+def test_selected_members_are_the_batch_rows(setup_):
+    """Transport.select (members leaving a batch: trainings that stop) on every path: the rate and the transpose of
+    the members [1, 0] are the batch's rows in that order."""
+    basis, batch, kernels, state, W = setup(*setup_)
+    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    order = [1, 0]
+    for transport in forced_paths(basis, batch, kernels).values():
+        chosen = transport.select(order)
+        drive, chosen_drive = transport.feed_forward(W), chosen.feed_forward(W[order])
+        assert relative(chosen(state[order], chosen_drive), transport(state, drive)[order]) == 0, transport.path
+        state_bar = transport.vjp(state, drive, b)[0]
+        assert relative(chosen.vjp(state[order], chosen_drive, b[order])[0], state_bar[order]) < 1e-15
+
+
+def test_softmax_components_are_those_of_the_softmax_mean():
+    """Transport._softmax_components (u from the channels, m never formed) against model.softmax_mean and the
+    frame components of its m, on channels with Z <= 0 and |m| > 1 both inside and outside the void (|rho| below
+    NEGLIGIBLE_DENSITY of its maximum): the same values to round-off, the same NaNs and zeros."""
+    from spherepde.model.attention import softmax_mean
+
+    basis, batch, kernels, state, W = setup(3, "softmax", 2.0, 8, "dense")
+    transport = Transport(basis, batch, kernels, path="grid")
+    generator = torch.Generator().manual_seed(4)
+    points = basis.grid_size
+    N = torch.randn(2, 3, points, generator=generator, dtype=torch.float64)
+    Z = torch.rand(2, points, generator=generator, dtype=torch.float64) * 2 - 0.2  # |m| > 1 and Z <= 0 at some points
+    rho = torch.rand(2, points, generator=generator, dtype=torch.float64)
+    rho[:, ::3] *= 1e-12  # a void at every third point
+    expected = transport._frame_components(softmax_mean(N.transpose(1, 2), Z, rho))
+    u = transport._softmax_components(N, Z, rho)
+    assert torch.equal(torch.isnan(u), torch.isnan(expected)) and bool(torch.isnan(u).any())
+    finite = ~torch.isnan(expected)
+    assert bool((expected[finite] == 0).any()) and torch.equal(u[finite] == 0, expected[finite] == 0)
+    assert relative(u[finite], expected[finite]) < 1e-14

@@ -241,6 +241,10 @@ def _has_ducc0() -> bool:
     return True
 
 
+# Largest operator of DegreeRaisedTransform.degree_filter (one nlat x nlat matrix per order: 0.7 MiB at lmax 32).
+DEGREE_FILTER_BYTES = 16 * 2 ** 20
+
+
 class DegreeRaisedTransform:
     """Analysis and synthesis of degree lmax + 1 on the basis grid (the degree of y rho), same backend."""
 
@@ -268,6 +272,18 @@ class DegreeRaisedTransform:
 
     def synthesis(self, c: torch.Tensor) -> torch.Tensor:
         return self._transform.synthesis(c)
+
+    def degree_filter(self, multiplier: np.ndarray):
+        """f -> synthesis(mu_l analysis(f)) (grid (F, *grid) -> (F, *grid)) as one product per order over the
+        rings (TorchSHT.degree_filter) where the transform is the torch backend on S^2 and the operator takes at
+        most DEGREE_FILTER_BYTES; else None."""
+        transform = self._transform
+        if self._dim != 3 or not hasattr(transform, "degree_filter"):
+            return None
+        if (self.lmax + 1) * transform.nlat ** 2 * torch.finfo(transform.dtype).bits // 8 > DEGREE_FILTER_BYTES:
+            return None
+        operator = transform.degree_filter(multiplier)
+        return lambda f: transform.filtered(f, operator)
 
     def cost(self) -> float:
         """Flops of one analysis plus one synthesis of a field."""

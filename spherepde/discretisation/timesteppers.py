@@ -186,28 +186,34 @@ class RungeKutta:
         return StepFactors(self, lam, dt)
 
     def _rows(self, terms: StageTerms, like: torch.Tensor):
-        """The groups of `terms` as (fraction, coefficients (1, rows)) on the device and dtype of `like`."""
+        """The groups of `terms` as (fraction, coefficients (1, k), k) on the device and dtype of `like`, k the
+        rows up to the last nonzero coefficient (the product reads no more of the buffer)."""
         key = (id(terms), like.dtype, like.device)
         if key not in self._coefficients:
-            self._coefficients[key] = [(f, torch.tensor([row], dtype=like.dtype, device=like.device))
-                                       for f, row in terms.groups]
+            groups = []
+            for f, row in terms.groups:
+                count = max(k for k, value in enumerate(row) if value) + 1
+                groups.append((f, torch.tensor([row[:count]], dtype=like.dtype, device=like.device), count))
+            self._coefficients[key] = groups
         return self._coefficients[key]
 
-    def _buffer(self, like: torch.Tensor, role: str) -> tuple[torch.Tensor, torch.Tensor, list]:
-        """A (2 s + 1, M, N) buffer of the step's rows, kept between steps (zeroed by each: a zero coefficient
-        times a row another run left non-finite would still be NaN), with its flat view (2 s + 1, M N) and its
-        rows."""
+    def _buffer(self, like: torch.Tensor, role: str) -> tuple[torch.Tensor, list, list]:
+        """A (2 s + 1, M, N) buffer of the step's rows, kept between steps, with the views (k, M N) of its first k
+        flattened rows (k = 0..2 s + 1: `_combine`'s operands, made once) and its rows.  `step` writes every row
+        it reads before reading it, but for the rows of terms no later combination needs, which it never writes:
+        they stay the zeros they start as (a zero coefficient times a non-finite row would still be NaN)."""
         key = (role, like.shape, like.dtype, like.device)
         if key not in self._buffers:
             buffer = like.new_zeros((2 * self.stages_count + 1,) + like.shape)
-            self._buffers[key] = buffer, buffer.view(buffer.shape[0], -1), list(buffer.unbind(0))
+            flat = buffer.view(buffer.shape[0], -1)
+            self._buffers[key] = buffer, [flat[:k] for k in range(flat.shape[0] + 1)], list(buffer.unbind(0))
         return self._buffers[key]
 
-    def _combine(self, terms: StageTerms, flat: torch.Tensor, factors: StepFactors, shape) -> torch.Tensor:
+    def _combine(self, terms: StageTerms, prefixes: list, factors: StepFactors, shape) -> torch.Tensor:
         """sum over groups of P_f (coefficients . rows): one product over the rows per group."""
         total = None
-        for f, coefficients in self._rows(terms, flat):
-            part = torch.mm(coefficients, flat).view(shape)
+        for f, coefficients, count in self._rows(terms, prefixes[-1]):
+            part = torch.mm(coefficients, prefixes[count]).view(shape)
             if f is not None:
                 part = part * factors.propagator[f]
             total = part if total is None else total + part
@@ -215,11 +221,10 @@ class RungeKutta:
 
     def step(self, c: torch.Tensor, rate, factors: StepFactors, keep: list | None = None) -> torch.Tensor:
         """c at t + dt; with `keep` (a list) the stage inputs U_i are appended to it (for `adjoint`)."""
-        buffer, flat, rows = self._buffer(c, "step")
-        buffer.zero_()
+        _, prefixes, rows = self._buffer(c, "step")
         rows[0].copy_(c)
         for i, terms in enumerate(self.stages):
-            stage = c if i == 0 and self.diagonal[0] == 0 else self._combine(terms, flat, factors, c.shape)
+            stage = c if i == 0 and self.diagonal[0] == 0 else self._combine(terms, prefixes, factors, c.shape)
             if self.diagonal[i]:
                 stage = stage * factors.solve[self.diagonal[i]]
             if keep is not None:
@@ -228,15 +233,15 @@ class RungeKutta:
                 torch.mul(rate(i, stage), factors.dt, out=rows[2 * i + 1])
             if self.implicit_needed[i]:
                 torch.mul(stage, factors.dt_lam, out=rows[2 * i + 2])
-        return self._combine(self.update, flat, factors, c.shape)
+        return self._combine(self.update, prefixes, factors, c.shape)
 
     def adjoint(self, c_bar: torch.Tensor, stages: list, rate_vjp, factors: StepFactors) -> torch.Tensor:
         """The cotangent of the step's start from that of its end, c_bar: the transpose of `step`'s linear
         algebra, with rate_vjp(i, U_i, e_bar) the cotangent of U_i from the cotangent e_bar of N(U_i) (it may
         accumulate other cotangents itself)."""
-        bar, flat, rows = self._buffer(c_bar, "adjoint")
+        bar, prefixes, rows = self._buffer(c_bar, "adjoint")
         bar.zero_()
-        self._scatter(self.update, flat, c_bar, factors)
+        self._scatter(self.update, prefixes, c_bar, factors)
         for i in reversed(range(self.stages_count)):
             stage_bar = None
             if self.explicit_needed[i]:
@@ -251,14 +256,14 @@ class RungeKutta:
             if i == 0 and self.diagonal[0] == 0:
                 rows[0] += stage_bar
             else:
-                self._scatter(self.stages[i], flat, stage_bar, factors)
+                self._scatter(self.stages[i], prefixes, stage_bar, factors)
         return rows[0].clone()
 
-    def _scatter(self, terms: StageTerms, flat: torch.Tensor, value: torch.Tensor, factors: StepFactors) -> None:
+    def _scatter(self, terms: StageTerms, prefixes: list, value: torch.Tensor, factors: StepFactors) -> None:
         """The transpose of `_combine`: rows += coefficients (outer) P_f value, for each group."""
-        for f, coefficients in self._rows(terms, flat):
+        for f, coefficients, count in self._rows(terms, prefixes[-1]):
             part = value if f is None else value * factors.propagator[f]
-            flat.addmm_(coefficients.T, part.reshape(1, -1))
+            prefixes[count].addmm_(coefficients.T, part.reshape(1, -1))
 
 
 EXPLICIT_TABLEAUX = {"heun": HEUN, "rk4": RK4}  # the particles' steps, by particles.integrator

@@ -41,7 +41,7 @@ class SpectralMode(Protocol):
 class ScaledMode:
     """C = s I (and beta = 0): scaled = synthesis(mu_l(beta s) f_lm), log_scale = beta s."""
 
-    def __init__(self, basis, transform: DegreeRaisedTransform, s: float, beta: float):
+    def __init__(self, basis, transform: DegreeRaisedTransform, s: float, beta: float, on_grid: bool = True):
         placement = basis.placement
         device, dtype = placement.device, placement.real
         self.transform = transform
@@ -49,9 +49,16 @@ class ScaledMode:
         self._weights = torch.as_tensor(weights, dtype=dtype, device=device)
         self.log_scale = torch.full(basis.grid_shape, beta * s, dtype=dtype, device=device)
         self.nodes = np.array([s])
+        # with `on_grid`, the analysis, the weights and the synthesis as one product per order where it applies
+        self._filter = transform.degree_filter(weights[0]) if on_grid else None  # weights[m, l] = mu_l
 
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
         return self.transform.synthesis(coefficients * self._weights).reshape(coefficients.shape[0], -1)
+
+    def of_grid(self, f: torch.Tensor) -> torch.Tensor | None:
+        """The scaled values (F, N) straight from grid fields f (F, *grid), where the transform has the degree
+        filter (DegreeRaisedTransform.degree_filter); else None."""
+        return None if self._filter is None else self._filter(f).reshape(f.shape[0], -1)
 
     def cost(self, channels: int) -> float:
         return channels * self.transform.cost()
@@ -67,12 +74,16 @@ class PermutedMode(ScaledMode):
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
         return super().__call__(coefficients)[:, self.permutation]
 
+    def of_grid(self, f: torch.Tensor) -> torch.Tensor | None:
+        values = super().of_grid(f)
+        return None if values is None else values[:, self.permutation]
+
 
 class RotatedMode(ScaledMode):
     """C = s Q, Q orthogonal: the weighted coefficients rotated by Q (Wigner D on S^2, a phase on S^1)."""
 
     def __init__(self, basis, transform: DegreeRaisedTransform, s: float, beta: float, Q: np.ndarray):
-        super().__init__(basis, transform, s, beta)
+        super().__init__(basis, transform, s, beta, on_grid=False)  # the rotation acts on the coefficients
         rotation = CircleRotation if basis.dim == 2 else SphereRotation
         self.rotation = rotation(Q, transform.lmax, basis.placement.device, basis.placement.real)
 
@@ -165,7 +176,10 @@ class SpectralExpKernel:
 
     def fields(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The transform of fields given first: f (F, *grid) -> (scaled (F, *grid), log_scale (*grid))."""
-        return self.mode(self.transform.analysis(f)).reshape(f.shape), self.mode.log_scale
+        scaled = self.mode.of_grid(f) if hasattr(self.mode, "of_grid") else None
+        if scaled is None:
+            scaled = self.mode(self.transform.analysis(f))
+        return scaled.reshape(f.shape), self.mode.log_scale
 
     def cost(self, channels: int) -> float:
         """Floating-point operations of one call (estimate): transforms, rotation, scattered evaluation."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spherepde.model.attention import ModelBatch, softmax_mean, softmax_mean_adjoint
+from spherepde.model.attention import ModelBatch, softmax_mean_adjoint
 
 if TYPE_CHECKING:
     from spherepde.model.transport import Transport
@@ -57,6 +57,10 @@ class DenseOperator:
             return self.left.shape[-2] * self.left.shape[-1] + self.right.shape[-2] * self.right.shape[-1]
         return self.matrix.shape[-2] * self.matrix.shape[-1]
 
+    def rank(self) -> int:
+        """The rank of the factors (the number of points where the matrix is kept whole)."""
+        return self.matrix.shape[-2] if self.left is None else self.left.shape[-1]
+
     def select(self, index: torch.Tensor) -> "DenseOperator":
         if self.matrix.shape[0] == 1:
             return self
@@ -84,8 +88,8 @@ class DenseOperator:
     def attention(self, rho: torch.Tensor, transport: "Transport") -> torch.Tensor:
         if self.kernel == "unnormalized":
             return self._product(rho).reshape(rho.shape[0], -1, rho.shape[1])
-        N, Z = self._moments(rho)
-        return transport._frame_components(softmax_mean(N, Z, rho))
+        moments = self._product(rho).reshape(rho.shape[0], -1, rho.shape[1])
+        return transport._softmax_components(moments[:, 1:], moments[:, 0], rho)
 
     def adjoint(self, rho: torch.Tensor, u_bar: torch.Tensor, transport: "Transport") -> torch.Tensor:
         if self.kernel == "unnormalized":

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spherepde.base.real_view import complex_state
-from spherepde.model.attention import softmax_mean, softmax_mean_adjoint
+from spherepde.model.attention import softmax_mean_adjoint
 
 if TYPE_CHECKING:
     from spherepde.model.transport import Transport
@@ -109,8 +109,8 @@ class MatrixPath:
         if self.kind == "fixed":
             return self._rows(state), drive.reshape(members, -1, points)
         y = self._rows(state).reshape(members, -1, points)
-        rho, Z, N = y[:, 0], y[:, 1], y[:, 2:].transpose(1, 2)
-        u = self.transport._frame_components(softmax_mean(N, Z, rho))
+        rho = y[:, 0]
+        u = self.transport._softmax_components(y[:, 2:], y[:, 1], rho)
         return rho, drive.reshape(u.shape) + u
 
     def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

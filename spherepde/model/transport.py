@@ -8,7 +8,7 @@ being stepped, and the divergence in the weak form, so that the degree-0 coeffic
 mass is conserved to round-off.  States are real (M, N): the real view of each member's coefficients
 (base.real_view); grid fields are flattened: rho (M, P), a, u, v (M, K, P), K = d - 1.
 
-The attention term u is found one of three ways, and the rate on one of two paths (`attention_mode`, `path`),
+The attention term u is found one of three ways, and the rate on one of three paths (`attention_mode`, `path`),
 chosen once by an estimate of their cost (multiply-adds, and a fixed cost per tensor operation):
 
 * "operator" (model.dense_operator): the members' dense kernel folded with V, the frame and the quadrature
@@ -16,7 +16,8 @@ chosen once by an estimate of their cost (multiply-adds, and a fixed cost per te
   N x N kernel is kept (S^1, small S^2 grids):
       unnormalized:  u = G rho,   G[k, i, j] = exp(beta <x_i, B y_j>) w_j <e_k(x_i), V y_j>;
       softmax:       (Z, N) = K rho,   K[c, i, j] = exp(beta <x_i, B y_j> - s_i) w_j (1, y_j)_c,
-                     m = N / Z (model.softmax_mean; the row shift s_i cancels), u_k = <e_k, V m>.
+                     m = N / Z (model.softmax_mean; the row shift s_i cancels), u_k = <e_k, V m>
+                     (Transport._softmax_components).
 * "zero temperature": m = B^T x / |B^T x| does not depend on rho; u is a field computed once.
 * "transform": the members' exponential-kernel transforms (kernels.choice.MemberKernels: dense blocks or the
   spectral field) applied to the channels (rho, rho y) at every call.
@@ -28,6 +29,10 @@ and the paths:
   folded with the attention: one product gives rho and u (or rho alone), a second one the rate.  A stage is
   then three tensor operations, where the transforms' own cost is their per-operation overhead: on S^1 at
   lmax 64 about a quarter of the "grid" path's time (benchmarks/ensembles.py).
+* "fourier" (model.fourier_path): on S^1 with the operator attention of the unnormalized kernel, the synthesis
+  and the divergence as FFTs and the attention folded with the synthesis into a rank-r product (the kernel is
+  smooth: r = 30 of 200 points for seed 004 at lmax 64), about 2 FFTs and r (N + P) multiply-adds per member
+  where the matrix path spends 3 P N; more tensor operations, so it pays from about 8 members on at lmax 64.
 * "grid": the basis's transforms (FFT, spherical-harmonic transforms) with the attention in between.
 
 `vjp` is the transpose of the derivative of the rate (the discrete adjoint of one evaluation), written out:
@@ -48,8 +53,9 @@ import torch
 
 from spherepde.base.real_view import complex_state, real_state
 from spherepde.geometry.ambient import inner
-from spherepde.model.attention import ModelBatch, softmax_mean, softmax_mean_adjoint, zero_temperature_mean
+from spherepde.model.attention import NEGLIGIBLE_DENSITY, ModelBatch, softmax_mean_adjoint, zero_temperature_mean
 from spherepde.model.dense_operator import attention_operator
+from spherepde.model.fourier_path import FourierPath
 from spherepde.model.matrix_path import MatrixPath
 
 # Largest memory (bytes) of the matrices of Transport's "matrix" path (and of the folded attention operators).
@@ -61,14 +67,15 @@ OPERATION_COST = 60_000
 
 
 class Transport:
-    """rate(state, drive) = -div(rho v[rho]) and its transpose for the members of `batch` (module docstring).
+    """rate(state, drive) = -div(rho v[rho]) and its transpose for the members of `batch` (module docstring);
+    `path` forces a path ("matrix", "fourier" or "grid"; ValueError where it does not apply).
 
     `drive = feed_forward(W)` carries the feed-forward term of the layer (and, on the matrix path, whatever
     else is fixed over an interval) in the layout the path wants; `feed_forward_adjoint` maps its cotangent
     back to W_bar (M, d, d).
     """
 
-    def __init__(self, basis, batch: ModelBatch, kernels, matrix_bytes: int = MATRIX_BYTES):
+    def __init__(self, basis, batch: ModelBatch, kernels, matrix_bytes: int = MATRIX_BYTES, path: str | None = None):
         self.basis, self.batch, self.kernels = basis, batch, kernels
         d, points = basis.dim, basis.grid_size
         self.grid_shape, self.coefficient_shape = basis.grid_shape, tuple(basis.degree.shape)
@@ -77,7 +84,8 @@ class Transport:
         # a_k(x) = sum_ij W_ij e_k,i(x) x_j: the feed-forward term is linear in W, one product with this (K P, d d).
         self._feed_forward = (self.frame[..., :, None] * self.points[:, None, :]).reshape((d - 1) * points, d * d)
         self._frame_V = torch.einsum("kpi,mij->mkpj", self.frame, batch.V)  # (e_k^T V)_j: (M, K, P, d)
-        self._operator = self._fixed = self._matrices = None
+        self._frame_V_first = self._frame_V.permute(0, 1, 3, 2).contiguous()  # (M, K, d, P): `_softmax_components`
+        self._operator = self._fixed = self._folded = None
         if batch.zero_temperature:
             self._fixed = self._frame_components(zero_temperature_mean(batch.B, self.points))
             options = {("zero temperature", "grid"): self._grid_cost(0), ("zero temperature", "matrix"): None}
@@ -88,16 +96,25 @@ class Transport:
             if self._operator is not None:
                 options[("operator", "grid")] = self._grid_cost(self._operator.multiply_adds())
                 options[("operator", "matrix")] = None
-        for attention_mode, path in list(options):
-            if path == "matrix":
+                if d == 2 and batch.kernel == "unnormalized":
+                    options[("operator", "fourier")] = self._fourier_cost(self._operator.rank())
+        for attention_mode, option in list(options):
+            if option == "matrix":
                 rows = 0 if attention_mode == "zero temperature" else (
                     d - 1 if batch.kernel == "unnormalized" else 1 + d)
-                options[(attention_mode, path)] = self._matrix_cost(rows)
-        self.attention_mode, self.path = min(options, key=options.get)
+                options[(attention_mode, option)] = self._matrix_cost(rows)
+        allowed = [key for key in options if path is None or key[1] == path]
+        if not allowed:
+            raise ValueError(f"Transport: no {path!r} path here (the options are {sorted({k[1] for k in options})})")
+        self.attention_mode, self.path = min(allowed, key=options.get)
         if self.path == "matrix":
-            self._matrices = MatrixPath.build(self, matrix_bytes)
-            if self._matrices is None:  # beyond matrix_bytes
-                self.attention_mode, self.path = min((key for key in options if key[1] == "grid"), key=options.get)
+            self._folded = MatrixPath.build(self, matrix_bytes)
+            if self._folded is None:  # beyond matrix_bytes
+                fallback = [key for key in allowed if key[1] != "matrix"] or [key for key in options
+                                                                              if key[1] == "grid"]
+                self.attention_mode, self.path = min(fallback, key=options.get)
+        if self.path == "fourier":
+            self._folded = FourierPath.build(self)
         if self.attention_mode == "transform":
             self._operator = None
 
@@ -118,15 +135,27 @@ class Transport:
         size = 2 * math.prod(self.coefficient_shape)
         return self.batch.members * ((1 + rows) * points * size + size * frame_count * points) + 6 * OPERATION_COST
 
+    def _fourier_cost(self, rank: int) -> float:
+        """Estimated multiply-adds of one evaluation on the fourier path: per member two FFTs (4 n log2 n each,
+        doubled for the layout changes around them) and the rank-r attention r (N + P), plus OPERATION_COST for
+        each of about 12 tensor operations (the FFTs' own fixed cost counted as more than one: measured, the
+        path's step costs about twice the matrix path's at one member, and wins from about 8 members on at
+        lmax 64; benchmarks/ensembles.py --paths)."""
+        points = self.basis.grid_size
+        fourier = 4 * points * math.log2(points)
+        return self.batch.members * (4 * fourier + rank * (2 * math.prod(self.coefficient_shape) + points)) \
+            + 12 * OPERATION_COST
+
     def select(self, members: list) -> "Transport":
         """The transport of the members at the indices `members` (a list), sharing the rest."""
         chosen = copy.copy(self)
         index = torch.as_tensor(members, device=self.points.device)
         chosen.batch, chosen.kernels = self.batch.select(members), self.kernels.select(members)
         chosen._frame_V = self._frame_V.index_select(0, index)
+        chosen._frame_V_first = self._frame_V_first.index_select(0, index)
         chosen._fixed = None if self._fixed is None else self._fixed.index_select(0, index)
         chosen._operator = None if self._operator is None else self._operator.select(index)
-        chosen._matrices = None if self._matrices is None else self._matrices.select(chosen, index)
+        chosen._folded = None if self._folded is None else self._folded.select(chosen, index)
         return chosen
 
     # --- the feed-forward term ---------------------------------------------------------------------
@@ -136,15 +165,15 @@ class Transport:
         fixed zero-temperature attention on the grid path; the matrix path's layout (MatrixPath.drive)."""
         members = W.shape[0]
         a = (W.reshape(members, -1) @ self._feed_forward.T).reshape(members, -1, self.points.shape[0])
-        if self._matrices is not None:
-            return self._matrices.drive(a)
+        if self._folded is not None:
+            return self._folded.drive(a)
         return a if self._fixed is None else a + self._fixed
 
     def feed_forward_adjoint(self, drive_bar: torch.Tensor) -> torch.Tensor:
         """W_bar (M, d, d) from the cotangent of `feed_forward`'s drive."""
         members, d = drive_bar.shape[0], self.points.shape[1]
-        if self._matrices is not None:
-            drive_bar = self._matrices.drive_part(drive_bar)
+        if self._folded is not None:
+            drive_bar = self._folded.drive_part(drive_bar)
         return (drive_bar.reshape(members, -1) @ self._feed_forward).reshape(members, d, d)
 
     # --- the attention term ------------------------------------------------------------------------
@@ -168,7 +197,25 @@ class Transport:
         scaled, log_scale = self.kernels.fields(self._channels(rho))
         if self.batch.kernel == "unnormalized":
             return self._frame_components(scaled.transpose(1, 2) * torch.exp(log_scale)[..., None])
-        return self._frame_components(softmax_mean(scaled[:, 1:].transpose(1, 2), scaled[:, 0], rho))
+        return self._softmax_components(scaled[:, 1:], scaled[:, 0], rho)
+
+    def _softmax_components(self, N: torch.Tensor, Z: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """u_k = <e_k, V m> (M, K, P) of m = model.softmax_mean(N, Z, rho) for the channels N (M, d, P), Z (M, P)
+        without forming m: u_k = <V^T e_k, N> / Z and |m| = |N| / Z, so that all but the first products are on
+        fields of one or K components, not d per point (the same values to round-off, with softmax_mean's void
+        rule: where |rho| <= NEGLIGIBLE_DENSITY max |rho|, m / max(|m|, 1), and 0 where Z <= 0; NaN where Z <= 0
+        elsewhere)."""
+        inverse = torch.where(Z > 0, Z, torch.nan).reciprocal()
+        frame_V = self._frame_V_first
+        u = frame_V[:, :, 0] * N[:, None, 0]
+        for c in range(1, N.shape[1]):
+            u = torch.addcmul(u, frame_V[:, :, c], N[:, None, c])
+        u = u * inverse[:, None]
+        length = (N * N).sum(1).sqrt() * inverse
+        magnitude = rho.abs()
+        void = magnitude <= NEGLIGIBLE_DENSITY * magnitude.amax(-1, keepdim=True)
+        bounded = torch.nan_to_num(u / length.clamp(min=1)[:, None], nan=0.0)
+        return torch.where(void[:, None], bounded, u)
 
     def _channels(self, rho: torch.Tensor) -> torch.Tensor:
         """The fields of the transform attention: rho y (M, d, P) for the unnormalized kernel (N alone), (rho, rho y)
@@ -200,16 +247,16 @@ class Transport:
 
     def velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rho (M, P), v (M, K, P)) of the state."""
-        if self._matrices is not None:
-            return self._matrices.velocity(state, drive)
+        if self._folded is not None:
+            return self._folded.velocity(state, drive)
         c = complex_state(state, self.coefficient_shape)
         rho = self.basis.synthesis(c).reshape(state.shape[0], -1)
         return rho, drive if self.attention_mode == "zero temperature" else drive + self.attention(rho)
 
     def __call__(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
         """-div(rho v) (M, N)."""
-        if self._matrices is not None:
-            return self._matrices.rate(state, drive)
+        if self._folded is not None:
+            return self._folded.rate(state, drive)
         rho, v = self.velocity(state, drive)
         flux = (rho[:, None] * v).reshape(v.shape[:2] + self.grid_shape)
         return real_state(-self.basis.divergence_frame(flux))
@@ -217,8 +264,8 @@ class Transport:
     def vjp(self, state: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(state_bar, drive_bar): the cotangents of the state and of the drive for the cotangent b (M, N) of the
         rate."""
-        if self._matrices is not None:
-            return self._matrices.vjp(state, drive, b)
+        if self._folded is not None:
+            return self._folded.vjp(state, drive, b)
         rho, v = self.velocity(state, drive)
         members = state.shape[0]
         f_bar = -self.basis.divergence_adjoint(complex_state(b, self.coefficient_shape)).reshape(v.shape)
@@ -231,20 +278,20 @@ class Transport:
         """(the rate, a token for `vjp_token`): what the transpose needs of this evaluation, the rows (rho, v) of
         the matrix path's first product where it has them (the transpose then skips that product), else the
         state."""
-        if self._matrices is not None and self._matrices.single_frame:
-            return self._matrices.rate_token(state, drive)
+        if self._folded is not None and self._folded.single_frame:
+            return self._folded.rate_token(state, drive)
         return self(state, drive), state
 
     def vjp_token(self, token: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor,
                                                                                            torch.Tensor]:
         """`vjp` from the token of `rate_token`."""
-        if self._matrices is not None and self._matrices.single_frame:
-            return self._matrices.vjp_rows(token, b)
+        if self._folded is not None and self._folded.single_frame:
+            return self._folded.vjp_rows(token, b)
         return self.vjp(token, drive, b)
 
     def token_size(self) -> int:
         """Numbers per member of a token of `rate_token`."""
-        if self._matrices is not None and self._matrices.single_frame:
+        if self._folded is not None and self._folded.single_frame:
             return 2 * self.points.shape[0]
         return 2 * math.prod(self.coefficient_shape)
 

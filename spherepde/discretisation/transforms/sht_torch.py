@@ -160,6 +160,28 @@ class TorchSHT:
         rows, batch = self._spectral_rows(coeffs)
         return self._grid(self._legendre.synthesis(rows, self._P, odd=False), batch)
 
+    def degree_filter(self, multiplier: np.ndarray) -> torch.Tensor:
+        """The operator of f -> synthesis(mu_l analysis(f)) for a multiplier mu_l of the degree alone (lmax + 1,)
+        on the ring Fourier coefficients, one (nlat x nlat) matrix per order m with the quadrature folded in,
+
+            K_m[j, k] = sum_l Pbar_lm(x_j) mu_l Pbar_lm(x_k) w_k (2 pi / nlon),
+
+        for `filtered`: one product over the rings instead of the analysis, the multiplication and the
+        synthesis with their changes of layout.  Memory (lmax + 1) nlat^2 numbers."""
+        P = legendre_tables(self.lmax, self.cos_theta.cpu().double().numpy())[0]  # [m, l, j]
+        K = np.einsum("mlj,l,mlk->mjk", P, np.asarray(multiplier, dtype=np.float64), P)
+        return torch.as_tensor(K * self._quadrature.cpu().double().numpy(), dtype=self.dtype, device=self.device)
+
+    def filtered(self, f: torch.Tensor, operator: torch.Tensor) -> torch.Tensor:
+        """synthesis(mu_l analysis(f)) for the operator `degree_filter(mu)`: (..., nlat, nlon) -> same.  The rings
+        (B, nlat, m) are laid out as (m, nlat, 2 B) for one batched product over the orders, and back."""
+        batch, count = f.shape[:-2], int(np.prod(f.shape[:-2], dtype=np.int64))
+        rings = torch.fft.rfft(f.reshape(count, self.nlat, self.nlon), dim=-1)[..., : self.lmax + 1]
+        columns = torch.view_as_real(rings).permute(2, 1, 0, 3).reshape(self.lmax + 1, self.nlat, 2 * count)
+        filtered = torch.matmul(operator, columns).view(self.lmax + 1, self.nlat, count, 2).permute(2, 1, 0, 3)
+        grid = torch.fft.irfft(torch.view_as_complex(filtered.contiguous()), n=self.nlon, dim=-1, norm="forward")
+        return grid.reshape(*batch, self.nlat, self.nlon)
+
     # --- vector transforms ---------------------------------------------------------------------
 
     def vector_analysis(self, v_theta: torch.Tensor, v_phi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,116 @@
+"""Transport's "fourier" path: S^1 with the operator attention of the unnormalized kernel, for batches.
+
+With c the coefficients (the state's complex view), n grid points and r_j = irfft_forward(c)_j = sqrt(2 pi) rho(x_j)
+(the synthesis without its scale, bases.CircleBasis), the rate is
+
+    y = a + c R U,       rate_k = phi_k rfft(r y)_k,   phi_k = -i k / n     (k = 0..kmax),
+
+where a is the feed-forward term and R U the rank-r factorisation of the folded attention u = G S c (S the
+synthesis, G the operator of model.dense_operator: u = G rho): its truncated SVD, singular values below
+dense_operator.RANK_TOLERANCE of the largest dropped (their part is below the product's round-off).  The kernel
+exp(beta <x, B y>) is smooth, so r is small (seed 004's A at lmax 64: 37 against 200 points).  Per member and
+stage that is two FFTs and r (N + n) multiply-adds, where the matrix path spends 3 n N: it pays from a few
+members on (model.transport's cost rule, benchmarks/ensembles.py --paths).
+
+The transpose, from the token (r, y) of an evaluation, with b the cotangent of the rate:
+
+    f_bar = irfft_forward(psi b),  psi_k = conj(phi_k) / 2 (k > 0; irfft_forward doubles the k > 0 terms),
+    (y_bar, r_bar) = (r f_bar, y f_bar),   c_bar = m rfft(r_bar)_k + y_bar U^T R^T      (m = 1, 2, 2, ...),
+
+rfft being irfft_forward's transpose up to the multiplicity m (the imaginary part of the k = 0 term is not read by
+irfft and returned zero by rfft).
+"""
+
+import copy
+import math
+
+import torch
+
+from spherepde.base.real_view import real_state
+from spherepde.model.dense_operator import RANK_TOLERANCE
+from spherepde.model.matrix_path import basis_matrices
+
+
+class FourierPath:
+    """Transport's "fourier" path (module docstring); its drive is a (M, n)."""
+
+    single_frame = True
+
+    def __init__(self, transport, R: torch.Tensor, U: torch.Tensor):
+        basis = transport.basis
+        self.transport, self.R, self.U = transport, R, U  # (members or 1, N, r), (members or 1, r, n)
+        self.R_t, self.U_t = R.transpose(-1, -2).contiguous(), U.transpose(-1, -2).contiguous()
+        self.points, self.modes = basis.grid_size, basis.lmax + 1
+        wavenumber = basis.degree.to(basis.placement.real)
+        self.derivative = -1j * wavenumber / self.points  # phi_k
+        self.derivative_adjoint = (1j * wavenumber / self.points) / basis.multiplicity  # psi_k
+        self.multiplicity = basis.multiplicity.to(self.derivative.dtype)
+
+    @classmethod
+    def build(cls, transport) -> "FourierPath":
+        """The factors R, U of the folded attention (transport._operator, one per distinct member or shared)."""
+        basis = transport.basis
+        synthesis, _ = basis_matrices(basis)  # (n, N)
+        folded = transport._operator.matrix.transpose(-1, -2) @ synthesis  # u = state folded^T: (., n, N)
+        U, sigma, Vh = torch.linalg.svd(folded, full_matrices=False)
+        rank = int((sigma > RANK_TOLERANCE * sigma[..., :1]).sum(-1).max())
+        R = (sigma[..., :rank, None] * Vh[..., :rank, :]).transpose(-1, -2).contiguous()
+        return cls(transport, R, U[..., :rank].transpose(-1, -2).contiguous())
+
+    @property
+    def rank(self) -> int:
+        return self.R.shape[-1]
+
+    def select(self, transport, index: torch.Tensor) -> "FourierPath":
+        chosen = copy.copy(self)
+        chosen.transport = transport
+        if self.R.shape[0] > 1:
+            chosen.R, chosen.U = self.R.index_select(0, index), self.U.index_select(0, index)
+            chosen.R_t, chosen.U_t = self.R_t.index_select(0, index), self.U_t.index_select(0, index)
+        return chosen
+
+    def drive(self, a: torch.Tensor) -> torch.Tensor:
+        return a.reshape(a.shape[0], -1)
+
+    def drive_part(self, drive_bar: torch.Tensor) -> torch.Tensor:
+        return drive_bar
+
+    def _velocity(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
+        """y = a + state R U (M, n)."""
+        if self.R.shape[0] == 1:
+            return torch.addmm(drive, state @ self.R[0], self.U[0])
+        return torch.baddbmm(drive[:, None], torch.bmm(state[:, None], self.R), self.U)[:, 0]
+
+    def _synthesis(self, state: torch.Tensor) -> torch.Tensor:
+        """r = sqrt(2 pi) rho (M, n)."""
+        c = torch.view_as_complex(state.reshape(state.shape[0], self.modes, 2))
+        return torch.fft.irfft(c, n=self.points, norm="forward")
+
+    def velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rho (M, n), v (M, 1, n))."""
+        return self._synthesis(state) / math.sqrt(2 * math.pi), self._velocity(state, drive)[:, None]
+
+    def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """(the rate (M, N), the token (r, y), each (M, n))."""
+        r, y = self._synthesis(state), self._velocity(state, drive)
+        flux = torch.fft.rfft(r * y)[:, :self.modes]
+        return real_state(flux * self.derivative), (r, y)
+
+    def rate(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
+        return self.rate_token(state, drive)[0]
+
+    def vjp_rows(self, token: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(state_bar (M, N), drive_bar (M, n)) from the token of `rate_token` and the rate's cotangent b."""
+        members = b.shape[0]
+        b_complex = torch.view_as_complex(b.reshape(members, self.modes, 2))
+        f_bar = torch.fft.irfft(b_complex * self.derivative_adjoint, n=self.points, norm="forward")
+        r, y = token
+        y_bar, r_bar = r * f_bar, y * f_bar
+        state_bar = real_state(torch.fft.rfft(r_bar)[:, :self.modes] * self.multiplicity)
+        if self.R.shape[0] == 1:
+            return torch.addmm(state_bar, y_bar @ self.U_t[0], self.R_t[0]), y_bar
+        low = torch.bmm(torch.bmm(y_bar[:, None], self.U_t), self.R_t)[:, 0]
+        return state_bar + low, y_bar
+
+    def vjp(self, state: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.vjp_rows(self.rate_token(state, drive)[1], b)
