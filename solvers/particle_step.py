@@ -106,6 +106,31 @@ def exponential_map_transpose(xp, X, T, outbar):
     return cos * wbar, sin * (wbar - along * direction) / safe + lbar * direction
 
 
+def namespace(*tensors):
+    """numpy for CPU tensors outside autograd, else torch."""
+    if all(t.device.type == "cpu" for t in tensors) and not (torch.is_grad_enabled()
+                                                             and any(t.requires_grad for t in tensors)):
+        return np
+    return torch
+
+
+def kernel_products(xp, X, Ct, rows):
+    """(w, k, rows k^T) per system: w = C^T X, the kernel k_ij = exp(<x_i, C x_j>) = exp(<w_i, x_j>) (S, p, p)
+    formed whole, and the sums of the (S, c, p) `rows` against it."""
+    w = Ct @ X
+    L = w.swapaxes(1, 2) @ X
+    k = np.exp(L, out=L) if xp is np else torch.exp(L)
+    return w, k, rows @ k.swapaxes(1, 2)
+
+
+def direct_mean(xp, X, Ct, softmax: bool):
+    """The attention mean m (S, d, p) at the rows X: sum_j k_ij x_j / Z_i (softmax) or (1/p) sum_j k_ij x_j."""
+    if softmax:
+        sums = kernel_products(xp, X, Ct, xp.concatenate([xp.ones_like(X[:, :1]), X], axis=1))[2]
+        return sums[:, 1:] / sums[:, :1]
+    return kernel_products(xp, X, Ct, X)[2] / X.shape[2]
+
+
 class Stage:
     """One field evaluation v = P_x(W x + V m(x)) at rows X (S, d, p); with `keep`, also what its transpose reads.
     For the unnormalized kernel V m = (V / p) [X k^T] (arrays "Vp")."""
@@ -113,14 +138,12 @@ class Stage:
     def __init__(self, program, xp, X, Ws, keep: bool):
         arrays, softmax, d = program.arrays[xp], program.softmax, X.shape[1]
         self.X, self.Ws, self.arrays, self.softmax = X, Ws, arrays, softmax
-        self.w = arrays["Ct"] @ X
-        L = self.w.swapaxes(1, 2) @ X
-        self.k = np.exp(L, out=L) if xp is np else torch.exp(L)
         rows = ([xp.ones_like(X[:, :1])] if softmax else []) + [X]
         if keep:
             y = arrays["C"] @ X
             rows += [outer(X, y), y] if softmax else [outer(X, y)]
-        products = (xp.concatenate(rows, axis=1) if len(rows) > 1 else X) @ self.k.swapaxes(1, 2)
+        self.w, self.k, products = kernel_products(xp, X, arrays["Ct"],
+                                                   xp.concatenate(rows, axis=1) if len(rows) > 1 else X)
         if softmax:
             self.Z = products[:, :1]
             self.m = products[:, 1:1 + d] / self.Z
@@ -210,12 +233,6 @@ class DirectStep:
             self.arrays[np] = {key: value.numpy() for key, value in tensors.items()}
         self.sigmas = {}
 
-    def namespace(self, *tensors):
-        """numpy on the CPU outside autograd, else torch."""
-        if np in self.arrays and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
-            return np
-        return torch
-
     def rows(self, xp, x: torch.Tensor):
         """(M, n, d) -> (S, d, p), contiguous (numpy's products of strided rows take twice as long)."""
         rows = x.reshape(x.shape[0] * self.replicas, -1, x.shape[-1]).transpose(1, 2)
@@ -255,7 +272,7 @@ class DirectStep:
 
     def step(self, x: torch.Tensor, W: torch.Tensor, h: float, k: int, steps: int, draws) -> torch.Tensor:
         """Integrator.step(x, W, h, k, steps, draws) (solvers/particles.py)."""
-        xp = self.namespace(x, W)
+        xp = namespace(x, W)
         X, Ws = self.rows(xp, x), self.per_system(xp, W)
         if self.name == "euler":
             drift = h * Stage(self, xp, X, Ws, False).v
