@@ -242,9 +242,9 @@ torch.set_num_threads(1)
 sys.path.insert(0, sys.argv[1])
 import spherepde
 from solvers.eulerian import ForwardProblem
-from spherepde.discretisation.timesteppers import choose_scheme, make_stepper
+from solvers.timesteppers import choose_scheme, make_stepper
 from solvers.adjoint import ControlledForward, discrete_gradient
-from spherepde.model.initial import initial_density
+from spherepde.initial import initial_density
 settings = json.loads(sys.argv[2])
 def clock(function, repeats):
     times = []
@@ -280,6 +280,9 @@ particles = load(os.path.join(sys.argv[1], "cases", settings["bow"]),
 control = ParticleControl(particles)
 zero = torch.zeros((control.layers, 2, 2), dtype=torch.float64)
 out["particle_evaluation"] = clock(lambda: control.gradient(zero), 1)
+foreign = [name for name, module in sys.modules.items() if name.split(".")[0] in ("spherepde", "solvers")
+           and getattr(module, "__file__", None) and not module.__file__.startswith(sys.argv[1])]
+assert not foreign, f"modules not from the baseline: {foreign}"
 print(json.dumps(out))
 '''
 

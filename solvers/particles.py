@@ -8,7 +8,10 @@ model as the Eulerian solver's, with the empirical measure in place of rho (solv
 
 Systems.  The state is x (M, n, d): M members (a batch: seeds, initial laws, models of one sweep), each of
 n tokens in `particles.replicas` = R independent systems of n / R consecutive tokens: the drift sees
-M R systems of n / R tokens, one batched tensor program (a token attends to its own system only).
+M R systems of n / R tokens, one batched tensor program (a token attends to its own system only).  Where the
+field is the direct dense attention (ParticleField.is_direct: small systems, finite beta), a step is the array
+program of solvers/particle_step.py (numpy on the CPU, torch elsewhere), whose transpose the training's backward
+pass takes (solvers/particle_adjoint.py); else the steps below are taken with ParticleField's torch sums.
 
 Integrators (x_{k+1} from x_k, step h; normalise(y) = y / |y|):
   "euler"  eps = 0: the seed's projected Euler  x <- normalise(x + h v(x));
