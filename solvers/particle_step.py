@@ -1,5 +1,5 @@
-"""The particle step of solvers.particles.Integrator with the direct dense attention (particle_field.direct_attention),
-written as one array program over all systems, and its exact transpose (the discrete adjoint of the step).
+"""The particle step of solvers.particles.Integrator with the direct dense attention (ParticleField.is_direct), written
+as one array program over all systems, and its exact transpose (the discrete adjoint of the step).
 
 Layout.  The M members' tokens x (M, n, d), R replica systems each, are the rows X (S, d, p) of S = M R systems of
 p = n / R tokens, the d components as rows; per system the coupling C = beta B, V, eps, and W of its member.
@@ -212,8 +212,8 @@ class Flow:
 
 
 class DirectStep:
-    """Integrator.step (solvers/particles.py) for the direct dense attention, on the rows of all systems, and its
-    transpose `transpose_step`."""
+    """Integrator.step (solvers/particles.py) for the direct dense attention on the rows of all systems (`advance`),
+    and its transpose (`retreat`)."""
 
     def __init__(self, name: str, noisy: bool, field, tokens: int):
         """`tokens`: p, the tokens of a system."""
@@ -271,53 +271,52 @@ class DirectStep:
         return h if k < steps - 1 else h / 2
 
     def step(self, x: torch.Tensor, W: torch.Tensor, h: float, k: int, steps: int, draws) -> torch.Tensor:
-        """Integrator.step(x, W, h, k, steps, draws) (solvers/particles.py)."""
+        """Integrator.step(x, W, h, k, steps, draws) (solvers/particles.py): `advance` on the rows."""
         xp = namespace(x, W)
-        X, Ws = self.rows(xp, x), self.per_system(xp, W)
+        rows = (self.rows(xp, g) for g in draws)
+        return self.points(xp, self.advance(xp, self.rows(xp, x), self.per_system(xp, W), h, k, steps, rows), x)
+
+    def advance(self, xp, X, Ws, h: float, k: int, steps: int, draws):
+        """Step k of `steps` (step h) from the rows X with the systems' W (Ws); `draws` yields the step's Gaussian
+        draws as rows."""
         if self.name == "euler":
             drift = h * Stage(self, xp, X, Ws, False).v
             if not self.noisy:
-                return self.points(xp, normalise(X + drift), x)
-            G = self.rows(xp, next(draws))
-            scale = self.sigma(xp, h, 2)  # (2 eps h)^(1/2): the Euler-Maruyama step
-            return self.points(xp, exponential_map(xp, X, drift + scale * projection(X, G)), x)
+                return normalise(X + drift)
+            scale = self.sigma(xp, h, 2)  # noise_variance at d = 2 is 2 eps h: the Euler-Maruyama step
+            return exponential_map(xp, X, drift + scale * projection(X, next(draws)))
         if self.noisy and k == 0:
-            X = self.brownian(xp, X, h / 2, self.rows(xp, next(draws)))
+            X = self.brownian(xp, X, h / 2, next(draws))
         X = Flow(self, xp, X, Ws, h, False).out
         if self.noisy:
-            X = self.brownian(xp, X, self.noise_time(h, k, steps), self.rows(xp, next(draws)))
-        return self.points(xp, X, x)
+            X = self.brownian(xp, X, self.noise_time(h, k, steps), next(draws))
+        return X
 
-    def transpose_step(self, x: torch.Tensor, W: torch.Tensor, h: float, k: int, steps: int, draws,
-                       xbar: torch.Tensor):
-        """(xbar, Wbar) of step(x, W, h, k, steps, draws) for the cotangent xbar (M, n, d) of its result: the step
-        taken again from x with the same draws, keeping its stages, then its pieces transposed from the last."""
-        xp = np if np in self.arrays else torch
-        X, Ws, outbar = self.rows(xp, x), self.per_system(xp, W), self.rows(xp, xbar)
+    def retreat(self, xp, X, Ws, h: float, k: int, steps: int, draws, outbar):
+        """(Xbar, Wbar per system) of advance(xp, X, Ws, h, k, steps, draws) for the cotangent outbar of its result:
+        the step taken again from X with the same draws, keeping its stages, then its pieces transposed from the
+        last."""
         if self.name == "euler":
             stage = Stage(self, xp, X, Ws, True)
             if not self.noisy:
                 ybar = normalise_transpose(X + h * stage.v, outbar)
                 stage_bar, Wbar = stage.transpose(h * ybar)
-                return self.members(xp, ybar + stage_bar, Wbar, x, W)
-            G = self.rows(xp, next(draws))
-            scale = self.sigma(xp, h, 2)
+                return ybar + stage_bar, Wbar
+            G, scale = next(draws), self.sigma(xp, h, 2)
             previous, tbar = exponential_map_transpose(xp, X, h * stage.v + scale * projection(X, G), outbar)
             previous = previous + projection_point_transpose(X, G, scale * tbar)
             stage_bar, Wbar = stage.transpose(h * tbar)
-            return self.members(xp, previous + stage_bar, Wbar, x, W)
+            return previous + stage_bar, Wbar
         if not self.noisy:
-            return self.members(xp, *Flow(self, xp, X, Ws, h, True).transpose(outbar), x, W)
-        first = self.rows(xp, next(draws)) if k == 0 else None
+            return Flow(self, xp, X, Ws, h, True).transpose(outbar)
+        first = next(draws) if k == 0 else None
         start = self.brownian(xp, X, h / 2, first) if k == 0 else X
         flow = Flow(self, xp, start, Ws, h, True)
-        flowed_bar = self.brownian_transpose(xp, flow.out, self.noise_time(h, k, steps), self.rows(xp, next(draws)),
-                                             outbar)
+        flowed_bar = self.brownian_transpose(xp, flow.out, self.noise_time(h, k, steps), next(draws), outbar)
         start_bar, Wbar = flow.transpose(flowed_bar)
-        xbar = self.brownian_transpose(xp, X, h / 2, first, start_bar) if k == 0 else start_bar
-        return self.members(xp, xbar, Wbar, x, W)
+        return (self.brownian_transpose(xp, X, h / 2, first, start_bar) if k == 0 else start_bar), Wbar
 
-    def members(self, xp, Xbar, Wbar, x: torch.Tensor, W: torch.Tensor):
-        """(xbar (M, n, d), Wbar (M, d, d)) from the systems' rows and matrices (the replicas' Wbar summed)."""
-        Wbar = Wbar.reshape((W.shape[0], self.replicas) + W.shape[1:]).sum(1)
-        return self.points(xp, Xbar, x), torch.from_numpy(Wbar) if xp is np else Wbar
+    def member_sum(self, xp, Wbar) -> torch.Tensor:
+        """The members' Wbar (M, d, d) from the systems' (S, d, d): the replicas' summed."""
+        Wbar = Wbar.reshape((-1, self.replicas) + tuple(Wbar.shape[1:])).sum(1)
+        return torch.from_numpy(Wbar) if xp is np else Wbar
