@@ -70,11 +70,21 @@ def normalise(Y):
     return Y / (inner(Y, Y) ** 0.5)
 
 
-def normalise_transpose(Y, zbar):
-    """ybar of z = Y / |Y|: (zbar - <zbar, z> z) / |Y|."""
-    length = inner(Y, Y) ** 0.5
-    z = Y / length
+def normalise_transpose(Y, zbar, z=None, length=None):
+    """ybar of z = Y / |Y|: (zbar - <zbar, z> z) / |Y| (z and |Y| where the caller kept them)."""
+    if length is None:
+        length = inner(Y, Y) ** 0.5
+        z = Y / length
     return (zbar - inner(zbar, z) * z) / length
+
+
+def cos_sin(xp, angle):
+    """(cos, sin) of an array; numpy's through torch, whose float64 cos and sin are vectorised (on 1280 numbers
+    5 us each against numpy's 11)."""
+    if xp is np:
+        angle = torch.from_numpy(angle)
+        return torch.cos(angle).numpy(), torch.sin(angle).numpy()
+    return torch.cos(angle), torch.sin(angle)
 
 
 def projection(X, Y):
@@ -90,7 +100,8 @@ def projection_point_transpose(X, Y, vbar):
 def exponential_map(xp, X, T):
     """exp_x(t) = normalise(cos|t| x + sin|t| t / |t|) (x where t = 0)."""
     length = inner(T, T) ** 0.5
-    return normalise(xp.cos(length) * X + xp.sin(length) * (T / xp.where(length > 0, length, 1.0)))
+    cos, sin = cos_sin(xp, length)
+    return normalise(cos * X + sin * (T / xp.where(length > 0, length, 1.0)))
 
 
 def exponential_map_transpose(xp, X, T, outbar):
@@ -99,7 +110,7 @@ def exponential_map_transpose(xp, X, T, outbar):
     length = inner(T, T) ** 0.5
     safe = xp.where(length > 0, length, 1.0)
     direction = T / safe
-    cos, sin = xp.cos(length), xp.sin(length)
+    cos, sin = cos_sin(xp, length)
     wbar = normalise_transpose(cos * X + sin * direction, outbar)
     along = inner(wbar, direction)
     lbar = cos * along - sin * inner(wbar, X)
@@ -194,12 +205,13 @@ class Flow:
         self.y = X
         for weight, slope in zip(self.b, slopes):
             self.y = self.y + (h * weight) * slope
-        self.out = normalise(self.y)
+        self.length = inner(self.y, self.y) ** 0.5
+        self.out = self.y / self.length
 
     def transpose(self, outbar):
         """(xbar, Wbar) for the cotangent outbar of `out`: kbar_i = h b_i ybar + h sum_{l > i} a_li Xbar_l."""
         h = self.h
-        ybar = normalise_transpose(self.y, outbar)
+        ybar = normalise_transpose(self.y, outbar, self.out, self.length)
         slope_bars = [(h * weight) * ybar for weight in self.b]
         xbar, Wbar = ybar, 0
         for i in reversed(range(len(self.stages))):
