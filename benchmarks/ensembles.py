@@ -12,7 +12,8 @@ eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense
    forward run's step (the discrete gradient of an align training over 40 layers, T = 80 / 10);
 2. the same per member at M = 20, against M = 1;
 3. the particle training at the seed's scale (N = 64 tokens, T = 80, particles.dt = time.dt = 0.01): one
-   evaluation of 20 trainings batched, per member, against one serial evaluation of the code at --baseline;
+   evaluation of 20 trainings batched, per member, against one serial evaluation of the code at --baseline (both
+   the median of --repeats), and the floor of its arithmetic on this core (particle_floor);
 4. S^2, softmax, lmax 32, the spectral field (the quick-start's model): a step per member at M = 16 against M = 1;
 5. the code at --baseline (default: the commit the ensembles issue started from), checked out into a temporary
    folder (git archive) and measured in a child process on the same cases: its forward step and its evaluation
@@ -279,7 +280,7 @@ particles = load(os.path.join(sys.argv[1], "cases", settings["bow"]),
                   "particles.seed=0"])
 control = ParticleControl(particles)
 zero = torch.zeros((control.layers, 2, 2), dtype=torch.float64)
-out["particle_evaluation"] = clock(lambda: control.gradient(zero), 1)
+out["particle_evaluation"] = clock(lambda: control.gradient(zero), settings["repeats"])
 foreign = [name for name, module in sys.modules.items() if name.split(".")[0] in ("spherepde", "solvers")
            and getattr(module, "__file__", None) and not module.__file__.startswith(sys.argv[1])]
 assert not foreign, f"modules not from the baseline: {foreign}"
@@ -382,7 +383,7 @@ def main(argv=None):
     print(f"   evaluation      {1e3 * batch['evaluation'] / 20:8.4f} ms   ratio to M = 1 "
           f"{batch['evaluation'] / 20 / single['evaluation']:6.3f}   (criterion <= 0.1)")
 
-    particles = particle_costs(20, particle_t_end, 1)
+    particles = particle_costs(20, particle_t_end, args.repeats)
     s2_single, s2_batch = sphere_costs(1, args.repeats), sphere_costs(16, max(1, args.repeats - 1))
     print(f"4. S^2 softmax, lmax 32, {s2_single['field']} field ({s2_single['path']} path): step per member "
           f"{1e3 * s2_single['step']:.2f} ms at M = 1, {1e3 * s2_batch['step']:.2f} ms at M = 16: ratio "
