@@ -12,7 +12,8 @@ eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense
    forward run's step (the discrete gradient of an align training over 40 layers, T = 80 / 10);
 2. the same per member at M = 20, against M = 1;
 3. the particle training at the seed's scale (N = 64 tokens, T = 80, particles.dt = time.dt = 0.01): one
-   evaluation of 20 trainings batched, per member, against one serial evaluation of the code at --baseline;
+   evaluation of 20 trainings batched, per member, against one serial evaluation of the code at --baseline (both
+   the median of --repeats), and the floor of its arithmetic on this core (particle_floor);
 4. S^2, softmax, lmax 32, the spectral field (the quick-start's model): a step per member at M = 16 against M = 1;
 5. the code at --baseline (default: the commit the ensembles issue started from), checked out into a temporary
    folder (git archive) and measured in a child process on the same cases: its forward step and its evaluation
@@ -161,6 +162,36 @@ def particle_costs(members: int, t_end: float, repeats: int) -> dict:
     return {"evaluation": seconds / members, "steps": control.steps}
 
 
+def particle_floor(members: int = 20, n: int = 64, dim: int = 2) -> dict:
+    """The arithmetic of one noisy Heun step of the particle evaluation per member (solvers/particle_step.py: two
+    stages forward, the two formed again and transposed), and one core's throughput for it: exps 4 n^2; FLOPs of
+    the products (the logits 2 d n^2 per stage, the sums 2 d n^2, the kept stage's d^2 more rows and the transpose's
+    d + d^2 rows, 2 n^2 a row), the O(d^2 n) rest left out.  Throughput: numpy's exp on the (20, 64, 64) kernel and
+    a 1024 x 1024 matmul (the core's dgemm peak, which the small batched products do not reach)."""
+    rows = dim + dim * dim
+    flops = 2 * (2 * dim + 2 * dim) * n * n + 2 * (2 * dim + 2 * rows) * n * n + 2 * (2 * rows) * n * n
+    kernel = np.random.default_rng(0).uniform(-1, 1, (members, n, n))
+    out = np.empty_like(kernel)
+    exp_seconds = clock(lambda: [np.exp(kernel, out=out) for _ in range(20)], 3) / (20 * kernel.size)
+    square = np.random.default_rng(1).standard_normal((1024, 1024))
+    peak = 2 * 1024 ** 3 / clock(lambda: square @ square, 3)
+    products = np.random.default_rng(2).standard_normal((members, rows, n))
+    batched = 2 * members * rows * n * n / clock(lambda: [products @ kernel for _ in range(20)], 3) * 20
+    return {"exps": 4 * n * n, "flops": flops, "exp_seconds": exp_seconds, "peak": peak, "batched": batched,
+            "floor": 4 * n * n * exp_seconds + flops / peak}
+
+
+def print_particle_floor(particles: dict) -> None:
+    """The particle evaluation's time per member and step against its arithmetic's floor (particle_floor)."""
+    floor = particle_floor()
+    per_step = particles["evaluation"] / particles["steps"]
+    print(f"   per member and step {1e6 * per_step:.1f} us; its arithmetic {floor['exps']} exps and "
+          f"{floor['flops'] / 1e3:.0f} kFLOP; one core: exp {1e9 * floor['exp_seconds']:.2f} ns, dgemm peak "
+          f"{floor['peak'] / 1e9:.1f} GFLOP/s (the (20, 6, 64) x (20, 64, 64) products "
+          f"{floor['batched'] / 1e9:.1f}): floor {1e6 * floor['floor']:.1f} us, {per_step / floor['floor']:.1f}x "
+          "above it")
+
+
 def sphere_costs(members: int, repeats: int) -> dict:
     """Seconds of a forward step of `members` copies of the S^2 spectral case, per member."""
     from solvers.forward_problem import ForwardProblem
@@ -275,7 +306,10 @@ particles = load(os.path.join(sys.argv[1], "cases", settings["bow"]),
                   "particles.seed=0"])
 control = ParticleControl(particles)
 zero = torch.zeros((control.layers, 2, 2), dtype=torch.float64)
-out["particle_evaluation"] = clock(lambda: control.gradient(zero), 1)
+out["particle_evaluation"] = clock(lambda: control.gradient(zero), settings["repeats"])
+foreign = [name for name, module in sys.modules.items() if name.split(".")[0] in ("spherepde", "solvers")
+           and getattr(module, "__file__", None) and not module.__file__.startswith(sys.argv[1])]
+assert not foreign, f"modules not from the baseline: {foreign}"
 print(json.dumps(out))
 '''
 
@@ -381,7 +415,7 @@ def main(argv=None):
     for path, members in ((single["path"], 1), (batch["path"], 20)):
         print(f"   {path} path (M = {members}) {1e3 * s1_floor(throughput, path, members):8.4f} ms")
 
-    particles = particle_costs(20, particle_t_end, 1)
+    particles = particle_costs(20, particle_t_end, args.repeats)
     s2_single, s2_batch = sphere_costs(1, args.repeats), sphere_costs(16, max(1, args.repeats - 1))
     print(f"4. S^2 softmax, lmax 32, {s2_single['field']} field ({s2_single['path']} path): step per member "
           f"{1e3 * s2_single['step']:.2f} ms at M = 1, {1e3 * s2_batch['step']:.2f} ms at M = 16: ratio "
@@ -394,12 +428,14 @@ def main(argv=None):
               f"per member at M = 20 {particles['evaluation']:.3f} s, the baseline's serial evaluation "
               f"{old['particle_evaluation']:.2f} s: {old['particle_evaluation'] / particles['evaluation']:.1f}x "
               "cheaper   (criterion >= 50)")
+        print_particle_floor(particles)
         print(f"5. the baseline ({args.baseline}): forward step {1e3 * old['step']:.3f} ms "
               f"({old['step'] / single['step']:.1f}x today's), evaluation per step {1e3 * old['evaluation']:.3f} ms "
               f"({old['evaluation'] / single['evaluation']:.1f}x today's)")
     else:
         print(f"3. particle trainings: one evaluation per member at M = 20 {particles['evaluation']:.3f} s "
               f"({particles['steps']} steps)")
+        print_particle_floor(particles)
     if args.paths:
         print("7. Transport's paths, a step (ms), forced; the path the estimate picks:")
         for path, overrides in ((S1_CASE, ["sphere.lmax=64", "solver.field='dense'"]),

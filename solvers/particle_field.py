@@ -5,7 +5,8 @@ The attention integral is the exponential-kernel sum over the particles with wei
 (spherepde.kernels dense quadrature), or, for the softmax kernel on CUDA, fused scaled-dot-product attention
 m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same sum, memory O(n) per block of rows).  On the CPU the
 dense sum is used: torch's float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).
-Small systems take the direct sums of `direct_attention`.  At beta = inf the case chooses between
+Small systems take the direct sums, the whole (n, n) kernel formed at once without a shift: solvers/particle_step.py
+(`direct_mean` here; the particle step itself is that module's array program).  At beta = inf the case chooses between
   "mean_field": m(x) = B^T x / |B^T x|, the local field of the Eulerian equation, so the
                 particles are its characteristics (they do not interact), and
   "hardmax":    m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j>, the beta -> inf limit of the
@@ -15,9 +16,11 @@ Small systems take the direct sums of `direct_attention`.  At beta = inf the cas
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from solvers import particle_step
 from spherepde.base.errors import CaseError
 from spherepde.kernels.dense import block_rows, dense_exp_kernel
 from spherepde.model.attention import ModelBatch, attention_mean, velocity, zero_temperature_mean
@@ -68,33 +71,15 @@ DIRECT_BYTES = 2 ** 26
 
 
 def can_be_direct(B: torch.Tensor, beta: torch.Tensor, systems: int, n: int) -> bool:
-    """Whether `direct_attention` serves these systems (DIRECT_BYTES and the exponent range)."""
+    """Whether the direct sums (particle_step) serve these systems (DIRECT_BYTES and the exponent range)."""
     dtype = B.dtype
     reach = float((beta * torch.linalg.matrix_norm(B.double(), ord=2)).max())
     return (systems * n * n * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES
             and reach <= 0.5 * math.log(torch.finfo(dtype).max))
 
 
-def direct_attention(points: torch.Tensor, coupling: torch.Tensor, softmax: bool):
-    """(m, k, Z) of each system's particles x_j (points (S, p, d)) with coupling C = beta B (S, d, d):
-
-        k_ij = exp(<x_i, C x_j>),   Z_i = sum_j k_ij,
-        m_i = sum_j k_ij x_j / Z_i  (softmax),   m_i = (1/p) sum_j k_ij x_j  (unnormalized; Z is None),
-
-    the exponential-kernel sums formed whole, without a shift (where can_be_direct says they may be).  The
-    kernel k (S, p, p) is returned for the transpose (solvers/particle_adjoint.py).  The sums are formed as
-    (x^T k^T)^T: with the d components as rows, MKL's batched product is about twice as fast (d = 2, p = 64)."""
-    columns = points.transpose(-1, -2).contiguous()
-    kernel = torch.exp(torch.matmul(torch.matmul(points, coupling), columns))
-    sums = torch.matmul(columns, kernel.transpose(-1, -2)).transpose(-1, -2)
-    if softmax:
-        Z = kernel.sum(-1)
-        return sums / Z[..., None], kernel, Z
-    return sums / points.shape[-2], kernel, None
-
-
 class SystemKernel:
-    """The exponential-kernel sum over each system's particles with weights 1/n_s, where `direct_attention` does
+    """The exponential-kernel sum over each system's particles with weights 1/n_s, where the direct sums do
     not serve: channels (S, n_s, c) -> (scaled, log_scale) as the transforms of spherepde.kernels give them
     (model.attention's `exp_kernel`).  beta = 0: the plain sums; else the shifted blocks of
     kernels.dense.dense_exp_kernel."""
@@ -148,14 +133,20 @@ class ParticleField:
         elif self.attention == "fused":
             m = fused_softmax_mean(systems.B, systems.beta, points, self.chunk)
         elif self.is_direct(points):
-            m = direct_attention(points, self.coupling, systems.kernel == "softmax")[0]
+            xp = particle_step.namespace(points, self.coupling)
+            rows = points.transpose(1, 2)
+            rows = np.ascontiguousarray(rows.numpy()) if xp is np else rows
+            coupling = self.coupling.transpose(-1, -2)
+            m = particle_step.direct_mean(xp, rows, coupling.numpy() if xp is np else coupling,
+                                          systems.kernel == "softmax").swapaxes(1, 2)
+            m = torch.from_numpy(np.ascontiguousarray(m)) if xp is np else m
         else:
             ones = torch.ones(points.shape[:2], dtype=points.dtype, device=points.device)
             m = attention_mean(systems, SystemKernel(points, systems.B, systems.beta, self.chunk), points, ones)
         return m.reshape(x.shape)
 
     def is_direct(self, points: torch.Tensor) -> bool:
-        """Whether the dense attention of these systems' points (S, p, d) is `direct_attention`'s."""
+        """Whether the dense attention of these systems' points (S, p, d) is the direct sums'."""
         if self.direct is None:
             self.direct = (self.attention == "dense" and bool((self.systems.beta > 0).all())
                            and can_be_direct(self.systems.B, self.systems.beta, *points.shape[:2]))

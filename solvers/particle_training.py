@@ -74,6 +74,7 @@ from solvers import particle_adjoint
 from solvers.controlled_forward import Gradient
 from solvers.eulerian import only
 from solvers.forward_problem import ForwardProblem
+from solvers.particle_adjoint import Replay
 from solvers.particles import ParticleSystem, initial_state, run_members
 from solvers.timegrid import Plan, TimeGrid, fixed_steps
 from solvers.training import Lockstep, journaled_optimise
@@ -178,21 +179,28 @@ class ParticleControl:
         autograd through that step alone)."""
         controls = controls.detach()
         x0, seeds = self.samples()
-        tape = []
+        integrator, tape = self.system.integrator, []
         with torch.no_grad():
-            x_end = self.run(x0, controls, seeds, tape)
+            if self.by_hand:
+                program = integrator.direct_step(x0)
+                x_end, tape = particle_adjoint.taped_run(program, self.plans, x0, controls, self.system.noise(seeds),
+                                                         integrator.draw_count)
+            else:
+                x_end = self.run(x0, controls, seeds, tape)
         with torch.enable_grad():
             x = x_end.clone().requires_grad_(True)
             W_all = controls.clone().requires_grad_(True)
             costs, losses = self.costs(x, W_all)
             x_bar, W_bar = torch.autograd.grad(costs.sum(), (x, W_all))
         W_bar = W_bar.clone()
-        integrator = self.system.integrator
-        transpose = particle_adjoint.transpose_step if self.by_hand else particle_adjoint.autograd_transpose
         with torch.no_grad():
-            for (state, W, h, k, steps, draws, taken), plan_layer in zip(reversed(tape), reversed(self._layers())):
-                x_bar, layer_bar = transpose(integrator, state, W, h, k, steps, draws.replay(taken), x_bar)
-                W_bar[:, plan_layer] += layer_bar
+            if self.by_hand:
+                particle_adjoint.transposed_run(program, tape, x_bar, W_bar)
+            else:
+                for (state, W, h, k, steps, draws, taken), layer in zip(reversed(tape), reversed(self._layers())):
+                    x_bar, layer_bar = particle_adjoint.autograd_transpose(integrator, state, W, h, k, steps,
+                                                                           draws.replay(taken), x_bar)
+                    W_bar[:, layer] += layer_bar
         finite = torch.isfinite(x_end).flatten(1).all(1).tolist()
         costs, losses = costs.detach(), losses.detach()
         return [Gradient(float(costs[m]), float(losses[m]), W_bar[m], [], []) if finite[m] else
@@ -211,25 +219,6 @@ class ParticleControl:
     def gradient(self, controls: torch.Tensor) -> Gradient:
         """The first member's J and dJ/dW at controls (L, d, d) (one member's training; tests)."""
         return only(self.select([0]).gradients(controls[None]))
-
-
-class Replay:
-    """An iterator over Gaussian draws that keeps what it gave (`taken`), so that a step can be taken again with
-    the same draws (`replay(start)` from draw number `start`)."""
-
-    def __init__(self, draws):
-        self.draws, self.taken = draws, []
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        value = next(self.draws)
-        self.taken.append(value)
-        return value
-
-    def replay(self, start: int):
-        return iter(self.taken[start:])
 
 
 def run_particle_trainings(cases, progress: bool | None = None, starts: list | None = None,

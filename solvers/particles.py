@@ -8,7 +8,10 @@ model as the Eulerian solver's, with the empirical measure in place of rho (solv
 
 Systems.  The state is x (M, n, d): M members (a batch: seeds, initial laws, models of one sweep), each of
 n tokens in `particles.replicas` = R independent systems of n / R consecutive tokens: the drift sees
-M R systems of n / R tokens, one batched tensor program (a token attends to its own system only).
+M R systems of n / R tokens, one batched tensor program (a token attends to its own system only).  Where the
+field is the direct dense attention (ParticleField.is_direct: small systems, finite beta), a step is the array
+program of solvers/particle_step.py (numpy on the CPU, torch elsewhere), whose transpose the training's backward
+pass takes (solvers/particle_adjoint.py); else the steps below are taken with ParticleField's torch sums.
 
 Integrators (x_{k+1} from x_k, step h; normalise(y) = y / |y|):
   "euler"  eps = 0: the seed's projected Euler  x <- normalise(x + h v(x));
@@ -41,6 +44,7 @@ import torch
 from solvers.eulerian import MAX_STEPS_PER_SAVE, only, outcomes
 from solvers.particle_field import ParticleField
 from solvers.particle_recorder import ParticleRecorder
+from solvers.particle_step import DirectStep, noise_variance
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
@@ -57,12 +61,6 @@ NOISE_BYTES = 2 ** 26
 # ---------------------------------------------------------------------------------------
 # Steps on the sphere
 # ---------------------------------------------------------------------------------------
-
-
-def noise_variance(eps, tau: float, dim: int):
-    """sigma^2 = 2 eps tau (1 - (d - 2) eps tau / 3): the geodesic Gaussian step of weak order 2 (eps a number or
-    a tensor of the members' eps)."""
-    return 2 * eps * tau * (1 - (dim - 2) * eps * tau / 3)
 
 
 class Noise:
@@ -93,6 +91,14 @@ class Integrator:
         self.name, self.field = name, field
         self.eps = eps.reshape(-1, 1, 1)
         self.noisy = bool((eps > 0).any())
+        self.program = None  # the DirectStep where the field is the direct dense attention, found at the first step
+
+    def direct_step(self, x: torch.Tensor) -> DirectStep | None:
+        """The array program of the step (solvers/particle_step.py) where the field is the direct dense attention
+        (ParticleField.is_direct at particles like x), else None."""
+        if self.program is None and self.field.attention == "dense" and self.field.is_direct(self.field._systems(x)):
+            self.program = DirectStep(self.name, self.noisy, self.field, x.shape[1] // self.field.replicas)
+        return self.program
 
     def draw_count(self, steps: int) -> int:
         """Gaussian draws the interval takes: one per step (euler), one more for the split's half steps."""
@@ -111,6 +117,9 @@ class Integrator:
 
     def step(self, x: torch.Tensor, W: torch.Tensor, h: float, k: int, steps: int, draws) -> torch.Tensor:
         """Step k of `steps` of an interval; `draws` yields the interval's Gaussian draws in order."""
+        program = self.direct_step(x)
+        if program is not None:
+            return program.step(x, W, h, k, steps, draws)
         if self.name == "euler":
             drift = h * self.field(x, W)
             if not self.noisy:
@@ -122,12 +131,7 @@ class Integrator:
         if k == 0:
             x = self.brownian(x, h / 2, next(draws))
         x = explicit_flow(lambda y, offset: self.field(y, W), x, h, flow)
-        return self.brownian(x, self.noise_time(h, k, steps), next(draws))
-
-    @staticmethod
-    def noise_time(h: float, k: int, steps: int) -> float:
-        """tau of the noise step that ends step k of `steps`: the merged half steps h, a half step at the end."""
-        return h if k < steps - 1 else h / 2
+        return self.brownian(x, DirectStep.noise_time(h, k, steps), next(draws))
 
     def interval(self, x: torch.Tensor, W: torch.Tensor, h: float, steps: int, noise: Noise | None) -> torch.Tensor:
         draws = noise.draws(self.draw_count(steps)) if noise is not None else iter(())
