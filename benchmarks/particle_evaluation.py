@@ -17,8 +17,7 @@ import sys
 import time
 
 import torch
-
-from benchmarks.ensembles import BASELINE, BOW, in_baseline, load
+from ensembles import BASELINE, BOW, in_baseline, load
 
 CHILD = r'''
 import json, os, sys, time, warnings
