@@ -36,7 +36,7 @@ def numpy_step(case):
     k = np.arange(lmax + 1)
     lam = -eps * k ** 2
     scale = math.sqrt(2 * math.pi) / n
-    derivative = 1j * k * scale
+    derivative = -1j * k * scale  # the rate -d(rho v)/dtheta
     a = [[float(v) for v in row] for row in tableau.a]
     ai = [[float(v) for v in row] for row in tableau.a_implicit]
     b, bi = [float(v) for v in tableau.b], [float(v) for v in tableau.b_implicit]

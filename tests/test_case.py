@@ -483,3 +483,20 @@ def test_solver_threads_follow_the_problem_size_and_are_restored_after_a_run():
         torch.set_num_threads(default)
     with pytest.raises(CaseError, match=r"solver.threads"):
         small.with_overrides(["solver.threads=0"])
+
+
+def test_solver_threads_also_bound_numpys_blas_and_are_restored():
+    """The particle step's products run in numpy's BLAS on the CPU: a run's thread count holds there too."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from spherepde.base.threads import threads_for
+
+    def blas_threads():
+        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+    case = make_case(dim=2, lmax=16, solver={"method": "particles", "threads": 1})
+    with threadpool_limits(limits=2, user_api="blas"):
+        outside = blas_threads()
+        with threads_for(case):
+            assert blas_threads() == {1}
+        assert blas_threads() == outside

@@ -6,12 +6,15 @@ two other users (cases/quickstart.toml to t = 1, CPU seconds, user + sys, one th
 lmax 20: 1.8 against 6.7; lmax 64: 2.8 against 6.4; lmax 128: 8.6 against 42.3 (wall 13 s against 53 s).
 So "auto" keeps one thread up to lmax 128 (the largest measured) and 2e4 particles (dense attention blocks of
 1 MiB, the same order of work per operation), and above those leaves torch's default, which follows
-OMP_NUM_THREADS.  A number asks for exactly that many threads.
+OMP_NUM_THREADS.  A number asks for exactly that many threads.  The same limit holds for the BLAS that numpy calls
+(threadpoolctl): the particle step runs its products in numpy on the CPU (solvers/particle_step.py), and its
+OpenBLAS would otherwise start threads of its own on large systems.
 """
 
 from contextlib import contextmanager
 
 import torch
+from threadpoolctl import threadpool_limits
 
 ONE_THREAD_LMAX = 128
 ONE_THREAD_PARTICLES = 20_000
@@ -30,10 +33,12 @@ def run_threads(case) -> int:
 
 @contextmanager
 def threads_for(case):
-    """Run the enclosed code with run_threads(case) torch threads, then restore the caller's setting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(run_threads(case))
+    """Run the enclosed code with run_threads(case) torch threads and numpy BLAS threads, then restore the caller's
+    settings."""
+    before, threads = torch.get_num_threads(), run_threads(case)
+    torch.set_num_threads(threads)
     try:
-        yield
+        with threadpool_limits(limits=threads, user_api="blas"):
+            yield
     finally:
         torch.set_num_threads(before)

@@ -25,9 +25,21 @@ OPERATOR_BYTES = 64 * 2 ** 20
 # The SVD of a folded operator is tried only up to this many entries (its cost grows as P^3: 0.2 s at 1e6).
 LOW_RANK_ENTRIES = 2 ** 20
 
-# Singular values below this fraction of the largest are dropped from the attention operator's factors: their
-# part of a product is below the product's own round-off.
+# Singular values below this fraction of the largest (in float64; scaled by the epsilon in other dtypes) are dropped
+# from the attention operator's factors: their part of a product is below the product's own round-off.
 RANK_TOLERANCE = 1e-16
+
+
+def truncated_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(left (., P, r), right (., r, C)) with left @ right = matrix (., P, C) to round-off: its SVD taken in float64,
+    the singular values below RANK_TOLERANCE times the largest dropped (r the largest count over the leading axes),
+    the tolerance scaled by the matrix dtype's epsilon against float64's; the factors in the matrix's dtype.  (A
+    float32 SVD's small singular values are its own round-off: they would keep nearly the full rank.)"""
+    U, sigma, Vh = torch.linalg.svd(matrix.double(), full_matrices=False)
+    tolerance = RANK_TOLERANCE * torch.finfo(matrix.dtype).eps / torch.finfo(torch.float64).eps
+    rank = int((sigma > tolerance * sigma[..., :1]).sum(-1).max())
+    left, right = U[..., :rank], sigma[..., :rank, None] * Vh[..., :rank, :]
+    return left.to(matrix.dtype).contiguous(), right.to(matrix.dtype).contiguous()
 
 
 class DenseOperator:
@@ -35,9 +47,9 @@ class DenseOperator:
 
     `matrix` is (members or 1, P, rows P): transposed for a product from the left, G (unnormalized, rows = K)
     or the channels (Z, N) of the shifted kernel (softmax, rows = 1 + d).  The kernel is smooth, so its matrix
-    has a numerical rank r far below P at moderate beta (S^1, seed 004's A: 37 of 200 singular values above
-    RANK_TOLERANCE); where r (P + rows P) < P rows P / 2 a product goes through the truncated SVD factors
-    (`left` (., P, r), `right` (., r, rows P)) instead, at half the arithmetic or less."""
+    has a numerical rank r far below P at moderate beta (S^1, seed 004's A at lmax 64: 34 of 200 singular values
+    above RANK_TOLERANCE in float64); where r (P + rows P) < P rows P / 2 a product goes through the truncated SVD
+    factors (`left` (., P, r), `right` (., r, rows P), truncated_svd) instead, at half the arithmetic or less."""
 
     def __init__(self, matrix: torch.Tensor, kernel: str):
         self.matrix, self.kernel = matrix, kernel
@@ -45,11 +57,9 @@ class DenseOperator:
         points, columns = matrix.shape[-2:]
         if points * columns > LOW_RANK_ENTRIES:
             return
-        U, sigma, Vh = torch.linalg.svd(matrix, full_matrices=False)
-        rank = int((sigma > RANK_TOLERANCE * sigma[..., :1]).sum(-1).max())
-        if rank * (points + columns) < points * columns / 2:
-            self.left = U[..., :rank].contiguous()
-            self.right = (sigma[..., :rank, None] * Vh[..., :rank, :]).contiguous()
+        left, right = truncated_svd(matrix)
+        if left.shape[-1] * (points + columns) < points * columns / 2:
+            self.left, self.right = left, right
 
     def multiply_adds(self) -> int:
         """Of one product, per member."""

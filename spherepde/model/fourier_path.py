@@ -6,9 +6,9 @@ With c the coefficients (the state's complex view), n grid points and r_j = irff
     y = a + c R U,       rate_k = phi_k rfft(r y)_k,   phi_k = -i k / n     (k = 0..kmax),
 
 where a is the feed-forward term and R U the rank-r factorisation of the folded attention u = G S c (S the
-synthesis, G the operator of model.dense_operator: u = G rho): its truncated SVD, singular values below
-dense_operator.RANK_TOLERANCE of the largest dropped (their part is below the product's round-off).  The kernel
-exp(beta <x, B y>) is smooth, so r is small (seed 004's A at lmax 64: 37 against 200 points).  Per member and
+synthesis, G the operator of model.dense_operator: u = G rho): its truncated SVD, the singular values below
+dense_operator.truncated_svd's tolerance dropped (their part is below the product's round-off).  The kernel
+exp(beta <x, B y>) is smooth, so r is small (seed 004's A at lmax 64: 30 against 200 points).  Per member and
 stage that is two FFTs and r (N + n) multiply-adds, where the matrix path spends 3 n N: it pays from a few
 members on (model.transport's cost rule, benchmarks/ensembles.py --paths).
 
@@ -27,7 +27,7 @@ import math
 import torch
 
 from spherepde.base.real_view import real_state
-from spherepde.model.dense_operator import RANK_TOLERANCE
+from spherepde.model.dense_operator import truncated_svd
 from spherepde.model.matrix_path import basis_matrices
 
 
@@ -52,10 +52,8 @@ class FourierPath:
         basis = transport.basis
         synthesis, _ = basis_matrices(basis)  # (n, N)
         folded = transport._operator.matrix.transpose(-1, -2) @ synthesis  # u = state folded^T: (., n, N)
-        U, sigma, Vh = torch.linalg.svd(folded, full_matrices=False)
-        rank = int((sigma > RANK_TOLERANCE * sigma[..., :1]).sum(-1).max())
-        R = (sigma[..., :rank, None] * Vh[..., :rank, :]).transpose(-1, -2).contiguous()
-        return cls(transport, R, U[..., :rank].transpose(-1, -2).contiguous())
+        left, right = truncated_svd(folded)
+        return cls(transport, right.transpose(-1, -2).contiguous(), left.transpose(-1, -2).contiguous())
 
     @property
     def rank(self) -> int:

@@ -68,7 +68,8 @@ OPERATION_COST = 60_000
 
 class Transport:
     """rate(state, drive) = -div(rho v[rho]) and its transpose for the members of `batch` (module docstring);
-    `path` forces a path ("matrix", "fourier" or "grid"; ValueError where it does not apply).
+    `path` forces a path ("matrix", "fourier" or "grid"; ValueError where the case has no such path; a forced matrix
+    path whose matrices exceed `matrix_bytes` falls back to the cheapest other path, as the chosen one does).
 
     `drive = feed_forward(W)` carries the feed-forward term of the layer (and, on the matrix path, whatever
     else is fixed over an interval) in the layout the path wants; `feed_forward_adjoint` maps its cotangent
