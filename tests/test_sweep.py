@@ -60,6 +60,20 @@ def test_sweep_members_equal_serial_runs(local_sweep):
                                   combined["order_parameter"].isel(member=index).values)
 
 
+def test_by_parameters_of_a_sweep_of_one_key(tmp_path):
+    """One swept key (the README's `--param model.eps=0.2,0.4`): its values become the dimension."""
+    case = tmp_path / "case.toml"
+    case.write_text(SMALL_S1)
+    output = tmp_path / "out"
+    assert main(["sweep", str(case), "--param", "model.eps=0.2,0.4", "--workers", "1", "-o", str(output)]) == 0
+    with xr.open_dataset(output / "sweep.nc") as combined:
+        grid = sweep_module.by_parameters(combined)
+        assert grid["order_parameter"].dims[0] == "model_eps"
+        for index, eps in enumerate([0.2, 0.4]):
+            assert np.array_equal(grid["order_parameter"].sel(model_eps=eps).values,
+                                  combined["order_parameter"].isel(member=index).values)
+
+
 def test_sweep_refuses_existing_results_and_resumes_without_a_cluster(local_sweep, monkeypatch, capsys):
     case_path, output = local_sweep
     args = ["sweep", str(case_path), "--param", PARAMS[0], "--param", PARAMS[1], "-o", str(output)]

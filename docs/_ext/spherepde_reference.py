@@ -134,13 +134,26 @@ def case_keys() -> list[CaseKey]:
             if key.default is case_schema.REQUIRED:
                 default = "required"
             elif key.default is case_schema.ABSENT:
-                default = "absent"
+                default = documented_default if documented_default.startswith("absent") else "absent"
             elif callable(key.default):
                 default = f"computed: {documented_default}"
             else:
-                default = _toml_literal(key.default)
+                literal = _toml_literal(key.default)
+                default = documented_default if documents_default(literal, documented_default) else literal
             keys.append(CaseKey(name, _parsed_as(key.parse), default, check, documented_default))
     return keys
+
+
+def documents_default(literal: str, documented: str) -> bool:
+    """Whether the schema table's default `documented` states the code's `literal` (and may explain it: '"auto":
+    imex-ark436 when eps > 0, else rk4', '0 (never)'): its first word is that literal, or that number."""
+    first = re.split(r"[\s:(]", documented.strip(), maxsplit=1)[0]
+    if first == literal:
+        return True
+    try:
+        return float(first) == float(literal)
+    except ValueError:
+        return False
 
 
 def case_keys_page() -> str:

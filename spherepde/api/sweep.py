@@ -308,6 +308,8 @@ def by_parameters(dataset):
     names = dataset.attrs.get("swept", "").split()
     if "member" not in dataset.dims or not names:
         raise CaseError("by_parameters: not a combined sweep file (no 'member' dimension and 'swept' attribute)")
+    if len(names) == 1:  # one index, not a multi-index: the member axis becomes the key's own
+        return dataset.swap_dims(member=names[0]).drop_vars("member", errors="ignore")
     return dataset.set_index(member=names).unstack("member")
 
 
