@@ -15,7 +15,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import io
 import math
 import pathlib
 import re
@@ -208,13 +210,22 @@ SAMPLE_RUNS = {  # small runs of every kind of output: (label, case file, overri
                                                             "solver.method='particles'", "particles.n=100"]),
 }
 COMPARE_REPORT = "compare report"
+SWEEP = "sweep"  # a combined sweep file: SWEEP_RUN's case swept over SWEEP_PARAMS
+SWEEP_RUN = ("cases/kuramoto-s1.toml", ["sphere.lmax=16", "time.t_end=0.5", "time.save_every=0.25"])
+SWEEP_PARAMS = ["model.eps=0.2,0.4", "model.beta=0.0,1.0"]
 
 
 @functools.cache
 def sample_outputs() -> dict:
-    """{kind: Dataset} of the small runs of SAMPLE_RUNS and the compare report of the "both" run."""
+    """{kind: Dataset} of the small runs of SAMPLE_RUNS, the compare report of the "both" run and a combined sweep
+    file (one Dask worker)."""
+    import tempfile
+
+    import xarray as xr
+
     import spherepde
     from spherepde.analysis.compare import compare
+    from spherepde.api.sweep import run_sweep
     from spherepde.io.output import split_both
 
     outputs = {}
@@ -224,6 +235,10 @@ def sample_outputs() -> dict:
             case = spherepde.load_case(str(REPOSITORY / path), overrides=overrides)
             outputs[kind] = spherepde.run(case)
         outputs[COMPARE_REPORT] = compare(*split_both(outputs["both"]))
+        path, overrides = SWEEP_RUN
+        with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stderr(io.StringIO()):  # its progress
+            case = spherepde.load_case(str(REPOSITORY / path), overrides=overrides)
+            outputs[SWEEP] = xr.load_dataset(run_sweep(case, SWEEP_PARAMS, folder, workers=1))
     return outputs
 
 
@@ -242,6 +257,8 @@ def pattern(name: str, kind: str) -> str:
     `particles_<name>`, `verdict_<name>`, ...) share one row, the diagnostic itself standing for <diagnostic>."""
     from spherepde.io.output import BOTH_PREFIX
 
+    if kind == SWEEP and name in sample_outputs()[SWEEP].attrs["swept"].split():
+        return "<section>_<key>"
     if kind == "both" and name.startswith(BOTH_PREFIX) and name != "particles":
         return BOTH_PREFIX + "<name>"
     for diagnostic in _diagnostic_names():
@@ -296,6 +313,8 @@ def output_variables() -> dict[str, OutputName]:
             row = pattern(name, kind)
             if row.startswith("particles_<"):
                 meaning = "the particle run's variable <name>, beside the Eulerian run's <name>"
+            elif row == "<section>_<key>":
+                meaning = "the swept case key <section>.<key>: each member's value"
             else:
                 meaning = variable.attrs.get("long_name", "")
                 meaning = _generic(meaning, name) if row != name else meaning
@@ -338,7 +357,7 @@ LONG_ATTRIBUTES = ("case", "case_a", "case_b", "report", "notes", "history")  # 
 
 
 KIND_LABELS = {"eulerian S^1": "S1", "eulerian S^2": "S2", "particles": "P", "both": "B", "training": "T",
-               "particle training": "PT", COMPARE_REPORT: "C"}
+               "particle training": "PT", COMPARE_REPORT: "C", SWEEP: "SW"}
 
 
 def _written_by(kinds: list[str]) -> str:
