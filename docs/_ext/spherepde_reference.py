@@ -318,7 +318,7 @@ def output_variables() -> dict[str, OutputName]:
             else:
                 meaning = variable.attrs.get("long_name", "")
                 meaning = _generic(meaning, name) if row != name else meaning
-            dims = ", ".join(variable.dims) if "<" not in row else \
+            dims = ", ".join(variable.dims) if "<" not in row or row == "<section>_<key>" else \
                 "those of <name>" if row.startswith("particles_<") else "those of <diagnostic>"
             units = variable.attrs.get("units", "")
             if row not in rows:
