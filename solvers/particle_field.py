@@ -134,12 +134,10 @@ class ParticleField:
             m = fused_softmax_mean(systems.B, systems.beta, points, self.chunk)
         elif self.is_direct(points):
             xp = particle_step.namespace(points, self.coupling)
-            rows = points.transpose(1, 2)
-            rows = np.ascontiguousarray(rows.numpy()) if xp is np else rows
             coupling = self.coupling.transpose(-1, -2)
-            m = particle_step.direct_mean(xp, rows, coupling.numpy() if xp is np else coupling,
-                                          systems.kernel == "softmax").swapaxes(1, 2)
-            m = torch.from_numpy(np.ascontiguousarray(m)) if xp is np else m
+            m = particle_step.direct_mean(xp, particle_step.rows_of(xp, points),
+                                          coupling.numpy() if xp is np else coupling, systems.kernel == "softmax")
+            m = particle_step.tensor_of(xp, m.swapaxes(1, 2))
         else:
             ones = torch.ones(points.shape[:2], dtype=points.dtype, device=points.device)
             m = attention_mean(systems, SystemKernel(points, systems.B, systems.beta, self.chunk), points, ones)

@@ -4,7 +4,7 @@ as one array program over all systems, and its exact transpose (the discrete adj
 Layout.  The M members' tokens x (M, n, d), R replica systems each, are the rows X (S, d, p) of S = M R systems of
 p = n / R tokens, the d components as rows; per system the coupling C = beta B, V, eps, and W of its member.
 
-The program is written once for numpy arrays and for torch tensors (the operators, matmul, exp, sqrt, cos, sin, where,
+The program is written once for numpy arrays and for torch tensors (the operators, matmul, exp, cos, sin, where,
 concatenate and ones_like that both name alike): numpy on the CPU, torch elsewhere and under autograd (the tests
 differentiate this very program).  Why numpy on the CPU, measured on one core at S = 20, p = 64, d = 2: the kernel's
 exp 77 us against torch's 194 (numpy's AVX-512 exp, within 0.70 ulp, torch's 0.52), the (S, c, p) x (S, p, p)
@@ -42,6 +42,23 @@ def noise_variance(eps, tau: float, dim: int):
     """sigma^2 = 2 eps tau (1 - (d - 2) eps tau / 3): the geodesic Gaussian step of weak order 2 (eps a number or
     an array of the members' eps)."""
     return 2 * eps * tau * (1 - (dim - 2) * eps * tau / 3)
+
+
+def noise_time(h: float, k: int, steps: int) -> float:
+    """tau of the noise step that ends step k of `steps`: the merged half steps h, a half step at the end."""
+    return h if k < steps - 1 else h / 2
+
+
+def rows_of(xp, points: torch.Tensor):
+    """The systems' points (S, p, d) as rows (S, d, p); contiguous numpy for numpy (its products of strided rows
+    take twice as long)."""
+    rows = points.transpose(1, 2)
+    return np.ascontiguousarray(rows.numpy()) if xp is np else rows
+
+
+def tensor_of(xp, array) -> torch.Tensor:
+    """An array of the program as a torch tensor (numpy's copied to contiguous memory)."""
+    return torch.from_numpy(np.ascontiguousarray(array)) if xp is np else array
 
 
 def inner(a, b):
@@ -138,7 +155,7 @@ class Stage:
 
     def __init__(self, program, xp, X, Ws, keep: bool):
         arrays, softmax, d = program.arrays[xp], program.softmax, X.shape[1]
-        self.X, self.Ws, self.arrays, self.softmax = X, Ws, arrays, softmax
+        self.xp, self.X, self.Ws, self.arrays, self.softmax = xp, X, Ws, arrays, softmax
         rows = ([xp.ones_like(X[:, :1])] if softmax else []) + [X]
         if keep:
             y = arrays["C"] @ X
@@ -170,7 +187,7 @@ class Stage:
         else:
             a = arrays["Vpt"] @ ubar
             rows = [a, outer(a, self.w)]
-        T = (np.concatenate(rows, axis=1) if isinstance(a, np.ndarray) else torch.cat(rows, 1)) @ self.k
+        T = self.xp.concatenate(rows, axis=1) @ self.k
         xbar = xbar + T[:, :d] + contract(T[:, d:d + d * d], X) + contract(self.products[:, :d * d], a)
         if self.softmax:
             xbar = xbar - T[:, d + d * d:] - c * self.products[:, d * d:]
@@ -236,14 +253,12 @@ class DirectStep:
         self.sigmas = {}
 
     def rows(self, xp, x: torch.Tensor):
-        """(M, n, d) -> (S, d, p), contiguous (numpy's products of strided rows take twice as long)."""
-        rows = x.reshape(x.shape[0] * self.replicas, -1, x.shape[-1]).transpose(1, 2)
-        return np.ascontiguousarray(rows.numpy()) if xp is np else rows
+        """(M, n, d) -> (S, d, p) (rows_of)."""
+        return rows_of(xp, x.reshape(x.shape[0] * self.replicas, -1, x.shape[-1]))
 
     def points(self, xp, X, like: torch.Tensor) -> torch.Tensor:
         """(S, d, p) -> (M, n, d) as a torch tensor."""
-        x = X.swapaxes(1, 2).reshape(like.shape)
-        return torch.from_numpy(np.ascontiguousarray(x)) if xp is np else x
+        return tensor_of(xp, X.swapaxes(1, 2).reshape(like.shape))
 
     def per_system(self, xp, W: torch.Tensor):
         """The members' (M, d, d) matrices per system (S, d, d)."""
@@ -267,11 +282,6 @@ class DirectStep:
         xbar, tbar = exponential_map_transpose(xp, X, sigma * projection(X, G), outbar)
         return xbar + projection_point_transpose(X, G, sigma * tbar)
 
-    @staticmethod
-    def noise_time(h: float, k: int, steps: int) -> float:
-        """tau of the noise step that ends step k of `steps`: the merged half steps h, a half step at the end."""
-        return h if k < steps - 1 else h / 2
-
     def step(self, x: torch.Tensor, W: torch.Tensor, h: float, k: int, steps: int, draws) -> torch.Tensor:
         """Integrator.step(x, W, h, k, steps, draws) (solvers/particles.py): `advance` on the rows."""
         xp = namespace(x, W)
@@ -291,7 +301,7 @@ class DirectStep:
             X = self.brownian(xp, X, h / 2, next(draws))
         X = Flow(self, xp, X, Ws, h, False).out
         if self.noisy:
-            X = self.brownian(xp, X, self.noise_time(h, k, steps), next(draws))
+            X = self.brownian(xp, X, noise_time(h, k, steps), next(draws))
         return X
 
     def retreat(self, xp, X, Ws, h: float, k: int, steps: int, draws, outbar):
@@ -314,11 +324,11 @@ class DirectStep:
         first = next(draws) if k == 0 else None
         start = self.brownian(xp, X, h / 2, first) if k == 0 else X
         flow = Flow(self, xp, start, Ws, h, True)
-        flowed_bar = self.brownian_transpose(xp, flow.out, self.noise_time(h, k, steps), next(draws), outbar)
+        flowed_bar = self.brownian_transpose(xp, flow.out, noise_time(h, k, steps), next(draws), outbar)
         start_bar, Wbar = flow.transpose(flowed_bar)
         return (self.brownian_transpose(xp, X, h / 2, first, start_bar) if k == 0 else start_bar), Wbar
 
     def member_sum(self, xp, Wbar) -> torch.Tensor:
         """The members' Wbar (M, d, d) from the systems' (S, d, d): the replicas' summed."""
         Wbar = Wbar.reshape((-1, self.replicas) + tuple(Wbar.shape[1:])).sum(1)
-        return torch.from_numpy(Wbar) if xp is np else Wbar
+        return tensor_of(xp, Wbar)

@@ -44,7 +44,7 @@ import torch
 from solvers.eulerian import MAX_STEPS_PER_SAVE, only, outcomes
 from solvers.particle_field import ParticleField
 from solvers.particle_recorder import ParticleRecorder
-from solvers.particle_step import DirectStep, noise_variance
+from solvers.particle_step import DirectStep, noise_time, noise_variance
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
@@ -96,7 +96,7 @@ class Integrator:
     def direct_step(self, x: torch.Tensor) -> DirectStep | None:
         """The array program of the step (solvers/particle_step.py) where the field is the direct dense attention
         (ParticleField.is_direct at particles like x), else None."""
-        if self.program is None and self.field.attention == "dense" and self.field.is_direct(self.field._systems(x)):
+        if self.program is None and self.field.is_direct(self.field._systems(x)):
             self.program = DirectStep(self.name, self.noisy, self.field, x.shape[1] // self.field.replicas)
         return self.program
 
@@ -131,7 +131,7 @@ class Integrator:
         if k == 0:
             x = self.brownian(x, h / 2, next(draws))
         x = explicit_flow(lambda y, offset: self.field(y, W), x, h, flow)
-        return self.brownian(x, DirectStep.noise_time(h, k, steps), next(draws))
+        return self.brownian(x, noise_time(h, k, steps), next(draws))
 
     def interval(self, x: torch.Tensor, W: torch.Tensor, h: float, steps: int, noise: Noise | None) -> torch.Tensor:
         draws = noise.draws(self.draw_count(steps)) if noise is not None else iter(())

@@ -5,6 +5,7 @@ autograd's through the same program and the central differences of J; batched me
 import numpy as np
 import pytest
 import torch
+from test_particle_training import by_hand_and_by_autograd
 
 from solvers.controlled_forward import central_differences_of
 from solvers.particle_training import ParticleControl
@@ -36,12 +37,7 @@ def controls_of(members: int, scale: float = 0.3) -> torch.Tensor:
 def test_transpose_is_autograds_through_the_same_program(kernel, B):
     """The hand-written transposes against torch autograd through the very step program (its torch namespace),
     64 tokens, 20 noisy Heun steps: dJ/dW to 1e-12 relative, and the same J (one forward pass)."""
-    forward = ParticleControl(seed_member(0, kernel, B))
-    assert forward.by_hand
-    controls = controls_of(1)[0]
-    by_hand = forward.gradient(controls)
-    forward.by_hand = False
-    by_autograd = forward.gradient(controls)
+    by_hand, by_autograd = by_hand_and_by_autograd(ParticleControl(seed_member(0, kernel, B)), controls_of(1)[0])
     assert by_hand.cost == by_autograd.cost
     assert float((by_hand.dW - by_autograd.dW).norm() / by_autograd.dW.norm()) <= 1e-12
 

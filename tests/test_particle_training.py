@@ -61,14 +61,19 @@ def test_hand_written_transposes_are_autograds(integrator, kernel, eps, dim):
         "solver": {"method": "particles", "device": "cpu", "field": "dense"},
         "particles": {"n": 8, "seed": 0, "integrator": integrator, "replicas": 2},
         "control": {"loss": "align", "layers": 3, "lambda_reg": 0.1}}))
-    assert forward.by_hand
     generator = torch.Generator().manual_seed(3)
     controls = 0.5 * torch.randn(3, dim, dim, generator=generator, dtype=torch.float64)
-    by_hand = forward.gradient(controls)
-    forward.by_hand = False
-    by_autograd = forward.gradient(controls)
+    by_hand, by_autograd = by_hand_and_by_autograd(forward, controls)
     assert by_hand.cost == by_autograd.cost
     assert float((by_hand.dW - by_autograd.dW).norm() / by_autograd.dW.norm()) <= 1e-13
+
+
+def by_hand_and_by_autograd(forward: ParticleControl, controls: torch.Tensor) -> tuple:
+    """The Gradient of `controls` by the hand-written transposes, and by autograd through the same steps."""
+    assert forward.by_hand
+    by_hand = forward.gradient(controls)
+    forward.by_hand = False
+    return by_hand, forward.gradient(controls)
 
 
 def test_the_noise_is_on_and_fixed_by_the_seed():
