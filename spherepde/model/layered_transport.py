@@ -1,0 +1,85 @@
+"""The transport term -div(rho v) of the model beyond the seeds (spherepde.model.parameters: several heads, B and
+V varying over the layers or trained, a two-layer feed-forward) for M members on one basis grid, and its
+transpose.
+
+The drive of a layer is its parameter vector theta_l (M, p) itself, so the solvers that carry
+Transport.feed_forward's drive per layer (the time loop, the tape, the discrete adjoint's sum of the drive's
+cotangents over a layer) carry theta_l unchanged, and the drive's cotangent is dJ/dtheta_l's share of a stage.
+The velocity is spherepde.model.heads's drift at the grid points, in the tangent frame's components
+v_k = <e_k, u> (the frame is tangent, so P_x drops out), with the masses q_j = w_j rho(y_j) of the grid; the
+divergence is the basis's weak form, so that mass is conserved to round-off as on the seeds' paths.  The
+transpose of an evaluation is torch autograd of that one evaluation (the dense attention is differentiable in
+every parameter, and its graph lives for one stage): exact to round-off, as the hand-written transposes of
+spherepde.model.transport are.
+"""
+
+import math
+
+import torch
+
+from spherepde.base.real_view import complex_state, real_state
+from spherepde.model.heads import drift
+from spherepde.model.parameters import Layout
+
+
+class LayeredTransport:
+    """rate(state, theta_l) = -div(rho v) and its transpose for members whose parameters are theta_l (M, p) of
+    `layout` (module docstring); the interface of spherepde.model.transport.Transport."""
+
+    attention_mode, path = "heads", "grid"
+
+    def __init__(self, basis, layout: Layout, chunk="auto"):
+        self.basis, self.layout, self.chunk = basis, layout, chunk
+        d, points = basis.dim, basis.grid_size
+        self.grid_shape, self.coefficient_shape = basis.grid_shape, tuple(basis.degree.shape)
+        self.points = basis.points.reshape(points, d)
+        self.frame = basis.frame.reshape(d - 1, points, d)  # e_k(x_p): (K, P, d)
+        self.weights = basis.weights.reshape(points)
+
+    def select(self, members: list) -> "LayeredTransport":
+        """The members' parameters ride in the drive: the same transport serves any subset."""
+        return self
+
+    def feed_forward(self, theta: torch.Tensor) -> torch.Tensor:
+        """The drive of a layer: its parameters theta_l (M, p)."""
+        return theta
+
+    def feed_forward_adjoint(self, drive_bar: torch.Tensor) -> torch.Tensor:
+        """dJ/dtheta_l (M, p) from the drive's cotangent."""
+        return drive_bar
+
+    def velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rho (M, P), v (M, K, P)) of the state."""
+        rho = self.basis.synthesis(complex_state(state, self.coefficient_shape)).reshape(state.shape[0], -1)
+        u = drift(self.layout, self.layout.unpack(drive), self.points, self.points, rho * self.weights, rho,
+                  self.chunk)
+        return rho, torch.einsum("kpi,mpi->mkp", self.frame, u)
+
+    def __call__(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
+        """-div(rho v) (M, N)."""
+        rho, v = self.velocity(state, drive)
+        flux = (rho[:, None] * v).reshape(v.shape[:2] + self.grid_shape)
+        return real_state(-self.basis.divergence_frame(flux))
+
+    def vjp(self, state: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(state_bar, drive_bar): the cotangents of the state and of theta_l for the cotangent b (M, N) of the rate."""
+        with torch.enable_grad():
+            state, drive = state.detach().requires_grad_(True), drive.detach().requires_grad_(True)
+            state_bar, drive_bar = torch.autograd.grad(self(state, drive), (state, drive), b)
+        return state_bar, drive_bar
+
+    def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the rate, the state): the transpose recomputes the evaluation from the stage's state."""
+        return self(state, drive), state
+
+    def vjp_token(self, token: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                           torch.Tensor]:
+        return self.vjp(token, drive, b)
+
+    def token_size(self) -> int:
+        """Numbers per member of a token of `rate_token`: a state."""
+        return 2 * math.prod(self.coefficient_shape)
+
+    def max_speed(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
+        """max over the grid of |v| (M,)."""
+        return torch.sqrt((self.velocity(state, drive)[1] ** 2).sum(1).amax(-1))
