@@ -14,6 +14,7 @@ from solvers.controlled_forward import ControlledForward, Gradient
 from solvers.optimizers import TrainingResult
 from spherepde.analysis import turnpike
 from spherepde.base.errors import NumericalFailure
+from spherepde.model.parameters import Layout
 
 
 def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
@@ -87,6 +88,21 @@ def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.D
     dataset["gradient_norm"] = (("iteration",), np.array(result.gradient_norms),
                                 {"long_name": "Frobenius norm of dJ/dW over all layers", "units": "1"})
     return dataset
+
+
+def parameter_variables(layout: Layout, theta: torch.Tensor) -> dict:
+    """The variables of one run's parameters theta (L, p) (spherepde.model.parameters): the feed-forward as `W`
+    (layer, row, col) when it is linear, else `W1` (layer, hidden, col), `b` (layer, hidden), `W2` (layer, row,
+    hidden); and, beyond the seeds' model, every head's `B` and `V` (layer, head, row, col)."""
+    parts = {name: value.cpu().double().numpy() for name, value in layout.unpack(theta).items()}
+    meaning = {"W": ("trained feed-forward matrix W_t on each layer", ("layer", "row", "col")),
+               "W1": ("first weights W1_t of f_t(x) = W2_t sigma(W1_t x + b_t)", ("layer", "hidden", "col")),
+               "b": ("hidden bias b_t of f_t(x) = W2_t sigma(W1_t x + b_t)", ("layer", "hidden")),
+               "W2": ("second weights W2_t of f_t(x) = W2_t sigma(W1_t x + b_t)", ("layer", "row", "hidden")),
+               "B": ("attention matrix B_{h,t} of each head on each layer", ("layer", "head", "row", "col")),
+               "V": ("value matrix V_{h,t} of each head on each layer", ("layer", "head", "row", "col"))}
+    names = [name for name, _ in layout.feed_forward_groups] + ([] if layout.seeds_model else ["B", "V"])
+    return {name: (meaning[name][1], parts[name], {"long_name": meaning[name][0], "units": "1"}) for name in names}
 
 
 def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Dataset, first: Gradient) -> dict:

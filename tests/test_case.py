@@ -340,6 +340,30 @@ BAD_CASES = [
     ("chunk neither auto nor a count", MINIMAL + "[solver]\nchunk = 'big'\n", "solver.chunk",
      "expected \"auto\" or an integer >= 1, got"),
     ("chunk of no rows", MINIMAL + "[solver]\nchunk = 0\n", "solver.chunk", "got 0"),
+    # the model beyond the seeds (heads, per-layer matrices, a two-layer feed-forward, trained groups)
+    ("W beside an mlp", MINIMAL + "[model]\nfeed_forward = 'mlp'\nW = [[0, 0], [0, 0]]\n", "model.W",
+     "not used when model.feed_forward = 'mlp'"),
+    ("hidden width of a linear map", MINIMAL + "[model]\nhidden = 4\n", "model.hidden", "mlp"),
+    ("unknown activation", MINIMAL + "[model]\nfeed_forward = 'mlp'\nactivation = 'swish'\n",
+     "model.activation", "'softplus', got the string 'swish'"),
+    ("bias of the wrong width", MINIMAL + "[model]\nfeed_forward = 'mlp'\nhidden = 3\nb = [0, 0]\n", "model.b",
+     "length 3 (model.hidden)"),
+    ("W1 of the wrong shape", MINIMAL + "[model]\nfeed_forward = 'mlp'\nhidden = 3\nW1 = [[1, 0], [0, 1]]\n",
+     "model.W1", "3 x 2"),
+    ("per-layer lists of two lengths", MINIMAL + "[model]\nB = [[[1, 0], [0, 1]], [[1, 0], [0, 1]]]\n"
+     "V = [[[1, 0], [0, 1]], [[1, 0], [0, 1]], [[1, 0], [0, 1]]]\n", "model", "model.B: 2, model.V: 3"),
+    ("per-layer list against control.layers", TRAIN + "layers = 4\n[model]\n"
+     "V = [[[1, 0], [0, 1]], [[1, 0], [0, 1]]]\n", "model.V", "control.layers = 4"),
+    ("unknown key of a head", MINIMAL + "[model]\nextra_heads = [{Q = 1}]\n", "model.extra_heads",
+     "entry [0]: unknown key 'Q'"),
+    ("second head at beta inf, unnormalized", MINIMAL + "[model]\n"
+     "extra_heads = [{kernel = 'unnormalized', beta = 'inf'}]\n", "model.extra_heads[0].beta", "softmax"),
+    ("zero B on one layer at beta inf", MINIMAL + "[model]\nbeta = 'inf'\n"
+     "B = [[[1, 0], [0, 1]], [[0, 0], [0, 0]]]\n", "model.B", "nonzero (on every layer)"),
+    ("unknown trained group", TRAIN + "train = ['W', 'A']\n", "control.train", "entry [1]"),
+    ("repeated trained group", TRAIN + "train = ['B', 'B']\n", "control.train", "repeats"),
+    ("regularisation of an untrained group", TRAIN + "lambda_reg = {V = 1}\n", "control.lambda_reg",
+     "'V' is not a trained group"),
 ]
 
 
@@ -367,6 +391,20 @@ def test_bad_override_is_one_line_naming_the_key(overrides, key):
     with pytest.raises(CaseError) as raised:
         load_case_text(MINIMAL + "[model]\nB = [[1, 0], [0, 1]]\n", overrides)
     assert "\n" not in str(raised.value) and key in str(raised.value)
+
+
+def test_the_model_beyond_the_seeds_resolves_to_a_fixed_point_and_seeds_its_first_weights():
+    text = MINIMAL + ("[model]\nfeed_forward = 'mlp'\nhidden = 3\nffn_seed = 5\n"
+                      "B = [[[1, 0], [0, 0.5]], [[0.5, 0], [0, 1]]]\n"
+                      "extra_heads = [{kernel = 'unnormalized', beta = 2, V = [[0, 1], [-1, 0]]}]\n")
+    case = load_case_text(text)
+    assert load_case_text(case.text).data == case.data
+    head = case["model"]["extra_heads"][0]
+    assert head["B"] == [[1.0, 0.0], [0.0, 1.0]] and head["kernel"] == "unnormalized" and head["beta"] == 2.0
+    assert case["model"]["b"] == [0.0] * 3 and case["model"]["W2"] == [[0.0] * 3] * 2
+    again = load_case_text(text.replace("ffn_seed = 5", "ffn_seed = 6"))
+    assert len(case["model"]["W1"]) == 3 and case["model"]["W1"] != again["model"]["W1"]
+    assert load_case_text(text)["model"]["W1"] == case["model"]["W1"]
 
 
 def test_errors_from_a_file_are_prefixed_by_its_path(tmp_path):

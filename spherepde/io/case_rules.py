@@ -8,14 +8,23 @@ import math
 
 from spherepde.base.errors import CaseError
 from spherepde.io.case_files import negative_part
+from spherepde.io.case_values import layered_lengths, list_depth
 
 
 def model_rules(model: dict, ctx) -> None:
-    if model["beta"] == math.inf and model["kernel"] != "softmax":
-        raise CaseError(f'model.beta: "inf" needs model.kernel = "softmax", got {model["kernel"]!r}')
-    if model["beta"] == math.inf and not any(map(any, model["B"])):
-        raise CaseError('model.B: must be nonzero at model.beta = "inf" (the attention goes to '
-                        "B^T x / |B^T x|, which B = 0 leaves 0/0 at every x)")
+    heads = [("model.", model)] + [(f"model.extra_heads[{h}].", head)
+                                   for h, head in enumerate(model.get("extra_heads", ()))]
+    for prefix, head in heads:
+        if head["beta"] == math.inf and head["kernel"] != "softmax":
+            raise CaseError(f'{prefix}beta: "inf" needs {prefix}kernel = "softmax", got {head["kernel"]!r}')
+        layers = head["B"] if list_depth(head["B"]) == 3 else [head["B"]]
+        if head["beta"] == math.inf and not all(any(map(any, B)) for B in layers):
+            raise CaseError(f'{prefix}B: must be nonzero (on every layer) at {prefix}beta = "inf" (the attention '
+                            "goes to B^T x / |B^T x|, which B = 0 leaves 0/0 at every x)")
+    lengths = layered_lengths(model)
+    if len(set(lengths.values())) > 1:
+        raise CaseError("model: the per-layer lists must have one length (the number of layers), got "
+                        + ", ".join(f"{key}: {length}" for key, length in lengths.items()))
 
 
 def initial_rules(initial: dict, ctx) -> None:
@@ -81,6 +90,10 @@ def particles_rules(particles: dict, ctx) -> None:
 
 
 def control_rules(control: dict, ctx) -> None:
+    for key, length in layered_lengths(ctx.data["model"]).items():
+        if length != control["layers"]:
+            raise CaseError(f"{key}: a list of {length} per-layer matrices, but control.layers = "
+                            f"{control['layers']} (give one per layer, or one for all)")
     if "dt" not in ctx.data["time"]:
         raise CaseError("control: a training run needs time.dt (one fixed step grid for the forward and "
                         "adjoint runs), not time.cfl")

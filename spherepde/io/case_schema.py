@@ -17,11 +17,31 @@ sphere.dim                 int in [2, 2048) (the Eulerian solver       required
 sphere.lmax                int in [2, 32768)                           32
 model.kernel               "softmax" | "unnormalized"                  "softmax"
 model.beta                 real >= 0, or "inf"/inf (softmax only)      1.0
-model.B, model.V           d x d real matrix; B nonzero at beta = inf  identity
+model.B, model.V           d x d real matrix, or a list of L of them   identity
+                           (one per layer: piecewise constant over
+                           depth like W_t); B nonzero at beta = inf
                            (m = B^T x / |B^T x|; a singular B is
                            allowed: 0/0 only on the null set where
                            B^T x = 0, where m is taken as 0)
-model.W                    d x d real matrix                           zeros
+model.feed_forward         "linear" (W x) | "mlp" (W2 sigma(W1 x +     absent = "linear"
+                           b), docs/model.md "Beyond the seeds")
+model.W                    d x d real matrix, or a list of L of them;  zeros
+                           linear feed-forward only
+model.hidden               mlp: int in [1, 65536), the hidden width n  16
+model.activation           mlp: sigma, "tanh" | "relu" | "gelu" |      "tanh"
+                           "sigmoid" | "softplus"
+model.ffn_seed             mlp: int in [0, 2**63), seed of W1's        0
+                           default
+model.W1                   mlp: n x d real matrix, or a list of L      N(0, 1/d) entries drawn
+                                                                       from ffn_seed (numpy's
+                                                                       default_rng), stored
+model.b                    mlp: length-n real vector, or a list of L   zeros
+model.W2                   mlp: d x n real matrix, or a list of L      zeros
+model.extra_heads          nonempty list of tables {kernel, beta, B,   absent (one head)
+                           V}: heads 1, 2, ... beside head 0 (kernel,
+                           beta, B, V above), v = P_x(f(x) + sum_h
+                           V_h m_h); each key defaults to head 0's
+                           kernel and beta, identity B and V
 model.eps                  real >= 0, with eps lmax (lmax + 1) h <=    0.0
                            1e15 for the longest step h = min(t_end,
                            save_every, time.dt): stiffer diffusion
@@ -104,10 +124,18 @@ control                    optional: absent means no training, {}      {} (empty
 control.loss               "align" | "bow" (spherepde.model.losses.LOSSES)   "align"
 control.target             nonzero length-d vector, made unit: align   e_2 = [0, 1, 0...]
                            target / bow vMF mean direction
-control.lambda_reg         real >= 0: L2 weight of int |W_t|_F^2 dt    0.01
-control.layers             int in [1, 2**20): W_t piecewise constant   8
-                           on equal slices of [0, time.t_end] (the
-                           slice ends are step knots, like the saves)
+control.train              list of distinct groups among "W" (the      absent = ["W"]
+                           feed-forward: W, or W1, b, W2), "B", "V"
+                           (every head's)
+control.lambda_reg         real >= 0: L2 weight of int |theta_t|^2 dt  0.01
+                           for every trained group; or a table {W =
+                           .., B = .., V = ..} naming each group of
+                           control.train
+control.layers             int in [1, 2**20): the controls piecewise   the common length of the
+                           constant on equal slices of [0, t_end]      model's per-layer lists,
+                           (the slice ends are step knots, like the    else 8
+                           saves); every per-layer list of [model]
+                           has this length
 control.optimizer          "adam" | "gd" | "lbfgs" (solvers/training)  "adam"
 control.iterations         int >= 0 (0: the forward run of model.W)    100
 control.learning_rate      real > 0                                    0.05
@@ -181,14 +209,24 @@ from spherepde.io.case_values import (
     directions,
     distinct,
     equal_weights,
+    first_weights,
+    head_tables,
+    hidden_bias,
     identity,
     initial_mean,
     integer,
-    matrix,
+    layered_lengths,
+    layered_matrix,
     real,
     reals,
+    regularisation,
+    second_weights,
+    seeded_first_weights,
     text,
+    trained_groups,
     weights,
+    zero_bias,
+    zero_second_weights,
     zeros,
 )
 
@@ -242,6 +280,31 @@ def _loss_names(value, ctx) -> str:
     return choice(*LOSSES)(value, ctx)
 
 
+def _activation_names(value, ctx) -> str:
+    from spherepde.model.parameters import ACTIVATIONS  # the registry is the list of choices
+
+    return choice(*ACTIVATIONS)(value, ctx)
+
+
+def _mlp_only(ctx) -> str | None:
+    """Keys of the two-layer feed-forward: a reason when model.feed_forward is linear."""
+    if ctx.section.get("feed_forward", "linear") != "mlp":
+        return "not used when model.feed_forward = 'linear' (it belongs to feed_forward = 'mlp')"
+    return None
+
+
+def _linear_only(ctx) -> str | None:
+    if ctx.section.get("feed_forward", "linear") == "mlp":
+        return "not used when model.feed_forward = 'mlp' (W2 sigma(W1 x + b) replaces W x)"
+    return None
+
+
+def _model_layers(ctx) -> int:
+    """control.layers' default: the common length of the model's per-layer lists, else 8."""
+    lengths = layered_lengths(ctx.data["model"])
+    return next(iter(lengths.values())) if lengths else 8
+
+
 def _second_axis(ctx) -> list[float]:
     return [float(i == 1) for i in range(ctx.dim)]
 
@@ -272,9 +335,17 @@ SCHEMA = (
     Section("model", (
         _Key("kernel", choice("softmax", "unnormalized"), "softmax"),
         _Key("beta", beta, 1.0),
-        _Key("B", matrix, identity),
-        _Key("V", matrix, identity),
-        _Key("W", matrix, zeros),
+        _Key("B", layered_matrix, identity),
+        _Key("V", layered_matrix, identity),
+        _Key("feed_forward", choice("linear", "mlp"), ABSENT),
+        _Key("W", layered_matrix, zeros, unused=_linear_only),
+        _Key("hidden", integer(Interval(1, high=2 ** 16)), 16, unused=_mlp_only),
+        _Key("activation", _activation_names, "tanh", unused=_mlp_only),
+        _Key("ffn_seed", integer(SEED), 0, unused=_mlp_only),
+        _Key("W1", first_weights, seeded_first_weights, unused=_mlp_only),
+        _Key("b", hidden_bias, zero_bias, unused=_mlp_only),
+        _Key("W2", second_weights, zero_second_weights, unused=_mlp_only),
+        _Key("extra_heads", head_tables, ABSENT),
         _Key("eps", real(NONNEGATIVE), 0.0),
     ), model_rules),
     Section("initial", (
@@ -326,8 +397,9 @@ SCHEMA = (
     Section("control", (
         _Key("loss", _loss_names, "align"),
         _Key("target", direction, _second_axis),
-        _Key("lambda_reg", real(NONNEGATIVE), 0.01),
-        _Key("layers", integer(Interval(1, high=2 ** 20)), 8),
+        _Key("train", trained_groups, ABSENT),
+        _Key("lambda_reg", regularisation, 0.01),
+        _Key("layers", integer(Interval(1, high=2 ** 20)), _model_layers),
         _Key("optimizer", choice("adam", "gd", "lbfgs"), "adam"),
         _Key("iterations", integer(NONNEGATIVE), 100),
         _Key("learning_rate", real(POSITIVE), 0.05),

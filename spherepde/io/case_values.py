@@ -339,3 +339,152 @@ def covariance(value, ctx) -> list[list[float]]:
 
 def equal_weights(ctx) -> list[float]:
     return [1 / len(ctx.section["means"])] * len(ctx.section["means"])
+
+
+def _rectangular(value, rows: int, cols: int, what: str) -> list[list[float]]:
+    if _shape(value) != f"{rows} x {cols}":
+        raise Invalid(f"expected a {rows} x {cols} matrix ({what}), got {_shape(value)}")
+    return _each(value, lambda row: _each(row, _finite))
+
+
+def list_depth(value) -> int:
+    """How many list levels a value opens with (a matrix: 2, a list of matrices: 3)."""
+    depth = 0
+    while is_list(value) and value:
+        value, depth = value[0], depth + 1
+    return depth
+
+
+def per_layer(parse, rank: int):
+    """A value of rank `rank` (1: vector, 2: matrix) or a nonempty list of them, one per layer of depth (the model
+    beyond the seeds: piecewise constant over the layers like W_t); errors name the layer as "entry [l]"."""
+    def parse_layers(value, ctx):
+        if list_depth(value) == rank + 1:
+            return _each(value, lambda entry: parse(entry, ctx))
+        return parse(value, ctx)
+    return parse_layers
+
+
+def layered_matrix(value, ctx):
+    """A d x d matrix, or a list of L of them (one per layer)."""
+    return per_layer(matrix, 2)(value, ctx)
+
+
+def _hidden(ctx) -> int:
+    return ctx.section["hidden"]
+
+
+def first_weights(value, ctx):
+    """model.W1: the hidden layer's n x d matrix (n = model.hidden), or a list of L of them."""
+    return per_layer(lambda entry, ctx: _rectangular(entry, _hidden(ctx), ctx.dim,
+                                                     f"model.hidden x sphere.dim = {_hidden(ctx)} x {ctx.dim}"),
+                     2)(value, ctx)
+
+
+def second_weights(value, ctx):
+    """model.W2: the output layer's d x n matrix, or a list of L of them."""
+    return per_layer(lambda entry, ctx: _rectangular(entry, ctx.dim, _hidden(ctx),
+                                                     f"sphere.dim x model.hidden = {ctx.dim} x {_hidden(ctx)}"),
+                     2)(value, ctx)
+
+
+def hidden_bias(value, ctx):
+    """model.b: the hidden layer's bias, a length-n vector, or a list of L of them."""
+    def vector(entry, ctx):
+        n = _hidden(ctx)
+        if not (is_list(entry) and len(entry) == n and list_depth(entry) == 1):
+            raise Invalid(f"expected a vector of length {n} (model.hidden), got {describe(entry)}")
+        return _each(entry, _finite)
+    return per_layer(vector, 1)(value, ctx)
+
+
+def seeded_first_weights(ctx) -> list[list[float]]:
+    """W1's default: independent N(0, 1/d) entries drawn from model.ffn_seed (numpy's default_rng), so that the
+    resolved case stores the very matrix the run starts from."""
+    draws = np.random.default_rng(ctx.section["ffn_seed"]).standard_normal((_hidden(ctx), ctx.dim))
+    return (draws / math.sqrt(ctx.dim)).tolist()
+
+
+def zero_second_weights(ctx) -> list[list[float]]:
+    return [[0.0] * _hidden(ctx) for _ in range(ctx.dim)]
+
+
+def zero_bias(ctx) -> list[float]:
+    return [0.0] * _hidden(ctx)
+
+
+_HEAD_KEYS = ("kernel", "beta", "B", "V")
+
+
+def head_tables(value, ctx) -> list[dict]:
+    """model.extra_heads: a nonempty list of tables {kernel, beta, B, V}, each key defaulting to head 0's kernel
+    and beta and to identity B and V (B and V may be lists of per-layer matrices); resolved to full tables."""
+    if not is_list(value) or not value:
+        raise Invalid(f"expected a nonempty list of head tables {{kernel, beta, B, V}} (leave the key out for one "
+                      f"head), got {describe(value)}")
+
+    def head(entry) -> dict:
+        if not isinstance(entry, dict):
+            raise Invalid(f"expected a table {{kernel, beta, B, V}}, got {describe(entry)}")
+        for name in entry:
+            if name not in _HEAD_KEYS:
+                raise Invalid(f"unknown key {name!r} (expected one of {', '.join(_HEAD_KEYS)})")
+        parsers = {"kernel": choice("softmax", "unnormalized"), "beta": beta, "B": layered_matrix,
+                   "V": layered_matrix}
+        defaults = {"kernel": ctx.section["kernel"], "beta": ctx.section["beta"], "B": identity(ctx),
+                    "V": identity(ctx)}
+        resolved = {}
+        for name in _HEAD_KEYS:
+            if name not in entry:
+                resolved[name] = defaults[name]
+                continue
+            try:
+                resolved[name] = parsers[name](entry[name], ctx)
+            except Invalid as error:
+                raise Invalid(f"{name}: {error}") from None
+        return resolved
+    return _each(value, head)
+
+
+def trained_groups(value, ctx) -> list[str]:
+    """control.train: a nonempty list of distinct parameter groups among "W" (the feed-forward), "B", "V"."""
+    groups = distinct(_each_choice("W", "B", "V"))(value, ctx)
+    if not groups:
+        raise Invalid('expected at least one of "W", "B", "V"')
+    return groups
+
+
+def _each_choice(*options: str):
+    parse = choice(*options)
+    return lambda value, ctx: _each(value, lambda entry: parse(entry, ctx))
+
+
+def regularisation(value, ctx):
+    """control.lambda_reg: a real >= 0 for every trained group, or a table {group: real >= 0} naming each group
+    of control.train (the L2 weight of int |theta_t|^2 dt per group)."""
+    if not isinstance(value, dict):
+        return real(NONNEGATIVE)(value, ctx)
+    train = ctx.section.get("train", ["W"])
+    for group in value:
+        if group not in train:
+            raise Invalid(f"{group!r} is not a trained group (control.train = {train})")
+    missing = [group for group in train if group not in value]
+    if missing:
+        raise Invalid(f"the table names no weight for the trained group(s) {', '.join(map(repr, missing))}")
+    resolved = {}
+    for group in train:
+        try:
+            resolved[group] = real(NONNEGATIVE)(value[group], ctx)
+        except Invalid as error:
+            raise Invalid(f"{group}: {error}") from None
+    return resolved
+
+
+def layered_lengths(model: dict) -> dict[str, int]:
+    """{key: L} of every key of a resolved [model] given as a list of per-layer values ("model.B",
+    "model.extra_heads[h].V", ...): the keys that make the model vary over depth."""
+    ranks = {"B": 2, "V": 2, "W": 2, "W1": 2, "b": 1, "W2": 2}
+    values = [(f"model.{key}", model[key], rank) for key, rank in ranks.items() if key in model]
+    for h, head in enumerate(model.get("extra_heads", ())):
+        values += [(f"model.extra_heads[{h}].{key}", head[key], 2) for key in ("B", "V")]
+    return {name: len(value) for name, value, rank in values if list_depth(value) == rank + 1}
