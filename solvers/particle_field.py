@@ -200,16 +200,16 @@ class HeadsField:
         return False
 
     def __call__(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        """v(x_i) (M, n, d) for theta (M, p)."""
+        """v(x_i) (M, n, d) for theta (M, p).  Every group's systems are gathered, even where there is one group:
+        a member's graph is then the same in any batch, so that its gradient (autograd's sums) is its serial
+        run's bit for bit."""
         points = self._systems(x)
         theta = theta.repeat_interleave(self.replicas, 0) if self.replicas > 1 else theta
         ones = torch.ones(points.shape[:2], dtype=points.dtype, device=points.device)
         masses = ones / points.shape[1]
-        if len(self.groups) == 1:
-            u = drift(self.groups[0][0], self.groups[0][0].unpack(theta), points, points, masses, ones, self.chunk)
-        else:
-            u = torch.empty_like(points)
-            for layout, systems in self.groups:
-                u[systems] = drift(layout, layout.unpack(theta[systems]), points[systems], points[systems],
-                                   masses[systems], ones[systems], self.chunk)
+        u = torch.empty_like(points)
+        for layout, systems in self.groups:
+            group = points[systems]
+            u[systems] = drift(layout, layout.unpack(theta[systems]), group, group, masses[systems], ones[systems],
+                               self.chunk)
         return tangent_projection(points, u).reshape(x.shape)

@@ -32,10 +32,10 @@ W2 = [[[0.3, -0.5, 0.2], [0.4, 0.1, -0.3]], [[-0.2, 0.6, 0.1], [0.3, -0.1, 0.5]]
 
 
 def seeds_case(kernel="softmax", eps=0.1, integrator="heun", replicas=2, control=None, beta=1.3, mode=None,
-               n=16, **model):
+               n=16, seed=3, **model):
     """S^1, a nonsymmetric B, V and W, `replicas` systems of n / replicas tokens; `model`: more [model] keys (or
     None to drop one)."""
-    particles = {"n": n, "seed": 3, "integrator": integrator, "replicas": replicas, "save": n}
+    particles = {"n": n, "seed": seed, "integrator": integrator, "replicas": replicas, "save": n}
     section = {"kernel": kernel, "beta": beta, "B": B, "V": V, "W": W, "eps": eps} | model
     table = {"case": {"name": "beyond"}, "sphere": {"dim": 2, "lmax": 16},
              "model": {key: value for key, value in section.items() if value is not None},
@@ -252,3 +252,23 @@ def test_hardmax_is_the_seeds_models_only():
     with pytest.raises(CaseError, match="particles.beta_inf_mode"):
         ParticleSystem(seeds_case(beta=math.inf, mode="hardmax", extra_heads=extra))
     assert ParticleSystem(seeds_case(beta=math.inf, mode="mean_field", extra_heads=extra)).general
+
+
+def test_a_batched_member_is_its_serial_run():
+    """Two members beyond the seeds whose extra heads' beta differ (two groups of HeadsField) and whose
+    particles.seed differ, batched: each member's saved positions, J and dJ/dtheta equal its serial run's bit for
+    bit (the drift gathers every group's systems, so a member's graph does not depend on its batch)."""
+    control = {"loss": "align", "layers": 2, "train": ["W", "B", "V"], "lambda_reg": {"W": 0.1, "B": 0.2, "V": 0.3}}
+    cases = []
+    for beta, seed in ((0.7, 3), (1.5, 4)):
+        cases.append(seeds_case("softmax", 0.1, "heun", n=8, seed=seed, control=control, B=[B, B2], V=[V, V2],
+                                extra_heads=[{"kernel": "unnormalized", "beta": beta, "B": B2, "V": V2}]))
+    batched = ParticleControl(cases)
+    assert len(batched.system.field.groups) == 2
+    runs = run_members(batched.system, False)
+    gradients = batched.gradients(batched.system.drives)
+    for m, case in enumerate(cases):
+        serial = ParticleControl(case)
+        assert np.array_equal(run_members(serial.system, False)[0]["particles"].values, runs[m]["particles"].values)
+        alone = serial.gradients(serial.system.drives)[0]
+        assert alone.cost == gradients[m].cost and torch.equal(alone.dW, gradients[m].dW)
