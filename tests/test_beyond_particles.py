@@ -272,3 +272,19 @@ def test_a_batched_member_is_its_serial_run():
         assert np.array_equal(run_members(serial.system, False)[0]["particles"].values, runs[m]["particles"].values)
         alone = serial.gradients(serial.system.drives)[0]
         assert alone.cost == gradients[m].cost and torch.equal(alone.dW, gradients[m].dW)
+
+
+def test_a_plain_run_switches_layers_at_their_times():
+    """No [control], W and an extra head's V as lists of two (L = model_layers = 2): the run's positions at the saves
+    (0.2, 0.4, 0.6) are those of projected Euler steps of 0.05 taken by hand with layer 0's parameters before
+    t = 0.3 = t_end / 2 and layer 1's after (the knot at 0.3 is not a save), to 1e-14 (the run's intervals 0.2 to
+    0.3 to 0.4 take steps of 0.1 / 2 in floating point, a few ulp from 0.05; a switch one step off: 3e-2)."""
+    case = seeds_case("unnormalized", 0.0, "euler", W=[W, V2],
+                      extra_heads=[{"kernel": "softmax", "beta": 0.4, "B": B2, "V": [V2, V]}])
+    system = ParticleSystem(case)
+    saved = run_members(system, False)[0]["particles"].values
+    x, h = system.x0, 0.05
+    for k in range(12):
+        x = system.integrator.step(x, system.drives[:, 0 if k < 6 else 1], h, 0, 1, iter(()))
+        if k % 4 == 3:
+            assert np.abs(saved[(k + 1) // 4] - x[0].numpy()).max() <= 1e-14, k  # measured 2.2e-16
