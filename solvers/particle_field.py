@@ -11,6 +11,11 @@ Small systems take the direct sums, the whole (n, n) kernel formed at once witho
                 particles are its characteristics (they do not interact), and
   "hardmax":    m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j>, the beta -> inf limit of the
                 softmax over the particles.
+
+The model beyond the seeds (spherepde.model.parameters: several heads, B and V per layer, a two-layer
+feed-forward) is `HeadsField`: spherepde.model.heads's drift with the particles of a system as the points and
+the quadrature, masses 1 / n_s each and density ones, v(x_i) = P_x(f(x_i) + sum_h V_h m_h[mu_n](x_i)).  Its
+beta = inf heads take the local field B^T x / |B^T x| (the "mean_field" choice).
 """
 
 import math
@@ -22,8 +27,10 @@ import torch.nn.functional as F
 
 from solvers import particle_step
 from spherepde.base.errors import CaseError
+from spherepde.geometry.ambient import tangent_projection
 from spherepde.kernels.dense import block_rows, dense_exp_kernel
 from spherepde.model.attention import ModelBatch, attention_mean, velocity, zero_temperature_mean
+from spherepde.model.heads import drift
 
 
 @dataclass(frozen=True)
@@ -155,3 +162,54 @@ class ParticleField:
         return velocity(self.batch, x, self.mean_field(x), W)
 
 
+class HeadsField:
+    """v[mu_n](x_i) = P_x(f(x_i) + sum_h V_h m_h[mu_n](x_i)) for the members' particles x (M, n, d) and their
+    parameters theta_l (M, p) of one layer (the drive in place of ParticleField's W); each member's tokens are
+    `replicas` independent systems, each its own quadrature (masses 1 / n_s).  Members whose drifts differ in
+    form (a sweep over a head's beta, say: the heads, the hidden width or the activation) are evaluated group by
+    group; `batch` is the head-0 models the recorder reads (solvers.particles.head_model)."""
+
+    attention = "heads"
+
+    def __init__(self, batch: ModelBatch, layouts: list, chunk: int | str, replicas: int = 1):
+        if len({layout.size for layout in layouts}) > 1:
+            raise ValueError("HeadsField: members must share the size of theta_l (heads, feed-forward)")
+        self.batch, self.chunk, self.replicas = batch, chunk, replicas
+        groups = {}
+        for member, layout in enumerate(layouts):
+            key = (layout.heads, layout.hidden, layout.activation)  # what spherepde.model.heads.drift reads
+            groups.setdefault(key, (layout, []))[1].extend(range(member * replicas, (member + 1) * replicas))
+        self.groups = list(groups.values())  # (a layout of the group, its systems)
+
+    @classmethod
+    def from_case(cls, case, batch: ModelBatch, layouts: list) -> "HeadsField":
+        if case["solver"]["field"] == "spectral":
+            raise CaseError("solver.field: 'spectral' is not available for particles; use 'dense' or 'auto'")
+        if (case["particles"]["beta_inf_mode"] == "hardmax"
+                and any(head.zero_temperature for layout in layouts for head in layout.heads)):
+            raise CaseError("particles.beta_inf_mode: 'hardmax' is available for the seeds' model only (one head, "
+                            "linear feed-forward, B and V constant); use 'mean_field'")
+        return cls(batch, layouts, case["solver"]["chunk"], case["particles"]["replicas"])
+
+    def _systems(self, x: torch.Tensor) -> torch.Tensor:
+        """(M, n, d) -> (M R, n / R, d)."""
+        return x.reshape(x.shape[0] * self.replicas, -1, x.shape[-1])
+
+    def is_direct(self, points: torch.Tensor) -> bool:
+        """The array program of particle_step is the seeds' model's: never here."""
+        return False
+
+    def __call__(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """v(x_i) (M, n, d) for theta (M, p).  Every group's systems are gathered, even where there is one group:
+        a member's graph is then the same in any batch, so that its gradient (autograd's sums) is its serial
+        run's bit for bit."""
+        points = self._systems(x)
+        theta = theta.repeat_interleave(self.replicas, 0) if self.replicas > 1 else theta
+        ones = torch.ones(points.shape[:2], dtype=points.dtype, device=points.device)
+        masses = ones / points.shape[1]
+        u = torch.empty_like(points)
+        for layout, systems in self.groups:
+            group = points[systems]
+            u[systems] = drift(layout, layout.unpack(theta[systems]), group, group, masses[systems], ones[systems],
+                               self.chunk)
+        return tangent_projection(points, u).reshape(x.shape)

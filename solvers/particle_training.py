@@ -34,6 +34,18 @@ particles.seed = the k-th child of numpy's SeedSequence(particles.seed) would, s
 estimate of dE[J]/dW, a stochastic gradient for Adam or gradient descent (tests: its mean is the
 mean-field gradient when the tokens do not interact).
 
+Beyond the seeds (spherepde.model.parameters: several heads, B and V per layer and trained, a two-layer
+feed-forward; solvers.particles.ParticleSystem.general) the controls are every layer's parameters theta_l (p,)
+and
+
+    J(theta) = l(mu_T^n) + 1/2 sum_l sum_e lambda_e theta_{l,e}^2 T / L      (lambda_e: Layout.entry_weights),
+
+its gradient by torch autograd through each step taken again (the tape as above; the by-hand transposes are
+the seeds' model's), zero on the entries control.train leaves fixed (Layout.trained).  A member whose layers repeat
+one seeds' model (solvers.particles.on_seeds_paths: per-layer lists of one B, V) is trained on the seeds' paths.
+Measured at N = 64 x 20 replicas, T = 80, dt = 0.1 (cases/beyond-bow-joint.toml, one thread): one evaluation of J
+and dJ/dtheta (W, B, V) takes 5.6 s of CPU, of J and dJ/dW (W only, by hand) 0.82 s.
+
 Optimizer: solvers.training's (the same Adam / gradient descent / L-BFGS, stopping rule, lockstep of
 members and progress output as the Eulerian training), with the same checkpoints of its evaluations
 (solvers/journal.py) when the noise is common.  The trained forward run is the same forward map (same noise) at
@@ -57,10 +69,11 @@ circle (the terminal escape).  Only for the seed's model (unnormalized kernel, e
 d = 2 or 3); otherwise the phase attributes are NaN and three_phase "false".
 
 Output: the particle solver's Dataset of the trained run (diagnostics, `particles`) plus `W`, `layer_time`,
-`loss`, `terminal_loss`, `gradient_norm` (training_output.control_variables), `mean_angle` and `interaction_gap`
-(time), and the attributes three_phase, plateau_width, initial_width, terminal_width,
-plateau_relative_variance, terminal_lift, terminal_displacement (angle of the
-mean at T minus at the save nearest the plateau's middle) and gibbs_interaction_energy (I(rho_*)).
+`loss`, `terminal_loss`, `gradient_norm` (training_output.control_variables; beyond the seeds theta's variables of
+training_output.parameter_variables in place of `W`: W or W1, b, W2, and B, V (layer, head, row, col)), `mean_angle`
+and `interaction_gap` (time; beyond the seeds no gap, the phase attributes NaN), and the attributes three_phase,
+plateau_width, initial_width, terminal_width, plateau_relative_variance, terminal_lift, terminal_displacement (angle
+of the mean at T minus at the save nearest the plateau's middle) and gibbs_interaction_energy (I(rho_*)).
 """
 
 import math
@@ -78,7 +91,7 @@ from solvers.particle_adjoint import Replay
 from solvers.particles import ParticleSystem, initial_state, run_members
 from solvers.timegrid import Plan, TimeGrid, fixed_steps
 from solvers.training import Lockstep, journaled_optimise
-from solvers.training_output import control_variables, finished, kept_at_start
+from solvers.training_output import control_variables, finished, kept_at_start, parameter_variables
 from spherepde.analysis import turnpike
 from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.model.attention import interaction_energy
@@ -87,10 +100,11 @@ from spherepde.model.losses import make_loss
 
 class ParticleControl:
     """The forward map W -> (X_i(t)) of the particle training members `cases` (one case or a list: see
-    ParticleSystem), their costs J and dJ/dW (module docstring)."""
+    ParticleSystem), their costs J and dJ/dW (module docstring); beyond the seeds (ParticleSystem.general) the
+    controls are theta (M, L, p) and the gradient dJ/dtheta, zero on the entries control.train leaves fixed."""
 
-    def __init__(self, cases):
-        self.system = ParticleSystem(cases)
+    def __init__(self, cases, general: bool | None = None):
+        self.system = ParticleSystem(cases, general)
         self.cases, self.case = self.system.cases, self.system.case
         control, timing = self.case["control"], self.case["time"]
         self.placement = self.system.placement
@@ -112,7 +126,13 @@ class ParticleControl:
             raise CaseError(f"time.max_steps: a forward run of the training needs {self.steps} steps, "
                             f"more than {timing['max_steps']}")
         self.losses = [make_loss(member["control"], member.dim) for member in self.cases]
-        self.lambda_reg = self.placement.tensor([member["control"]["lambda_reg"] for member in self.cases])
+        like = self.system.drives
+        if self.system.general:  # lambda_e (M, 1, p) of every entry, and the trained ones
+            self.entry_weights = torch.stack([layout.entry_weights(like) for layout in self.system.layouts])[:, None]
+            self.trained = torch.stack([layout.trained(like) for layout in self.system.layouts])[:, None]
+        else:
+            self.lambda_reg = self.placement.tensor([dict(layout.lambda_reg).get("W", 0.0)
+                                                     for layout in self.system.layouts])
         n = self.x0.shape[1]
         self.masses = torch.full((n,), 1 / n, dtype=self.x0.dtype, device=self.x0.device)
         self.by_hand = particle_adjoint.supports(self.system.integrator, self.x0)  # else autograd's transposes
@@ -126,21 +146,16 @@ class ParticleControl:
         out of the batch)."""
         chosen = ParticleControl.__new__(ParticleControl)
         chosen.__dict__.update(self.__dict__)
-        system = ParticleSystem.__new__(ParticleSystem)
-        system.__dict__.update(self.system.__dict__)
-        system.cases = [self.system.cases[m] for m in members]
-        system.batch = self.system.batch.select(members)
-        system.field = type(self.system.field)(system.batch, self.system.field.attention, self.system.field.chunk,
-                                               self.system.field.replicas)
-        system.integrator = type(self.system.integrator)(self.system.integrator.name, system.field, system.batch.eps)
-        system.x0 = self.system.x0[members]
-        system.noise_seeds = [self.system.noise_seeds[m] for m in members]
+        system = self.system.select(members)
         chosen.system, chosen.cases = system, system.cases
         chosen.x0, chosen.noise_seeds = system.x0, system.noise_seeds
         chosen.fresh_seeds = None if self.fresh_seeds is None else [self.fresh_seeds[m] for m in members]
         chosen.plans = [Plan(plan.interval, plan.steps[members], plan.dt[members]) for plan in self.plans]
         chosen.losses = [self.losses[m] for m in members]
-        chosen.lambda_reg = self.lambda_reg[members]
+        if system.general:
+            chosen.entry_weights, chosen.trained = self.entry_weights[members], self.trained[members]
+        else:
+            chosen.lambda_reg = self.lambda_reg[members]
         return chosen
 
     def run(self, x: torch.Tensor, controls: torch.Tensor, noise_seeds: list | None = None, tape: list | None = None):
@@ -159,9 +174,13 @@ class ParticleControl:
         return x
 
     def costs(self, x_end: torch.Tensor, controls: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(J (M,), l(mu_T^n) (M,)) for the particles X(T) = x_end."""
+        """(J (M,), l(mu_T^n) (M,)) for the particles X(T) = x_end: J = l + lambda / 2 sum_l |W_l|^2 T / L, beyond the
+        seeds l + 1/2 sum_l sum_e lambda_e theta_{l,e}^2 T / L (Layout.entry_weights)."""
         losses = torch.stack([loss.value(x_end[m], self.masses) for m, loss in enumerate(self.losses)])
-        regulariser = 0.5 * self.lambda_reg * (controls ** 2).flatten(1).sum(1) * (self.t_end / self.layers)
+        if self.system.general:
+            regulariser = 0.5 * (self.entry_weights * controls ** 2).flatten(1).sum(1) * (self.t_end / self.layers)
+        else:
+            regulariser = 0.5 * self.lambda_reg * (controls ** 2).flatten(1).sum(1) * (self.t_end / self.layers)
         return losses + regulariser, losses
 
     def samples(self) -> tuple[torch.Tensor, list | None]:
@@ -201,6 +220,8 @@ class ParticleControl:
                     x_bar, layer_bar = particle_adjoint.autograd_transpose(integrator, state, W, h, k, steps,
                                                                            draws.replay(taken), x_bar)
                     W_bar[:, layer] += layer_bar
+        if self.system.general:  # the entries control.train leaves fixed
+            W_bar = torch.where(self.trained, W_bar, 0.0)
         finite = torch.isfinite(x_end).flatten(1).all(1).tolist()
         costs, losses = costs.detach(), losses.detach()
         return [Gradient(float(costs[m]), float(losses[m]), W_bar[m], [], []) if finite[m] else
@@ -211,26 +232,37 @@ class ParticleControl:
         return [plan.interval.layer for plan in self.plans for _ in range(int(plan.steps[0]))]
 
     def cost_of(self, controls: torch.Tensor) -> float:
-        """J(W) of the first member without the gradient (finite differences); controls (L, d, d)."""
+        """J(W) of the first member without the gradient (finite differences); controls (L, d, d), or theta (L, p)
+        beyond the seeds."""
+        controls = controls.expand((self.members,) + tuple(controls.shape))
         with torch.no_grad():
-            return float(self.costs(self.run(self.x0, controls.expand(self.members, -1, -1, -1)),
-                                    controls.expand(self.members, -1, -1, -1))[0][0])
+            return float(self.costs(self.run(self.x0, controls), controls)[0][0])
 
     def gradient(self, controls: torch.Tensor) -> Gradient:
-        """The first member's J and dJ/dW at controls (L, d, d) (one member's training; tests)."""
+        """The first member's J and dJ/dW at controls (L, d, d) (dJ/dtheta at theta (L, p) beyond the seeds; one
+        member's training; tests)."""
         return only(self.select([0]).gradients(controls[None]))
 
 
 def run_particle_trainings(cases, progress: bool | None = None, starts: list | None = None,
                            checkpoints: list | None = None) -> list:
     """Train the members' controls through their particle systems in lockstep (solvers.training.Lockstep) and
-    return per member the Dataset of its trained run, or the NumericalFailure that ended it."""
+    return per member the Dataset of its trained run, or the NumericalFailure that ended it.
+
+    Beyond the seeds the optimizer's controls are theta (L, p) seen as (L, 1, p) (`optimizer_view`:
+    solvers.optimizers.optimise expands a (d, d) start to every layer and keeps a start with a layer axis), and
+    the output's parameters are solvers.training_output.parameter_variables' (`with_parameters`)."""
     forward = ParticleControl(cases)
+    general = forward.system.general
     for checkpoint in checkpoints or []:
         if checkpoint is not None and forward.case["control"]["noise"] != "common":
             raise CaseError("checkpoints: a particle training on fresh noise is not checkpointed (its evaluations "
                             "are draws of a sequence that a resumed run would not continue); use control.noise = "
                             "'common'")
+        if checkpoint is not None and general and checkpoint.resume:
+            raise CaseError("--resume: a particle training beyond the seeds' model (control.train, several heads, "
+                            "per-layer matrices, feed_forward = 'mlp') is not resumed (solvers/journal.py reads "
+                            "back controls of shape (control.layers, d, d) only)")
     cache = {}
 
     def evaluate(members, controls):
@@ -238,11 +270,14 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
         if key not in cache:
             cache.clear()
             cache[key] = forward if len(members) == forward.members else forward.select(members)
-        return cache[key].gradients(controls)
+        if not general:
+            return cache[key].gradients(controls)
+        return [optimizer_view(gradient) for gradient in cache[key].gradients(controls[..., 0, :])]
 
     def task(member):
         start = starts[member] if starts is not None else None
-        initial = forward.system.batch.models[member].W if start is None else forward.placement.tensor(start)
+        initial = starting_point(forward, member, start)
+        initial = initial[:, None] if general else initial
         checkpoint = checkpoints[member] if checkpoints is not None else None
 
         def run(gradient_of):
@@ -258,6 +293,9 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
     results = Lockstep(evaluate, progress if forward.members > 1 else False, float(total)).run(
         [task(m) for m in range(forward.members)])
     training_seconds = wallclock.perf_counter() - started
+    for result in results:
+        if general and not isinstance(result, NumericalFailure):
+            result.controls = result.controls[:, 0]
 
     def run_at(members, controls, status, notes):
         chosen = forward.select(members)
@@ -273,19 +311,32 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
     outcomes = [None] * forward.members
     for m, result in enumerate(results):
         if isinstance(result, NumericalFailure):
-            initial = (forward.system.batch.models[m].W if starts is None or starts[m] is None
-                       else forward.placement.tensor(starts[m])).expand(forward.layers, -1, -1)
-            outcomes[m] = kept_at_start(result, forward.cases[m], initial,
-                                        lambda controls, m=m: _dataset_or_raise(run_at([m], controls[None],
-                                                                                       "failed", [[]])[0]))
+            initial = starting_point(forward, m, None if starts is None else starts[m])
+
+            def run_start(controls, m=m):
+                return _dataset_or_raise(run_at([m], controls[None], "failed", [[]])[0])
+            if not general:
+                outcomes[m] = kept_at_start(result, forward.cases[m], initial.expand(forward.layers, -1, -1),
+                                            run_start)
+                continue
+            layout = forward.system.layouts[m]
+            failure = kept_at_start(result, forward.cases[m], feed_forward_placeholder(layout, initial),
+                                    lambda _, initial=initial, run_start=run_start: run_start(initial))
+            outcomes[m] = NumericalFailure(str(failure), with_parameters(failure.dataset, layout, initial))
     trained = [m for m, result in enumerate(results) if not isinstance(result, NumericalFailure)]
     if trained:
         controls = torch.stack([results[m].controls for m in trained])
         runs = run_at(trained, controls, "completed", [results[m].notes for m in trained])
         for (dataset, outcome), m in zip(runs, trained):
             result = results[m]
-            dataset = control_variables(dataset, forward.cases[m], result)
-            dataset = dataset.assign(phase_variables(forward.cases[m], dataset))
+            if general:
+                theta, layout = result.controls, forward.system.layouts[m]
+                result.controls = feed_forward_placeholder(layout, theta)
+                dataset = with_parameters(control_variables(dataset, forward.cases[m], result), layout, theta)
+                result.controls = theta
+            else:
+                dataset = control_variables(dataset, forward.cases[m], result)
+            dataset = dataset.assign(phase_variables(forward.cases[m], dataset, general))
             dataset.attrs.update({
                 "training": "trained control through the particle system (solvers/particle_training.py)",
                 "gradient": (f"{'transposed steps by hand' if forward.by_hand else 'autograd'} "
@@ -300,6 +351,36 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
             except NumericalFailure as failure:
                 outcomes[m] = failure
     return outcomes
+
+
+def starting_point(forward: ParticleControl, member: int, start) -> torch.Tensor:
+    """Where member `member`'s optimizer starts: `start` (controls), else its model.W (d, d) on the seeds' paths,
+    its theta (L, p) of parameters_of beyond them."""
+    if start is not None:
+        return forward.placement.tensor(start)
+    return forward.system.drives[member] if forward.system.general else forward.system.batch.models[member].W
+
+
+def optimizer_view(gradient):
+    """A Gradient of theta (L, p) as the optimizer sees it, dJ/dtheta (L, 1, p) (run_particle_trainings), or the
+    NumericalFailure it is."""
+    if isinstance(gradient, NumericalFailure):
+        return gradient
+    return Gradient(gradient.cost, gradient.loss, gradient.dW[:, None], gradient.times, gradient.adjoint_norm)
+
+
+def feed_forward_placeholder(layout, theta: torch.Tensor) -> torch.Tensor:
+    """(L, d, d) for solvers.training_output's control_variables, which writes the controls as `W` (layer, row,
+    col) with the history: theta's W for the linear feed-forward, zeros for the two-layer one; `with_parameters`
+    then writes theta's own variables in its place."""
+    if layout.hidden == 0:
+        return layout.unpack(theta)["W"]
+    return theta.new_zeros((theta.shape[0], layout.dim, layout.dim))
+
+
+def with_parameters(dataset: xr.Dataset, layout, theta: torch.Tensor) -> xr.Dataset:
+    """`dataset` with theta (L, p)'s variables (training_output.parameter_variables) in place of `W`."""
+    return dataset.drop_vars("W").assign(parameter_variables(layout, theta))
 
 
 def _dataset_or_raise(pair):
@@ -321,8 +402,9 @@ def run_particle_training(case, progress: bool | None = None, start: torch.Tenso
     return only(run_particle_trainings([case], progress, [start], [checkpoint]))
 
 
-def phase_variables(case, dataset: xr.Dataset) -> dict:
-    """`mean_angle` and `interaction_gap` (time) and the phase attributes, set on dataset.attrs (module docstring)."""
+def phase_variables(case, dataset: xr.Dataset, general: bool = False) -> dict:
+    """`mean_angle` and `interaction_gap` (time) and the phase attributes, set on dataset.attrs (module docstring);
+    `general` (beyond the seeds' model, whose energy is not the seed's): the attributes NaN."""
     times = dataset["time"].values
     angle = turnpike.mean_angle(dataset["mean"].values)
     variables = {"mean_angle": (("time",), angle, {"long_name": "angle of the mean position", "units": "radian"})}
@@ -331,7 +413,8 @@ def phase_variables(case, dataset: xr.Dataset) -> dict:
                            "gibbs_interaction_energy"), math.nan)
     attrs["three_phase"] = "false"
     model = case["model"]
-    if model["kernel"] == "unnormalized" and model["eps"] > 0 and math.isfinite(model["beta"]) and case.dim in (2, 3):
+    if (not general and model["kernel"] == "unnormalized" and model["eps"] > 0 and math.isfinite(model["beta"])
+            and case.dim in (2, 3)):
         problem = ForwardProblem(case)
         basis = problem.basis
         model, exp_kernel = problem.model, problem.kernels.member(0)

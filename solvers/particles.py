@@ -30,6 +30,11 @@ Integrators (x_{k+1} from x_k, step h; normalise(y) = y / |y|):
   like exp(tau eps Lap) up to O(tau^3) (on S^1 the correction vanishes: the step is exact).
   A step with (d - 2) eps dt / 3 >= 1/2, beyond that expansion, is refused (CaseError).
 
+The model beyond the seeds (spherepde.model.parameters.layout_of(case) not Layout.seeds_model: several heads,
+B and V per layer, a two-layer feed-forward): the drift is solvers/particle_field.py's HeadsField, driven on
+layer l by the members' parameters theta_l (M, p) (parameters_of) where the seeds' model takes W_l; the
+integrators, their noise and the draws are the same.
+
 Randomness: per member one CPU torch.Generator seeded with its particles.seed draws the initial sample and
 then the seed of the member's noise generator (on the run's device).  The Gaussian draws of an interval
 between knots are made together, in chunks of at most NOISE_BYTES (`Noise`), so a member's draws do not
@@ -42,7 +47,7 @@ import numpy as np
 import torch
 
 from solvers.eulerian import MAX_STEPS_PER_SAVE, only, outcomes
-from solvers.particle_field import ParticleField
+from solvers.particle_field import HeadsField, ParticleField
 from solvers.particle_recorder import ParticleRecorder
 from solvers.particle_step import DirectStep, noise_time, noise_variance
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
@@ -53,6 +58,7 @@ from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_fl
 from spherepde.geometry.ambient import tangent_projection
 from spherepde.geometry.sphere import exponential_map, normalise
 from spherepde.model.attention import Model, ModelBatch
+from spherepde.model.parameters import Layout, layout_of, parameters_of
 from spherepde.model.sampling import initial_particles
 
 # Largest block of Gaussian draws made at once per member (bytes).
@@ -188,20 +194,59 @@ def check_noise_step(case, eps: float, dt: float) -> None:
                         f"(needs (d - 2) eps dt / 3 < 1/2, i.e. dt < {1.5 / ((case.dim - 2) * eps):.3g})")
 
 
+def head_model(case, layout: Layout, theta: torch.Tensor) -> Model:
+    """The Model of head 0 on the first layer of theta (L, p) (W there, zero for the two-layer feed-forward):
+    the seeds' model of a member whose layers repeat one theta_l, else what the recorder's diagnostics read
+    (the alignment subspaces of V B^T and V, the interaction energy's kernel) and the member's eps."""
+    parts = layout.unpack(theta[0])
+    W = parts["W"] if layout.hidden == 0 else torch.zeros_like(parts["B"][0])
+    head = layout.heads[0]
+    return Model(head.kernel, head.beta, parts["B"][0], parts["V"][0], W, float(case["model"]["eps"]))
+
+
+def on_seeds_paths(layout: Layout, theta: torch.Tensor) -> bool:
+    """Whether a member is the seeds' model (one head, a linear feed-forward, B and V not trained) with the same
+    parameters on every layer (theta (L, p)): Layout.seeds_model, or a case whose per-layer lists repeat one
+    matrix.  Such a member takes the seeds' paths (ParticleField, the direct step and its by-hand transpose) with
+    one layer, so that its run is the plain case's bit for bit."""
+    return (len(layout.heads) == 1 and layout.hidden == 0 and set(layout.train) <= {"W"}
+            and bool((theta == theta[:1]).all()))
+
+
 class ParticleSystem:
     """The particle systems of the members `cases` (one case or a list sharing sphere.dim, particles.n,
     particles.replicas, the integrator, the solver's device, dtype and attention, and a fixed step or one member
-    only): model, drift, integrator, initial draws and noise generators."""
+    only): model, drift, integrator, initial draws and noise generators.
 
-    def __init__(self, cases):
+    `general`: step the model beyond the seeds' way (HeadsField driven by theta_l); None: where a member is not on
+    the seeds' paths (`on_seeds_paths`).  `drives` (M, L, ...) is every layer's drive: W (M, 1, d, d) on the
+    seeds' paths, theta (M, L, p) (parameters_of, L = model_layers) on the general one."""
+
+    def __init__(self, cases, general: bool | None = None):
         cases = [cases] if not isinstance(cases, (list, tuple)) else list(cases)
         self.cases, self.case = cases, cases[0]
         if len(cases) > 1 and fixed_step(self.case) is None:
             raise ValueError("ParticleSystem: members stepped by the CFL rule take their own steps; run them alone")
         solver = self.case["solver"]
         self.placement = make_placement(solver["device"], solver["dtype"])
-        self.batch = ModelBatch.of([Model.from_case(member, self.placement) for member in cases])
-        self.field = ParticleField.from_case(self.case, self.batch)
+        self.layouts = [layout_of(member) for member in cases]
+        thetas = [parameters_of(member, layout, self.placement) for member, layout in zip(cases, self.layouts)]
+        if general is None:
+            general = not all(on_seeds_paths(layout, theta) for layout, theta in zip(self.layouts, thetas))
+        self.general = general
+        if self.general:
+            if len({layout.layers for layout in self.layouts}) > 1:
+                raise ValueError("ParticleSystem: members must share the number of layers")
+            self.drives = torch.stack(thetas)
+            self.batch = ModelBatch.of([head_model(member, layout, theta)
+                                        for member, layout, theta in zip(cases, self.layouts, thetas)])
+            self.field = HeadsField.from_case(self.case, self.batch, self.layouts)
+        else:
+            self.batch = ModelBatch.of([Model.from_case(member, self.placement) if layout.seeds_model
+                                        else head_model(member, layout, theta)
+                                        for member, layout, theta in zip(cases, self.layouts, thetas)])
+            self.drives = self.batch.W[:, None]
+            self.field = ParticleField.from_case(self.case, self.batch)
         self.integrator = Integrator(self.case["particles"]["integrator"], self.field, self.batch.eps)
         draws = [initial_state(member, self.placement) for member in cases]
         self.x0 = torch.stack([x for x, _ in draws])
@@ -210,6 +255,25 @@ class ParticleSystem:
     @property
     def members(self) -> int:
         return len(self.cases)
+
+    def select(self, members: list) -> "ParticleSystem":
+        """The systems of the members at the indices `members`, with their draws (nothing drawn again)."""
+        chosen = ParticleSystem.__new__(ParticleSystem)
+        chosen.__dict__.update(self.__dict__)
+        chosen.cases = [self.cases[m] for m in members]
+        chosen.layouts = [self.layouts[m] for m in members]
+        chosen.batch = self.batch.select(members)
+        field = self.field
+        if self.general:
+            chosen.drives = self.drives[members]
+            chosen.field = HeadsField(chosen.batch, chosen.layouts, field.chunk, field.replicas)
+        else:
+            chosen.drives = chosen.batch.W[:, None]
+            chosen.field = ParticleField(chosen.batch, field.attention, field.chunk, field.replicas)
+        chosen.integrator = Integrator(self.integrator.name, chosen.field, chosen.batch.eps)
+        chosen.x0 = self.x0[members]
+        chosen.noise_seeds = [self.noise_seeds[m] for m in members]
+        return chosen
 
     def noise(self, seeds: list | None = None) -> Noise:
         """Fresh noise generators seeded with the members' noise seeds (or `seeds`)."""
@@ -254,12 +318,14 @@ def run_members(system: ParticleSystem, progress: bool | None = None, controls: 
                 grid: TimeGrid | None = None) -> list:
     """Integrate the members' particle systems; per member its Dataset, or the NumericalFailure that stopped it
     (carrying its dataset up to its last good save).  `controls` (M, L, d, d) with `grid` (a TimeGrid of L layers):
-    W_t of every layer (a trained run); else each member's model.W throughout."""
+    W_t of every layer (a trained run; theta (M, L, p) beyond the seeds); else the members' `drives` (each
+    model.W throughout, or the layers of parameters_of)."""
     case, timing = system.case, system.case["time"]
-    grid = grid or TimeGrid(timing["t_end"], timing["save_every"])
-    layered = controls if controls is not None else system.batch.W[:, None]
+    layered = controls if controls is not None else system.drives
+    grid = grid or TimeGrid(timing["t_end"], timing["save_every"], layered.shape[1])
     x = system.x0
-    recorders = [ParticleRecorder(member, model, system.field, x[m], controls is not None)
+    # beyond the seeds the recorder's free energy of head 0 is not the flow's: flagged as a controlled run's
+    recorders = [ParticleRecorder(member, model, system.field, x[m], controls is not None or system.general)
                  for m, (member, model) in enumerate(zip(system.cases, system.batch.models))]
     for m, recorder in enumerate(recorders):
         recorder.record(0.0, x[m])
