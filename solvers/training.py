@@ -23,6 +23,15 @@ A case with a [control] section is a training run (`spherepde run CASE.toml`, `s
    the layer boundaries, steps no longer than time.dt) at the final W, recorded at the save times with the
    Eulerian solver's diagnostics.
 
+Beyond the seeds' model (spherepde.model.parameters: several heads, B or V per layer, feed_forward = "mlp",
+control.train any subset of W, B, V) the controls are theta (layers, p), starting at the case's parameters on
+every layer, and J's regulariser is sum_g lambda_g / 2 sum_l |theta_{l,g}|^2 T / L over the trained groups
+(solvers/controlled_forward.py).  The optimizer sees the trained entries only (`TrainedEntries`: gd, adam and
+L-BFGS alike, on the flat (layers, k) array of them), the others keep their case values; |dJ/dW|_F above is the
+norm over the trained entries, and the output's `W` is `W` or `W1`, `b`, `W2`, with `B` and `V` (layer, head,
+row, col) (training_output.parameter_variables).  Its checkpoints are refused (CaseError naming control.train):
+the journal keeps W (layers, d, d).
+
 Members in lockstep (`train_members`): every member has its own optimizer, run in its own thread, and its own
 state (Adam's moments, L-BFGS's memory and line search); whenever every member still training has asked for
 its next J and dJ/dW, the requests are evaluated together, in one batched forward and one backward pass

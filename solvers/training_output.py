@@ -92,12 +92,15 @@ def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.D
                         {"long_name": "trained feed-forward matrix W_t on each layer", "units": "1"})
     dataset["layer_time"] = (("layer",), t_end * np.arange(layers) / layers,
                              {"long_name": "start time of the layer's slice", "units": "1"})
+    regulariser = ("sum_g lambda_g/2 int |theta_g,t|^2 dt over the trained groups" if result.controls.dim() == 2
+                   else "lambda_reg/2 int |W_t|_F^2 dt")
     dataset["loss"] = (("iteration",), np.array(result.costs),
-                       {"long_name": "training cost J = l(mu_T) + lambda_reg/2 int |W_t|_F^2 dt", "units": "1"})
+                       {"long_name": f"training cost J = l(mu_T) + {regulariser}", "units": "1"})
     dataset["terminal_loss"] = (("iteration",), np.array(result.losses),
                                 {"long_name": f"terminal loss l(mu_T) ({case['control']['loss']})", "units": "1"})
+    gradient = "dJ/dtheta over the trained entries" if result.controls.dim() == 2 else "dJ/dW"
     dataset["gradient_norm"] = (("iteration",), np.array(result.gradient_norms),
-                                {"long_name": "Frobenius norm of dJ/dW over all layers", "units": "1"})
+                                {"long_name": f"Frobenius norm of {gradient} over all layers", "units": "1"})
     return dataset
 
 

@@ -204,3 +204,30 @@ def test_a_checkpoint_of_a_training_beyond_the_seeds_is_a_case_error(tmp_path):
     case = load_case_text(case_text(S1, 2, 16, "softmax", "mlp", control=training(S1, extra="iterations = 1\n")))
     with pytest.raises(CaseError, match="control.train"):
         run_training(case, checkpoint=Checkpoint(tmp_path / "run.nc", every_steps=1))
+
+
+def test_a_layered_two_head_run_resumed_from_its_checkpoint_is_bit_identical(tmp_path):
+    """W per layer (2 layers) and two heads: stopped at its 3rd checkpoint (step 6 of 20, before the layer
+    boundary), the resumed run ends as the uninterrupted one, bit for bit."""
+    import spherepde
+    from solvers.checkpoint import Checkpoint
+
+    W = f"[{S1['W']}, [[0.0, -0.5], [0.5, 0.2]]]"
+    case = load_case_text(case_text({**S1, "W": W}, 2, 16, "softmax", second_head=S1["V2"],
+                                    time="t_end = 1.0\ndt = 0.05\nsave_every = 0.25\n"))
+    reference = spherepde.run(case, progress=False)
+    output = tmp_path / "out.nc"
+    checkpoint, written = Checkpoint(output, every_steps=2), []
+
+    def stop(state, segment, steps):
+        Checkpoint.write(checkpoint, state, segment, steps)
+        written.append(steps)
+        if len(written) == 3:
+            raise KeyboardInterrupt
+
+    checkpoint.write = stop
+    with pytest.raises(KeyboardInterrupt):
+        spherepde.run(case, progress=False, checkpoint=checkpoint)
+    resumed = spherepde.run(case, progress=False, checkpoint=Checkpoint(output, resume=True))
+    for name in ("density", "mass", "mean", "entropy"):
+        assert np.array_equal(resumed[name].values, reference[name].values), name
