@@ -60,6 +60,8 @@ from spherepde.base.real_view import complex_state, real_state
 from spherepde.geometry.ambient import inner
 from spherepde.kernels.choice import MemberKernels
 from spherepde.model.attention import attention, velocity
+from spherepde.model.layered_adjoint import LayeredAdjoint
+from spherepde.model.layered_transport import LayeredTransport
 
 
 def discrete_gradients(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor,
@@ -174,14 +176,24 @@ class AdjointOperator:
         return basis.analysis(value.reshape((-1,) + basis.grid_shape)), integrand
 
 
+def adjoint_operator(forward: ControlledForward):
+    """The explicit part of the continuous adjoint of the forward map's model: the hand-written AdjointOperator for
+    the seeds' model (spherepde.model.transport's paths), LayeredAdjoint (autograd of the quadrature functional,
+    docs/model.md "Beyond the seeds") for a general layout, whose controls are the layers' parameters theta_l."""
+    transport = forward.problem.transport
+    if isinstance(transport, LayeredTransport):
+        return LayeredAdjoint(forward.problem.basis, transport.layout, transport.chunk)
+    return AdjointOperator(forward)
+
+
 def continuous_gradients(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor,
                          keep: frozenset = frozenset()) -> list:
     """Per member dJ/dW from the adjoint PDE stepped backward with the case's scheme (module docstring), or the
     NumericalFailure of its forward run; the adjoint's coefficients are kept at the steps in `keep`."""
     problem, basis = forward.problem, forward.problem.basis
-    operator = AdjointOperator(forward)
+    operator = adjoint_operator(forward)
     tape = Tape(forward, states, forward.case["control"]["checkpoint_every"], tokens=False)
-    members, d = states.shape[0], basis.dim
+    members, control_shape = states.shape[0], controls.shape[2:]  # a layer's control: W (d, d) or theta_l (p,)
     shape = problem.transport.coefficient_shape
     with torch.no_grad():
         final, reasons = forward.run(states, controls, tape)
@@ -192,15 +204,15 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
         dW = (forward.lambda_reg * (forward.t_end / forward.layers))[:, None, None, None] * controls.clone()
         norms = {forward.steps: forward.adjoint_norms(final, real_state(phi * basis.multiplicity))}
         kept = {forward.steps: real_state(phi * basis.multiplicity)} if forward.steps in keep else {}
-        # The packed state: phi's real view and int grad phi x^T rho over the step (no linear part).
-        integral = torch.zeros(members, d * d, dtype=problem.lam.dtype, device=problem.lam.device)
+        # The packed state: phi's real view and the gradient integrand's integral over the step (no linear part).
+        integral = torch.zeros(members, control_shape.numel(), dtype=problem.lam.dtype, device=problem.lam.device)
         lam = torch.cat([problem.lam, integral], 1)
         scheme = problem.scheme
         drives = forward.drives(controls)
         for segment, _, states_of in tape.segments(drives):
             for n, plan in reversed(segment):
                 layer, dt = plan.interval.layer, float(plan.dt[0])
-                W = controls[:, layer]
+                control = controls[:, layer]
                 start, stop = states_of[n - 1], states_of.get(n)
                 if stop is None:
                     stop = problem.step(start, drives[layer], forward.factors(plan))
@@ -212,14 +224,14 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
                     theta = 1 - scheme.fractions[stage]  # backward stage time s = fraction dt: forward 1 - fraction
                     state = _hermite(theta, dt, start, rate_start, stop, rate_stop)
                     rho = basis.synthesis(problem.coefficients(state)).reshape(members, -1)
-                    value, integrand = operator.rate(rho, W, complex_state(packed[:, :size], shape))
+                    value, integrand = operator.rate(rho, control, complex_state(packed[:, :size], shape))
                     return torch.cat([real_state(value), integrand.reshape(members, -1)], dim=1)
 
                 packed = torch.cat([real_state(phi), torch.zeros_like(integral)], 1)
                 packed = scheme.step(packed, explicit, scheme.factors(lam, dt))
                 phi_real = packed[:, :size] if problem.filter is None else packed[:, :size] * problem.filter
                 phi = complex_state(phi_real.contiguous(), shape)
-                dW[:, layer] += packed[:, size:].reshape(members, d, d)
+                dW[:, layer] += packed[:, size:].reshape((members,) + control_shape)
                 cotangent = real_state(phi * basis.multiplicity)
                 norms[n - 1] = forward.adjoint_norms(start, cotangent)
                 if n - 1 in keep:

@@ -1,0 +1,134 @@
+"""The continuous adjoint of the model beyond the seeds (spherepde/model/layered_adjoint.py, solvers/adjoint.py;
+docs/model.md "Beyond the seeds"): the explicit formulas of the docs against autograd of the quadrature functional,
+the hand-written operator of the seeds' model against the general one, and the continuous gradient against the
+discrete one as dt halves."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from solvers.adjoint import AdjointOperator
+from solvers.controlled_forward import ControlledForward
+from spherepde.base.device import placement as make_placement
+from spherepde.discretisation.bases import make_basis
+from spherepde.io.case import case_from_dict
+from spherepde.model.layered_adjoint import LayeredAdjoint
+from spherepde.model.parameters import Head, Layout, layout_of, parameters_of
+
+HEADS = {"softmax": (Head("softmax", 1.3), Head("softmax", 0.6)),
+         "unnormalized": (Head("unnormalized", 0.9), Head("unnormalized", 0.4)),
+         "softmax-inf": (Head("softmax", 1.1), Head("softmax", math.inf))}
+ACTIVATION = {"tanh": (np.tanh, lambda z: 1 - np.tanh(z) ** 2),
+              "softplus": (lambda z: np.log1p(np.exp(z)), lambda z: 1 / (1 + np.exp(-z)))}
+
+
+def explicit_variation(layout: Layout, parts: dict, points, weights, rho, g):
+    """(delta F / delta rho (P,), {group: dF/dgroup}) of one member by the formulas of docs/model.md "Beyond the
+    seeds", in numpy: points (P, d), quadrature weights (P,), density rho (P,), grad phi g (P, d) tangent."""
+    q = weights * rho  # the masses of the grid
+    hidden = layout.hidden
+    if hidden == 0:
+        u = points @ parts["W"].T
+        gradient = {"W": np.einsum("p,pi,pj->ij", q, g, points)}
+    else:
+        sigma, sigma_prime = ACTIVATION[layout.activation]
+        z = points @ parts["W1"].T + parts["b"]
+        a = sigma(z)
+        u = a @ parts["W2"].T
+        r = sigma_prime(z) * (g @ parts["W2"])  # sigma'(z) * W2^T g
+        gradient = {"W2": np.einsum("p,pi,pj->ij", q, g, a), "b": q @ r, "W1": np.einsum("p,pk,pj->kj", q, r, points)}
+    nonlocal_term = np.zeros_like(rho)
+    gradient["B"], gradient["V"] = np.zeros_like(parts["B"]), np.zeros_like(parts["V"])
+    for h, head in enumerate(layout.heads):
+        B, V = parts["B"][h], parts["V"][h]
+        w = g @ V  # rows V_h^T grad phi(x)
+        if head.zero_temperature:
+            n = points @ B  # rows B^T x
+            length = np.linalg.norm(n, axis=1)
+            m = n / length[:, None]
+            projected = w - m * (w * m).sum(1)[:, None]  # (I - m m^T) V^T grad phi
+            gradient["B"][h] = np.einsum("p,pi,pj->ij", q / length, points, projected)
+        else:
+            K = np.exp(head.beta * points @ B @ points.T)  # K[p, j] = exp(beta <x_p, B y_j>)
+            second = np.einsum("pj,j,ja,jb->pab", K, q, points, points)  # int k y y^T rho dsigma(y)
+            if head.kernel == "unnormalized":
+                m = K @ (q[:, None] * points)
+                nonlocal_term += (points * (K.T @ (q[:, None] * w))).sum(1)
+                moment = second
+            else:
+                Z = K @ q
+                m = (K @ (q[:, None] * points)) / Z[:, None]
+                p = q / Z
+                nonlocal_term += (points * (K.T @ (p[:, None] * w))).sum(1) - K.T @ (p * (w * m).sum(1))
+                moment = second / Z[:, None, None] - np.einsum("pa,pb->pab", m, m)  # the softmax weights' covariance
+            gradient["B"][h] = head.beta * np.einsum("p,pi,pab,pb->ia", q, points, moment, w)
+        gradient["V"][h] = np.einsum("p,pi,pj->ij", q, g, m)
+        u = u + m @ V.T
+    v = u - points * (u * points).sum(1)[:, None]
+    return (v * g).sum(1) + nonlocal_term, gradient
+
+
+@pytest.mark.parametrize("dim, lmax", [(2, 10), (3, 5)])
+@pytest.mark.parametrize("kernel", sorted(HEADS))
+@pytest.mark.parametrize("hidden, activation", [(0, "tanh"), (3, "tanh"), (4, "softplus")])
+def test_the_explicit_formulas_are_the_derivatives_of_the_quadrature_functional(dim, lmax, kernel, hidden, activation):
+    """Two members, two heads, random parameters: delta F / delta rho and every group of dF/dtheta as the docs
+    write them, coded in numpy, agree with LayeredAdjoint's autograd to 1e-12 relative."""
+    basis = make_basis(dim, lmax, make_placement("cpu", "float64"))
+    layout = Layout(dim=dim, heads=HEADS[kernel], hidden=hidden, activation=activation, train=("W", "B", "V"))
+    adjoint = LayeredAdjoint(basis, layout)
+    points, weights = adjoint.points, adjoint.weights
+    generator = torch.Generator().manual_seed(dim + hidden)
+    members = 2
+    theta = 0.5 * torch.randn(members, layout.size, generator=generator, dtype=torch.float64)
+    tilt = torch.randn(members, dim, generator=generator, dtype=torch.float64)
+    rho = (1 + 0.5 * torch.tanh(points @ tilt.T).T) / basis.area  # positive: no vanishing-density rule
+    field = torch.randn(members, points.shape[0], dim, generator=generator, dtype=torch.float64)
+    g = field - points * (field * points).sum(-1, keepdim=True)  # tangent, as grad phi is
+    rho_bar, theta_bar = adjoint.variation(rho, theta, g)
+    for m in range(members):
+        parts = {name: value.numpy() for name, value in layout.unpack(theta[m]).items()}
+        value, gradient = explicit_variation(layout, parts, points.numpy(), weights.numpy(), rho[m].numpy(),
+                                             g[m].numpy())
+        assert np.abs(rho_bar[m].numpy() - value).max() <= 1e-12 * np.abs(value).max()
+        autograd = {name: group.numpy() for name, group in layout.unpack(theta_bar[m]).items()}
+        for name, expected in gradient.items():
+            assert np.abs(autograd[name] - expected).max() <= 1e-12 * np.abs(expected).max(), name
+
+
+def training_case(dim=2, lmax=12, kernel="softmax", beta=1.0, t_end=0.5, dt=0.05, scheme="auto", model=None,
+                  control=None, field="auto"):
+    """Seed 004's A2 = diag(1, 0.65) as B = V, eps = 0.05, a tilted vMF start, two layers (test_adjoint's case)."""
+    diagonal = [1.0, 0.65, 0.4][:dim]
+    A = [[diagonal[i] * (i == j) for j in range(dim)] for i in range(dim)]
+    table = {"sphere": {"dim": dim, "lmax": lmax},
+             "model": {"kernel": kernel, "beta": beta, "B": A, "V": A, "eps": 0.05} | (model or {}),
+             "initial": {"kind": "vmf", "mean": [1.0, 0.2, 0.1][:dim], "kappa": 2.0},
+             "time": {"t_end": t_end, "dt": dt, "scheme": scheme},
+             "solver": {"device": "cpu", "field": field},
+             "control": {"loss": "align", "layers": 2, "lambda_reg": 0.1} | (control or {})}
+    return case_from_dict(table)
+
+
+@pytest.mark.parametrize("dim, kernel, beta", [(2, "unnormalized", 1.0), (2, "softmax", 2.0), (3, "softmax", 1.5),
+                                               (3, "softmax", "inf")])
+def test_on_the_seeds_model_the_general_operator_is_the_hand_written_one(dim, kernel, beta):
+    """AdjointOperator's hand-written nonlocal term and int grad phi x^T rho (dense transforms) against
+    LayeredAdjoint's autograd with the case's theta: the same operator, to 1e-12 relative."""
+    case = training_case(dim, 12 if dim == 2 else 6, kernel, beta, field="dense")
+    forward = ControlledForward(case)
+    basis = forward.problem.basis
+    layout = layout_of(case)
+    generator = torch.Generator().manual_seed(3)
+    W = 0.4 * torch.randn(1, dim, dim, generator=generator, dtype=torch.float64)
+    parts = layout.unpack(parameters_of(case, layout, forward.problem.placement)[:1])
+    theta = layout.pack(parts | {"W": W})
+    rho = basis.synthesis(forward.problem.coefficients(forward.initial())).reshape(1, -1)
+    phi = basis.analysis(torch.sin(2 * basis.points[..., 0] + basis.points[..., 1]))[None]
+    value, integrand = AdjointOperator(forward).rate(rho, W, phi)
+    general_value, theta_bar = LayeredAdjoint(basis, layout).rate(rho, theta, phi)
+    assert float((general_value - value).abs().max()) <= 1e-12 * float(value.abs().max())
+    general_integrand = layout.unpack(theta_bar)["W"]
+    assert float((general_integrand - integrand).abs().max()) <= 1e-12 * float(integrand.abs().max())
