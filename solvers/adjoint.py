@@ -39,6 +39,10 @@ Two gradients, one step grid (control.gradient):
   differs from the discrete gradient by the scheme's truncation error, O(dt^p) (p = 4 for imex-ark436 and
   rk4, 3 for imex-ars443), plus the spectrally small difference between the adjoint of the discretised
   operator and the discretised adjoint operator (results/adjoint_verification.md measures both).
+  Beyond the seeds' model (a LayeredTransport: several heads, B and V per layer or trained, a two-layer
+  feed-forward; docs/model.md "Beyond the seeds") the control of layer l is its parameter vector theta_l, the
+  nonlocal term has one such term per head and the integrand is dF/dtheta (every group's, trained or not), both
+  by spherepde.model.layered_adjoint.LayeredAdjoint; the stepping is the same.
 
 The tape (what the backward pass reads of the forward one) is chosen by memory (`Tape`): every step's state,
 and the stage tokens (Transport.rate_token: on S^1's matrix path the rows (rho, v) of each stage, so that the
@@ -188,8 +192,9 @@ def adjoint_operator(forward: ControlledForward):
 
 def continuous_gradients(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor,
                          keep: frozenset = frozenset()) -> list:
-    """Per member dJ/dW from the adjoint PDE stepped backward with the case's scheme (module docstring), or the
-    NumericalFailure of its forward run; the adjoint's coefficients are kept at the steps in `keep`."""
+    """Per member dJ/dW (dJ/dtheta (L, p) of a general layout) from the adjoint PDE stepped backward with the
+    case's scheme (module docstring), or the NumericalFailure of its forward run; the adjoint's coefficients are
+    kept at the steps in `keep`."""
     problem, basis = forward.problem, forward.problem.basis
     operator = adjoint_operator(forward)
     tape = Tape(forward, states, forward.case["control"]["checkpoint_every"], tokens=False)
@@ -201,7 +206,7 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
         variation = torch.stack([loss.first_variation(forward.flat_points, forward.masses(final)[m])
                                  for m, loss in enumerate(forward.losses)])
         phi = basis.analysis(variation.reshape((members,) + basis.grid_shape))
-        dW = (forward.lambda_reg * (forward.t_end / forward.layers))[:, None, None, None] * controls.clone()
+        dW = _regulariser_gradient(forward, controls)
         norms = {forward.steps: forward.adjoint_norms(final, real_state(phi * basis.multiplicity))}
         kept = {forward.steps: real_state(phi * basis.multiplicity)} if forward.steps in keep else {}
         # The packed state: phi's real view and the gradient integrand's integral over the step (no linear part).
@@ -221,8 +226,8 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
                 size = start.shape[1]
 
                 def explicit(stage, packed):
-                    theta = 1 - scheme.fractions[stage]  # backward stage time s = fraction dt: forward 1 - fraction
-                    state = _hermite(theta, dt, start, rate_start, stop, rate_stop)
+                    fraction = 1 - scheme.fractions[stage]  # backward stage time s = fraction dt: forward 1 - fraction
+                    state = _hermite(fraction, dt, start, rate_start, stop, rate_stop)
                     rho = basis.synthesis(problem.coefficients(state)).reshape(members, -1)
                     value, integrand = operator.rate(rho, control, complex_state(packed[:, :size], shape))
                     return torch.cat([real_state(value), integrand.reshape(members, -1)], dim=1)
@@ -240,6 +245,15 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
     return _gradients(forward, costs, losses, dW, norms, kept, reasons)
 
 
+def _regulariser_gradient(forward: ControlledForward, controls: torch.Tensor) -> torch.Tensor:
+    """d/dtheta of the cost's L2 term, Lambda theta_l |slice_l| (M, L, *control): lambda_reg W_l |slice_l| for the
+    seeds' model, each entry's group weight (Layout.entry_weights, 0 where not trained) for a general layout."""
+    transport, slice_length = forward.problem.transport, forward.t_end / forward.layers
+    if isinstance(transport, LayeredTransport):
+        return transport.layout.entry_weights(controls) * slice_length * controls
+    return (forward.lambda_reg * slice_length)[:, None, None, None] * controls.clone()
+
+
 def continuous_gradient(forward: ControlledForward, c0, controls: torch.Tensor, keep: frozenset = frozenset()):
     """`continuous_gradients` of one member (as `discrete_gradient`) or of the batch."""
     states, controls, single = _batched(forward, c0, controls)
@@ -247,10 +261,10 @@ def continuous_gradient(forward: ControlledForward, c0, controls: torch.Tensor, 
     return only(results) if single else results
 
 
-def _hermite(theta: float, dt: float, c0, f0, c1, f1):
-    """Cubic Hermite interpolant at fraction theta of a step from values c0, c1 and rates f0, f1."""
-    t2, t3 = theta * theta, theta * theta * theta
-    return ((2 * t3 - 3 * t2 + 1) * c0 + (t3 - 2 * t2 + theta) * dt * f0
+def _hermite(fraction: float, dt: float, c0, f0, c1, f1):
+    """Cubic Hermite interpolant at `fraction` of a step from values c0, c1 and rates f0, f1."""
+    t2, t3 = fraction * fraction, fraction * fraction * fraction
+    return ((2 * t3 - 3 * t2 + 1) * c0 + (t3 - 2 * t2 + fraction) * dt * f0
             + (-2 * t3 + 3 * t2) * c1 + (t3 - t2) * dt * f1)
 
 
