@@ -71,7 +71,8 @@ from spherepde.model.layered_transport import LayeredTransport
 def discrete_gradients(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor,
                        keep: frozenset = frozenset()) -> list:
     """Per member the exact dJ/dW of the discretised J (a Gradient), or the NumericalFailure of its forward run;
-    the adjoint's coefficients are kept at the steps in `keep`."""
+    the adjoint's coefficients are kept at the steps in `keep`.  Beyond the seeds' model dJ/dtheta (L, p), zero
+    in the untrained entries: the layered transport's drive is theta_l, its cotangent dJ/dtheta_l's share."""
     problem = forward.problem
     tape = Tape(forward, states, forward.case["control"]["checkpoint_every"])
     with torch.no_grad():
@@ -101,7 +102,7 @@ def discrete_gradients(forward: ControlledForward, states: torch.Tensor, control
             values = forward.adjoint_norms(torch.cat([states_of[n] for n in numbers]), torch.cat(cotangents))
             norms.update(zip(numbers, values.reshape(len(numbers), -1)))
         dW = torch.stack([problem.transport.feed_forward_adjoint(bar) for bar in layer_drive_bar], dim=1)
-        dW = dW + (forward.lambda_reg * (forward.t_end / forward.layers))[:, None, None, None] * controls
+        dW = forward.trained_part(dW + forward.regulariser_gradients(controls))
         costs = losses + forward.regularisers(controls)
     return _gradients(forward, costs, losses, dW, norms, kept, reasons)
 
@@ -133,7 +134,7 @@ def coefficients_to_field(basis, a: torch.Tensor) -> torch.Tensor:
 
 
 def discrete_gradient(forward: ControlledForward, c0, controls: torch.Tensor, keep: frozenset = frozenset()):
-    """`discrete_gradients` of one member (c0 its coefficients, controls (L, d, d)) as a Gradient, or of the
+    """`discrete_gradients` of one member (c0 its coefficients, controls (L, d, d) or (L, p)) as a Gradient, or of the
     batch (states (M, N), controls (M, L, d, d)) as the list; raises a single member's NumericalFailure."""
     states, controls, single = _batched(forward, c0, controls)
     results = discrete_gradients(forward, states, controls, keep)

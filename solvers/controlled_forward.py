@@ -5,6 +5,14 @@ on the step grid of solvers.timegrid, its cost
 
 (nondimensional; t is network depth), the density checks of its runs, and J by central differences: the
 independent check of the adjoint gradients of solvers/adjoint.py.
+
+Beyond the seeds' model (ForwardProblem.layered) the control is every layer's parameter vector theta
+(layers, p) (spherepde.model.parameters) and
+
+    J(theta) = l(mu_T) + sum_g lambda_g / 2 sum_l |theta_{l,g}|^2 |slice_l|
+
+over the trained groups g of control.train (Layout.entry_weights: lambda_g per entry, 0 where untrained); the
+entries of the untrained groups keep their case values (their gradient is not formed: `trained_part`).
 """
 
 import copy
@@ -61,7 +69,15 @@ class ControlledForward:
         self.step_times = np.concatenate([[0.0]] + [plan.interval.t0 + plan.dt[0] * np.arange(1, plan.steps[0] + 1)
                                                     for plan in self.plans])
         self.losses = [make_loss(member["control"], member.dim) for member in cases]
-        self.lambda_reg = self.problem.placement.tensor([member["control"]["lambda_reg"] for member in cases])
+        self.layered = self.problem.layered
+        placement = self.problem.placement
+        if self.layered:  # lambda per entry of theta_l (M, p), and the trained entries (p,)
+            like = placement.tensor(0.0)
+            self.entry_weights = torch.stack([layout.entry_weights(like) for layout in self.problem.layouts])
+            self.trained = self.problem.layout.trained(like)
+        else:
+            self.lambda_reg = placement.tensor([dict(layout.lambda_reg).get("W", 0.0)  # a number or {W = ..}
+                                                for layout in self.problem.layouts])
         basis = self.problem.basis
         self.points, self.flat_points = basis.points, basis.points.reshape(-1, basis.dim)
         self.weights = basis.weights.reshape(-1)
@@ -79,7 +95,10 @@ class ControlledForward:
         chosen.problem = self.problem.select(members)
         chosen.plans = [Plan(plan.interval, plan.steps[members], plan.dt[members]) for plan in self.plans]
         chosen.losses = [self.losses[m] for m in members]
-        chosen.lambda_reg = self.lambda_reg[members]
+        if self.layered:
+            chosen.entry_weights = self.entry_weights[members]
+        else:
+            chosen.lambda_reg = self.lambda_reg[members]
         chosen._factors = {}
         return chosen
 
@@ -99,7 +118,8 @@ class ControlledForward:
         return self._factors[key]
 
     def drives(self, controls: torch.Tensor) -> list:
-        """The drive of each layer (Transport.feed_forward of controls[:, l]) for controls (M, L, d, d)."""
+        """The drive of each layer (Transport.feed_forward of controls[:, l]) for controls (M, L, d, d), or
+        theta (M, L, p) itself beyond the seeds' model."""
         return [self.problem.transport.feed_forward(controls[:, layer]) for layer in range(self.layers)]
 
     def masses(self, state: torch.Tensor) -> torch.Tensor:
@@ -121,8 +141,22 @@ class ControlledForward:
         return real_state(basis.synthesis_adjoint((variation * self.weights).reshape((-1,) + basis.grid_shape)))
 
     def regularisers(self, controls: torch.Tensor) -> torch.Tensor:
-        """lambda_reg / 2 sum_l |W_l|_F^2 T / L per member (M,)."""
+        """lambda_reg / 2 sum_l |W_l|_F^2 T / L per member (M,); sum_g lambda_g / 2 sum_l |theta_{l,g}|^2 T / L
+        beyond the seeds' model."""
+        if self.layered:
+            return 0.5 * (self.entry_weights[:, None] * controls ** 2).sum((1, 2)) * (self.t_end / self.layers)
         return 0.5 * self.lambda_reg * (controls ** 2).flatten(1).sum(1) * (self.t_end / self.layers)
+
+    def regulariser_gradients(self, controls: torch.Tensor) -> torch.Tensor:
+        """The gradient of `regularisers`: lambda_reg W_l T / L (M, L, d, d), or lambda_g theta_l T / L
+        (M, L, p) entry by entry."""
+        if self.layered:
+            return self.entry_weights[:, None] * (self.t_end / self.layers) * controls
+        return (self.lambda_reg * (self.t_end / self.layers))[:, None, None, None] * controls
+
+    def trained_part(self, gradient: torch.Tensor) -> torch.Tensor:
+        """dJ/dtheta (M, L, p) with its untrained entries zero (control.train); dJ/dW unchanged."""
+        return torch.where(self.trained, gradient, 0.0) if self.layered else gradient
 
     def run(self, states: torch.Tensor, controls: torch.Tensor, tape: "Tape | None" = None):
         """The forward map: (final states (M, N), per member the reason it departed from a density, or None).
@@ -279,8 +313,8 @@ class Tape:
 
 def _batched(forward: ControlledForward, c0, controls: torch.Tensor):
     """(states (M, N), controls (M, L, d, d), single) from either the batch's own arguments or one member's
-    coefficients (*coeff, complex) and controls (L, d, d)."""
-    single = controls.dim() == 3
+    coefficients (*coeff, complex) and controls (L, d, d); (M, L, p) and (L, p) beyond the seeds' model."""
+    single = controls.dim() == (2 if forward.layered else 3)
     if c0 is None:
         states = forward.initial()
     elif c0.is_complex():

@@ -7,7 +7,9 @@ The diffusion is diagonal in the basis (implicit, or an integrating factor), the
 divergence, whose degree-0 coefficient is zero: mass is conserved to round-off by construction.
 
 Members share the grid, the scheme and the save times, and may differ in the initial law and the model's
-B, V, W, beta, eps (`ForwardProblem` of several cases; solvers.timegrid.integrate steps them together).  A
+B, V, W, beta, eps (`ForwardProblem` of several cases; solvers.timegrid.integrate steps them together).  A model
+whose matrices vary over L layers (spherepde.model.parameters.model_layers) switches them at t_end l / L, knots
+of the time grid.  A
 member's file is the file its serial run writes: its numbers are those of a run of its case alone to
 round-off (tests/test_ensembles.py), `wall_seconds` is the batch's, and `batch_members` says how many ran
 together.  Each interval between saves is split into equal steps no longer than dt (given, or from the CFL
@@ -138,8 +140,8 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
     whenever one is due, and a checkpoint marked `resume` continues from its state: the result is bit for bit that
     of an uninterrupted run."""
     case, timing = problem.cases[0], problem.cases[0]["time"]
-    grid = TimeGrid(timing["t_end"], timing["save_every"])
-    a = problem.transport.feed_forward(problem.batch.W)
+    drives = problem.layer_drives()
+    grid = TimeGrid(timing["t_end"], timing["save_every"], len(drives))
     start = (0, 0, None, 0)
     if checkpoint is not None and checkpoint.resume:
         state, segments = checkpoint.load(case)
@@ -161,15 +163,15 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
     hooks = ForwardHooks(problem, recorders, bar, checkpoint)
 
     def plan_of(interval, state):
-        plan, speeds = step_plan(problem, interval, state, a, timing)
+        plan, speeds = step_plan(problem, interval, state, drives[interval.layer], timing)
         if speeds is not None and len(speeds) == 1:
             bar.update(interval.t0, max_speed=speeds[0], dt=float(plan.dt[0]))
         return plan
 
-    factors = {}
+    current = {}
 
     def begin(plan):
-        factors["step"] = problem.factors(plan)
+        current["drive"], current["factors"] = drives[plan.interval.layer], problem.factors(plan)
 
     for recorder in recorders:
         recorder.start_clock()
@@ -177,8 +179,8 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
         checkpoint.stepping = True
     try:
         with torch.no_grad():
-            integrate(grid, c, plan_of, begin, lambda state: problem.step(state, a, factors["step"]), hooks,
-                      timing.get("max_steps"), start)
+            integrate(grid, c, plan_of, begin, lambda state: problem.step(state, current["drive"], current["factors"]),
+                      hooks, timing.get("max_steps"), start)
     finally:
         if checkpoint is not None:
             checkpoint.stepping = False

@@ -4,6 +4,7 @@ entropy, interaction and free energy, min density, spectral tail), the first los
 scalars a checkpoint stores; handed to spherepde.io.output as a plain `Saves` record.
 """
 
+import math
 import warnings
 
 import numpy as np
@@ -21,7 +22,13 @@ from spherepde.model.energy import FreeEnergy
 
 class Recorder(RunRecord):
     """Density snapshots and diagnostics of member `member` of `problem` at save times, on the host; `controlled`:
-    the run's W_t is a trained control (the free energy then names it as what may raise F)."""
+    the run's W_t is a trained control (the free energy then names it as what may raise F).
+
+    The diagnostics of the attention (alignment_E, alignment_F, lyapunov, w2_projection: the subspaces of V B^T
+    and V; interaction_energy, free_energy) are those of one head with fixed B and V
+    (ForwardProblem.fixed_attention); beyond it (several heads, B or V varying over the layers or trained) they
+    are NaN.  Beyond the seeds' model the free energy is never called dissipated: the feed-forward (layered or
+    two-layer) may raise it."""
 
     def __init__(self, problem: ForwardProblem, member: int, rho0: np.ndarray, controlled: bool = False):
         super().__init__(problem.cases[member])
@@ -31,9 +38,13 @@ class Recorder(RunRecord):
         self.scheme = problem.scheme.scheme
         self.points = basis.points.reshape(-1, basis.dim).cpu().double().numpy()
         self.weights = basis.weights.reshape(-1).cpu().double().numpy()
-        VBt = (model.V @ model.B.T).cpu().double().numpy()
-        self.subspace_E = principal_subspace(VBt)
-        self.subspace_F = principal_subspace(model.V.cpu().double().numpy())
+        self.fixed_attention = problem.fixed_attention(member, controlled)
+        if self.fixed_attention:
+            VBt = (model.V @ model.B.T).cpu().double().numpy()
+            self.subspace_E = principal_subspace(VBt)
+            self.subspace_F = principal_subspace(model.V.cpu().double().numpy())
+        else:
+            self.subspace_E = self.subspace_F = None
         self.masses_0 = rho0.reshape(-1) * self.weights
         diagnostics = self.case["diagnostics"]
         self.want_w2 = diagnostics["w2"]
@@ -43,7 +54,11 @@ class Recorder(RunRecord):
         self.densities = []
         self.resolved_until = None
         self.steps = 0
-        self.free_energy = FreeEnergy.of_model(model, controlled)
+        if self.fixed_attention:
+            self.free_energy = FreeEnergy.of_model(model, controlled or not problem.layouts[member].seeds_model)
+        else:
+            self.free_energy = FreeEnergy(model.eps, None, None, False, False, "several heads, or B and V vary")
+        self.field = "dense" if problem.layered else self.exp_kernel.name
         self.batch_members = problem.members
 
     def record(self, t: float, c: torch.Tensor) -> dict:
@@ -60,7 +75,7 @@ class Recorder(RunRecord):
         masses = density.reshape(-1) * self.weights
         m = diag.mean(self.points, masses)
         entropy = diag.entropy(density.reshape(-1), self.weights)
-        energy = interaction_energy(self.model, self.exp_kernel, basis, rho)
+        energy = interaction_energy(self.model, self.exp_kernel, basis, rho) if self.fixed_attention else math.nan
         row = {
             "mass": float(masses.sum()),
             "mean": m,
@@ -119,7 +134,7 @@ class Recorder(RunRecord):
             "lmax": basis.lmax,
             "dtype": basis.placement.name,
             "device": str(basis.placement.device),
-            "field": self.exp_kernel.name,
+            "field": self.field,
             "scheme": self.scheme,
             "steps": int(self.steps),
             "wall_seconds": float(self.wall_seconds),

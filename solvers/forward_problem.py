@@ -4,6 +4,14 @@
 
 the basis, the models, the attention transforms, the transport operator, the diffusion eigenvalues, the
 spectral filter and the IMEX scheme (the rules that pick them from the case: solvers/eulerian.py).
+
+The seeds' model (spherepde.model.parameters.Layout.seeds_model: one head, a linear feed-forward, B and V
+constant) runs on spherepde.model.transport's fast paths, its drive built from W.  Any other model runs on
+spherepde.model.layered_transport, whose drive of layer l is the members' parameters theta_l (M, p)
+(`parameters`, (M, L, p), from spherepde.model.parameters.parameters_of), L = model_layers(case) layers of
+[0, t_end] even without a [control] section.  Head 0 on layer 0 stands in `batch` for what is read member by
+member (eps, the resolution check, the diagnostics of solvers/eulerian_recorder.py, which are those of one
+fixed head or NaN: `fixed_attention`).
 """
 
 import copy
@@ -20,14 +28,19 @@ from spherepde.kernels.choice import MemberKernels
 from spherepde.kernels.funk_hecke import check_resolution
 from spherepde.model.attention import Model, ModelBatch
 from spherepde.model.initial import initial_density
+from spherepde.model.layered_transport import LayeredTransport
+from spherepde.model.parameters import Layout, layout_of, parameters_of
 from spherepde.model.transport import Transport
 
 
 class ForwardProblem:
     """The discretised forward equation of the members `cases` (one case or a list sharing sphere, solver, time
-    and scheme): basis, models, attention transforms, transport, diffusion eigenvalues, filter, scheme."""
+    and scheme): basis, models, attention transforms, transport, diffusion eigenvalues, filter, scheme.
 
-    def __init__(self, cases):
+    `layered` steps a seeds' model on the layered transport too (the check that both agree); members beyond the
+    seeds' model share their Layout's heads, feed-forward and layers (spherepde.api.ensemble batches them so)."""
+
+    def __init__(self, cases, layered: bool = False):
         cases = [cases] if not isinstance(cases, (list, tuple)) else list(cases)
         case = cases[0]
         self.cases = cases
@@ -39,13 +52,28 @@ class ForwardProblem:
         if solver["backend"] == "shtns" and (self.placement.device.type != "cpu" or self.placement.name != "float64"):
             raise CaseError("solver.backend: 'shtns' runs on the CPU in float64 only")
         self.basis = make_basis(case.dim, case["sphere"]["lmax"], self.placement, solver["backend"])
-        models = [Model.from_case(member, self.placement) for member in cases]
-        for model in models:
-            check_resolution(model, self.basis, solver["kernel_tol"])
+        self.layouts = [layout_of(member) for member in cases]
+        self.layered = layered or not all(layout.seeds_model for layout in self.layouts)
+        if self.layered:
+            self.layout = shared_layout(self.layouts)
+            self.parameters = torch.stack([parameters_of(member, self.layout, self.placement) for member in cases])
+            layer_models = [head_models(self.layout, theta, float(member["model"]["eps"]))
+                            for member, theta in zip(cases, self.parameters)]
+            models = [each[0] for each in layer_models]
+            for each in layer_models:
+                for model in each:
+                    check_resolution(model, self.basis, solver["kernel_tol"])
+        else:
+            models = [Model.from_case(member, self.placement) for member in cases]
+            for model in models:
+                check_resolution(model, self.basis, solver["kernel_tol"])
         self.batch = ModelBatch.of(models)
         self.kernels = MemberKernels(self.basis, self.batch.B, [m.beta for m in models], solver["field"],
                                      solver["kernel_tol"], solver["chunk"])
-        self.transport = Transport(self.basis, self.batch, self.kernels)
+        if self.layered:
+            self.transport = LayeredTransport(self.basis, self.layout, solver["chunk"])
+        else:
+            self.transport = Transport(self.basis, self.batch, self.kernels)
         self.lam = self.batch.eps[:, None] * real_diagonal(self.basis.laplacian)  # (M, N)
         self.filter = spectral_filter(self.basis, solver["filter_order"])
         schemes = {choose_scheme(member["time"]["scheme"], model.eps) for member, model in zip(cases, models)}
@@ -64,7 +92,29 @@ class ForwardProblem:
         chosen.batch, chosen.kernels = self.batch.select(members), self.kernels.select(members)
         chosen.transport = self.transport.select(members)
         chosen.lam = self.lam[members]
+        chosen.layouts = [self.layouts[m] for m in members]
+        if self.layered:
+            chosen.parameters = self.parameters[members]
         return chosen
+
+    def layer_drives(self) -> list:
+        """The drive of every layer of the members' own models (a plain run): the seeds' Transport.feed_forward(W)
+        on its one layer, else the parameters theta_l (M, p) of each of the L layers."""
+        if self.layered:
+            return [self.parameters[:, layer] for layer in range(self.parameters.shape[1])]
+        return [self.transport.feed_forward(self.batch.W)]
+
+    def fixed_attention(self, member: int, trained: bool = False) -> bool:
+        """Whether member `member`'s attention is one head whose B and V are the same on every layer (and, for a
+        training's run (`trained`), not trained): the model the one-head diagnostics (subspaces, interaction
+        and free energy) are defined for, its head being `batch.models[member]`'s."""
+        if not self.layered:
+            return True
+        layout = self.layouts[member]
+        if len(layout.heads) != 1 or (trained and {"B", "V"} & set(layout.train)):
+            return False
+        parts = layout.unpack(self.parameters[member])
+        return all(bool((parts[name] == parts[name][:1]).all()) for name in ("B", "V"))
 
     @property
     def model(self) -> Model:
@@ -121,6 +171,30 @@ class ForwardProblem:
         """The step factors of an interval's plan: dt one float when the members share it, else per member."""
         dt = float(plan.dt[0]) if (plan.dt == plan.dt[0]).all() else self.placement.tensor(plan.dt)[:, None]
         return self.scheme.factors(self.lam, dt)
+
+
+def shared_layout(layouts: list) -> Layout:
+    """The layout of members run on one layered transport: their heads, feed-forward and layers must agree (the
+    trained groups and their weights are each member's own)."""
+    first = layouts[0]
+    for layout in layouts[1:]:
+        if (layout.dim, layout.heads, layout.hidden, layout.activation, layout.layers) != (
+                first.dim, first.heads, first.hidden, first.activation, first.layers):
+            raise ValueError("ForwardProblem: members beyond the seeds' model must share their heads, feed-forward "
+                             "and layers")
+    return first
+
+
+def head_models(layout: Layout, theta: torch.Tensor, eps: float) -> list:
+    """The Model of every head on every layer of theta (L, p) (head 0 on layer 0 first), its W the layer's linear
+    feed-forward (zero for a two-layer one): what the resolution check and the one-head diagnostics read."""
+    parts = layout.unpack(theta)
+    models = []
+    for layer in range(theta.shape[0]):
+        W = parts["W"][layer] if layout.hidden == 0 else torch.zeros_like(parts["B"][layer, 0])
+        models += [Model(head.kernel, head.beta, parts["B"][layer, h], parts["V"][layer, h], W, eps)
+                   for h, head in enumerate(layout.heads)]
+    return models
 
 
 def spectral_filter(basis, order: int) -> torch.Tensor | None:

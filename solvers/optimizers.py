@@ -1,6 +1,7 @@
-"""The optimizers of a training over piecewise-constant controls W (layers, d, d): gradient descent, Adam and
-L-BFGS (scipy), each a loop that asks gradient_of(controls) for J and dJ/dW and returns a `TrainingResult`
-(the stopping rules: solvers/training.py, step 1 of its docstring).
+"""The optimizers of a training over piecewise-constant controls W (layers, d, d) (or, beyond the seeds' model, the
+trained entries of theta (layers, k)): gradient descent, Adam and L-BFGS (scipy), each a loop that asks
+gradient_of(controls) for J and dJ/dW and returns a `TrainingResult` (the stopping rules: solvers/training.py,
+step 1 of its docstring).
 """
 
 import math
@@ -72,10 +73,12 @@ def _checked(gradient, iteration: int, loss: str | None):
                            f"{gradient.loss:g}{'' if finite_dW else ', dJ/dW not finite'} ({advice})")
 
 
-def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None) -> TrainingResult:
-    """The optimizer loop of the module docstring, step 1, from W_l = W on every layer; gradient_of(controls)
-    returns the controlled_forward.Gradient (J, l(mu_T), dJ/dW, ...) at controls (layers, d, d)."""
-    parameter = W.detach().clone().expand(layers, -1, -1).contiguous()
+def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None,
+             per_layer: bool = False) -> TrainingResult:
+    """The optimizer loop of the module docstring, step 1, from W_l = W on every layer (with `per_layer`, W holds
+    the controls of every layer, (layers, ...): a model's trained entries beyond the seeds', solvers/training.py);
+    gradient_of(controls) returns the controlled_forward.Gradient (J, l(mu_T), dJ/dW, ...) at controls."""
+    parameter = W.detach().clone() if per_layer else W.detach().clone().expand(layers, -1, -1).contiguous()
     if control["optimizer"] == "lbfgs":
         return quasi_newton(control, parameter, gradient_of, progress)
     optimizer = OPTIMIZERS[control["optimizer"]](control["learning_rate"])

@@ -1,10 +1,11 @@
 """The time grid of a run and the one loop that steps it: forward runs, trainings, particles, and the adjoint.
 
-Knots are the save times 0, save_every, 2 save_every, ..., t_end and, with a trained control of L layers,
-the layer boundaries l t_end / L (coincident ones, to 1e-12 t_end, merged).  Between two knots the velocity
-does not change in time (W_t is constant on a layer), so every interval is split into equal steps no longer
-than the case's dt (time.dt, particles.dt, or the CFL rule at the interval's start), every save time is hit
-exactly, and no Runge-Kutta stage sees two layers.  The layer of an interval is the one holding its midpoint.
+Knots are the save times 0, save_every, 2 save_every, ..., t_end and, with a trained control of L layers or a model
+whose matrices vary over L layers (spherepde.model.parameters.model_layers), the layer boundaries l t_end / L
+(coincident ones, to 1e-12 t_end, merged). Between two knots the velocity does not change in time (W_t is constant
+on a layer), so every interval is split into equal steps no longer than the case's dt (time.dt, particles.dt, or
+the CFL rule at the interval's start), every save time is hit exactly, and no Runge-Kutta stage sees two layers.
+The layer of an interval is the one holding its midpoint.
 
 `integrate` advances M members together over the intervals, each member with its own number of steps and
 step length where a CFL rule gives them (a member that needs fewer steps is masked, its state kept, while
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from spherepde.model.parameters import model_layers
 
 
 def save_times(t_end: float, save_every: float) -> np.ndarray:
@@ -58,8 +61,7 @@ class TimeGrid:
     @classmethod
     def from_case(cls, case) -> "TimeGrid":
         timing = case["time"]
-        layers = case["control"]["layers"] if case["control"] else 1
-        return cls(timing["t_end"], timing["save_every"], layers)
+        return cls(timing["t_end"], timing["save_every"], model_layers(case))
 
     def _is_save(self, t: float) -> bool:
         return bool(np.any(np.abs(self.saves - t) <= 1e-12 * max(1.0, self.t_end)))

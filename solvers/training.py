@@ -44,6 +44,7 @@ where an uninterrupted one ends (solvers/journal.py); the trained run after it i
 is made again.
 """
 
+import dataclasses
 import threading
 import time as wallclock
 
@@ -52,14 +53,14 @@ import torch
 import xarray as xr
 
 from solvers.adjoint import GRADIENTS
-from solvers.controlled_forward import ControlledForward
+from solvers.controlled_forward import ControlledForward, Gradient
 from solvers.eulerian import ForwardHooks, only
 from solvers.eulerian_recorder import Recorder
 from solvers.journal import Journal
 from solvers.optimizers import TrainingResult, optimise
 from solvers.timegrid import integrate
 from solvers.training_output import adjoint_variables, control_variables, finished, kept_at_start, turnpike_variables
-from spherepde.base.errors import NumericalFailure
+from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.base.progress import Progress
 
 
@@ -182,10 +183,16 @@ def train_members(forward: ControlledForward, progress: bool | None = None, star
         checkpoint = checkpoints[member] if checkpoints is not None else None
 
         def run(gradient_of):
-            W = starting_W(forward, member, start)
             try:
-                return journaled_optimise(case, W, forward.layers, gradient_of,
-                                          progress if forward.members == 1 else False, checkpoint)
+                if not forward.layered:
+                    return journaled_optimise(case, starting_W(forward, member, start), forward.layers, gradient_of,
+                                              progress if forward.members == 1 else False, checkpoint)
+                entries = TrainedEntries(starting_controls(forward, member, start), forward.trained)
+                result = journaled_optimise(case, entries.of(entries.controls), forward.layers,
+                                            entries.gradient_of(gradient_of), progress if forward.members == 1
+                                            else False, checkpoint, per_layer=True)
+                result.controls = entries.placed(result.controls)
+                return result
             except NumericalFailure as failure:
                 return failure
         return run
@@ -208,14 +215,20 @@ def _states(forward: ControlledForward, c0) -> torch.Tensor:
 
 
 def journaled_optimise(case, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None,
-                       checkpoint=None) -> TrainingResult:
+                       checkpoint=None, per_layer: bool = False) -> TrainingResult:
     """`optimise` of the case's [control] section, its evaluations kept in `checkpoint` (and replayed from it
-    when it is marked resume; solvers/journal.py); an interrupt takes effect at the end of an evaluation."""
+    when it is marked resume; solvers/journal.py); an interrupt takes effect at the end of an evaluation.
+    `per_layer`: W holds every layer's controls already (optimise).  The journal stores W (layers, d, d): a
+    checkpoint of other controls is a CaseError."""
+    if per_layer and checkpoint is not None:
+        raise CaseError("control.train: checkpoints and --resume of a training keep W (layers, d, d), the seeds' "
+                        "model's control; a model beyond it (several heads, B or V per layer or trained, "
+                        "feed_forward = 'mlp') trains without them")
     journal = Journal(case, gradient_of, checkpoint)
     if checkpoint is not None:
         checkpoint.stepping = True
     try:
-        result = optimise(case["control"], W, layers, journal, progress)
+        result = optimise(case["control"], W, layers, journal, progress, per_layer)
         journal.stop_if_interrupted()  # one that came after the last evaluation, or during a replay's last one
     finally:
         if checkpoint is not None:
@@ -229,6 +242,39 @@ def starting_W(forward: ControlledForward, member: int, start: torch.Tensor | No
     """The W member `member` starts from on every layer: its model.W, or the controls `start` (layers, d, d)."""
     problem = forward.problem
     return problem.batch.models[member].W if start is None else problem.placement.tensor(start)
+
+
+def starting_controls(forward: ControlledForward, member: int, start: torch.Tensor | None) -> torch.Tensor:
+    """Member `member`'s starting controls on every layer: W (layers, d, d) (`starting_W`), or beyond the seeds'
+    model theta (layers, p), the case's parameters (ForwardProblem.parameters) or `start`."""
+    if not forward.layered:
+        return starting_W(forward, member, start).expand(forward.layers, -1, -1)
+    problem = forward.problem
+    return problem.parameters[member] if start is None else problem.placement.tensor(start)
+
+
+class TrainedEntries:
+    """What the optimizer of a model beyond the seeds' sees: the trained entries theta[:, trained] (L, k) of the
+    controls theta (L, p); the others keep the values of `controls`."""
+
+    def __init__(self, controls: torch.Tensor, trained: torch.Tensor):
+        self.controls, self.trained = controls, trained
+
+    def of(self, theta: torch.Tensor) -> torch.Tensor:
+        return theta[:, self.trained]
+
+    def placed(self, entries: torch.Tensor) -> torch.Tensor:
+        """theta (L, p): `controls` with the trained entries set to `entries` (L, k)."""
+        theta = self.controls.clone()
+        theta[:, self.trained] = entries.to(theta)
+        return theta
+
+    def gradient_of(self, gradient_of):
+        """The optimizer's gradient_of: J and dJ/dtheta restricted to the trained entries."""
+        def restricted(entries: torch.Tensor) -> Gradient:
+            gradient = gradient_of(self.placed(entries))
+            return dataclasses.replace(gradient, dW=self.of(gradient.dW))
+        return restricted
 
 
 def trained_runs(forward: ControlledForward, controls: torch.Tensor, states: torch.Tensor | None = None) -> list:
@@ -271,7 +317,7 @@ def run_trainings(cases, progress: bool | None = None, starts: list | None = Non
     trained = [m for m, result in enumerate(results) if isinstance(result, TrainingResult)]
     for m, result in enumerate(results):
         if isinstance(result, NumericalFailure):  # the first evaluation failed
-            start = starting_W(forward, m, starts[m] if starts else None).expand(forward.layers, -1, -1)
+            start = starting_controls(forward, m, starts[m] if starts else None)
             single = forward.select([m])
             outcomes[m] = kept_at_start(result, forward.cases[m], start,
                                         lambda controls: _run_dataset(single, controls, states[[m]], "failed"))

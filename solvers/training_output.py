@@ -14,7 +14,7 @@ from solvers.controlled_forward import ControlledForward, Gradient
 from solvers.optimizers import TrainingResult
 from spherepde.analysis import turnpike
 from spherepde.base.errors import NumericalFailure
-from spherepde.model.parameters import Layout
+from spherepde.model.parameters import Layout, layout_of
 
 
 def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
@@ -70,15 +70,26 @@ def adjoint_variables(forward: ControlledForward, controls: torch.Tensor, states
 def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.Dataset:
     """`dataset` with the training's coordinates (iteration, layer, row, col) and variables `W` (layer, row,
     col), `layer_time` (layer) and `loss` (J), `terminal_loss` (l(mu_T)), `gradient_norm` (|dJ/dW|_F) per
-    iteration."""
+    iteration.  Controls theta (layers, p) (beyond the seeds' model) are written by `parameter_variables`, with
+    the coordinates `hidden` and `head` of their groups."""
     layers, d, t_end = result.controls.shape[0], case.dim, case["time"]["t_end"]
     dataset = dataset.assign_coords(
         iteration=xr.Variable("iteration", np.arange(len(result.costs)), {"long_name": "optimizer iteration"}),
         layer=xr.Variable("layer", np.arange(layers), {"long_name": "layer (slice of [0, t_end])"}),
         row=xr.Variable("row", np.arange(d), {"long_name": "row index of W"}),
         col=xr.Variable("col", np.arange(d), {"long_name": "column index of W"}))
-    dataset["W"] = (("layer", "row", "col"), result.controls.cpu().double().numpy(),
-                    {"long_name": "trained feed-forward matrix W_t on each layer", "units": "1"})
+    if result.controls.dim() == 2:
+        layout = layout_of(case)
+        variables = parameter_variables(layout, result.controls)
+        extents = {"hidden": (layout.hidden, "hidden unit of the two-layer feed-forward"),
+                   "head": (len(layout.heads), "attention head")}
+        used = {dim for dims, _, _ in variables.values() for dim in dims}
+        dataset = dataset.assign_coords({name: xr.Variable(name, np.arange(size), {"long_name": meaning})
+                                         for name, (size, meaning) in extents.items() if name in used})
+        dataset = dataset.assign(variables)
+    else:
+        dataset["W"] = (("layer", "row", "col"), result.controls.cpu().double().numpy(),
+                        {"long_name": "trained feed-forward matrix W_t on each layer", "units": "1"})
     dataset["layer_time"] = (("layer",), t_end * np.arange(layers) / layers,
                              {"long_name": "start time of the layer's slice", "units": "1"})
     dataset["loss"] = (("iteration",), np.array(result.costs),
@@ -113,7 +124,7 @@ def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Data
     terminal_displacement, min_energy.
 
     The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0); for
-    other models the energy-based attributes are NaN and three_phase is "false"."""
+    other models (and beyond the seeds' model) the energy-based attributes are NaN and three_phase is "false"."""
     problem = forward.problem
     model, basis, exp_kernel = problem.batch.models[member], problem.basis, problem.kernels.member(member)
     times = dataset["time"].values
@@ -123,7 +134,8 @@ def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Data
                            "terminal_lift", "terminal_energy_rate", "escape_rate", "adjoint_rate", "rayleigh_quotient",
                            "h_minus_one_quotient", "h_minus_one_norm", "terminal_displacement", "min_energy"), math.nan)
     attrs["three_phase"] = "false"
-    if model.kernel == "unnormalized" and model.eps > 0 and not model.zero_temperature:
+    if (problem.layouts[member].seeds_model and model.kernel == "unnormalized" and model.eps > 0
+            and not model.zero_temperature):
         centre = int(np.argmin(np.abs(times - 0.5 * times[-1])))
         theory = turnpike.plateau_theory(model, exp_kernel, basis, forward.losses[member],
                                          torch.as_tensor(dataset["mean"].values[centre]))

@@ -6,20 +6,22 @@ own initial law, model matrices and scalars, seed and (for trainings) its own op
 groups the cases of a sweep by what they must share, `run_batch` runs one group and returns per member what its
 serial run returns: its Dataset, or the NumericalFailure (with the last good state) or CaseError that ended it.
 
-What members may differ in (MEMBER_KEYS): the case's name and description, every model matrix and scalar
-but the kernel, the whole [initial] section, particles.seed and particles.save, the [diagnostics] section, and
-of a training's [control] its loss and target, lambda_reg, the optimizer and its learning rate, iterations
-and tolerance, the bow candidates' keys and save_adjoint.  Everything else (sphere, time, solver, the
-particles' size, replicas and integrator, the layers and the gradient) is shared, and so must be what it
-implies: the time scheme of a density ("auto" depends on eps), whether beta is infinite, whether the particles are
-noisy. Particle runs stepped by the CFL rule (no fixed dt) each run alone: their members would take different steps
-and their draws would not be those of their serial runs.
+What members may differ in (MEMBER_KEYS): the case's name and description, every model matrix and scalar but the
+kernel, the whole [initial] section, particles.seed and particles.save, the [diagnostics] section, and of a
+training's [control] its loss and target, lambda_reg, the optimizer and its learning rate, iterations and
+tolerance, the bow candidates' keys and save_adjoint. Everything else (sphere, time, solver, the particles' size,
+replicas and integrator, the layers and the gradient) is shared, and so must be what it implies: the time scheme of
+a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy, and beyond the seeds'
+model the heads (head 0's beta among them), the feed-forward and the layers. Particle runs stepped by the CFL rule
+(no fixed dt) each run alone: their members would take different steps and their draws would not be those of their
+serial runs.
 """
 
 import math
 
 from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.io.case import Case
+from spherepde.model.parameters import layout_of
 
 MEMBER_KEYS = {
     "case": None,  # every key
@@ -41,7 +43,9 @@ def batch_key(case: Case, index: int) -> tuple:
               for section, values in case.data.items()}
     model, method = case["model"], case["solver"]["method"]
     scheme = choose_scheme(case["time"]["scheme"], model["eps"]) if method != "particles" else None
-    implied = (scheme, math.isinf(model["beta"]), model["eps"] > 0)
+    layout = layout_of(case)
+    implied = (scheme, math.isinf(model["beta"]), model["eps"] > 0, "seeds" if layout.seeds_model else (
+        layout.heads, layout.hidden, layout.activation, layout.layers))  # a layered transport's shared layout
     if method != "eulerian" and "dt" not in case["particles"] and "dt" not in case["time"]:
         implied += (index,)  # CFL-stepped particles run alone
     if method == "both":
