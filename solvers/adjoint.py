@@ -41,8 +41,9 @@ Two gradients, one step grid (control.gradient):
   operator and the discretised adjoint operator (results/adjoint_verification.md measures both).
   Beyond the seeds' model (a LayeredTransport: several heads, B and V per layer or trained, a two-layer
   feed-forward; docs/model.md "Beyond the seeds") the control of layer l is its parameter vector theta_l, the
-  nonlocal term has one such term per head and the integrand is dF/dtheta (every group's, trained or not), both
-  by spherepde.model.layered_adjoint.LayeredAdjoint; the stepping is the same.
+  nonlocal term has one such term per head and the integrand is dF/dtheta, both by
+  spherepde.model.layered_adjoint.LayeredAdjoint; the stepping is the same, and dJ/dtheta is zero in the
+  untrained entries (ControlledForward.trained_part), as the discrete one.
 
 The tape (what the backward pass reads of the forward one) is chosen by memory (`Tape`): every step's state,
 and the stage tokens (Transport.rate_token: on S^1's matrix path the rows (rho, v) of each stage, so that the
@@ -65,7 +66,6 @@ from spherepde.geometry.ambient import inner
 from spherepde.kernels.choice import MemberKernels
 from spherepde.model.attention import attention, velocity
 from spherepde.model.layered_adjoint import LayeredAdjoint
-from spherepde.model.layered_transport import LayeredTransport
 
 
 def discrete_gradients(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor,
@@ -185,17 +185,17 @@ def adjoint_operator(forward: ControlledForward):
     """The explicit part of the continuous adjoint of the forward map's model: the hand-written AdjointOperator for
     the seeds' model (spherepde.model.transport's paths), LayeredAdjoint (autograd of the quadrature functional,
     docs/model.md "Beyond the seeds") for a general layout, whose controls are the layers' parameters theta_l."""
-    transport = forward.problem.transport
-    if isinstance(transport, LayeredTransport):
-        return LayeredAdjoint(forward.problem.basis, transport.layout, transport.chunk)
+    problem = forward.problem
+    if forward.layered:
+        return LayeredAdjoint(problem.basis, problem.layout, forward.case["solver"]["chunk"])
     return AdjointOperator(forward)
 
 
 def continuous_gradients(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor,
                          keep: frozenset = frozenset()) -> list:
-    """Per member dJ/dW (dJ/dtheta (L, p) of a general layout) from the adjoint PDE stepped backward with the
-    case's scheme (module docstring), or the NumericalFailure of its forward run; the adjoint's coefficients are
-    kept at the steps in `keep`."""
+    """Per member dJ/dW (dJ/dtheta (L, p) of a general layout, zero in its untrained entries) from the adjoint
+    PDE stepped backward with the case's scheme (module docstring), or the NumericalFailure of its forward run;
+    the adjoint's coefficients are kept at the steps in `keep`."""
     problem, basis = forward.problem, forward.problem.basis
     operator = adjoint_operator(forward)
     tape = Tape(forward, states, forward.case["control"]["checkpoint_every"], tokens=False)
@@ -207,7 +207,7 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
         variation = torch.stack([loss.first_variation(forward.flat_points, forward.masses(final)[m])
                                  for m, loss in enumerate(forward.losses)])
         phi = basis.analysis(variation.reshape((members,) + basis.grid_shape))
-        dW = _regulariser_gradient(forward, controls)
+        dW = forward.regulariser_gradients(controls)
         norms = {forward.steps: forward.adjoint_norms(final, real_state(phi * basis.multiplicity))}
         kept = {forward.steps: real_state(phi * basis.multiplicity)} if forward.steps in keep else {}
         # The packed state: phi's real view and the gradient integrand's integral over the step (no linear part).
@@ -243,16 +243,7 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
                 if n - 1 in keep:
                     kept[n - 1] = cotangent
         costs = losses + forward.regularisers(controls)
-    return _gradients(forward, costs, losses, dW, norms, kept, reasons)
-
-
-def _regulariser_gradient(forward: ControlledForward, controls: torch.Tensor) -> torch.Tensor:
-    """d/dtheta of the cost's L2 term, Lambda theta_l |slice_l| (M, L, *control): lambda_reg W_l |slice_l| for the
-    seeds' model, each entry's group weight (Layout.entry_weights, 0 where not trained) for a general layout."""
-    transport, slice_length = forward.problem.transport, forward.t_end / forward.layers
-    if isinstance(transport, LayeredTransport):
-        return transport.layout.entry_weights(controls) * slice_length * controls
-    return (forward.lambda_reg * slice_length)[:, None, None, None] * controls.clone()
+    return _gradients(forward, costs, losses, forward.trained_part(dW), norms, kept, reasons)
 
 
 def continuous_gradient(forward: ControlledForward, c0, controls: torch.Tensor, keep: frozenset = frozenset()):
