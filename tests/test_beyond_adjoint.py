@@ -11,6 +11,7 @@ import torch
 
 from solvers.adjoint import AdjointOperator, continuous_gradient, discrete_gradient
 from solvers.controlled_forward import ControlledForward
+from solvers.training import run_training
 from spherepde.base.device import placement as make_placement
 from spherepde.discretisation.bases import make_basis
 from spherepde.io.case import case_from_dict
@@ -164,3 +165,33 @@ def test_continuous_gradient_converges_to_the_discrete_one_at_the_scheme_order(k
             errors[name].append(float((a - b).norm() / b.norm()))
     rates = {name: [math.log2(e[i] / e[i + 1]) for i in range(2)] for name, e in errors.items()}
     assert all(abs(rate - order) < 0.35 for each in rates.values() for rate in each), (errors, rates)
+
+
+def test_a_training_with_the_continuous_gradient_follows_the_discrete_one():
+    """control.gradient = "continuous" trains the general model: 3 gradient-descent steps (rate lr) from the
+    case's theta_0 with either gradient.  Their iterates differ by delta_K <= lr sum_k |e_k| (1 + lr Lip)^(K - k),
+    e_k the two gradients' difference, about eps_0 |g| (eps_0 their relative difference at theta_0, measured
+    here): so |delta_3| <= 2 K lr eps_0 max_k |g_k|, the factor 2 for the change of e_k and the growth over the
+    steps; the losses agree to the same order."""
+    steps, rate = 3, 0.05
+    control = TRAIN | {"optimizer": "gd", "iterations": steps, "learning_rate": rate}
+
+    def case(gradient):
+        return training_case(2, 32, "softmax", t_end=1.0, dt=0.025, model=BEYOND,
+                             control=control | {"gradient": gradient})
+
+    forward = ControlledForward(case("discrete"))
+    theta = forward.problem.parameters[0]
+    discrete = discrete_gradient(forward, None, theta).dW
+    eps_0 = float((continuous_gradient(forward, None, theta).dW - discrete).norm() / discrete.norm())
+    assert 0 < eps_0 < 1e-6
+    continuous_run, discrete_run = run_training(case("continuous")), run_training(case("discrete"))
+    names = ("W1", "b", "W2", "B", "V")
+    delta = math.sqrt(sum(float(((continuous_run[name] - discrete_run[name]) ** 2).sum()) for name in names))
+    start = forward.problem.layout.unpack(theta)
+    moved = math.sqrt(sum(float(((discrete_run[name].values - start[name].numpy()) ** 2).sum()) for name in names))
+    gradient_norm = float(discrete_run["gradient_norm"].max())
+    assert moved > 0.5 * steps * rate * gradient_norm  # the steps were taken
+    assert delta <= 2 * steps * rate * eps_0 * gradient_norm
+    loss = discrete_run["loss"].values
+    assert np.abs(continuous_run["loss"].values - loss).max() <= 2 * steps * rate * eps_0 * gradient_norm ** 2
