@@ -39,7 +39,7 @@ Two gradients, one step grid (control.gradient):
   differs from the discrete gradient by the scheme's truncation error, O(dt^p) (p = 4 for imex-ark436 and
   rk4, 3 for imex-ars443), plus the spectrally small difference between the adjoint of the discretised
   operator and the discretised adjoint operator (results/adjoint_verification.md measures both).
-  Beyond the seeds' model (a LayeredTransport: several heads, B and V per layer or trained, a two-layer
+  Beyond the seeds' model (ForwardProblem.layered: several heads, B and V per layer or trained, a two-layer
   feed-forward; docs/model.md "Beyond the seeds") the control of layer l is its parameter vector theta_l, the
   nonlocal term has one such term per head and the integrand is dF/dtheta, both by
   spherepde.model.layered_adjoint.LayeredAdjoint; the stepping is the same, and dJ/dtheta is zero in the
