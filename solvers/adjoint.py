@@ -39,6 +39,11 @@ Two gradients, one step grid (control.gradient):
   differs from the discrete gradient by the scheme's truncation error, O(dt^p) (p = 4 for imex-ark436 and
   rk4, 3 for imex-ars443), plus the spectrally small difference between the adjoint of the discretised
   operator and the discretised adjoint operator (results/adjoint_verification.md measures both).
+  Beyond the seeds' model (ForwardProblem.layered: several heads, B and V per layer or trained, a two-layer
+  feed-forward; docs/model.md "Beyond the seeds") the control of layer l is its parameter vector theta_l, the
+  nonlocal term has one such term per head and the integrand is dF/dtheta, both by
+  spherepde.model.layered_adjoint.LayeredAdjoint; the stepping is the same, and dJ/dtheta is zero in the
+  untrained entries (ControlledForward.trained_part), as the discrete one.
 
 The tape (what the backward pass reads of the forward one) is chosen by memory (`Tape`): every step's state,
 and the stage tokens (Transport.rate_token: on S^1's matrix path the rows (rho, v) of each stage, so that the
@@ -60,6 +65,7 @@ from spherepde.base.real_view import complex_state, real_state
 from spherepde.geometry.ambient import inner
 from spherepde.kernels.choice import MemberKernels
 from spherepde.model.attention import attention, velocity
+from spherepde.model.layered_adjoint import LayeredAdjoint
 
 
 def discrete_gradients(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor,
@@ -175,14 +181,25 @@ class AdjointOperator:
         return basis.analysis(value.reshape((-1,) + basis.grid_shape)), integrand
 
 
+def adjoint_operator(forward: ControlledForward):
+    """The explicit part of the continuous adjoint of the forward map's model: the hand-written AdjointOperator for
+    the seeds' model (spherepde.model.transport's paths), LayeredAdjoint (autograd of the quadrature functional,
+    docs/model.md "Beyond the seeds") for a general layout, whose controls are the layers' parameters theta_l."""
+    problem = forward.problem
+    if forward.layered:
+        return LayeredAdjoint(problem.basis, problem.layout, forward.case["solver"]["chunk"])
+    return AdjointOperator(forward)
+
+
 def continuous_gradients(forward: ControlledForward, states: torch.Tensor, controls: torch.Tensor,
                          keep: frozenset = frozenset()) -> list:
-    """Per member dJ/dW from the adjoint PDE stepped backward with the case's scheme (module docstring), or the
-    NumericalFailure of its forward run; the adjoint's coefficients are kept at the steps in `keep`."""
+    """Per member dJ/dW (dJ/dtheta (L, p) of a general layout, zero in its untrained entries) from the adjoint
+    PDE stepped backward with the case's scheme (module docstring), or the NumericalFailure of its forward run;
+    the adjoint's coefficients are kept at the steps in `keep`."""
     problem, basis = forward.problem, forward.problem.basis
-    operator = AdjointOperator(forward)
+    operator = adjoint_operator(forward)
     tape = Tape(forward, states, forward.case["control"]["checkpoint_every"], tokens=False)
-    members, d = states.shape[0], basis.dim
+    members, control_shape = states.shape[0], controls.shape[2:]  # a layer's control: W (d, d) or theta_l (p,)
     shape = problem.transport.coefficient_shape
     with torch.no_grad():
         final, reasons = forward.run(states, controls, tape)
@@ -190,18 +207,18 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
         variation = torch.stack([loss.first_variation(forward.flat_points, forward.masses(final)[m])
                                  for m, loss in enumerate(forward.losses)])
         phi = basis.analysis(variation.reshape((members,) + basis.grid_shape))
-        dW = (forward.lambda_reg * (forward.t_end / forward.layers))[:, None, None, None] * controls.clone()
+        dW = forward.regulariser_gradients(controls)
         norms = {forward.steps: forward.adjoint_norms(final, real_state(phi * basis.multiplicity))}
         kept = {forward.steps: real_state(phi * basis.multiplicity)} if forward.steps in keep else {}
-        # The packed state: phi's real view and int grad phi x^T rho over the step (no linear part).
-        integral = torch.zeros(members, d * d, dtype=problem.lam.dtype, device=problem.lam.device)
+        # The packed state: phi's real view and the gradient integrand's integral over the step (no linear part).
+        integral = torch.zeros(members, control_shape.numel(), dtype=problem.lam.dtype, device=problem.lam.device)
         lam = torch.cat([problem.lam, integral], 1)
         scheme = problem.scheme
         drives = forward.drives(controls)
         for segment, _, states_of in tape.segments(drives):
             for n, plan in reversed(segment):
                 layer, dt = plan.interval.layer, float(plan.dt[0])
-                W = controls[:, layer]
+                control = controls[:, layer]
                 start, stop = states_of[n - 1], states_of.get(n)
                 if stop is None:
                     stop = problem.step(start, drives[layer], forward.factors(plan))
@@ -210,23 +227,23 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
                 size = start.shape[1]
 
                 def explicit(stage, packed):
-                    theta = 1 - scheme.fractions[stage]  # backward stage time s = fraction dt: forward 1 - fraction
-                    state = _hermite(theta, dt, start, rate_start, stop, rate_stop)
+                    fraction = 1 - scheme.fractions[stage]  # backward stage time s = fraction dt: forward 1 - fraction
+                    state = _hermite(fraction, dt, start, rate_start, stop, rate_stop)
                     rho = basis.synthesis(problem.coefficients(state)).reshape(members, -1)
-                    value, integrand = operator.rate(rho, W, complex_state(packed[:, :size], shape))
+                    value, integrand = operator.rate(rho, control, complex_state(packed[:, :size], shape))
                     return torch.cat([real_state(value), integrand.reshape(members, -1)], dim=1)
 
                 packed = torch.cat([real_state(phi), torch.zeros_like(integral)], 1)
                 packed = scheme.step(packed, explicit, scheme.factors(lam, dt))
                 phi_real = packed[:, :size] if problem.filter is None else packed[:, :size] * problem.filter
                 phi = complex_state(phi_real.contiguous(), shape)
-                dW[:, layer] += packed[:, size:].reshape(members, d, d)
+                dW[:, layer] += packed[:, size:].reshape((members,) + control_shape)
                 cotangent = real_state(phi * basis.multiplicity)
                 norms[n - 1] = forward.adjoint_norms(start, cotangent)
                 if n - 1 in keep:
                     kept[n - 1] = cotangent
         costs = losses + forward.regularisers(controls)
-    return _gradients(forward, costs, losses, dW, norms, kept, reasons)
+    return _gradients(forward, costs, losses, forward.trained_part(dW), norms, kept, reasons)
 
 
 def continuous_gradient(forward: ControlledForward, c0, controls: torch.Tensor, keep: frozenset = frozenset()):
@@ -236,10 +253,10 @@ def continuous_gradient(forward: ControlledForward, c0, controls: torch.Tensor, 
     return only(results) if single else results
 
 
-def _hermite(theta: float, dt: float, c0, f0, c1, f1):
-    """Cubic Hermite interpolant at fraction theta of a step from values c0, c1 and rates f0, f1."""
-    t2, t3 = theta * theta, theta * theta * theta
-    return ((2 * t3 - 3 * t2 + 1) * c0 + (t3 - 2 * t2 + theta) * dt * f0
+def _hermite(fraction: float, dt: float, c0, f0, c1, f1):
+    """Cubic Hermite interpolant at `fraction` of a step from values c0, c1 and rates f0, f1."""
+    t2, t3 = fraction * fraction, fraction * fraction * fraction
+    return ((2 * t3 - 3 * t2 + 1) * c0 + (t3 - 2 * t2 + fraction) * dt * f0
             + (-2 * t3 + 3 * t2) * c1 + (t3 - t2) * dt * f1)
 
 
