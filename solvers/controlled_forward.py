@@ -35,8 +35,8 @@ TAPE_BYTES = 512 * 2 ** 20
 
 @dataclass
 class Gradient:
-    """J, l(mu_T), dJ/dW (layers, d, d) (dJ/dtheta (layers, p) beyond the seeds' model), |grad phi_t|_{L2(mu_t)} at the step times (ascending) and, at the steps
-    asked for, the adjoint's coefficients {step: phi}."""
+    """J, l(mu_T), dJ/dW (layers, d, d) (dJ/dtheta (layers, p) beyond the seeds' model), |grad phi_t|_{L2(mu_t)}
+    at the step times (ascending) and, at the steps asked for, the adjoint's coefficients {step: phi}."""
 
     cost: float
     loss: float
