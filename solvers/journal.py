@@ -3,9 +3,10 @@ loses nothing already computed).
 
 The optimizers of solvers/training.py (gd, adam, scipy's L-BFGS-B) are deterministic: given the same J and
 dJ/dW at the same controls they ask for the same next controls.  So a training's checkpoint holds no
-optimizer state, only the evaluations it has made, in order: for each, the controls W (layers, d, d), J,
-l(mu_T), dJ/dW and |grad phi_t|_{L2(mu_t)} at the adjoint's step times (all that the training and its
-output read from a controlled_forward.Gradient), or the message of the NumericalFailure the evaluation ended in.
+optimizer state, only the evaluations it has made, in order: for each, the controls (the optimizer's: W
+(layers, d, d) of the seeds' model; beyond it the trained entries of theta, (layers, k) or (layers, 1, p)), J,
+l(mu_T), dJ/dW and |grad phi_t|_{L2(mu_t)} at the adjoint's step times (all that the training and its output read
+from a controlled_forward.Gradient), or the message of the NumericalFailure the evaluation ended in.
 A resumed training runs its optimizer again from the start, and `Journal` answers each request from the
 stored evaluations, in order, as long as the requested controls equal the stored ones bit for bit: the
 optimizer passes through the same points to where it was interrupted at no cost, then goes on with new
@@ -134,8 +135,9 @@ def _answer(evaluation: Evaluation, controls: torch.Tensor) -> Gradient:
 
 def _segment(evaluations: list[Evaluation], first: int, previous: str) -> xr.Dataset:
     """Evaluations number `first`, first + 1, ... as a checkpoint segment: `controls`, `dW` (evaluation, layer,
-    row, col), `cost`, `loss` (evaluation), `times`, `adjoint_norm` (evaluation, step; NaN past an evaluation's own
-    steps), `failure` (evaluation: the message, "" for none), `index` (evaluation: its number) and `digest`
+    row, col) (or (evaluation, layer, entry) for controls of two axes), `cost`, `loss` (evaluation), `times`,
+    `adjoint_norm` (evaluation, step; NaN past an evaluation's own steps), `failure` (evaluation: the message, ""
+    for none), `index` (evaluation: its number) and `digest`
     (evaluation: the chain of the module docstring, continued from the digest `previous`)."""
     shape = evaluations[0].controls.shape
     steps = max(len(e.gradient.times) if e.gradient else 0 for e in evaluations)
@@ -146,7 +148,7 @@ def _segment(evaluations: list[Evaluation], first: int, previous: str) -> xr.Dat
     def field(get, default):
         return np.stack([get(e.gradient) if e.gradient else default for e in evaluations])
 
-    matrices, series = ("evaluation", "layer", "row", "col"), ("evaluation", "step")
+    matrices, series = _CONTROL_DIMS[len(shape)], ("evaluation", "step")
     return xr.Dataset({
         "controls": (matrices, np.stack([e.controls for e in evaluations])),
         "dW": (matrices, field(lambda g: g.dW.detach().cpu().double().numpy(), np.full(shape, np.nan))),
@@ -212,26 +214,32 @@ def _entry_digest(previous: str, index: int, evaluation: Evaluation) -> str:
     return digest.hexdigest()
 
 
-_VARIABLES = {"controls": ("evaluation", "layer", "row", "col"), "dW": ("evaluation", "layer", "row", "col"),
-              "cost": ("evaluation",), "loss": ("evaluation",), "times": ("evaluation", "step"),
+# The controls' dimensions by their number of axes (layer first): matrices W_l, or a vector of entries per layer.
+_CONTROL_DIMS = {3: ("evaluation", "layer", "row", "col"), 2: ("evaluation", "layer", "entry")}
+_VARIABLES = {"cost": ("evaluation",), "loss": ("evaluation",), "times": ("evaluation", "step"),
               "adjoint_norm": ("evaluation", "step"), "failure": ("evaluation",), "index": ("evaluation",),
               "digest": ("evaluation",)}
 
 
 def stored_problem(state: dict, state_path: str, segments: list, case) -> tuple[str, str] | None:
     """(file, why) when a training checkpoint of `case` is not a journal this module wrote for it, else None:
-    every segment (path, Dataset in memory) holds the variables of `_segment`, controls of the case's shape
-    (control.layers, d, d), entries numbered on from the segment before and chained from the case's digest_0
-    (module docstring); the state counts them all and holds the notes."""
-    layers, d = case["control"]["layers"], case.dim
-    previous, count = _chain_start(case), 0
+    every segment (path, Dataset in memory) holds the variables of `_segment`, controls of one shape on
+    control.layers layers (the chain, which starts from the case's text, ties them to this training), entries
+    numbered on from the segment before and chained from the case's digest_0 (module docstring); the
+    state counts them all and holds the notes."""
+    layers = case["control"]["layers"]
+    previous, count, shape = _chain_start(case), 0, None
     for path, segment in segments:
         dims = {name: segment[name].dims for name in _VARIABLES if name in segment}
-        if dims != _VARIABLES or segment.sizes["evaluation"] == 0:
+        controls = segment["controls"].dims if "controls" in segment and "dW" in segment else None
+        if (dims != _VARIABLES or controls not in _CONTROL_DIMS.values() or segment["dW"].dims != controls
+                or segment.sizes["evaluation"] == 0):
             return path, "does not hold a training's evaluations of J and dJ/dW (another kind of segment, or damaged)"
-        if segment["controls"].shape[1:] != (layers, d, d) or segment["dW"].shape[1:] != (layers, d, d):
-            return path, (f"holds controls of shape {segment['controls'].shape[1:]}, not the case's "
-                          f"(control.layers, d, d) = {(layers, d, d)}")
+        shape = shape or segment["controls"].shape[1:]
+        if (segment["controls"].shape[1:] != shape or segment["dW"].shape[1:] != shape
+                or shape[0] != layers):
+            return path, (f"holds controls of shape {segment['controls'].shape[1:]}, not of one shape on the case's "
+                          f"control.layers = {layers} layers")
         try:
             evaluations = _evaluations(segment)
         except (TypeError, ValueError) as error:

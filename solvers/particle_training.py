@@ -259,10 +259,6 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
             raise CaseError("checkpoints: a particle training on fresh noise is not checkpointed (its evaluations "
                             "are draws of a sequence that a resumed run would not continue); use control.noise = "
                             "'common'")
-        if checkpoint is not None and general and checkpoint.resume:
-            raise CaseError("--resume: a particle training beyond the seeds' model (control.train, several heads, "
-                            "per-layer matrices, feed_forward = 'mlp') is not resumed (solvers/journal.py reads "
-                            "back controls of shape (control.layers, d, d) only)")
     cache = {}
 
     def evaluate(members, controls):

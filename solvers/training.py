@@ -29,8 +29,8 @@ every layer, and J's regulariser is sum_g lambda_g / 2 sum_l |theta_{l,g}|^2 T /
 (solvers/controlled_forward.py).  The optimizer sees the trained entries only (`TrainedEntries`: gd, adam and
 L-BFGS alike, on the flat (layers, k) array of them), the others keep their case values; |dJ/dW|_F above is the
 norm over the trained entries, and the output's `W` is `W` or `W1`, `b`, `W2`, with `B` and `V` (layer, head,
-row, col) (training_output.parameter_variables).  Its checkpoints are refused (CaseError naming control.train):
-the journal keeps W (layers, d, d).
+row, col) (training_output.parameter_variables).  Its checkpoints keep the trained entries (layers, k) of each
+evaluation (solvers/journal.py), and it resumes as the seeds' training does.
 
 Members in lockstep (`train_members`): every member has its own optimizer, run in its own thread, and its own
 state (Adam's moments, L-BFGS's memory and line search); whenever every member still training has asked for
@@ -69,7 +69,7 @@ from solvers.journal import Journal
 from solvers.optimizers import TrainingResult, optimise
 from solvers.timegrid import integrate
 from solvers.training_output import adjoint_variables, control_variables, finished, kept_at_start, turnpike_variables
-from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
 
 
@@ -227,12 +227,7 @@ def journaled_optimise(case, W: torch.Tensor, layers: int, gradient_of, progress
                        checkpoint=None, per_layer: bool = False) -> TrainingResult:
     """`optimise` of the case's [control] section, its evaluations kept in `checkpoint` (and replayed from it
     when it is marked resume; solvers/journal.py); an interrupt takes effect at the end of an evaluation.
-    `per_layer`: W holds every layer's controls already (optimise).  The journal stores W (layers, d, d): a
-    checkpoint of other controls is a CaseError."""
-    if per_layer and checkpoint is not None:
-        raise CaseError("control.train: checkpoints and --resume of a training keep W (layers, d, d), the seeds' "
-                        "model's control; a model beyond it (several heads, B or V per layer or trained, "
-                        "feed_forward = 'mlp') trains without them")
+    `per_layer`: W holds every layer's controls already (optimise)."""
     journal = Journal(case, gradient_of, checkpoint)
     if checkpoint is not None:
         checkpoint.stepping = True

@@ -13,7 +13,6 @@ from solvers.controlled_forward import ControlledForward, central_differences_of
 from solvers.eulerian import only, run_members
 from solvers.forward_problem import ForwardProblem
 from solvers.training import run_training
-from spherepde.base.errors import CaseError
 from spherepde.io.case import load_case_text
 from spherepde.io.output import write_dataset
 
@@ -201,14 +200,6 @@ def test_untrained_groups_keep_their_case_values():
     assert np.array_equal(dataset["V"].values[:, 1], np.broadcast_to(np.array(eval(S1["V2"])), (2, 2, 2)))
     assert not np.array_equal(dataset["B"].values[:, 0], np.broadcast_to(np.array(eval(S1["B"])), (2, 2, 2)))
     assert dataset["loss"].values[-1] < dataset["loss"].values[0]
-
-
-def test_a_checkpoint_of_a_training_beyond_the_seeds_is_a_case_error(tmp_path):
-    from solvers.checkpoint import Checkpoint
-
-    case = load_case_text(case_text(S1, 2, 16, "softmax", "mlp", control=training(S1, extra="iterations = 1\n")))
-    with pytest.raises(CaseError, match="control.train"):
-        run_training(case, checkpoint=Checkpoint(tmp_path / "run.nc", every_steps=1))
 
 
 def test_a_layered_two_head_run_resumed_from_its_checkpoint_is_bit_identical(tmp_path):

@@ -296,15 +296,26 @@ def interrupted_training(tmp_path, capsys, counted_gradients, text, *options):
     return case, reference, output, total, err
 
 
-@pytest.mark.parametrize("optimizer, solver", [("adam", ""), ("lbfgs", ""), ("lbfgs", PARTICLES)])
+# A model beyond the seeds': two heads, the two-layer feed-forward, B and V trained with W (at a tenth of the
+# learning rate: the seeds' rate makes B and V blow the forward run up).
+BEYOND = ('eps = 0.05\nfeed_forward = "mlp"\nhidden = 3\nextra_heads = [{beta = 2.0, V = [[0.5, 0.0], [0.0, 0.0]]}]\n',
+          'train = ["W", "B", "V"]\n')
+
+
+@pytest.mark.parametrize("optimizer, solver, beyond", [("adam", "", False), ("lbfgs", "", False),
+                                                       ("lbfgs", PARTICLES, False), ("adam", "", True),
+                                                       ("lbfgs", PARTICLES, True)])
 def test_interrupted_training_resumes_from_its_evaluations_bit_for_bit(tmp_path, capsys, counted_gradients,
-                                                                       optimizer, solver):
+                                                                       optimizer, solver, beyond):
     """Ctrl-C during the 3rd evaluation keeps 3 evaluations; the resumed training replays them without
     computing them again and ends bit for bit where the uninterrupted training ends (W, J per iteration,
-    the trained run, the adjoint, L-BFGS's count of evaluations in optimizer_stop); through particles too."""
+    the trained run, the adjoint, L-BFGS's count of evaluations in optimizer_stop); through particles too, and
+    beyond the seeds' model (theta's trained entries in the journal; W1, b, W2, B, V in the output)."""
     calls, _ = counted_gradients
+    text = (TRAINING_CASE.replace("eps = 0.05\n", BEYOND[0]).replace("learning_rate = 0.5", "learning_rate = 0.05")
+            + BEYOND[1]) if beyond else TRAINING_CASE
     case, reference, output, total, err = interrupted_training(
-        tmp_path, capsys, counted_gradients, TRAINING_CASE + f'optimizer = "{optimizer}"\n' + solver)
+        tmp_path, capsys, counted_gradients, text + f'optimizer = "{optimizer}"\n' + solver)
     assert total >= 5
     assert ("at the end of this evaluation of J and dJ/dW" in err
             and "checkpointed (3 evaluations of J and dJ/dW)" in err)
@@ -314,6 +325,9 @@ def test_interrupted_training_resumes_from_its_evaluations_bit_for_bit(tmp_path,
     assert len(calls) == total - 3
     assert_same_result(output, reference, VOLATILE | {"training_seconds"})
     assert not os.path.exists(checkpoint_folder(output))
+    if beyond:
+        with xr.open_dataset(output) as dataset:
+            assert {"W1", "b", "W2", "B", "V"} <= set(dataset.variables) and dataset["B"].sizes["head"] == 2
 
 
 def test_a_resumed_training_whose_path_differs_makes_the_rest_again(tmp_path, capsys, counted_gradients):
