@@ -208,6 +208,10 @@ SAMPLE_RUNS = {  # small runs of every kind of output: (label, case file, overri
     "particle training": ("cases/seed004-align-l065.toml", ["time.t_end=1.0", "time.dt=0.1", "time.save_every=0.5",
                                                             "control.layers=2", "control.iterations=2",
                                                             "solver.method='particles'", "particles.n=100"]),
+    "training beyond the seeds": ("cases/beyond-align-mlp.toml", [
+        "sphere.lmax=16", "time.t_end=1.0", "time.dt=0.1", "time.save_every=0.5", "control.layers=2",
+        "control.iterations=2", "control.train=['W', 'B', 'V']", "model.hidden=3",
+        "model.extra_heads=[{kernel = 'softmax', beta = 2.0}]"]),
 }
 COMPARE_REPORT = "compare report"
 SWEEP = "sweep"  # a combined sweep file: SWEEP_RUN's case swept over SWEEP_PARAMS
