@@ -159,18 +159,19 @@ class Study:
 
 def measurement_main(argv, description: str, study: Study, specs: list, measure, command: str) -> dict:
     """The command line of a study of measurements (specs without cases): `--only KEY ...` measures those of
-    them that have no summary, else all that have none, `--report-only` none; returns {key: summary} of every spec
-    (Study.complete)."""
+    them that have no summary, else all that have none, `--report-only` none, `--workers N` N at a time; returns
+    {key: summary} of every spec (Study.complete)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--report-only", action="store_true", help="measure nothing: the report from the summaries")
     parser.add_argument("--only", nargs="+", choices=[spec.key for spec in specs], default=None,
                         help="measure these only (if they have no summary), then the report")
+    parser.add_argument("--workers", type=int, default=1, help="measurements at a time, each in its own process")
     args = parser.parse_args(argv)
     if not args.report_only:
         study.ensure([spec for spec in specs if args.only is None or spec.key in args.only], summarise=None,
-                     measure=measure)
+                     workers=args.workers, measure=measure)
     return study.complete(specs, command)
 
 
