@@ -27,6 +27,7 @@ REPORTS = {
     "seed004": ["seed004.py", "--report-only"],
     "seed004_reduced": ["seed004_reduced.py", "--report-only"],
     "paper003": ["paper003.py", "--full", "--report-only"],
+    "beyond": ["beyond.py", "--report-only"],
 }
 # The reports of a study that writes more than its own results/<study>.md.
 WRITES = {"seed004_reduced": ["seed004_reduced", "seed004_escape", "seed004_particles", "seed004_candidates",
