@@ -5,8 +5,9 @@
     OMP_NUM_THREADS=1 python3 results/beyond.py --report-only   # the report from the summaries alone
 
 (a) Two softmax heads with competing value matrices on S^2 (cases/beyond-two-heads-s2.toml), the second head's
-    strength c swept, and at two strengths the same heads at one temperature: where the tokens' cluster goes and
-    when, Eulerian against n = 1e4 tokens in 10 replicas by `spherepde compare`'s verdicts.
+    strength c swept: where the tokens' cluster goes and when, Eulerian against n = 1e4 tokens in 10 replicas by
+    `spherepde compare`'s verdicts; at c = 1 from a start symmetric in the two axes, the temperatures alone; two
+    strengths again at lmax 32 and one with the particles at half their step, to say what a disagreement is.
 (b) Seed 004's align and bow tasks (cases/seed004-align-l065, seed004-bow-k2) trained on W alone and with B and V
     trained jointly (cases/beyond-*-joint), (c) with the two-layer feed-forward (cases/beyond-*-mlp), each by
     L-BFGS to convergence: the trained cost, the three-phase (turnpike) test on the seeds' energy, the trained
@@ -229,11 +230,6 @@ def trained(dataset) -> bool:
     return dataset is not None and "loss" in dataset and dataset.sizes.get("iteration", 0) > 0
 
 
-def parameter_count(dataset) -> int:
-    """Trained entries per the output: the groups that moved from their case values count whole."""
-    return int(sum(dataset[name].size for name in ("W", "W1", "b", "W2", "B", "V") if name in dataset))
-
-
 def measure_training(kind: str, training: str) -> dict:
     from spherepde.analysis import turnpike
 
@@ -387,6 +383,7 @@ def heads_angle_error(mean, error) -> np.ndarray:
 
 
 def at(series_: dict, name: str, t: float):
+    """series_[name] at the save nearest t."""
     times = np.asarray(series_["time"])
     return np.asarray(series_[name])[int(np.argmin(np.abs(times - t)))]
 
