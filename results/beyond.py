@@ -255,7 +255,7 @@ def measure_training(kind: str, training: str) -> dict:
                "energy_escape_rate": turnpike.exponential_rate(times, energy - test["gap_reference"],
                                                                test["plateau_end"]),
                "largest_change": drift, "trained": groups}
-    if "B" in groups:  # the last layer's attention, where the training moves it most (docs: beyond.md)
+    if "B" in groups:  # the first and the last layer's attention, which the report quotes
         summary["last_layer"] = {name: dataset[name].values[-1, 0].tolist() for name in ("B", "V")}
         summary["first_layer"] = {name: dataset[name].values[0, 0].tolist() for name in ("B", "V")}
     summary["check_grid_cost"] = final_cost(run(with_parameters(case, dataset, CHECK_GRID
@@ -302,8 +302,7 @@ def without_control(case, dataset):
     """The plain forward run of the trained parameters: `case` without [control], its model's per layer."""
     from spherepde.io.case import case_from_dict
 
-    trained = with_parameters(case, dataset, [])
-    data = copy.deepcopy(trained.data)
+    data = copy.deepcopy(with_parameters(case, dataset, []).data)
     data.pop("control")
     return case_from_dict(data, origin=case.origin)
 
