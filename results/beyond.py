@@ -152,9 +152,7 @@ def run_batch(cases) -> list:
     """Per case its Dataset, or the last good state of its numerical failure, or None (no state)."""
     from spherepde.api.ensemble import run_batch as batch
 
-    outcomes = batch(list(cases), progress=False)
-    return [outcome if not isinstance(outcome, Exception) else getattr(outcome, "dataset", None)
-            for outcome in outcomes]
+    return [harness.dataset_of(outcome) for outcome in batch(list(cases), progress=False)]
 
 
 def measure_heads(strength: float, beta: float, symmetric: bool) -> dict:
@@ -274,12 +272,18 @@ def by_particles(kind: str, training: str, case, dataset, eulerian, size: int) -
     systems = [with_parameters(member, dataset, ["control.iterations=0", f"particles.n={size}", "particles.save=0"])
                for member in particle_training_cases(kind, training)]
     costs = [final_cost(outcome) for outcome in run_batch(systems)]
-    total = size * len(SEEDS)
-    replicas = run(without_control(case, dataset).with_overrides([
-        "solver.method='particles'", f"particles.n={total}", f"particles.replicas={len(SEEDS)}",
-        f"particles.save={min(total, 2000)}", "diagnostics.w2=false"]))
+    replicas = by_replicas(case, dataset, size)
     return {"N": size, "costs": costs, "verdicts": verdicts(eulerian, replicas), "particles": series(replicas),
             "seconds": time.process_time() - started}
+
+
+def by_replicas(case, dataset, size: int, overrides: tuple = ()):
+    """The plain run of `dataset`'s trained parameters by len(SEEDS) systems of `size` tokens, as one particle run
+    of len(SEEDS) replicas (standard errors by batch means), then `overrides`."""
+    total = size * len(SEEDS)
+    return run(without_control(case, dataset).with_overrides([
+        "solver.method='particles'", f"particles.n={total}", f"particles.replicas={len(SEEDS)}",
+        f"particles.save={min(total, 2000)}", "diagnostics.w2=false", *overrides]))
 
 
 def measure_step_check() -> dict:
@@ -291,9 +295,7 @@ def measure_step_check() -> dict:
     found = {}
     for step in (case["time"]["dt"], FINE_STEP):
         started = time.process_time()
-        particles = run(without_control(case, dataset).with_overrides([
-            "solver.method='particles'", f"particles.n={SIZES[-1] * len(SEEDS)}", f"particles.replicas={len(SEEDS)}",
-            "particles.save=2000", "diagnostics.w2=false", f"particles.dt={step}"]))
+        particles = by_replicas(case, dataset, SIZES[-1], (f"particles.dt={step}",))
         found[f"{step:g}"] = {"verdicts": verdicts(eulerian, particles), "seconds": time.process_time() - started}
     return {"steps": found}
 

@@ -248,6 +248,12 @@ def _stamped(summary, made_by: str, seconds: float, batch: list):
     return summary
 
 
+def dataset_of(outcome):
+    """The Dataset of a run_batch outcome: the outcome itself, the last good state of its NumericalFailure, or
+    None (a CaseError, or a failure before any state)."""
+    return outcome if not isinstance(outcome, Exception) else getattr(outcome, "dataset", None)
+
+
 def table(header: list, rows: list) -> list:
     """A markdown table's lines: the header, its rule, one line per row (cells as given, str() of each)."""
     def line(cells):

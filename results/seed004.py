@@ -164,7 +164,7 @@ def summarise(spec, outcomes: list) -> dict:
 def particle_summary(outcomes: list) -> dict:
     members = []
     for seed, outcome in zip(SEEDS, outcomes):
-        dataset = outcome if not isinstance(outcome, Exception) else getattr(outcome, "dataset", None)
+        dataset = harness.dataset_of(outcome)
         member = {"seed": seed, "status": "completed" if dataset is outcome else f"failed: {outcome}"}
         if dataset is not None:
             member.update({

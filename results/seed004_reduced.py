@@ -259,7 +259,7 @@ def plain(value):
 
 def run_summary(case, outcome) -> dict:
     """One trained run (Eulerian or particles): its attributes, series, W and largest spectral tail."""
-    dataset = outcome if not isinstance(outcome, Exception) else getattr(outcome, "dataset", None)
+    dataset = harness.dataset_of(outcome)
     summary = {"status": "completed" if dataset is outcome else f"failed: {outcome}",
                "cap": case["control"]["iterations"]}
     if dataset is None:

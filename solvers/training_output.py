@@ -73,12 +73,13 @@ def control_variables(dataset: xr.Dataset, case, result: TrainingResult) -> xr.D
     iteration.  Controls theta (layers, p) (beyond the seeds' model) are written by `parameter_variables`, with
     the coordinates `hidden` and `head` of their groups."""
     layers, d, t_end = result.controls.shape[0], case.dim, case["time"]["t_end"]
-    matrices = "W, W1, W2, B, V" if result.controls.dim() == 2 else "W"
+    # the d x d axes: W2's rows are d, its columns hidden; W1's the other way round
+    rows, cols = ("W, W2, B, V", "W, W1, B, V") if result.controls.dim() == 2 else ("W", "W")
     dataset = dataset.assign_coords(
         iteration=xr.Variable("iteration", np.arange(len(result.costs)), {"long_name": "optimizer iteration"}),
         layer=xr.Variable("layer", np.arange(layers), {"long_name": "layer (slice of [0, t_end])"}),
-        row=xr.Variable("row", np.arange(d), {"long_name": f"row index of {matrices.replace('W1, ', '')}"}),
-        col=xr.Variable("col", np.arange(d), {"long_name": f"column index of {matrices.replace('W2, ', '')}"}))
+        row=xr.Variable("row", np.arange(d), {"long_name": f"row index of {rows}"}),
+        col=xr.Variable("col", np.arange(d), {"long_name": f"column index of {cols}"}))
     if result.controls.dim() == 2:
         layout = layout_of(case)
         variables = parameter_variables(layout, result.controls)
