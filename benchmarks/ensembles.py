@@ -27,7 +27,8 @@ eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense
 --paths adds the measurement behind Transport's choice between its matrix, fourier and grid paths: a step on
 each, forced, at a few grids and batch sizes, beside the path the cost estimate picks.  Beside 2. the benchmark
 prints one core's throughput (a large GEMM, a batch of 200-point FFTs) and the arithmetic floor of an S^1 step per
-member it implies on the paths taken at M = 1 and M = 20.
+member it implies on the paths taken at M = 1 and M = 20, and the cost of the fourier path's step written as the
+fewest torch (and numpy) operations (floors.lean_fourier_step): what the per-operation overhead leaves reachable.
 
 --quick shortens the horizons (the ratios stay per step) for a run of a few minutes.
 """
@@ -44,7 +45,7 @@ import warnings
 
 import numpy as np
 import torch
-from floors import arithmetic_floor, clock, numpy_step, particle_floor
+from floors import arithmetic_floor, clock, lean_fourier_step, numpy_step, particle_floor
 
 import spherepde
 
@@ -330,6 +331,11 @@ def main(argv=None):
           "in 200-point rffts; the arithmetic floor of a step per member (products and FFTs only):")
     for path, members in ((single["path"], 1), (batch["path"], 20)):
         print(f"   {path} path (M = {members}) {1e3 * s1_floor(throughput, path, members):8.4f} ms")
+    print("   the fourier path's step as the fewest operations (floors.lean_fourier_step), per member:")
+    for library in ("torch", "numpy"):
+        one, twenty = lean_fourier_step(library, 1), lean_fourier_step(library, 20) / 20
+        print(f"   {library:5s} M = 1 {1e3 * one:8.4f} ms, M = 20 {1e3 * twenty:8.4f} ms: ratio {twenty / one:6.3f}; "
+              f"M = 20 against spherepde's M = 1 {twenty / single['step']:6.3f}")
 
     particles = particle_costs(20, particle_t_end, args.repeats)
     s2_single, s2_batch = sphere_costs(1, args.repeats), sphere_costs(16, max(1, args.repeats - 1))

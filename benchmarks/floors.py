@@ -64,6 +64,52 @@ def numpy_step(case):
     return step, np.fft.rfft(rho0 / (rho0.sum() * w))[: lmax + 1] * scale
 
 
+def lean_fourier_step(library: str, members: int, rank: int = 30, lmax: int = 64, points: int = 200):
+    """The fourier path's six-stage IMEX step (spherepde/model/fourier_path.py) as the fewest operations of
+    `library` ("torch" or "numpy") on `members` rows, its buffers made once: per stage the combination of the
+    rows (one product), the diagonal solve written into a zero-padded half spectrum, the synthesis (irfft), the
+    rank-r velocity (two products and the drive), the flux, its rfft and derivative written into the rows, and the
+    implicit row: ten operations.  Random data of the seed-004 shapes: a yardstick of the cost per operation, not a
+    solver.  Returns the seconds of one step."""
+    modes, size, half = lmax + 1, 2 * (lmax + 1), points // 2 + 1
+    rng = np.random.default_rng(0)
+
+    def array(shape):
+        return 0.01 * rng.standard_normal(shape)
+
+    R, U, drive, solve, dt_lam, c = (array(shape) for shape in ((size, rank), (rank, points), (members, points),
+                                                                 (members, size), (members, size), (members, size)))
+    coefficients = [array((1, 2 * i + 1)) for i in range(7)]
+    derivative = -1j * np.arange(modes) / points
+    rows, spectrum = np.zeros((13, members, size)), np.zeros((members, half), complex)
+    if library == "torch":
+        R, U, drive, solve, dt_lam, c, rows, spectrum, derivative = (
+            torch.from_numpy(a) for a in (R, U, drive, solve, dt_lam, c, rows, spectrum, derivative))
+        coefficients = [torch.from_numpy(a) for a in coefficients]
+        matmul, multiply, fft = torch.mm, torch.mul, torch.fft
+        complex_view, real_view = (lambda a: torch.view_as_complex(a.view(members, -1, 2))), torch.view_as_real(
+            spectrum).view(members, 2 * half)
+    else:
+        matmul, multiply, fft = np.dot, np.multiply, np.fft
+        complex_view, real_view = (lambda a: a.view(complex)), spectrum.view(float)
+    flat, head = rows.reshape(13, -1), real_view[:, :size]
+
+    def step():
+        rows[0] = c
+        head[...] = c
+        for i in range(6):
+            if i:
+                multiply(matmul(coefficients[i], flat[:2 * i + 1]).reshape(members, size), solve, out=head)
+            r = fft.irfft(spectrum, n=points, norm="forward")
+            y = matmul(matmul(head, R), U) + drive
+            multiply(fft.rfft(r * y)[:, :modes], derivative, out=complex_view(rows[2 * i + 1]))
+            multiply(head, dt_lam, out=rows[2 * i + 2])
+        return matmul(coefficients[6], flat)
+
+    step()
+    return clock(lambda: [step() for _ in range(200)], 3) / 200
+
+
 def particle_floor(members: int = 20, n: int = 64, dim: int = 2) -> dict:
     """The arithmetic of one noisy Heun step of the particle evaluation per member (solvers/particle_step.py: two
     stages forward, the two formed again and transposed), and one core's throughput for it: exps 4 n^2; FLOPs of
