@@ -64,7 +64,7 @@ def taped_run(program: DirectStep, plans: list, x: torch.Tensor, controls: torch
     for plan in plans:
         steps, h, layer = int(plan.steps[0]), float(plan.dt[0]), plan.interval.layer
         matrices = program.per_system(xp, controls[:, layer])
-        draws = Replay(program.rows(xp, g) for g in noise.draws(draw_count(steps)))
+        draws = Replay(program.draw_rows(xp, noise.blocks(draw_count(steps))))
         for k in range(steps):
             tape.append((X, matrices, h, k, steps, layer, draws, len(draws.taken)))
             X = program.advance(xp, X, matrices, h, k, steps, draws)

@@ -271,6 +271,13 @@ class DirectStep:
         """(M, n, d) -> (S, d, p) (rows_of)."""
         return rows_of(xp, x.reshape(x.shape[0] * self.replicas, -1, x.shape[-1]))
 
+    def draw_rows(self, xp, blocks):
+        """The Gaussian draws of Noise.blocks as rows (S, d, p), one by one: each chunk (size, M, n, d) made rows
+        at once (one copy a chunk, not one a draw)."""
+        for block in blocks:
+            rows = block.reshape((block.shape[0], block.shape[1] * self.replicas, -1, block.shape[-1])).transpose(2, 3)
+            yield from (np.ascontiguousarray(rows.numpy()) if xp is np else rows)
+
     def points(self, xp, X, like: torch.Tensor) -> torch.Tensor:
         """(S, d, p) -> (M, n, d) as a torch tensor."""
         return tensor_of(xp, X.swapaxes(1, 2).reshape(like.shape))
@@ -280,22 +287,28 @@ class DirectStep:
         W = W.repeat_interleave(self.replicas, 0) if self.replicas > 1 else W
         return Layer(self, xp, W.numpy() if xp is np else W)
 
-    def sigma(self, xp, tau: float, dim: int):
-        """sigma (S, 1, 1) of a noise step of time tau (kept: a run takes a few tau only)."""
-        key = (xp, tau, dim)
+    def sigma(self, xp, tau: float, dim: int, like):
+        """sigma of a noise step of time tau for rows like `like`: (S, 1, 1) for torch, spread over the rows' shape
+        for numpy (whose product with it then takes half the broadcast one's time); kept: a run takes a few tau
+        only."""
+        key = (xp, tau, dim, tuple(like.shape))
         if key not in self.sigmas:
-            self.sigmas[key] = noise_variance(self.arrays[xp]["eps"], tau, dim) ** 0.5
+            sigma = noise_variance(self.arrays[xp]["eps"], tau, dim) ** 0.5
+            self.sigmas[key] = np.ascontiguousarray(np.broadcast_to(sigma, like.shape)) if xp is np else sigma
         return self.sigmas[key]
 
     def brownian(self, xp, X, tau: float, G):
         """The noise step exp_x(sigma P_x g)."""
-        return exponential_map(xp, X, self.sigma(xp, tau, X.shape[1]) * projection(X, G))
+        return exponential_map(xp, X, self.sigma(xp, tau, X.shape[1], X) * projection(X, G))
 
     def brownian_transpose(self, xp, X, tau: float, G, outbar):
-        """xbar of the noise step, g fixed."""
-        sigma = self.sigma(xp, tau, X.shape[1])
-        xbar, tbar = exponential_map_transpose(xp, X, sigma * projection(X, G), outbar)
-        return xbar + projection_point_transpose(X, G, sigma * tbar)
+        """xbar of the noise step, g fixed: the exponential map's, plus that of t = sigma P_x g through x,
+        -(<g, x> sigma tbar + <sigma tbar, x> g) (projection_point_transpose, <g, x> kept from t)."""
+        sigma = self.sigma(xp, tau, X.shape[1], X)
+        along = inner(G, X)
+        xbar, tbar = exponential_map_transpose(xp, X, sigma * (G - along * X), outbar)
+        tbar = sigma * tbar
+        return xbar - (along * tbar + inner(tbar, X) * G)
 
     def step(self, x: torch.Tensor, W: torch.Tensor, h: float, k: int, steps: int, draws) -> torch.Tensor:
         """Integrator.step(x, W, h, k, steps, draws) (solvers/particles.py): `advance` on the rows."""
@@ -310,7 +323,7 @@ class DirectStep:
             drift = h * Stage(self, xp, X, layer, False).v
             if not self.noisy:
                 return normalise(X + drift)
-            scale = self.sigma(xp, h, 2)  # noise_variance at d = 2 is 2 eps h: the Euler-Maruyama step
+            scale = self.sigma(xp, h, 2, X)  # noise_variance at d = 2 is 2 eps h: the Euler-Maruyama step
             return exponential_map(xp, X, drift + scale * projection(X, next(draws)))
         if self.noisy and k == 0:
             X = self.brownian(xp, X, h / 2, next(draws))
@@ -329,7 +342,7 @@ class DirectStep:
                 ybar = normalise_transpose(X + h * stage.v, outbar)
                 stage_bar, Wbar = stage.transpose(h * ybar)
                 return ybar + stage_bar, Wbar
-            G, scale = next(draws), self.sigma(xp, h, 2)
+            G, scale = next(draws), self.sigma(xp, h, 2, X)
             previous, tbar = exponential_map_transpose(xp, X, h * stage.v + scale * projection(X, G), outbar)
             previous = previous + projection_point_transpose(X, G, scale * tbar)
             stage_bar, Wbar = stage.transpose(h * tbar)
