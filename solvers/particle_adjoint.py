@@ -63,11 +63,11 @@ def taped_run(program: DirectStep, plans: list, x: torch.Tensor, controls: torch
     X, tape = program.rows(xp, x), []
     for plan in plans:
         steps, h, layer = int(plan.steps[0]), float(plan.dt[0]), plan.interval.layer
-        Ws = program.per_system(xp, controls[:, layer])
-        draws = Replay(program.rows(xp, g) for g in noise.draws(draw_count(steps)))
+        matrices = program.per_system(xp, controls[:, layer])
+        draws = Replay(program.draw_rows(xp, noise.blocks(draw_count(steps))))
         for k in range(steps):
-            tape.append((X, Ws, h, k, steps, layer, draws, len(draws.taken)))
-            X = program.advance(xp, X, Ws, h, k, steps, draws)
+            tape.append((X, matrices, h, k, steps, layer, draws, len(draws.taken)))
+            X = program.advance(xp, X, matrices, h, k, steps, draws)
     return program.points(xp, X, x), tape
 
 
@@ -76,8 +76,8 @@ def transposed_run(program: DirectStep, tape: list, x_bar: torch.Tensor, W_bar: 
     layer's dJ/dW added into W_bar (M, L, d, d)."""
     xp = np if np in program.arrays else torch
     Xbar, layer_bars = program.rows(xp, x_bar), {}
-    for X, Ws, h, k, steps, layer, draws, taken in reversed(tape):
-        Xbar, Wbar = program.retreat(xp, X, Ws, h, k, steps, draws.replay(taken), Xbar)
+    for X, matrices, h, k, steps, layer, draws, taken in reversed(tape):
+        Xbar, Wbar = program.retreat(xp, X, matrices, h, k, steps, draws.replay(taken), Xbar)
         layer_bars[layer] = Wbar if layer not in layer_bars else layer_bars[layer] + Wbar
     for layer, Wbar in layer_bars.items():
         W_bar[:, layer] += program.member_sum(xp, Wbar)

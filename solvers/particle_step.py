@@ -132,60 +132,75 @@ def namespace(*tensors):
     return torch
 
 
-def kernel_products(xp, X, Ct, rows):
-    """(w, k, rows k^T) per system: w = C^T X, the kernel k_ij = exp(<x_i, C x_j>) = exp(<w_i, x_j>) (S, p, p)
+def kernel_products(xp, X, w, rows):
+    """(k, rows k^T) per system for w = C^T X: the kernel k_ij = exp(<x_i, C x_j>) = exp(<w_i, x_j>) (S, p, p)
     formed whole, and the sums of the (S, c, p) `rows` against it."""
-    w = Ct @ X
     L = w.swapaxes(1, 2) @ X
     k = np.exp(L, out=L) if xp is np else torch.exp(L)
-    return w, k, rows @ k.swapaxes(1, 2)
+    return k, rows @ k.swapaxes(1, 2)
 
 
 def direct_mean(xp, X, Ct, softmax: bool):
     """The attention mean m (S, d, p) at the rows X: sum_j k_ij x_j / Z_i (softmax) or (1/p) sum_j k_ij x_j."""
+    w = Ct @ X
     if softmax:
-        sums = kernel_products(xp, X, Ct, xp.concatenate([xp.ones_like(X[:, :1]), X], axis=1))[2]
+        sums = kernel_products(xp, X, w, xp.concatenate([xp.ones_like(X[:, :1]), X], axis=1))[1]
         return sums[:, 1:] / sums[:, :1]
-    return kernel_products(xp, X, Ct, X)[2] / X.shape[2]
+    return kernel_products(xp, X, w, X)[1] / X.shape[2]
+
+
+class Layer:
+    """The systems' matrices of one layer (W (S, d, d) per system), stacked so that a stage takes one product with
+    its rows where it needs two or three: `forward` [C^T; W] (w = C^T X and W X), `kept` [C^T; W; C] (y = C X too,
+    for the transpose), `backward` [W^T; V'^T] (W^T ubar and V'^T ubar; V' = V for the softmax, V / p else)."""
+
+    def __init__(self, program, xp, W):
+        arrays = program.arrays[xp]
+        self.W = W
+        self.forward = xp.concatenate([arrays["Ct"], W], axis=1)
+        self.kept = xp.concatenate([arrays["Ct"], W, arrays["C"]], axis=1)
+        self.backward = xp.concatenate([W.swapaxes(1, 2), arrays["Vt" if program.softmax else "Vpt"]], axis=1)
 
 
 class Stage:
-    """One field evaluation v = P_x(W x + V m(x)) at rows X (S, d, p); with `keep`, also what its transpose reads.
-    For the unnormalized kernel V m = (V / p) [X k^T] (arrays "Vp")."""
+    """One field evaluation v = P_x(W x + V m(x)) at rows X (S, d, p) with the matrices of `layer` (a Layer); with
+    `keep`, also what its transpose reads.  For the unnormalized kernel V m = (V / p) [X k^T] (arrays "Vp")."""
 
-    def __init__(self, program, xp, X, Ws, keep: bool):
+    def __init__(self, program, xp, X, layer, keep: bool):
         arrays, softmax, d = program.arrays[xp], program.softmax, X.shape[1]
-        self.xp, self.X, self.Ws, self.arrays, self.softmax = xp, X, Ws, arrays, softmax
+        self.xp, self.X, self.layer, self.softmax = xp, X, layer, softmax
+        left = (layer.kept if keep else layer.forward) @ X
+        self.w = left[:, :d]
         rows = ([xp.ones_like(X[:, :1])] if softmax else []) + [X]
         if keep:
-            y = arrays["C"] @ X
+            y = left[:, 2 * d:]
             rows += [outer(X, y), y] if softmax else [outer(X, y)]
-        self.w, self.k, products = kernel_products(xp, X, arrays["Ct"],
-                                                   xp.concatenate(rows, axis=1) if len(rows) > 1 else X)
+        self.k, products = kernel_products(xp, X, self.w, xp.concatenate(rows, axis=1) if len(rows) > 1 else X)
         if softmax:
             self.Z = products[:, :1]
             self.m = products[:, 1:1 + d] / self.Z
-            self.u = Ws @ X + arrays["V"] @ self.m
+            self.u = left[:, d:2 * d] + arrays["V"] @ self.m
             self.products = products[:, 1 + d:]
         else:
-            self.u = Ws @ X + arrays["Vp"] @ products[:, :d]
+            self.u = left[:, d:2 * d] + arrays["Vp"] @ products[:, :d]
             self.products = products[:, d:]
         self.along = inner(self.u, X)
         self.v = self.u - self.along * X
 
     def transpose(self, vbar):
         """(xbar (S, d, p), Wbar (S, d, d)) of this evaluation for the cotangent vbar (S, d, p)."""
-        X, arrays, d = self.X, self.arrays, self.X.shape[1]
+        X, d = self.X, self.X.shape[1]
         along = inner(vbar, X)
         ubar = vbar - along * X
-        xbar = self.Ws.swapaxes(1, 2) @ ubar - self.along * vbar - along * self.u
+        right = self.layer.backward @ ubar
+        xbar = right[:, :d] - self.along * vbar - along * self.u
         Wbar = ubar @ X.swapaxes(1, 2)
         if self.softmax:
-            a = (arrays["Vt"] @ ubar) / self.Z
+            a = right[:, d:] / self.Z
             c = inner(a, self.m)
             rows = [a, outer(a, self.w), c * self.w]
         else:
-            a = arrays["Vpt"] @ ubar
+            a = right[:, d:]
             rows = [a, outer(a, self.w)]
         T = self.xp.concatenate(rows, axis=1) @ self.k
         xbar = xbar + T[:, :d] + contract(T[:, d:d + d * d], X) + contract(self.products[:, :d * d], a)
@@ -197,7 +212,7 @@ class Stage:
 class Flow:
     """The explicit tableau's step in R^d from X, then normalised (`out`), keeping its stages with `keep`."""
 
-    def __init__(self, program, xp, X, Ws, h: float, keep: bool):
+    def __init__(self, program, xp, X, layer, h: float, keep: bool):
         self.a, self.b, self.h, self.stages = program.a, program.b, h, []
         slopes = []
         for row in self.a:
@@ -205,7 +220,7 @@ class Flow:
             for weight, slope in zip(row, slopes):
                 if weight:
                     point = point + (h * weight) * slope
-            stage = Stage(program, xp, point, Ws, keep)
+            stage = Stage(program, xp, point, layer, keep)
             if keep:
                 self.stages.append(stage)
             slopes.append(stage.v)
@@ -256,31 +271,44 @@ class DirectStep:
         """(M, n, d) -> (S, d, p) (rows_of)."""
         return rows_of(xp, x.reshape(x.shape[0] * self.replicas, -1, x.shape[-1]))
 
+    def draw_rows(self, xp, blocks):
+        """The Gaussian draws of Noise.blocks as rows (S, d, p), one by one: each chunk (size, M, n, d) made rows
+        at once (one copy a chunk, not one a draw)."""
+        for block in blocks:
+            rows = block.reshape((block.shape[0], block.shape[1] * self.replicas, -1, block.shape[-1])).transpose(2, 3)
+            yield from (np.ascontiguousarray(rows.numpy()) if xp is np else rows)
+
     def points(self, xp, X, like: torch.Tensor) -> torch.Tensor:
         """(S, d, p) -> (M, n, d) as a torch tensor."""
         return tensor_of(xp, X.swapaxes(1, 2).reshape(like.shape))
 
-    def per_system(self, xp, W: torch.Tensor):
-        """The members' (M, d, d) matrices per system (S, d, d)."""
+    def per_system(self, xp, W: torch.Tensor) -> Layer:
+        """The Layer of the members' (M, d, d) matrices W, per system (S, d, d)."""
         W = W.repeat_interleave(self.replicas, 0) if self.replicas > 1 else W
-        return W.numpy() if xp is np else W
+        return Layer(self, xp, W.numpy() if xp is np else W)
 
-    def sigma(self, xp, tau: float, dim: int):
-        """sigma (S, 1, 1) of a noise step of time tau (kept: a run takes a few tau only)."""
-        key = (xp, tau, dim)
+    def sigma(self, xp, tau: float, dim: int, like):
+        """sigma of a noise step of time tau for rows like `like`: (S, 1, 1) for torch, spread over the rows' shape
+        for numpy (whose product with it then takes half the broadcast one's time); kept: a run takes a few tau
+        only."""
+        key = (xp, tau, dim, tuple(like.shape))
         if key not in self.sigmas:
-            self.sigmas[key] = noise_variance(self.arrays[xp]["eps"], tau, dim) ** 0.5
+            sigma = noise_variance(self.arrays[xp]["eps"], tau, dim) ** 0.5
+            self.sigmas[key] = np.ascontiguousarray(np.broadcast_to(sigma, like.shape)) if xp is np else sigma
         return self.sigmas[key]
 
     def brownian(self, xp, X, tau: float, G):
         """The noise step exp_x(sigma P_x g)."""
-        return exponential_map(xp, X, self.sigma(xp, tau, X.shape[1]) * projection(X, G))
+        return exponential_map(xp, X, self.sigma(xp, tau, X.shape[1], X) * projection(X, G))
 
     def brownian_transpose(self, xp, X, tau: float, G, outbar):
-        """xbar of the noise step, g fixed."""
-        sigma = self.sigma(xp, tau, X.shape[1])
-        xbar, tbar = exponential_map_transpose(xp, X, sigma * projection(X, G), outbar)
-        return xbar + projection_point_transpose(X, G, sigma * tbar)
+        """xbar of the noise step, g fixed: the exponential map's, plus that of t = sigma P_x g through x,
+        -(<g, x> sigma tbar + <sigma tbar, x> g) (projection_point_transpose, <g, x> kept from t)."""
+        sigma = self.sigma(xp, tau, X.shape[1], X)
+        along = inner(G, X)
+        xbar, tbar = exponential_map_transpose(xp, X, sigma * (G - along * X), outbar)
+        tbar = sigma * tbar
+        return xbar - (along * tbar + inner(tbar, X) * G)
 
     def step(self, x: torch.Tensor, W: torch.Tensor, h: float, k: int, steps: int, draws) -> torch.Tensor:
         """Integrator.step(x, W, h, k, steps, draws) (solvers/particles.py): `advance` on the rows."""
@@ -288,42 +316,42 @@ class DirectStep:
         rows = (self.rows(xp, g) for g in draws)
         return self.points(xp, self.advance(xp, self.rows(xp, x), self.per_system(xp, W), h, k, steps, rows), x)
 
-    def advance(self, xp, X, Ws, h: float, k: int, steps: int, draws):
-        """Step k of `steps` (step h) from the rows X with the systems' W (Ws); `draws` yields the step's Gaussian
-        draws as rows."""
+    def advance(self, xp, X, layer: Layer, h: float, k: int, steps: int, draws):
+        """Step k of `steps` (step h) from the rows X with the systems' W (`layer`: per_system); `draws` yields the
+        step's Gaussian draws as rows."""
         if self.name == "euler":
-            drift = h * Stage(self, xp, X, Ws, False).v
+            drift = h * Stage(self, xp, X, layer, False).v
             if not self.noisy:
                 return normalise(X + drift)
-            scale = self.sigma(xp, h, 2)  # noise_variance at d = 2 is 2 eps h: the Euler-Maruyama step
+            scale = self.sigma(xp, h, 2, X)  # noise_variance at d = 2 is 2 eps h: the Euler-Maruyama step
             return exponential_map(xp, X, drift + scale * projection(X, next(draws)))
         if self.noisy and k == 0:
             X = self.brownian(xp, X, h / 2, next(draws))
-        X = Flow(self, xp, X, Ws, h, False).out
+        X = Flow(self, xp, X, layer, h, False).out
         if self.noisy:
             X = self.brownian(xp, X, noise_time(h, k, steps), next(draws))
         return X
 
-    def retreat(self, xp, X, Ws, h: float, k: int, steps: int, draws, outbar):
-        """(Xbar, Wbar per system) of advance(xp, X, Ws, h, k, steps, draws) for the cotangent outbar of its result:
+    def retreat(self, xp, X, layer: Layer, h: float, k: int, steps: int, draws, outbar):
+        """(Xbar, Wbar per system) of advance(xp, X, layer, h, k, steps, draws) for the cotangent outbar of its result:
         the step taken again from X with the same draws, keeping its stages, then its pieces transposed from the
         last."""
         if self.name == "euler":
-            stage = Stage(self, xp, X, Ws, True)
+            stage = Stage(self, xp, X, layer, True)
             if not self.noisy:
                 ybar = normalise_transpose(X + h * stage.v, outbar)
                 stage_bar, Wbar = stage.transpose(h * ybar)
                 return ybar + stage_bar, Wbar
-            G, scale = next(draws), self.sigma(xp, h, 2)
+            G, scale = next(draws), self.sigma(xp, h, 2, X)
             previous, tbar = exponential_map_transpose(xp, X, h * stage.v + scale * projection(X, G), outbar)
             previous = previous + projection_point_transpose(X, G, scale * tbar)
             stage_bar, Wbar = stage.transpose(h * tbar)
             return previous + stage_bar, Wbar
         if not self.noisy:
-            return Flow(self, xp, X, Ws, h, True).transpose(outbar)
+            return Flow(self, xp, X, layer, h, True).transpose(outbar)
         first = next(draws) if k == 0 else None
         start = self.brownian(xp, X, h / 2, first) if k == 0 else X
-        flow = Flow(self, xp, start, Ws, h, True)
+        flow = Flow(self, xp, start, layer, h, True)
         flowed_bar = self.brownian_transpose(xp, flow.out, noise_time(h, k, steps), next(draws), outbar)
         start_bar, Wbar = flow.transpose(flowed_bar)
         return (self.brownian_transpose(xp, X, h / 2, first, start_bar) if k == 0 else start_bar), Wbar

@@ -78,15 +78,19 @@ class Noise:
         self.generators, self.shape, self.dtype, self.device = generators, shape, dtype, device
         self.chunk = max(1, NOISE_BYTES // (math.prod(shape) * torch.finfo(dtype).bits // 8))
 
-    def draws(self, count: int):
-        """The next `count` draws of every member, as an iterator of (M, n, d) tensors."""
+    def blocks(self, count: int):
+        """The next `count` draws of every member, as an iterator of (size, M, n, d) tensors: the chunks."""
         done = 0
         while done < count:
             size = min(self.chunk, count - done)
-            block = torch.stack([torch.randn((size,) + self.shape, generator=g, dtype=self.dtype, device=self.device)
-                                 for g in self.generators], dim=1)
-            yield from block.unbind(0)
+            yield torch.stack([torch.randn((size,) + self.shape, generator=g, dtype=self.dtype, device=self.device)
+                               for g in self.generators], dim=1)
             done += size
+
+    def draws(self, count: int):
+        """The next `count` draws of every member, as an iterator of (M, n, d) tensors."""
+        for block in self.blocks(count):
+            yield from block.unbind(0)
 
 
 class Integrator:
