@@ -49,6 +49,7 @@ divergence_adjoint) and, for the transform attention, torch autograd through the
 import copy
 import math
 
+import numpy as np
 import torch
 
 from spherepde.base.real_view import complex_state, real_state
@@ -116,6 +117,9 @@ class Transport:
                 self.attention_mode, self.path = min(fallback, key=options.get)
         if self.path == "fourier":
             self._folded = FourierPath.build(self)
+        # The array library a step runs in (solvers.forward_problem.ForwardProblem.step): numpy for the fourier path on
+        # the CPU, its per-operation cost a fifth of torch's (benchmarks/floors.py lean_fourier_step), else torch.
+        self.namespace = np if self.path == "fourier" and basis.placement.device.type == "cpu" else torch
         if self.attention_mode == "transform":
             self._operator = None
 
