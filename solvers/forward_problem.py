@@ -19,7 +19,7 @@ import copy
 import torch
 
 from solvers.timegrid import Plan
-from spherepde.base.arrays import as_namespace, as_tensor
+from spherepde.base.arrays import as_namespace, as_tensor, quiet
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
 from spherepde.base.real_view import complex_state, real_diagonal, real_state
@@ -144,18 +144,19 @@ class ForwardProblem:
         the state, drive and factors viewed in it and the end state viewed back as a tensor (no copies)."""
         xp = self.transport.namespace
         state, drive, factors = as_namespace(state, xp), as_namespace(drive, xp), factors.on(xp)
-        if keep is None:
-            state = self.scheme.step(state, lambda stage, U: self.transport(U, drive), factors)
-        else:
-            tokens = [None] * self.scheme.stages_count
+        with quiet(xp):
+            if keep is None:
+                state = self.scheme.step(state, lambda stage, U: self.transport(U, drive), factors)
+            else:
+                tokens = [None] * self.scheme.stages_count
 
-            def rate(stage, U):
-                value, tokens[stage] = self.transport.rate_token(U, drive)
-                return value
+                def rate(stage, U):
+                    value, tokens[stage] = self.transport.rate_token(U, drive)
+                    return value
 
-            state = self.scheme.step(state, rate, factors)
-            keep.append(tokens)
-        return as_tensor(state if self.filter is None else state * as_namespace(self.filter, xp))
+                state = self.scheme.step(state, rate, factors)
+                keep.append(tokens)
+            return as_tensor(state if self.filter is None else state * as_namespace(self.filter, xp))
 
     def step_adjoint(self, state_bar: torch.Tensor, tokens: list, drive: torch.Tensor,
                      factors) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,8 +165,6 @@ class ForwardProblem:
         of `step`."""
         xp = self.transport.namespace
         state_bar, drive, factors = as_namespace(state_bar, xp), as_namespace(drive, xp), factors.on(xp)
-        if self.filter is not None:
-            state_bar = state_bar * as_namespace(self.filter, xp)
         drive_bar = xp.zeros_like(drive)
 
         def rate_vjp(stage, token, e_bar):
@@ -173,7 +172,10 @@ class ForwardProblem:
             xp.add(drive_bar, stage_drive_bar, out=drive_bar)
             return U_bar
 
-        return as_tensor(self.scheme.adjoint(state_bar, tokens, rate_vjp, factors)), as_tensor(drive_bar)
+        with quiet(xp):
+            if self.filter is not None:
+                state_bar = state_bar * as_namespace(self.filter, xp)
+            return as_tensor(self.scheme.adjoint(state_bar, tokens, rate_vjp, factors)), as_tensor(drive_bar)
 
     def factors(self, plan: Plan):
         """The step factors of an interval's plan: dt one float when the members share it, else per member."""

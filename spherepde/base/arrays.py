@@ -9,6 +9,8 @@ fixed cost of an operation, not by its arithmetic, about 1 us in numpy against 5
 torch program used.
 """
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -22,6 +24,12 @@ def as_namespace(value, xp):
     """A CPU tensor as a numpy array sharing its memory when xp is numpy; anything else (a float, a tensor for
     torch) as it is."""
     return value.numpy() if xp is np and isinstance(value, torch.Tensor) else value
+
+
+def quiet(xp):
+    """A context in which numpy's program warns of no overflow or invalid value, as torch's does not: a run that
+    leaves the densities is the solvers' to report (solvers.eulerian.departure)."""
+    return np.errstate(over="ignore", invalid="ignore", divide="ignore") if xp is np else contextlib.nullcontext()
 
 
 def as_tensor(a):

@@ -9,8 +9,8 @@ where a is the feed-forward term and R U the rank-r factorisation of the folded 
 synthesis, G the operator of model.dense_operator: u = G rho): its truncated SVD, the singular values below
 dense_operator.truncated_svd's tolerance dropped (their part is below the product's round-off).  The kernel
 exp(beta <x, B y>) is smooth, so r is small (seed 004's A at lmax 64: 30 against 200 points).  Per member and
-stage that is two FFTs and r (N + n) multiply-adds, where the matrix path spends 3 n N: it pays from a few
-members on (model.transport's cost rule, benchmarks/ensembles.py --paths).
+stage that is two FFTs and r (N + n) multiply-adds, where the matrix path spends 3 n N: in torch it pays from a few
+members on, in numpy on the CPU from one (model.transport's cost rule, benchmarks/ensembles.py --paths).
 
 The transpose, from the token (r, y) of an evaluation, with b the cotangent of the rate:
 
