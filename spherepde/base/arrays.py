@@ -20,6 +20,11 @@ def namespace(a):
     return np if isinstance(a, np.ndarray) else torch
 
 
+def kind(a) -> tuple:
+    """(library, dtype, device) of an array: what caches of arrays made alike are keyed by."""
+    return (np, a.dtype, None) if isinstance(a, np.ndarray) else (torch, a.dtype, a.device)
+
+
 def as_namespace(value, xp):
     """A CPU tensor as a numpy array sharing its memory when xp is numpy; anything else (a float, a tensor for
     torch) as it is."""

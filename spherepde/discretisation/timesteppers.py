@@ -19,7 +19,9 @@ its explicit one.  The terms are kept as the rows of one buffer, so that a stage
 product over the rows, not a Python loop over them, and the state may carry a leading member axis with a
 member's own lam (eps) and dt.  `adjoint` is the exact transpose of one step (reverse-mode differentiation
 done by hand: the stage terms' cotangents are accumulated in the same buffer layout), given the stage
-inputs U_i that `step` keeps when asked and a vector-Jacobian product of N.
+inputs U_i that `step` keeps when asked and a vector-Jacobian product of N.  Both are one program over numpy
+arrays and torch tensors (spherepde.base.arrays), by the kind of the state: numpy on the CPU where N has a numpy
+program (model.fourier_path), torch elsewhere.
 """
 
 import copy
@@ -29,7 +31,7 @@ from fractions import Fraction as F
 import numpy as np
 import torch
 
-from spherepde.base.arrays import add_outer_, addcmul, as_namespace, clone, copy_, zero_, zeros
+from spherepde.base.arrays import add_outer_, addcmul, as_namespace, clone, copy_, kind, zero_, zeros
 from spherepde.geometry.sphere import normalise
 
 
@@ -204,7 +206,7 @@ class RungeKutta:
     def _rows(self, terms: StageTerms, like):
         """The groups of `terms` as (fraction, coefficients (1, k), k) of the kind, device and dtype of `like`, k the
         rows up to the last nonzero coefficient (the product reads no more of the buffer)."""
-        key = (id(terms), type(like), like.dtype, like.device)
+        key = (id(terms),) + kind(like)
         if key not in self._coefficients:
             groups = []
             for f, row in terms.groups:
@@ -220,7 +222,7 @@ class RungeKutta:
         flattened rows (k = 0..2 s + 1: `_combine`'s operands, made once) and its rows.  `step` writes every row
         it reads before reading it, but for the rows of terms no later combination needs, which it never writes:
         they stay the zeros they start as (a zero coefficient times a non-finite row would still be NaN)."""
-        key = (role, type(like), like.shape, like.dtype, like.device)
+        key = (role, tuple(like.shape)) + kind(like)
         if key not in self._buffers:
             buffer = zeros(like, (2 * self.stages_count + 1,) + tuple(like.shape))
             flat = buffer.reshape(buffer.shape[0], -1)

@@ -78,7 +78,8 @@ class Transport:
 
     `drive = feed_forward(W)` carries the feed-forward term of the layer (and, on the matrix path, whatever
     else is fixed over an interval) in the layout the path wants; `feed_forward_adjoint` maps its cotangent
-    back to W_bar (M, d, d).
+    back to W_bar (M, d, d).  `namespace` is the array library a step runs in (numpy on the CPU's fourier path,
+    torch elsewhere; solvers.forward_problem.ForwardProblem.step); the tests set it to run either program.
     """
 
     def __init__(self, basis, batch: ModelBatch, kernels, matrix_bytes: int = MATRIX_BYTES, path: str | None = None):
