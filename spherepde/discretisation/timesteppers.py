@@ -28,10 +28,20 @@ import copy
 from dataclasses import dataclass
 from fractions import Fraction as F
 
-import numpy as np
 import torch
 
-from spherepde.base.arrays import add_outer_, addcmul, as_namespace, clone, copy_, kind, zero_, zeros
+from spherepde.base.arrays import (
+    add_outer_,
+    addcmul,
+    array_like,
+    as_namespace,
+    clone,
+    copy_,
+    kind,
+    namespace,
+    zero_,
+    zeros,
+)
 from spherepde.geometry.sphere import normalise
 
 
@@ -211,9 +221,7 @@ class RungeKutta:
             groups = []
             for f, row in terms.groups:
                 count = max(k for k, value in enumerate(row) if value) + 1
-                coefficients = torch.tensor([row[:count]], dtype=like.dtype, device=like.device) \
-                    if isinstance(like, torch.Tensor) else np.array([row[:count]], dtype=like.dtype)
-                groups.append((f, coefficients, count))
+                groups.append((f, array_like([row[:count]], like), count))
             self._coefficients[key] = groups
         return self._coefficients[key]
 
@@ -242,7 +250,7 @@ class RungeKutta:
     def step(self, c, rate, factors: StepFactors, keep: list | None = None):
         """c at t + dt; with `keep` (a list) the stage inputs U_i are appended to it (for `adjoint`).  One program
         over numpy and torch (base.arrays): c, rate's values and `factors` (StepFactors.on) of one library."""
-        xp = np if isinstance(c, np.ndarray) else torch
+        xp = namespace(c)
         _, prefixes, rows = self._buffer(c, "step")
         copy_(rows[0], c)
         for i, terms in enumerate(self.stages):
