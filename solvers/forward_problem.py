@@ -19,6 +19,7 @@ import copy
 import torch
 
 from solvers.timegrid import Plan
+from spherepde.base.arrays import as_namespace, as_tensor, quiet
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
 from spherepde.base.real_view import complex_state, real_diagonal, real_state
@@ -138,34 +139,43 @@ class ForwardProblem:
 
     def step(self, state: torch.Tensor, drive: torch.Tensor, factors, keep: list | None = None) -> torch.Tensor:
         """One step of the scheme with the drive of the layer (Transport.feed_forward), then the filter; with `keep`
-        (a list) the step's tokens for `step_adjoint` are appended to it (Transport.rate_token, one per stage)."""
-        if keep is None:
-            state = self.scheme.step(state, lambda stage, U: self.transport(U, drive), factors)
-        else:
-            tokens = [None] * self.scheme.stages_count
+        (a list) the step's tokens for `step_adjoint` are appended to it (Transport.rate_token, one per stage).
+        The step runs in the transport's array library (Transport.namespace: numpy on the CPU's fourier path),
+        the state, drive and factors viewed in it and the end state viewed back as a tensor (no copies)."""
+        xp = self.transport.namespace
+        state, drive, factors = as_namespace(state, xp), as_namespace(drive, xp), factors.on(xp)
+        with quiet(xp):
+            if keep is None:
+                state = self.scheme.step(state, lambda stage, U: self.transport(U, drive), factors)
+            else:
+                tokens = [None] * self.scheme.stages_count
 
-            def rate(stage, U):
-                value, tokens[stage] = self.transport.rate_token(U, drive)
-                return value
+                def rate(stage, U):
+                    value, tokens[stage] = self.transport.rate_token(U, drive)
+                    return value
 
-            state = self.scheme.step(state, rate, factors)
-            keep.append(tokens)
-        return state if self.filter is None else state * self.filter
+                state = self.scheme.step(state, rate, factors)
+                keep.append(tokens)
+            return as_tensor(state if self.filter is None else state * as_namespace(self.filter, xp))
 
     def step_adjoint(self, state_bar: torch.Tensor, tokens: list, drive: torch.Tensor,
                      factors) -> tuple[torch.Tensor, torch.Tensor]:
         """(the cotangent of the step's start, that of the drive over the step) from the cotangent of its end
-        (`step`'s transpose: the filter is real and diagonal), given the tokens `step` kept."""
-        if self.filter is not None:
-            state_bar = state_bar * self.filter
-        drive_bar = torch.zeros_like(drive)
+        (`step`'s transpose: the filter is real and diagonal), given the tokens `step` kept; in the array library
+        of `step`."""
+        xp = self.transport.namespace
+        state_bar, drive, factors = as_namespace(state_bar, xp), as_namespace(drive, xp), factors.on(xp)
+        drive_bar = xp.zeros_like(drive)
 
         def rate_vjp(stage, token, e_bar):
             U_bar, stage_drive_bar = self.transport.vjp_token(token, drive, e_bar)
-            drive_bar.add_(stage_drive_bar)
+            xp.add(drive_bar, stage_drive_bar, out=drive_bar)
             return U_bar
 
-        return self.scheme.adjoint(state_bar, tokens, rate_vjp, factors), drive_bar
+        with quiet(xp):
+            if self.filter is not None:
+                state_bar = state_bar * as_namespace(self.filter, xp)
+            return as_tensor(self.scheme.adjoint(state_bar, tokens, rate_vjp, factors)), as_tensor(drive_bar)
 
     def factors(self, plan: Plan):
         """The step factors of an interval's plan: dt one float when the members share it, else per member."""

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import solvers.controlled_forward as controlled_forward
+import spherepde.model.transport as transport
 from solvers.adjoint import coefficients_to_field, continuous_gradient, discrete_gradient
 from solvers.controlled_forward import ControlledForward, Tape, central_differences, evaluate_cost
 from spherepde.io.case import case_from_dict
@@ -75,9 +76,15 @@ def test_bow_candidates_are_seeded_and_the_uniform_measure_is_near_log_k():
 # --- gradients -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kernel", ["unnormalized", "softmax"])
-def test_discrete_gradient_matches_central_differences(kernel):
+@pytest.mark.parametrize("kernel, path", [("unnormalized", "fourier"), ("unnormalized", "matrix"),
+                                          ("softmax", "matrix")])
+def test_discrete_gradient_matches_central_differences(kernel, path, monkeypatch):
+    """On S^1's paths: the unnormalized kernel's fourier path (its numpy program on the CPU) and, with torch's
+    cost rule (the GPU's choice), its matrix path; the softmax's matrix path."""
+    if path == "matrix":
+        monkeypatch.setattr(transport, "NUMPY_OPERATION_COST", transport.OPERATION_COST)
     forward, c0, controls = setup(training_case(kernel))
+    assert forward.problem.transport.path == path
     gradient = discrete_gradient(forward, c0, controls)
     assert gradient.cost == pytest.approx(evaluate_cost(forward, c0, controls), rel=1e-14)
     assert relative(gradient.dW, central_differences(forward, c0, controls)) <= 1e-6

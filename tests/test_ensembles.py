@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import spherepde.model.transport as transport
 from spherepde import run
 from spherepde.api.ensemble import batches, run_batch
 from spherepde.io.case import case_from_dict
@@ -58,15 +59,21 @@ def assert_same_file(batched: xr.Dataset, serial: xr.Dataset, tolerance: float):
             assert batched.attrs[key] == value, key
 
 
-@pytest.mark.parametrize("dim, kernel, beta, field, lmax, extra", [
-    (2, "unnormalized", 1.0, "dense", 24, None),       # matrix path, a folded operator per member
-    (2, "unnormalized", 1.0, "dense", 128, None),      # fourier path batched, the matrix path serially
-    (2, "softmax", 2.0, "spectral", 24, None),         # grid path, spectral transforms
-    (3, "softmax", 2.0, "spectral", 8, None),
-    (3, "softmax", "inf", "auto", 8, None),            # zero temperature
-    (2, "softmax", 2.0, "dense", 24, {"cfl": 0.5}),    # CFL: members take different numbers of steps
+@pytest.mark.parametrize("dim, kernel, beta, field, lmax, extra, torch_costs", [
+    (2, "unnormalized", 1.0, "dense", 24, None, False),    # fourier path (numpy), a folded operator per member
+    (2, "unnormalized", 1.0, "dense", 24, None, True),     # matrix path, a folded operator per member
+    (2, "unnormalized", 1.0, "dense", 128, None, True),    # fourier path batched, the matrix path serially
+    (2, "softmax", 2.0, "spectral", 24, None, False),      # grid path, spectral transforms
+    (3, "softmax", 2.0, "spectral", 8, None, False),
+    (3, "softmax", "inf", "auto", 8, None, False),         # zero temperature
+    (2, "softmax", 2.0, "dense", 24, {"cfl": 0.5}, False),  # CFL: members take different numbers of steps
 ])
-def test_batched_eulerian_members_are_their_serial_runs(dim, kernel, beta, field, lmax, extra):
+def test_batched_eulerian_members_are_their_serial_runs(dim, kernel, beta, field, lmax, extra, torch_costs,
+                                                         monkeypatch):
+    """With `torch_costs` Transport chooses its path by torch's cost rule (the GPU's choice), else by the CPU's,
+    where the fourier path's numpy program pays from one member on."""
+    if torch_costs:
+        monkeypatch.setattr(transport, "NUMPY_OPERATION_COST", transport.OPERATION_COST)
     cases = eulerian_members(dim, kernel, beta, field, lmax, extra)
     assert batches(cases) == [[0, 1, 2]]
     batched = run_batch(cases, progress=False)

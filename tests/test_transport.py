@@ -1,12 +1,16 @@
 """The transport term (spherepde/model/transport.py): the rate against the model's ambient formula, its paths and
 attention modes against each other, and its hand-written transpose against torch autograd."""
 
+import numpy as np
 import pytest
 import torch
 
+from solvers.forward_problem import ForwardProblem
+from solvers.timegrid import Plan, TimeGrid
 from spherepde.base.device import placement
 from spherepde.base.real_view import complex_state, real_state
 from spherepde.discretisation.bases import make_basis
+from spherepde.discretisation.timesteppers import SCHEMES
 from spherepde.io.case import case_from_dict
 from spherepde.kernels.choice import MemberKernels
 from spherepde.model.attention import Model, ModelBatch, attention, velocity
@@ -111,12 +115,13 @@ def test_vjp_is_the_transpose_of_the_derivative(setup_):
             assert relative(transport.feed_forward_adjoint(drive_bar), expected_W) < 1e-12, transport.path
 
 
-def test_the_seed_case_runs_the_matrix_path_with_a_low_rank_operator():
+def test_the_seed_case_runs_the_fourier_path_with_a_low_rank_operator():
     """S^1, A = diag(1, 0.65), lmax 64: the kernel's numerical rank is far below the 200 points; its truncated SVD
-    reproduces the full operator's attention to round-off."""
+    reproduces the full operator's attention to round-off.  On the CPU the fourier path's numpy program is the
+    cheapest from one member on (benchmarks/ensembles.py --paths)."""
     basis, batch, kernels, state, W = setup(2, "unnormalized", 1.0, 64, "dense")
     transport = Transport(basis, batch, kernels)
-    assert (transport.attention_mode, transport.path) == ("operator", "matrix")
+    assert (transport.attention_mode, transport.path, transport.namespace) == ("operator", "fourier", np)
     operator = transport._operator
     assert operator.left is not None and operator.left.shape[-1] < 60
     rho = basis.synthesis(complex_state(state, transport.coefficient_shape)).reshape(2, -1)
@@ -195,3 +200,36 @@ def test_softmax_components_are_those_of_the_softmax_mean():
     finite = ~torch.isnan(expected)
     assert bool((expected[finite] == 0).any()) and torch.equal(u[finite] == 0, expected[finite] == 0)
     assert relative(u[finite], expected[finite]) < 1e-14
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_numpy_and_the_torch_program_take_the_same_step(scheme, dtype):
+    """The fourier path's step and its transpose (ForwardProblem.step, step_adjoint: RungeKutta over the path's
+    rate and vjp, one program over numpy and torch) run as numpy arrays (Transport.namespace on the CPU) and as
+    torch tensors, forced both ways: the same state, cotangent and drive cotangent to round-off, for one member
+    and for two with their own operators and steps."""
+    cases = member_cases(2, "unnormalized", 1.0, 32, "dense")
+    for case in cases:
+        case["time"]["scheme"] = scheme
+        case["solver"]["dtype"] = dtype
+    tolerance = 1e-14 if dtype == "float64" else 1e-6
+    for members, dt in (([cases[0]], [0.1]), (cases, [0.1, 0.05])):
+        problem = ForwardProblem(members)
+        transport = Transport(problem.basis, problem.batch, problem.kernels, path="fourier")
+        assert transport.namespace is np
+        problem.transport = transport
+        factors = problem.factors(Plan(TimeGrid(1.0, 0.1).intervals[0], np.full(len(dt), 1), np.array(dt)))
+        drive = transport.feed_forward(problem.placement.tensor([[[0.3, -0.2], [0.1, 0.4]]] * len(dt)))
+        state = problem.initial()
+        b = torch.randn(state.shape, generator=torch.Generator().manual_seed(2), dtype=state.dtype)
+        results = {}
+        for xp in (np, torch):
+            transport.namespace = xp
+            kept = []
+            end = problem.step(state, drive, factors, kept)
+            assert torch.equal(problem.step(state, drive, factors), end)
+            results[xp] = (end,) + problem.step_adjoint(b, kept[0], drive, factors)
+        for numpy_value, torch_value in zip(results[np], results[torch]):
+            assert isinstance(numpy_value, torch.Tensor) and numpy_value.dtype == state.dtype
+            assert relative(numpy_value, torch_value) < tolerance

@@ -19,14 +19,29 @@ its explicit one.  The terms are kept as the rows of one buffer, so that a stage
 product over the rows, not a Python loop over them, and the state may carry a leading member axis with a
 member's own lam (eps) and dt.  `adjoint` is the exact transpose of one step (reverse-mode differentiation
 done by hand: the stage terms' cotangents are accumulated in the same buffer layout), given the stage
-inputs U_i that `step` keeps when asked and a vector-Jacobian product of N.
+inputs U_i that `step` keeps when asked and a vector-Jacobian product of N.  Both are one program over numpy
+arrays and torch tensors (spherepde.base.arrays), by the kind of the state: numpy on the CPU where N has a numpy
+program (model.fourier_path), torch elsewhere.
 """
 
+import copy
 from dataclasses import dataclass
 from fractions import Fraction as F
 
 import torch
 
+from spherepde.base.arrays import (
+    add_outer_,
+    addcmul,
+    array_like,
+    as_namespace,
+    clone,
+    copy_,
+    kind,
+    namespace,
+    zero_,
+    zeros,
+)
 from spherepde.geometry.sphere import normalise
 
 
@@ -153,7 +168,8 @@ def _terms(tableau: Tableau, family: str) -> tuple[list[StageTerms], StageTerms,
 class StepFactors:
     """What a step needs that depends on dt and lam only, computed once per interval of equal steps: dt (a float,
     or a tensor (M, 1) for members' own steps), dt lam, the implicit solves' 1 / (1 - dt ai_ii lam) and the
-    propagators exp(f dt lam), as real tensors (M, N) over the real view of the coefficients."""
+    propagators exp(f dt lam), as real tensors (M, N) over the real view of the coefficients; `on(numpy)` the same
+    as numpy arrays sharing their memory (made once)."""
 
     def __init__(self, scheme: "RungeKutta", lam: torch.Tensor, dt):
         self.dt = dt
@@ -161,6 +177,18 @@ class StepFactors:
         self.solve = {a: 1 / (1 - a * self.dt_lam) for a in set(scheme.diagonal) if a}
         fractions = {f for terms in scheme.stages + [scheme.update] for f, _ in terms.groups if f is not None}
         self.propagator = {f: torch.exp(f * self.dt_lam) for f in fractions}
+        self._numpy = None
+
+    def on(self, xp) -> "StepFactors":
+        """These factors for the array program of the library xp (numpy or torch; base.arrays)."""
+        if xp is torch:
+            return self
+        if self._numpy is None:
+            self._numpy = copy.copy(self)
+            self._numpy.dt, self._numpy.dt_lam = as_namespace(self.dt, xp), as_namespace(self.dt_lam, xp)
+            self._numpy.solve = {a: as_namespace(value, xp) for a, value in self.solve.items()}
+            self._numpy.propagator = {f: as_namespace(value, xp) for f, value in self.propagator.items()}
+        return self._numpy
 
 
 class RungeKutta:
@@ -185,44 +213,46 @@ class RungeKutta:
     def factors(self, lam: torch.Tensor, dt) -> StepFactors:
         return StepFactors(self, lam, dt)
 
-    def _rows(self, terms: StageTerms, like: torch.Tensor):
-        """The groups of `terms` as (fraction, coefficients (1, k), k) on the device and dtype of `like`, k the
+    def _rows(self, terms: StageTerms, like):
+        """The groups of `terms` as (fraction, coefficients (1, k), k) of the kind, device and dtype of `like`, k the
         rows up to the last nonzero coefficient (the product reads no more of the buffer)."""
-        key = (id(terms), like.dtype, like.device)
+        key = (id(terms),) + kind(like)
         if key not in self._coefficients:
             groups = []
             for f, row in terms.groups:
                 count = max(k for k, value in enumerate(row) if value) + 1
-                groups.append((f, torch.tensor([row[:count]], dtype=like.dtype, device=like.device), count))
+                groups.append((f, array_like([row[:count]], like), count))
             self._coefficients[key] = groups
         return self._coefficients[key]
 
-    def _buffer(self, like: torch.Tensor, role: str) -> tuple[torch.Tensor, list, list]:
+    def _buffer(self, like, role: str) -> tuple:
         """A (2 s + 1, M, N) buffer of the step's rows, kept between steps, with the views (k, M N) of its first k
         flattened rows (k = 0..2 s + 1: `_combine`'s operands, made once) and its rows.  `step` writes every row
         it reads before reading it, but for the rows of terms no later combination needs, which it never writes:
         they stay the zeros they start as (a zero coefficient times a non-finite row would still be NaN)."""
-        key = (role, like.shape, like.dtype, like.device)
+        key = (role, tuple(like.shape)) + kind(like)
         if key not in self._buffers:
-            buffer = like.new_zeros((2 * self.stages_count + 1,) + like.shape)
-            flat = buffer.view(buffer.shape[0], -1)
-            self._buffers[key] = buffer, [flat[:k] for k in range(flat.shape[0] + 1)], list(buffer.unbind(0))
+            buffer = zeros(like, (2 * self.stages_count + 1,) + tuple(like.shape))
+            flat = buffer.reshape(buffer.shape[0], -1)
+            self._buffers[key] = buffer, [flat[:k] for k in range(flat.shape[0] + 1)], list(buffer)
         return self._buffers[key]
 
-    def _combine(self, terms: StageTerms, prefixes: list, factors: StepFactors, shape) -> torch.Tensor:
+    def _combine(self, terms: StageTerms, prefixes: list, factors: StepFactors, shape):
         """sum over groups of P_f (coefficients . rows): one product over the rows per group."""
         total = None
         for f, coefficients, count in self._rows(terms, prefixes[-1]):
-            part = torch.mm(coefficients, prefixes[count]).view(shape)
+            part = (coefficients @ prefixes[count]).reshape(shape)
             if f is not None:
                 part = part * factors.propagator[f]
             total = part if total is None else total + part
         return total
 
-    def step(self, c: torch.Tensor, rate, factors: StepFactors, keep: list | None = None) -> torch.Tensor:
-        """c at t + dt; with `keep` (a list) the stage inputs U_i are appended to it (for `adjoint`)."""
+    def step(self, c, rate, factors: StepFactors, keep: list | None = None):
+        """c at t + dt; with `keep` (a list) the stage inputs U_i are appended to it (for `adjoint`).  One program
+        over numpy and torch (base.arrays): c, rate's values and `factors` (StepFactors.on) of one library."""
+        xp = namespace(c)
         _, prefixes, rows = self._buffer(c, "step")
-        rows[0].copy_(c)
+        copy_(rows[0], c)
         for i, terms in enumerate(self.stages):
             stage = c if i == 0 and self.diagonal[0] == 0 else self._combine(terms, prefixes, factors, c.shape)
             if self.diagonal[i]:
@@ -230,17 +260,17 @@ class RungeKutta:
             if keep is not None:
                 keep.append(stage)
             if self.explicit_needed[i]:
-                torch.mul(rate(i, stage), factors.dt, out=rows[2 * i + 1])
+                xp.multiply(rate(i, stage), factors.dt, out=rows[2 * i + 1])
             if self.implicit_needed[i]:
-                torch.mul(stage, factors.dt_lam, out=rows[2 * i + 2])
+                xp.multiply(stage, factors.dt_lam, out=rows[2 * i + 2])
         return self._combine(self.update, prefixes, factors, c.shape)
 
-    def adjoint(self, c_bar: torch.Tensor, stages: list, rate_vjp, factors: StepFactors) -> torch.Tensor:
+    def adjoint(self, c_bar, stages: list, rate_vjp, factors: StepFactors):
         """The cotangent of the step's start from that of its end, c_bar: the transpose of `step`'s linear
         algebra, with rate_vjp(i, U_i, e_bar) the cotangent of U_i from the cotangent e_bar of N(U_i) (it may
-        accumulate other cotangents itself)."""
+        accumulate other cotangents itself).  Over numpy or torch, as `step`."""
         bar, prefixes, rows = self._buffer(c_bar, "adjoint")
-        bar.zero_()
+        zero_(bar)
         self._scatter(self.update, prefixes, c_bar, factors)
         for i in reversed(range(self.stages_count)):
             stage_bar = None
@@ -248,22 +278,22 @@ class RungeKutta:
                 stage_bar = rate_vjp(i, stages[i], rows[2 * i + 1] * factors.dt)
             if self.implicit_needed[i]:
                 stage_bar = (rows[2 * i + 2] * factors.dt_lam if stage_bar is None
-                             else torch.addcmul(stage_bar, rows[2 * i + 2], factors.dt_lam))
+                             else addcmul(stage_bar, rows[2 * i + 2], factors.dt_lam))
             if stage_bar is None:
                 continue
             if self.diagonal[i]:
-                stage_bar = stage_bar.mul_(factors.solve[self.diagonal[i]])
+                stage_bar *= factors.solve[self.diagonal[i]]
             if i == 0 and self.diagonal[0] == 0:
                 rows[0] += stage_bar
             else:
                 self._scatter(self.stages[i], prefixes, stage_bar, factors)
-        return rows[0].clone()
+        return clone(rows[0])
 
-    def _scatter(self, terms: StageTerms, prefixes: list, value: torch.Tensor, factors: StepFactors) -> None:
+    def _scatter(self, terms: StageTerms, prefixes: list, value, factors: StepFactors) -> None:
         """The transpose of `_combine`: rows += coefficients (outer) P_f value, for each group."""
         for f, coefficients, count in self._rows(terms, prefixes[-1]):
             part = value if f is None else value * factors.propagator[f]
-            prefixes[count].addmm_(coefficients.T, part.reshape(1, -1))
+            add_outer_(prefixes[count], coefficients.T, part.reshape(1, -1))
 
 
 EXPLICIT_TABLEAUX = {"heun": HEUN, "rk4": RK4}  # the particles' steps, by particles.integrator

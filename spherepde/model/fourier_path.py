@@ -9,8 +9,8 @@ where a is the feed-forward term and R U the rank-r factorisation of the folded 
 synthesis, G the operator of model.dense_operator: u = G rho): its truncated SVD, the singular values below
 dense_operator.truncated_svd's tolerance dropped (their part is below the product's round-off).  The kernel
 exp(beta <x, B y>) is smooth, so r is small (seed 004's A at lmax 64: 30 against 200 points).  Per member and
-stage that is two FFTs and r (N + n) multiply-adds, where the matrix path spends 3 n N: it pays from a few
-members on (model.transport's cost rule, benchmarks/ensembles.py --paths).
+stage that is two FFTs and r (N + n) multiply-adds, where the matrix path spends 3 n N: in torch it pays from a few
+members on, in numpy on the CPU from one (model.transport's cost rule, benchmarks/ensembles.py --paths).
 
 The transpose, from the token (r, y) of an evaluation, with b the cotangent of the rate:
 
@@ -24,15 +24,18 @@ irfft and returned zero by rfft).
 import copy
 import math
 
+import numpy as np
 import torch
 
-from spherepde.base.real_view import real_state
+from spherepde.base.arrays import addmm, baddbmm, complex_rows, namespace, real_rows
 from spherepde.model.dense_operator import truncated_svd
 from spherepde.model.matrix_path import basis_matrices
 
 
 class FourierPath:
-    """Transport's "fourier" path (module docstring); its drive is a (M, n)."""
+    """Transport's "fourier" path (module docstring); its drive is a (M, n).  One program over numpy and torch
+    (base.arrays), by the kind of the state: numpy arrays on the CPU (Transport.namespace), torch tensors elsewhere
+    and for the callers that hold tensors."""
 
     single_frame = True
 
@@ -45,6 +48,17 @@ class FourierPath:
         self.derivative = -1j * wavenumber / self.points  # phi_k
         self.derivative_adjoint = (1j * wavenumber / self.points) / basis.multiplicity  # psi_k
         self.multiplicity = basis.multiplicity.to(self.derivative.dtype)
+        self._numpy = None
+
+    def _operands(self, like) -> tuple:
+        """(R, U, R^T, U^T, phi, psi, m) of the kind of `like`: the tensors, or numpy arrays sharing their memory
+        (made once)."""
+        operands = (self.R, self.U, self.R_t, self.U_t, self.derivative, self.derivative_adjoint, self.multiplicity)
+        if not isinstance(like, np.ndarray):
+            return operands
+        if self._numpy is None:
+            self._numpy = tuple(operand.numpy() for operand in operands)
+        return self._numpy
 
     @classmethod
     def build(cls, transport) -> "FourierPath":
@@ -65,6 +79,7 @@ class FourierPath:
         if self.R.shape[0] > 1:
             chosen.R, chosen.U = self.R.index_select(0, index), self.U.index_select(0, index)
             chosen.R_t, chosen.U_t = self.R_t.index_select(0, index), self.U_t.index_select(0, index)
+            chosen._numpy = None
         return chosen
 
     def drive(self, a: torch.Tensor) -> torch.Tensor:
@@ -73,42 +88,42 @@ class FourierPath:
     def drive_part(self, drive_bar: torch.Tensor) -> torch.Tensor:
         return drive_bar
 
-    def _velocity(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
+    def _velocity(self, state, drive):
         """y = a + state R U (M, n)."""
-        if self.R.shape[0] == 1:
-            return torch.addmm(drive, state @ self.R[0], self.U[0])
-        return torch.baddbmm(drive[:, None], torch.bmm(state[:, None], self.R), self.U)[:, 0]
+        R, U = self._operands(state)[:2]
+        if R.shape[0] == 1:
+            return addmm(drive, state @ R[0], U[0])
+        return baddbmm(drive[:, None], state[:, None] @ R, U)[:, 0]
 
-    def _synthesis(self, state: torch.Tensor) -> torch.Tensor:
+    def _synthesis(self, state):
         """r = sqrt(2 pi) rho (M, n)."""
-        c = torch.view_as_complex(state.reshape(state.shape[0], self.modes, 2))
-        return torch.fft.irfft(c, n=self.points, norm="forward")
+        return namespace(state).fft.irfft(complex_rows(state, self.modes), n=self.points, norm="forward")
 
     def velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rho (M, n), v (M, 1, n))."""
         return self._synthesis(state) / math.sqrt(2 * math.pi), self._velocity(state, drive)[:, None]
 
-    def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    def rate_token(self, state, drive) -> tuple:
         """(the rate (M, N), the token (r, y), each (M, n))."""
         r, y = self._synthesis(state), self._velocity(state, drive)
-        flux = torch.fft.rfft(r * y)[:, :self.modes]
-        return real_state(flux * self.derivative), (r, y)
+        flux = namespace(state).fft.rfft(r * y)[:, :self.modes]
+        return real_rows(flux * self._operands(state)[4]), (r, y)
 
-    def rate(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
+    def rate(self, state, drive):
         return self.rate_token(state, drive)[0]
 
-    def vjp_rows(self, token: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def vjp_rows(self, token: tuple, b) -> tuple:
         """(state_bar (M, N), drive_bar (M, n)) from the token of `rate_token` and the rate's cotangent b."""
-        members = b.shape[0]
-        b_complex = torch.view_as_complex(b.reshape(members, self.modes, 2))
-        f_bar = torch.fft.irfft(b_complex * self.derivative_adjoint, n=self.points, norm="forward")
+        xp = namespace(b)
+        _, _, R_t, U_t, _, derivative_adjoint, multiplicity = self._operands(b)
+        f_bar = xp.fft.irfft(complex_rows(b, self.modes) * derivative_adjoint, n=self.points, norm="forward")
         r, y = token
         y_bar, r_bar = r * f_bar, y * f_bar
-        state_bar = real_state(torch.fft.rfft(r_bar)[:, :self.modes] * self.multiplicity)
-        if self.R.shape[0] == 1:
-            return torch.addmm(state_bar, y_bar @ self.U_t[0], self.R_t[0]), y_bar
-        low = torch.bmm(torch.bmm(y_bar[:, None], self.U_t), self.R_t)[:, 0]
+        state_bar = real_rows(xp.fft.rfft(r_bar)[:, :self.modes] * multiplicity)
+        if R_t.shape[0] == 1:
+            return addmm(state_bar, y_bar @ U_t[0], R_t[0]), y_bar
+        low = ((y_bar[:, None] @ U_t) @ R_t)[:, 0]
         return state_bar + low, y_bar
 
-    def vjp(self, state: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def vjp(self, state, drive, b) -> tuple:
         return self.vjp_rows(self.rate_token(state, drive)[1], b)

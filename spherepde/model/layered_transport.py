@@ -27,6 +27,7 @@ class LayeredTransport:
     `layout` (module docstring); the interface of spherepde.model.transport.Transport."""
 
     attention_mode, path = "heads", "grid"
+    namespace = torch  # the array library of a step (Transport.namespace)
 
     def __init__(self, basis, layout: Layout, chunk="auto"):
         self.basis, self.layout, self.chunk = basis, layout, chunk

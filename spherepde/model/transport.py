@@ -32,7 +32,8 @@ and the paths:
 * "fourier" (model.fourier_path): on S^1 with the operator attention of the unnormalized kernel, the synthesis
   and the divergence as FFTs and the attention folded with the synthesis into a rank-r product (the kernel is
   smooth: r = 30 of 200 points for seed 004 at lmax 64), about 2 FFTs and r (N + P) multiply-adds per member
-  where the matrix path spends 3 P N; more tensor operations, so it pays from about 8 members on at lmax 64.
+  where the matrix path spends 3 P N; more operations, so in torch it pays from about 8 members on at lmax 64; on
+  the CPU it runs in numpy (`namespace`), whose operations cost a fifth of torch's, and pays from one member on.
 * "grid": the basis's transforms (FFT, spherical-harmonic transforms) with the attention in between.
 
 `vjp` is the transpose of the derivative of the rate (the discrete adjoint of one evaluation), written out:
@@ -49,6 +50,7 @@ divergence_adjoint) and, for the transform attention, torch autograd through the
 import copy
 import math
 
+import numpy as np
 import torch
 
 from spherepde.base.real_view import complex_state, real_state
@@ -64,6 +66,9 @@ MATRIX_BYTES = 64 * 2 ** 20
 # Python and dispatch around it), for the choice between the matrix and the grid path (Transport._grid_cost,
 # _matrix_cost; benchmarks/ensembles.py measures both paths).
 OPERATION_COST = 60_000
+# The same for an operation of the fourier path's numpy program on the CPU (model.fourier_path, base.arrays): about
+# 1.2 us (measured at the seed-004 shapes, benchmarks/floors.py lean_fourier_step).
+NUMPY_OPERATION_COST = 12_000
 
 
 class Transport:
@@ -73,7 +78,8 @@ class Transport:
 
     `drive = feed_forward(W)` carries the feed-forward term of the layer (and, on the matrix path, whatever
     else is fixed over an interval) in the layout the path wants; `feed_forward_adjoint` maps its cotangent
-    back to W_bar (M, d, d).
+    back to W_bar (M, d, d).  `namespace` is the array library a step runs in (numpy on the CPU's fourier path,
+    torch elsewhere; solvers.forward_problem.ForwardProblem.step); the tests set it to run either program.
     """
 
     def __init__(self, basis, batch: ModelBatch, kernels, matrix_bytes: int = MATRIX_BYTES, path: str | None = None):
@@ -98,7 +104,9 @@ class Transport:
                 options[("operator", "grid")] = self._grid_cost(self._operator.multiply_adds())
                 options[("operator", "matrix")] = None
                 if d == 2 and batch.kernel == "unnormalized":
-                    options[("operator", "fourier")] = self._fourier_cost(self._operator.rank())
+                    options[("operator", "fourier")] = self._fourier_cost(
+                        self._operator.rank(), NUMPY_OPERATION_COST if basis.placement.device.type == "cpu"
+                        else OPERATION_COST)
         for attention_mode, option in list(options):
             if option == "matrix":
                 rows = 0 if attention_mode == "zero temperature" else (
@@ -116,6 +124,9 @@ class Transport:
                 self.attention_mode, self.path = min(fallback, key=options.get)
         if self.path == "fourier":
             self._folded = FourierPath.build(self)
+        # The array library a step runs in (solvers.forward_problem.ForwardProblem.step): numpy for the fourier path on
+        # the CPU, its per-operation cost a fifth of torch's (benchmarks/floors.py lean_fourier_step), else torch.
+        self.namespace = np if self.path == "fourier" and basis.placement.device.type == "cpu" else torch
         if self.attention_mode == "transform":
             self._operator = None
 
@@ -136,16 +147,16 @@ class Transport:
         size = 2 * math.prod(self.coefficient_shape)
         return self.batch.members * ((1 + rows) * points * size + size * frame_count * points) + 6 * OPERATION_COST
 
-    def _fourier_cost(self, rank: int) -> float:
+    def _fourier_cost(self, rank: int, operation: float) -> float:
         """Estimated multiply-adds of one evaluation on the fourier path: per member two FFTs (4 n log2 n each,
-        doubled for the layout changes around them) and the rank-r attention r (N + P), plus OPERATION_COST for
-        each of about 12 tensor operations (the FFTs' own fixed cost counted as more than one: measured, the
-        path's step costs about twice the matrix path's at one member, and wins from about 8 members on at
-        lmax 64; benchmarks/ensembles.py --paths)."""
+        doubled for the layout changes around them) and the rank-r attention r (N + P), plus `operation` for each
+        of about 12 operations (the FFTs' own fixed cost counted as more than one).  In torch (OPERATION_COST) the
+        path's step costs about twice the matrix path's at one member and wins from about 8 members on at lmax 64;
+        in numpy on the CPU (NUMPY_OPERATION_COST) it wins from one member on (benchmarks/ensembles.py --paths)."""
         points = self.basis.grid_size
         fourier = 4 * points * math.log2(points)
         return self.batch.members * (4 * fourier + rank * (2 * math.prod(self.coefficient_shape) + points)) \
-            + 12 * OPERATION_COST
+            + 12 * operation
 
     def select(self, members: list) -> "Transport":
         """The transport of the members at the indices `members` (a list), sharing the rest."""

@@ -1,0 +1,121 @@
+"""One array program over numpy and torch: the operations whose spelling differs, dispatched on the operands' kind.
+
+A program written with these (and the operators, `@`, slicing and the functions both libraries name alike:
+xp.multiply(.., out=), xp.exp, xp.fft.rfft / irfft(.., n=, norm=)) runs on numpy arrays on the CPU and on torch
+tensors elsewhere (solvers/particle_step.py is the precedent).  Why numpy on the CPU: a small step is bound by the
+fixed cost of an operation, not by its arithmetic; measured on one core at the seed-004 S^1 shapes, 0.4 us for an
+elementwise product in numpy, 1.3 us for a small matrix product, 4.5 us for a 200-point FFT, against about 5 us for
+any torch operation (benchmarks/floors.py lean_fourier_step).  Torch tensors on the CPU and numpy arrays share
+memory both ways (`as_namespace`, `as_tensor`: no copies), and the torch branch of each helper is the single torch
+operation the torch program used.
+"""
+
+import contextlib
+
+import numpy as np
+import torch
+
+
+def namespace(a):
+    """numpy for a numpy array, else torch."""
+    return np if isinstance(a, np.ndarray) else torch
+
+
+def kind(a) -> tuple:
+    """(library, dtype, device) of an array: what caches of arrays made alike are keyed by."""
+    return (np, a.dtype, None) if isinstance(a, np.ndarray) else (torch, a.dtype, a.device)
+
+
+def as_namespace(value, xp):
+    """A CPU tensor as a numpy array sharing its memory when xp is numpy; anything else (a float, a tensor for
+    torch) as it is."""
+    return value.numpy() if xp is np and isinstance(value, torch.Tensor) else value
+
+
+def quiet(xp):
+    """A context in which numpy's program warns of no overflow or invalid value, as torch's does not: a run that
+    leaves the densities is the solvers' to report (solvers.eulerian.departure)."""
+    return np.errstate(over="ignore", invalid="ignore", divide="ignore") if xp is np else contextlib.nullcontext()
+
+
+def as_tensor(a):
+    """A numpy array as a torch tensor sharing its memory; a tensor as it is."""
+    return torch.from_numpy(a) if isinstance(a, np.ndarray) else a
+
+
+def array_like(values: list, like):
+    """A (nested) list of numbers as an array of the kind, dtype and device of `like`."""
+    if isinstance(like, np.ndarray):
+        return np.array(values, dtype=like.dtype)
+    return torch.tensor(values, dtype=like.dtype, device=like.device)
+
+
+def zeros(like, shape: tuple):
+    """Zeros of `shape` of the kind, dtype and device of `like`."""
+    return np.zeros(shape, like.dtype) if isinstance(like, np.ndarray) else like.new_zeros(shape)
+
+
+def zero_(a):
+    """a = 0 in place."""
+    if isinstance(a, np.ndarray):
+        a.fill(0)
+    else:
+        a.zero_()
+
+
+def copy_(target, source):
+    """target = source in place."""
+    if isinstance(target, np.ndarray):
+        np.copyto(target, source)
+    else:
+        target.copy_(source)
+
+
+def clone(a):
+    """A copy of a."""
+    return a.copy() if isinstance(a, np.ndarray) else a.clone()
+
+
+def addcmul(a, b, c):
+    """a + b c (elementwise)."""
+    return a + b * c if isinstance(a, np.ndarray) else torch.addcmul(a, b, c)
+
+
+def addmm(c, a, b):
+    """c + a @ b."""
+    if isinstance(c, np.ndarray):
+        product = a @ b
+        product += c
+        return product
+    return torch.addmm(c, a, b)
+
+
+def baddbmm(c, a, b):
+    """c + a @ b, batched over the leading axis."""
+    if isinstance(c, np.ndarray):
+        product = a @ b
+        product += c
+        return product
+    return torch.baddbmm(c, a, b)
+
+
+def add_outer_(target, column, row):
+    """target += column @ row in place, column (k, 1), row (1, n)."""
+    if isinstance(target, np.ndarray):
+        target += column * row
+    else:
+        target.addmm_(column, row)
+
+
+def complex_rows(state, count: int):
+    """The complex view (M, count) of real rows (M, 2 count), each number's (Re, Im) pair in turn."""
+    if isinstance(state, np.ndarray):
+        return np.ascontiguousarray(state).view(np.complex64 if state.dtype == np.float32 else np.complex128)
+    return torch.view_as_complex(state.reshape(state.shape[0], count, 2))
+
+
+def real_rows(c):
+    """The real view (M, 2 K) of complex rows (M, K) (base.real_view.real_state for numpy arrays too)."""
+    if isinstance(c, np.ndarray):
+        return np.ascontiguousarray(c).view(np.float32 if c.dtype == np.complex64 else np.float64)
+    return torch.view_as_real(c).reshape(c.shape[0], -1)
