@@ -118,6 +118,9 @@ class Transport:
             self._folded = FourierPath.build(self)
         if self.attention_mode == "transform":
             self._operator = None
+        # On the grid path the spectral field can give rho and its channels' transforms in one pass from the
+        # coefficients (MemberKernels.density_fields), without the channels' analysis.
+        self._from_density = self.path == "grid" and self.attention_mode == "transform" and kernels.from_density
 
     def _grid_cost(self, attention: float) -> float:
         """Estimated multiply-adds of one evaluation on the grid path: per member the transforms (an FFT 4 n log2 n,
@@ -196,6 +199,10 @@ class Transport:
         if self.attention_mode == "operator":
             return self._operator.attention(rho, self)
         scaled, log_scale = self.kernels.fields(self._channels(rho))
+        return self._transform_components(scaled, log_scale, rho)
+
+    def _transform_components(self, scaled: torch.Tensor, log_scale: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """u_k (M, K, P) from the transformed channels `scaled` (M, c, P) of `_channels` and their log_scale."""
         if self.batch.kernel == "unnormalized":
             return self._frame_components(scaled.transpose(1, 2) * torch.exp(log_scale)[..., None])
         return self._softmax_components(scaled[:, 1:], scaled[:, 0], rho)
@@ -251,6 +258,11 @@ class Transport:
         if self._folded is not None:
             return self._folded.velocity(state, drive)
         c = complex_state(state, self.coefficient_shape)
+        if self._from_density:
+            rho, scaled, log_scale = self.kernels.density_fields(c)
+            if self.batch.kernel == "unnormalized":  # the channels rho y alone
+                scaled = scaled[:, 1:]
+            return rho, drive + self._transform_components(scaled, log_scale, rho)
         rho = self.basis.synthesis(c).reshape(state.shape[0], -1)
         return rho, drive if self.attention_mode == "zero temperature" else drive + self.attention(rho)
 
