@@ -103,8 +103,8 @@ class MemberKernels:
 
     @property
     def from_density(self) -> bool:
-        """Whether every transform in use gives the softmax channels' fields from the density's coefficients
-        (`density_fields`)."""
+        """Whether every transform in use gives rho and the transforms of the channels (rho, rho y) from the
+        density's coefficients (`density_fields`)."""
         return all(getattr(kernel, "from_density", False) for kernel, _ in self._groups)
 
     def density_fields(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

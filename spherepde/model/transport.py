@@ -20,7 +20,10 @@ chosen once by an estimate of their cost (multiply-adds, and a fixed cost per te
                      (Transport._softmax_components).
 * "zero temperature": m = B^T x / |B^T x| does not depend on rho; u is a field computed once.
 * "transform": the members' exponential-kernel transforms (kernels.choice.MemberKernels: dense blocks or the
-  spectral field) applied to the channels (rho, rho y) at every call.
+  spectral field) applied to the channels (rho, rho y) at every call; on the grid path, where the spectral field
+  allows it (S^2, C = s I or a permutation of the grid), rho and the channels' transforms come together from the
+  coefficients, one product per order (MemberKernels.density_fields, TorchSHT.moments), and the transpose keeps
+  the channels formed on the grid (the same map to round-off).
 
 and the paths:
 
