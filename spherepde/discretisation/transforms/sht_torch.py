@@ -246,7 +246,7 @@ class TorchSHT:
         # Orders m - 1 and m + 1 for m = 0 .. lmax, with c_{-1} = conj c_1 and zeros beyond, as columns (l, side).
         padded = torch.cat((c[:, 1:2].conj(), c, c.new_zeros(count, 2, order)), dim=1)
         sides = torch.stack((padded[:, :-2], padded[:, 2:]), dim=3).flatten(2)  # (B, lmax + 1, 2 lmax)
-        sign = c.new_tensor([-1j, 1j]).repeat(order)
+        sign = torch.stack((-c.new_ones(order), c.new_ones(order)), dim=1).flatten() * 1j  # no host copy per call
         rows = torch.view_as_real(torch.stack((sides, sign * sides))).permute(2, 0, 1, 4, 3)
         xy = _banded_products(rows.reshape(order + 1, 4 * count, 2 * order), neighbours,
                               lambda first: 2 * max(first - 1, 0))  # degrees l >= m - 1
