@@ -217,17 +217,16 @@ class Transport:
         rule: where |rho| <= NEGLIGIBLE_DENSITY max |rho|, m / max(|m|, 1), and 0 where Z <= 0; NaN where Z <= 0
         elsewhere)."""
         inverse = torch.where(Z > 0, Z, torch.nan).reciprocal()
-        magnitude = rho.abs()
-        void = magnitude <= NEGLIGIBLE_DENSITY * magnitude.amax(-1, keepdim=True)
-        # The void's rule as one factor per point, so that the K components take a single product with it:
-        # 1 / (Z max(|m|, 1)) there (0 where Z <= 0), 1 / Z elsewhere.
-        length = (N * N).sum(1).sqrt() * inverse  # torch.linalg.vector_norm over dim 1: ~30x slower on the CPU
-        factor = torch.where(void, torch.nan_to_num(inverse / length.clamp(min=1), nan=0.0), inverse)
         frame_V = self._frame_V_first
         u = frame_V[:, :, 0] * N[:, None, 0]
         for c in range(1, N.shape[1]):
             u = torch.addcmul(u, frame_V[:, :, c], N[:, None, c])
-        return u * factor[:, None]
+        u = u * inverse[:, None]
+        length = (N * N).sum(1).sqrt() * inverse
+        magnitude = rho.abs()
+        void = magnitude <= NEGLIGIBLE_DENSITY * magnitude.amax(-1, keepdim=True)
+        bounded = torch.nan_to_num(u / length.clamp(min=1)[:, None], nan=0.0)
+        return torch.where(void[:, None], bounded, u)
 
     def _channels(self, rho: torch.Tensor) -> torch.Tensor:
         """The fields of the transform attention: rho y (M, d, P) for the unnormalized kernel (N alone), (rho, rho y)
