@@ -250,6 +250,24 @@ def test_degree_filter_is_analysis_weights_synthesis(torch_sht):
     assert relative_difference(torch_sht.filtered(Y, operator), mu[9] * Y) <= 1e-13
 
 
+def test_moments_are_the_filtered_channels_of_the_density(torch_sht):
+    """rho and the degree filter of (rho, rho x_1, rho x_2, rho x_3) from rho's coefficients (degree LMAX - 1, so
+    that rho x_k is exact on the grid) equal the synthesis and `filtered` of the channels formed on the grid."""
+    mu = np.exp(-0.1 * np.arange(LMAX + 1)) * (1 + 0.5 * np.cos(np.arange(LMAX + 1)))
+    generator = torch.Generator().manual_seed(6)
+    c = torch.randn(2, 3, LMAX, LMAX, dtype=torch.complex128, generator=generator)
+    c = c * (torch.arange(LMAX)[None, :] >= torch.arange(LMAX)[:, None])
+    c[..., 0, :] = c[..., 0, :].real
+    padded = torch.nn.functional.pad(c, (0, 1, 0, 1))
+    rho = torch_sht.synthesis(padded)
+    theta, phi = torch_sht.theta[:, None], torch_sht.phi[None, :]
+    y = [torch.ones_like(theta * phi), torch.sin(theta) * torch.cos(phi), torch.sin(theta) * torch.sin(phi),
+         torch.cos(theta).expand_as(theta * phi)]
+    operator = torch_sht.degree_filter(mu)
+    expected = torch.stack([rho] + [torch_sht.filtered(rho * y_k, operator) for y_k in y], dim=-3)
+    assert relative_difference(torch_sht.moments(c, torch_sht.moment_filter(mu)), expected) <= 1e-13
+
+
 # --- interface guards --------------------------------------------------------------------------
 
 

@@ -1,6 +1,8 @@
 """The transport term (spherepde/model/transport.py): the rate against the model's ambient formula, its paths and
 attention modes against each other, and its hand-written transpose against torch autograd."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -178,6 +180,36 @@ def test_selected_members_are_the_batch_rows(setup_):
         assert relative(chosen(state[order], chosen_drive), transport(state, drive)[order]) == 0, transport.path
         state_bar = transport.vjp(state, drive, b)[0]
         assert relative(chosen.vjp(state[order], chosen_drive, b[order])[0], state_bar[order]) < 1e-15
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "unnormalized"])
+def test_the_spectral_field_from_the_coefficients_is_the_grid_route(kernel):
+    """On S^2 with B = s I (two scales: two transforms) and a reflection (a permutation of the grid), the spectral
+    field gives rho and its channels' transforms from the coefficients (MemberKernels.density_fields): the rate
+    equals the one from the channels formed on the grid and transformed there, and the transpose is unchanged."""
+    scaled, reflection = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [[1, 0, 0], [0, -1, 0], [0, 0, 1]]
+    cases = [case_from_dict({
+        "sphere": {"dim": 3, "lmax": 12},
+        "model": {"kernel": kernel, "beta": beta, "B": B, "V": [[0.7, 0.2, 0.0], [0.0, 1.0, 0.1], [0.3, 0.0, 0.5]],
+                  "eps": 0.05},
+        "initial": {"kind": "vmf", "mean": mean, "kappa": 2.0}, "time": {"t_end": 1.0, "dt": 0.1},
+        "solver": {"device": "cpu", "field": "spectral"}})
+        for beta, B, mean in ((2.0, scaled, [1.0, 0.2, 0.1]), (1.0, scaled, [0.3, 1.0, -0.2]),
+                              (1.5, reflection, [0.0, -0.4, 1.0]))]
+    basis = make_basis(3, 12, CPU64)
+    batch = ModelBatch.of([Model.from_case(case, CPU64) for case in cases])
+    kernels = MemberKernels(basis, batch.B, [m.beta for m in batch.models], "spectral", 1e-10)
+    state = real_state(torch.stack([initial_density(case["initial"], basis) for case in cases]))
+    W = 0.3 * torch.randn(3, 3, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    transport = Transport(basis, batch, kernels, path="grid")
+    assert transport._from_density
+    on_grid = copy.copy(transport)
+    on_grid._from_density = False
+    drive = transport.feed_forward(W)
+    assert relative(transport(state, drive), on_grid(state, drive)) <= 1e-13
+    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for ours, theirs in zip(transport.vjp(state, drive, b), on_grid.vjp(state, drive, b)):
+        assert relative(ours, theirs) <= 1e-13
 
 
 def test_softmax_components_are_those_of_the_softmax_mean():

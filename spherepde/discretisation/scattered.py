@@ -260,7 +260,7 @@ class DegreeRaisedTransform:
             self._transform = basis.scalar_transform(self.lmax)
             self.degree = np.broadcast_to(np.arange(self.lmax + 1), (self.lmax + 1, self.lmax + 1))
             self._points = nlat * nlon
-        self._dim = basis.dim
+        self._dim, self._density_lmax = basis.dim, basis.lmax
 
     @property
     def table_bytes(self) -> int:
@@ -277,13 +277,28 @@ class DegreeRaisedTransform:
         """f -> synthesis(mu_l analysis(f)) (grid (F, *grid) -> (F, *grid)) as one product per order over the
         rings (TorchSHT.degree_filter) where the transform is the torch backend on S^2 and the operator takes at
         most DEGREE_FILTER_BYTES; else None."""
+        if not self._filters():
+            return None
         transform = self._transform
-        if self._dim != 3 or not hasattr(transform, "degree_filter"):
-            return None
-        if (self.lmax + 1) * transform.nlat ** 2 * torch.finfo(transform.dtype).bits // 8 > DEGREE_FILTER_BYTES:
-            return None
         operator = transform.degree_filter(multiplier)
         return lambda f: transform.filtered(f, operator)
+
+    def _filters(self) -> bool:
+        """Whether `degree_filter` applies: the torch backend on S^2, the operator within DEGREE_FILTER_BYTES."""
+        transform = self._transform
+        if self._dim != 3 or not hasattr(transform, "degree_filter"):
+            return False
+        return (self.lmax + 1) * transform.nlat ** 2 * torch.finfo(transform.dtype).bits // 8 <= DEGREE_FILTER_BYTES
+
+    def moment_filter(self, multiplier: np.ndarray):
+        """c -> (rho, synthesis(mu_l analysis(rho y)) for y = 1, x_1, x_2, x_3) (coefficients (F, *coeff) of the
+        basis's degree -> grid (F, 5, *grid)) as products per order from the coefficients (TorchSHT.moments), where
+        `degree_filter` applies and this transform's degree is the basis's plus one (rho x_k exact); else None."""
+        if not self._filters() or self.lmax != self._density_lmax + 1:
+            return None
+        transform = self._transform
+        tables = transform.moment_filter(multiplier)
+        return lambda c: transform.moments(c, tables)
 
     def cost(self) -> float:
         """Flops of one analysis plus one synthesis of a field."""

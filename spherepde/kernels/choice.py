@@ -101,6 +101,27 @@ class MemberKernels:
             log_scale.index_copy_(0, members, part_scale)
         return scaled, log_scale
 
+    @property
+    def from_density(self) -> bool:
+        """Whether every transform in use gives rho and the transforms of the channels (rho, rho y) from the
+        density's coefficients (`density_fields`)."""
+        return all(getattr(kernel, "from_density", False) for kernel, _ in self._groups)
+
+    def density_fields(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rho (M, P), scaled (M, 1 + d, P), log_scale (M, P)): the members' densities and the transforms of
+        their channels (rho, rho y) from their coefficients c (M, *coeff), where `from_density`; members sharing a
+        transform go through it together."""
+        points = math.prod(self.grid_shape)
+        if len(self._groups) == 1:
+            rho, scaled, log_scale = self._groups[0][0].density_fields(c)
+            return rho, scaled, log_scale.reshape(1, points).expand(c.shape[0], points)
+        parts = [kernel.density_fields(c.index_select(0, members)) for kernel, members in self._groups]
+        order = torch.cat([members for _, members in self._groups]).argsort()
+        rho, scaled = (torch.cat([part[k] for part in parts]).index_select(0, order) for k in (0, 1))
+        log_scale = torch.cat([part[2].reshape(1, points).expand(len(members), points)
+                               for part, (_, members) in zip(parts, self._groups)]).index_select(0, order)
+        return rho, scaled, log_scale
+
 
 def _members_through(kernel, f: torch.Tensor, grid_shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """One transform applied to the fields of every member at once: (M, c, P), the member axis riding along with

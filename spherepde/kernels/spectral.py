@@ -51,6 +51,8 @@ class ScaledMode:
         self.nodes = np.array([s])
         # with `on_grid`, the analysis, the weights and the synthesis as one product per order where it applies
         self._filter = transform.degree_filter(weights[0]) if on_grid else None  # weights[m, l] = mu_l
+        self._moments = transform.moment_filter(weights[0]) if on_grid else None
+        self.from_density = self._moments is not None
 
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
         return self.transform.synthesis(coefficients * self._weights).reshape(coefficients.shape[0], -1)
@@ -59,6 +61,12 @@ class ScaledMode:
         """The scaled values (F, N) straight from grid fields f (F, *grid), where the transform has the degree
         filter (DegreeRaisedTransform.degree_filter); else None."""
         return None if self._filter is None else self._filter(f).reshape(f.shape[0], -1)
+
+    def of_density(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rho (F, N), the scaled values (F, 4, N) of the channels rho (1, x_1, x_2, x_3)) straight from rho's
+        coefficients c (F, *coeff), where `from_density` (DegreeRaisedTransform.moment_filter)."""
+        fields = self._moments(c).flatten(-2)
+        return fields[:, 0], fields[:, 1:]
 
     def cost(self, channels: int) -> float:
         return channels * self.transform.cost()
@@ -77,6 +85,10 @@ class PermutedMode(ScaledMode):
     def of_grid(self, f: torch.Tensor) -> torch.Tensor | None:
         values = super().of_grid(f)
         return None if values is None else values[:, self.permutation]
+
+    def of_density(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rho, values = super().of_density(c)
+        return rho, values[..., self.permutation]
 
 
 class RotatedMode(ScaledMode):
@@ -168,6 +180,7 @@ class SpectralExpKernel:
         else:
             self.mode = orthogonal_mode(basis, self.transform, *factor, beta)
         self.nodes = self.mode.nodes
+        self.from_density = getattr(self.mode, "from_density", False)
 
     def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """f: (*grid, c) grid values -> (scaled (*grid, c), log_scale (*grid))."""
@@ -180,6 +193,12 @@ class SpectralExpKernel:
         if scaled is None:
             scaled = self.mode(self.transform.analysis(f))
         return scaled.reshape(f.shape), self.mode.log_scale
+
+    def density_fields(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rho (F, N), scaled (F, 1 + d, N), log_scale (*grid)): rho and the transform of the channels (rho, rho y)
+        from rho's coefficients c (F, *coeff), where `from_density` (S^2, C = s I or a grid permutation)."""
+        rho, scaled = self.mode.of_density(c)
+        return rho, scaled, self.mode.log_scale
 
     def cost(self, channels: int) -> float:
         """Floating-point operations of one call (estimate): transforms, rotation, scattered evaluation."""

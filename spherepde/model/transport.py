@@ -20,7 +20,10 @@ chosen once by an estimate of their cost (multiply-adds, and a fixed cost per te
                      (Transport._softmax_components).
 * "zero temperature": m = B^T x / |B^T x| does not depend on rho; u is a field computed once.
 * "transform": the members' exponential-kernel transforms (kernels.choice.MemberKernels: dense blocks or the
-  spectral field) applied to the channels (rho, rho y) at every call.
+  spectral field) applied to the channels (rho, rho y) at every call; on the grid path, where the spectral field
+  allows it (S^2, C = s I or a permutation of the grid), rho and the channels' transforms come together from the
+  coefficients, one product per order (MemberKernels.density_fields, TorchSHT.moments), and the transpose keeps
+  the channels formed on the grid (the same map to round-off).
 
 and the paths:
 
@@ -129,6 +132,9 @@ class Transport:
         self.namespace = np if self.path == "fourier" and basis.placement.device.type == "cpu" else torch
         if self.attention_mode == "transform":
             self._operator = None
+        # On the grid path the spectral field can give rho and its channels' transforms in one pass from the
+        # coefficients (MemberKernels.density_fields), without the channels' analysis.
+        self._from_density = self.path == "grid" and self.attention_mode == "transform" and kernels.from_density
 
     def _grid_cost(self, attention: float) -> float:
         """Estimated multiply-adds of one evaluation on the grid path: per member the transforms (an FFT 4 n log2 n,
@@ -207,6 +213,10 @@ class Transport:
         if self.attention_mode == "operator":
             return self._operator.attention(rho, self)
         scaled, log_scale = self.kernels.fields(self._channels(rho))
+        return self._transform_components(scaled, log_scale, rho)
+
+    def _transform_components(self, scaled: torch.Tensor, log_scale: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
+        """u_k (M, K, P) from the transformed channels `scaled` (M, c, P) of `_channels` and their log_scale."""
         if self.batch.kernel == "unnormalized":
             return self._frame_components(scaled.transpose(1, 2) * torch.exp(log_scale)[..., None])
         return self._softmax_components(scaled[:, 1:], scaled[:, 0], rho)
@@ -262,6 +272,11 @@ class Transport:
         if self._folded is not None:
             return self._folded.velocity(state, drive)
         c = complex_state(state, self.coefficient_shape)
+        if self._from_density:
+            rho, scaled, log_scale = self.kernels.density_fields(c)
+            if self.batch.kernel == "unnormalized":  # the channels rho y alone
+                scaled = scaled[:, 1:]
+            return rho, drive + self._transform_components(scaled, log_scale, rho)
         rho = self.basis.synthesis(c).reshape(state.shape[0], -1)
         return rho, drive if self.attention_mode == "zero temperature" else drive + self.attention(rho)
 
