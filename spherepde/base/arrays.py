@@ -82,21 +82,12 @@ def addcmul(a, b, c):
 
 
 def addmm(c, a, b):
-    """c + a @ b."""
+    """c + a @ b, batched over the leading axis where a is three-dimensional (torch.addmm or torch.baddbmm)."""
     if isinstance(c, np.ndarray):
         product = a @ b
         product += c
         return product
-    return torch.addmm(c, a, b)
-
-
-def baddbmm(c, a, b):
-    """c + a @ b, batched over the leading axis."""
-    if isinstance(c, np.ndarray):
-        product = a @ b
-        product += c
-        return product
-    return torch.baddbmm(c, a, b)
+    return (torch.addmm if a.dim() == 2 else torch.baddbmm)(c, a, b)
 
 
 def add_outer_(target, column, row):

@@ -27,7 +27,7 @@ import math
 import numpy as np
 import torch
 
-from spherepde.base.arrays import addmm, baddbmm, complex_rows, namespace, real_rows
+from spherepde.base.arrays import addmm, complex_rows, namespace, real_rows
 from spherepde.model.dense_operator import truncated_svd
 from spherepde.model.matrix_path import basis_matrices
 
@@ -93,7 +93,7 @@ class FourierPath:
         R, U = self._operands(state)[:2]
         if R.shape[0] == 1:
             return addmm(drive, state @ R[0], U[0])
-        return baddbmm(drive[:, None], state[:, None] @ R, U)[:, 0]
+        return addmm(drive[:, None], state[:, None] @ R, U)[:, 0]
 
     def _synthesis(self, state):
         """r = sqrt(2 pi) rho (M, n)."""
