@@ -27,7 +27,7 @@ import math
 import numpy as np
 import torch
 
-from spherepde.base.arrays import addmm, complex_rows, namespace, real_rows
+from spherepde.base.arrays import addmm, complex_rows, irfft, real_rows, rfft
 from spherepde.model.dense_operator import truncated_svd
 from spherepde.model.matrix_path import basis_matrices
 
@@ -97,7 +97,7 @@ class FourierPath:
 
     def _synthesis(self, state):
         """r = sqrt(2 pi) rho (M, n)."""
-        return namespace(state).fft.irfft(complex_rows(state, self.modes), n=self.points, norm="forward")
+        return irfft(complex_rows(state, self.modes), self.points)
 
     def velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rho (M, n), v (M, 1, n))."""
@@ -106,7 +106,7 @@ class FourierPath:
     def rate_token(self, state, drive) -> tuple:
         """(the rate (M, N), the token (r, y), each (M, n))."""
         r, y = self._synthesis(state), self._velocity(state, drive)
-        flux = namespace(state).fft.rfft(r * y)[:, :self.modes]
+        flux = rfft(r * y)[:, :self.modes]
         return real_rows(flux * self._operands(state)[4]), (r, y)
 
     def rate(self, state, drive):
@@ -114,12 +114,11 @@ class FourierPath:
 
     def vjp_rows(self, token: tuple, b) -> tuple:
         """(state_bar (M, N), drive_bar (M, n)) from the token of `rate_token` and the rate's cotangent b."""
-        xp = namespace(b)
         _, _, R_t, U_t, _, derivative_adjoint, multiplicity = self._operands(b)
-        f_bar = xp.fft.irfft(complex_rows(b, self.modes) * derivative_adjoint, n=self.points, norm="forward")
+        f_bar = irfft(complex_rows(b, self.modes) * derivative_adjoint, self.points)
         r, y = token
         y_bar, r_bar = r * f_bar, y * f_bar
-        state_bar = real_rows(xp.fft.rfft(r_bar)[:, :self.modes] * multiplicity)
+        state_bar = real_rows(rfft(r_bar)[:, :self.modes] * multiplicity)
         if R_t.shape[0] == 1:
             return addmm(state_bar, y_bar @ U_t[0], R_t[0]), y_bar
         low = ((y_bar[:, None] @ U_t) @ R_t)[:, 0]
