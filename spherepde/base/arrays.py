@@ -1,13 +1,12 @@
 """One array program over numpy and torch: the operations whose spelling differs, dispatched on the operands' kind.
 
 A program written with these (and the operators, `@`, slicing and the functions both libraries name alike:
-xp.multiply(.., out=), xp.exp) runs on numpy arrays on the CPU and on torch
-tensors elsewhere (solvers/particle_step.py is the precedent).  Why numpy on the CPU: a small step is bound by the
-fixed cost of an operation, not by its arithmetic; measured on one core at the seed-004 S^1 shapes, 0.4 us for an
-elementwise product in numpy, 1.3 us for a small matrix product, 4.5 us for a 200-point FFT, against about 5 us for
-any torch operation (benchmarks/floors.py lean_fourier_step).  Torch tensors on the CPU and numpy arrays share
-memory both ways (`as_namespace`, `as_tensor`: no copies), and the torch branch of each helper is the single torch
-operation the torch program used.
+xp.multiply(.., out=), xp.exp) runs on numpy arrays on the CPU and on torch tensors elsewhere
+(solvers/particle_step.py is the precedent).  Why numpy on the CPU: a small step is bound by the fixed cost of an
+operation, not by its arithmetic; measured on one core at the seed-004 S^1 shapes, 0.4 us for an elementwise product
+in numpy, 1.3 us for a small matrix product, against about 5 us for any torch operation (benchmarks/floors.py
+lean_fourier_step).  Torch tensors on the CPU and numpy arrays share memory both ways (`as_namespace`, `as_tensor`:
+no copies), and the torch branch of each helper is the single torch operation the torch program used.
 
 The real FFTs of numpy rows (`rfft`, `irfft`) are ducc0's (pocketfft's successor, already the package's spherical
 transforms' dependency): measured at 200 points, 2.3-4 us for one row and 5.5-7 us for 20, against numpy.fft's
