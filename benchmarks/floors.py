@@ -8,6 +8,8 @@ import time
 import numpy as np
 import torch
 
+from spherepde.base.arrays import irfft, rfft
+
 
 def clock(function, repeats: int) -> float:
     """Median thread CPU time of function() over `repeats` calls, seconds."""
@@ -66,11 +68,11 @@ def numpy_step(case):
 
 def lean_fourier_step(library: str, members: int, rank: int = 30, lmax: int = 64, points: int = 200):
     """The fourier path's six-stage IMEX step (spherepde/model/fourier_path.py) as the fewest operations of
-    `library` ("torch" or "numpy") on `members` rows, its buffers made once: per stage the combination of the
-    rows (one product), the diagonal solve written into a zero-padded half spectrum, the synthesis (irfft), the
-    rank-r velocity (two products and the drive), the flux, its rfft and derivative written into the rows, and the
-    implicit row: ten operations.  Random data of the seed-004 shapes: a yardstick of the cost per operation, not a
-    solver.  Returns the seconds of one step."""
+    `library` ("torch" or "numpy"; the FFTs spherepde/base/arrays.py takes: ducc0's for numpy) on `members` rows, its
+    buffers made once: per stage the combination of the rows (one product), the diagonal solve written into a
+    zero-padded half spectrum, the synthesis (irfft), the rank-r velocity (two products and the drive), the flux,
+    its rfft and derivative written into the rows, and the implicit row: ten operations.  Random data of the
+    seed-004 shapes: a yardstick of the cost per operation, not a solver.  Returns the seconds of one step."""
     modes, size, half = lmax + 1, 2 * (lmax + 1), points // 2 + 1
     rng = np.random.default_rng(0)
 
@@ -86,11 +88,11 @@ def lean_fourier_step(library: str, members: int, rank: int = 30, lmax: int = 64
         R, U, drive, solve, dt_lam, c, rows, spectrum, derivative = (
             torch.from_numpy(a) for a in (R, U, drive, solve, dt_lam, c, rows, spectrum, derivative))
         coefficients = [torch.from_numpy(a) for a in coefficients]
-        matmul, multiply, fft = torch.mm, torch.mul, torch.fft
+        matmul, multiply = torch.mm, torch.mul
         complex_view, real_view = (lambda a: torch.view_as_complex(a.view(members, -1, 2))), torch.view_as_real(
             spectrum).view(members, 2 * half)
     else:
-        matmul, multiply, fft = np.dot, np.multiply, np.fft
+        matmul, multiply = np.dot, np.multiply
         complex_view, real_view = (lambda a: a.view(complex)), spectrum.view(float)
     flat, head = rows.reshape(13, -1), real_view[:, :size]
 
@@ -100,9 +102,9 @@ def lean_fourier_step(library: str, members: int, rank: int = 30, lmax: int = 64
         for i in range(6):
             if i:
                 multiply(matmul(coefficients[i], flat[:2 * i + 1]).reshape(members, size), solve, out=head)
-            r = fft.irfft(spectrum, n=points, norm="forward")
+            r = irfft(spectrum, points)
             y = matmul(matmul(head, R), U) + drive
-            multiply(fft.rfft(r * y)[:, :modes], derivative, out=complex_view(rows[2 * i + 1]))
+            multiply(rfft(r * y)[:, :modes], derivative, out=complex_view(rows[2 * i + 1]))
             multiply(head, dt_lam, out=rows[2 * i + 2])
         return matmul(coefficients[6], flat)
 
