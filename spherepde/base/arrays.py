@@ -119,17 +119,3 @@ def irfft(c, points: int):
     spectrum = np.zeros((c.shape[0], points // 2 + 1), c.dtype)
     spectrum[:, :c.shape[1]] = c
     return ducc0.fft.c2r(spectrum, axes=(1,), lastsize=points, forward=False, inorm=0, nthreads=1)
-
-
-def complex_rows(state, count: int):
-    """The complex view (M, count) of real rows (M, 2 count), each number's (Re, Im) pair in turn."""
-    if isinstance(state, np.ndarray):
-        return np.ascontiguousarray(state).view(np.complex64 if state.dtype == np.float32 else np.complex128)
-    return torch.view_as_complex(state.reshape(state.shape[0], count, 2))
-
-
-def real_rows(c):
-    """The real view (M, 2 K) of complex rows (M, K) (base.real_view.real_state for numpy arrays too)."""
-    if isinstance(c, np.ndarray):
-        return np.ascontiguousarray(c).view(np.float32 if c.dtype == np.complex64 else np.float64)
-    return torch.view_as_real(c).reshape(c.shape[0], -1)

@@ -1,17 +1,21 @@
 """Complex numbers carried as real ones: the complex dtype of each real dtype, and the real view of complex states.
 
 A member's complex coefficients c (*coeff) are one real vector (N,), N = 2 prod(coeff), each coefficient's
-(Re, Im) pair in turn (torch.view_as_real): the solvers' states are real (M, N), one row per member.
+(Re, Im) pair in turn (torch.view_as_real): the solvers' states are real (M, N), one row per member.  `real_state` and
+`complex_state` view numpy arrays alike (the numpy program of spherepde.base.arrays).
 """
 
+import numpy as np
 import torch
 
 # The complex dtype whose parts are of each real dtype.
 COMPLEX_DTYPE = {torch.float64: torch.complex128, torch.float32: torch.complex64}
 
 
-def real_state(c: torch.Tensor) -> torch.Tensor:
+def real_state(c):
     """Complex coefficients (M, *coeff) -> their real view (M, N)."""
+    if isinstance(c, np.ndarray):
+        return np.ascontiguousarray(c).view(np.finfo(c.dtype).dtype).reshape(c.shape[0], -1)
     return torch.view_as_real(c).reshape(c.shape[0], -1)
 
 
@@ -20,6 +24,9 @@ def real_diagonal(factor: torch.Tensor) -> torch.Tensor:
     return factor[..., None].expand(factor.shape + (2,)).reshape(-1)
 
 
-def complex_state(state: torch.Tensor, shape: tuple) -> torch.Tensor:
+def complex_state(state, shape: tuple):
     """The inverse of `real_state`: (M, N) -> complex (M, *shape)."""
+    if isinstance(state, np.ndarray):
+        complex_dtype = np.result_type(state.dtype, np.complex64)
+        return np.ascontiguousarray(state).view(complex_dtype).reshape((state.shape[0],) + tuple(shape))
     return torch.view_as_complex(state.reshape((state.shape[0],) + tuple(shape) + (2,)))

@@ -92,14 +92,16 @@ class MemberKernels:
     def fields(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Channels first: f (M, c, P) -> (scaled (M, c, P), log_scale (M, P)); the members' fields go through
         their transform together, as one batch of M c fields."""
+        return self._by_transform(f, lambda kernel, part: _members_through(kernel, part, self.grid_shape))
+
+    def _by_transform(self, x: torch.Tensor, through) -> tuple:
+        """through(transform, x's rows of its members) for every transform in use, its results' rows (members on
+        axis 0) put back in the members' order."""
         if len(self._groups) == 1:
-            return _members_through(self._groups[0][0], f, self.grid_shape)
-        scaled, log_scale = torch.empty_like(f), f.new_empty((f.shape[0], f.shape[2]))
-        for kernel, members in self._groups:
-            part, part_scale = _members_through(kernel, f.index_select(0, members), self.grid_shape)
-            scaled.index_copy_(0, members, part)
-            log_scale.index_copy_(0, members, part_scale)
-        return scaled, log_scale
+            return through(self._groups[0][0], x)
+        parts = [through(kernel, x.index_select(0, members)) for kernel, members in self._groups]
+        order = torch.cat([members for _, members in self._groups]).argsort()
+        return tuple(torch.cat(pieces).index_select(0, order) for pieces in zip(*parts))
 
     @property
     def from_density(self) -> bool:
@@ -112,15 +114,12 @@ class MemberKernels:
         their channels (rho, rho y) from their coefficients c (M, *coeff), where `from_density`; members sharing a
         transform go through it together."""
         points = math.prod(self.grid_shape)
-        if len(self._groups) == 1:
-            rho, scaled, log_scale = self._groups[0][0].density_fields(c)
-            return rho, scaled, log_scale.reshape(1, points).expand(c.shape[0], points)
-        parts = [kernel.density_fields(c.index_select(0, members)) for kernel, members in self._groups]
-        order = torch.cat([members for _, members in self._groups]).argsort()
-        rho, scaled = (torch.cat([part[k] for part in parts]).index_select(0, order) for k in (0, 1))
-        log_scale = torch.cat([part[2].reshape(1, points).expand(len(members), points)
-                               for part, (_, members) in zip(parts, self._groups)]).index_select(0, order)
-        return rho, scaled, log_scale
+
+        def through(kernel, part):
+            rho, scaled, log_scale = kernel.density_fields(part)
+            return rho, scaled, log_scale.reshape(1, points).expand(part.shape[0], points)
+
+        return self._by_transform(c, through)
 
 
 def _members_through(kernel, f: torch.Tensor, grid_shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,8 @@ import math
 import numpy as np
 import torch
 
-from spherepde.base.arrays import addmm, complex_rows, irfft, real_rows, rfft
+from spherepde.base.arrays import addmm, irfft, rfft
+from spherepde.base.real_view import complex_state, real_state
 from spherepde.model.dense_operator import truncated_svd
 from spherepde.model.matrix_path import basis_matrices
 
@@ -97,7 +98,7 @@ class FourierPath:
 
     def _synthesis(self, state):
         """r = sqrt(2 pi) rho (M, n)."""
-        return irfft(complex_rows(state, self.modes), self.points)
+        return irfft(complex_state(state, (self.modes,)), self.points)
 
     def velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rho (M, n), v (M, 1, n))."""
@@ -107,7 +108,7 @@ class FourierPath:
         """(the rate (M, N), the token (r, y), each (M, n))."""
         r, y = self._synthesis(state), self._velocity(state, drive)
         flux = rfft(r * y)[:, :self.modes]
-        return real_rows(flux * self._operands(state)[4]), (r, y)
+        return real_state(flux * self._operands(state)[4]), (r, y)
 
     def rate(self, state, drive):
         return self.rate_token(state, drive)[0]
@@ -115,10 +116,10 @@ class FourierPath:
     def vjp_rows(self, token: tuple, b) -> tuple:
         """(state_bar (M, N), drive_bar (M, n)) from the token of `rate_token` and the rate's cotangent b."""
         _, _, R_t, U_t, _, derivative_adjoint, multiplicity = self._operands(b)
-        f_bar = irfft(complex_rows(b, self.modes) * derivative_adjoint, self.points)
+        f_bar = irfft(complex_state(b, (self.modes,)) * derivative_adjoint, self.points)
         r, y = token
         y_bar, r_bar = r * f_bar, y * f_bar
-        state_bar = real_rows(rfft(r_bar)[:, :self.modes] * multiplicity)
+        state_bar = real_state(rfft(r_bar)[:, :self.modes] * multiplicity)
         if R_t.shape[0] == 1:
             return addmm(state_bar, y_bar @ U_t[0], R_t[0]), y_bar
         low = ((y_bar[:, None] @ U_t) @ R_t)[:, 0]

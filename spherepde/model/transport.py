@@ -96,6 +96,9 @@ class Transport:
         self._frame_V = torch.einsum("kpi,mij->mkpj", self.frame, batch.V)  # (e_k^T V)_j: (M, K, P, d)
         self._frame_V_first = self._frame_V.permute(0, 1, 3, 2).contiguous()  # (M, K, d, P): `_softmax_components`
         self._operator = self._fixed = self._folded = None
+        # The fourier path's array library (base.arrays): numpy on the CPU, its per-operation cost a fifth of torch's
+        # (benchmarks/floors.py lean_fourier_step); torch elsewhere.
+        fourier_namespace = np if basis.placement.device.type == "cpu" else torch
         if batch.zero_temperature:
             self._fixed = self._frame_components(zero_temperature_mean(batch.B, self.points))
             options = {("zero temperature", "grid"): self._grid_cost(0), ("zero temperature", "matrix"): None}
@@ -108,8 +111,7 @@ class Transport:
                 options[("operator", "matrix")] = None
                 if d == 2 and batch.kernel == "unnormalized":
                     options[("operator", "fourier")] = self._fourier_cost(
-                        self._operator.rank(), NUMPY_OPERATION_COST if basis.placement.device.type == "cpu"
-                        else OPERATION_COST)
+                        self._operator.rank(), NUMPY_OPERATION_COST if fourier_namespace is np else OPERATION_COST)
         for attention_mode, option in list(options):
             if option == "matrix":
                 rows = 0 if attention_mode == "zero temperature" else (
@@ -127,9 +129,8 @@ class Transport:
                 self.attention_mode, self.path = min(fallback, key=options.get)
         if self.path == "fourier":
             self._folded = FourierPath.build(self)
-        # The array library a step runs in (solvers.forward_problem.ForwardProblem.step): numpy for the fourier path on
-        # the CPU, its per-operation cost a fifth of torch's (benchmarks/floors.py lean_fourier_step), else torch.
-        self.namespace = np if self.path == "fourier" and basis.placement.device.type == "cpu" else torch
+        # The array library a step runs in (solvers.forward_problem.ForwardProblem.step).
+        self.namespace = fourier_namespace if self.path == "fourier" else torch
         if self.attention_mode == "transform":
             self._operator = None
         # On the grid path the spectral field can give rho and its channels' transforms in one pass from the
