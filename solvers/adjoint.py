@@ -83,7 +83,7 @@ def discrete_gradients(forward: ControlledForward, states: torch.Tensor, control
         cotangent = forward.terminal_cotangent(final)
         drives = forward.drives(controls)
         layer_drive_bar = [torch.zeros_like(drive) for drive in drives]
-        norms = {forward.steps: forward.adjoint_norms(final, cotangent)}
+        norms = {forward.steps: forward.adjoint_norms([final], [cotangent])[0]}
         kept = {}
         if forward.steps in keep:
             kept[forward.steps] = cotangent.clone()
@@ -97,10 +97,9 @@ def discrete_gradients(forward: ControlledForward, states: torch.Tensor, control
                 cotangents.append(cotangent)
                 if n - 1 in keep:
                     kept[n - 1] = cotangent.clone()
-            # |grad phi_n|_{L2(mu_n)} of the whole segment in one batch of transforms
+            # |grad phi_n|_{L2(mu_n)} of the segment, in batches of transforms
             numbers = [n - 1 for n, _ in reversed(segment)]
-            values = forward.adjoint_norms(torch.cat([states_of[n] for n in numbers]), torch.cat(cotangents))
-            norms.update(zip(numbers, values.reshape(len(numbers), -1)))
+            norms.update(zip(numbers, forward.adjoint_norms([states_of[n] for n in numbers], cotangents)))
         dW = torch.stack([problem.transport.feed_forward_adjoint(bar) for bar in layer_drive_bar], dim=1)
         dW = forward.trained_part(dW + forward.regulariser_gradients(controls))
         costs = losses + forward.regularisers(controls)
@@ -208,7 +207,7 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
                                  for m, loss in enumerate(forward.losses)])
         phi = basis.analysis(variation.reshape((members,) + basis.grid_shape))
         dW = forward.regulariser_gradients(controls)
-        norms = {forward.steps: forward.adjoint_norms(final, real_state(phi * basis.multiplicity))}
+        norms = {forward.steps: forward.adjoint_norms([final], [real_state(phi * basis.multiplicity)])[0]}
         kept = {forward.steps: real_state(phi * basis.multiplicity)} if forward.steps in keep else {}
         # The packed state: phi's real view and the gradient integrand's integral over the step (no linear part).
         integral = torch.zeros(members, control_shape.numel(), dtype=problem.lam.dtype, device=problem.lam.device)
@@ -239,7 +238,7 @@ def continuous_gradients(forward: ControlledForward, states: torch.Tensor, contr
                 phi = complex_state(phi_real.contiguous(), shape)
                 dW[:, layer] += packed[:, size:].reshape((members,) + control_shape)
                 cotangent = real_state(phi * basis.multiplicity)
-                norms[n - 1] = forward.adjoint_norms(start, cotangent)
+                norms[n - 1] = forward.adjoint_norms([start], [cotangent])[0]
                 if n - 1 in keep:
                     kept[n - 1] = cotangent
         costs = losses + forward.regularisers(controls)

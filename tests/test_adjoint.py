@@ -161,6 +161,29 @@ def test_a_tape_keeping_the_tokens_of_some_steps_gives_the_gradient_of_one_keepi
     assert torch.equal(partial, whole)
 
 
+@pytest.mark.parametrize("batch_bytes", [1, 10 ** 9])
+def test_adjoint_norms_are_the_kept_adjoints_gradients_in_the_forward_densities(monkeypatch, batch_bytes):
+    """Gradient.adjoint_norm[n] = (int |grad phi_n|^2 rho_n dsigma)^(1/2), phi_n the kept adjoint and rho_n the
+    forward run's density at step n, for every member of a batch, whether the norms are computed a step at a
+    time or all at once (NORM_BYTES)."""
+    monkeypatch.setattr(controlled_forward, "NORM_BYTES", batch_bytes)
+    case = training_case()
+    forward = ControlledForward([case, case])
+    generator = torch.Generator().manual_seed(3)
+    controls = 0.3 * torch.randn(2, case["control"]["layers"], 2, 2, generator=generator, dtype=torch.float64)
+    tape = Tape(forward, forward.initial(), 1, tokens=False)
+    forward.run(forward.initial(), controls, tape)
+    gradients = discrete_gradient(forward, None, controls, keep=frozenset(range(forward.steps + 1)))
+    basis, problem = forward.problem.basis, forward.problem
+    for member, gradient in enumerate(gradients):
+        assert len(gradient.adjoint_norm) == forward.steps + 1
+        for n, norm in enumerate(gradient.adjoint_norm):
+            rho = basis.synthesis(problem.coefficients(tape.states[n])[member])
+            grad_phi = basis.gradient(gradient.phi[n])
+            expected = math.sqrt(float((basis.weights * rho * (grad_phi ** 2).sum(-1)).sum()))
+            assert norm == pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel, scheme, order", [("unnormalized", "imex-ark436", 4), ("softmax", "imex-ars443", 3)])
 def test_continuous_gradient_converges_to_the_discrete_one_at_the_scheme_order(kernel, scheme, order):

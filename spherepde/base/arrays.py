@@ -14,10 +14,12 @@ transforms' dependency): measured at 200 points, 2.3-4 us for one row and 5.5-7 
 """
 
 import contextlib
+import functools
 
 import ducc0
 import numpy as np
 import torch
+from scipy.linalg.blas import get_blas_funcs
 
 
 def namespace(a):
@@ -95,11 +97,21 @@ def addmm(c, a, b):
 
 
 def add_outer_(target, column, row):
-    """target += column @ row in place, column (k, 1), row (1, n)."""
-    if isinstance(target, np.ndarray):
-        target += column * row
-    else:
+    """target += column @ row in place, column (k, 1), row (1, n): for a C-ordered numpy target BLAS's rank-one
+    update (ger) on its transpose, which numpy's `target += column * row` makes through a (k, n) temporary (at
+    k = 13, n = 2600: 6.4 against 25 us)."""
+    if not isinstance(target, np.ndarray):
         target.addmm_(column, row)
+    elif target.flags.c_contiguous:
+        _ger(target.dtype)(1.0, row.reshape(-1), column.reshape(-1), a=target.T, overwrite_a=True)
+    else:
+        target += column * row
+
+
+@functools.cache
+def _ger(dtype):
+    """BLAS's rank-one update for numpy arrays of `dtype` (looked up once: the lookup costs about a microsecond)."""
+    return get_blas_funcs("ger", dtype=dtype)
 
 
 def rfft(x):
