@@ -22,6 +22,7 @@ from solvers.timegrid import Plan
 from spherepde.base.arrays import as_namespace, as_tensor, quiet
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
+from spherepde.base.memory import keep_freed_memory
 from spherepde.base.real_view import complex_state, real_diagonal, real_state
 from spherepde.discretisation.bases import make_basis
 from spherepde.discretisation.timesteppers import RungeKutta, choose_scheme
@@ -45,6 +46,7 @@ class ForwardProblem:
         cases = [cases] if not isinstance(cases, (list, tuple)) else list(cases)
         case = cases[0]
         self.cases = cases
+        keep_freed_memory()  # the steps' temporaries, freed at every stage, stay with the process
         solver = case["solver"]
         self.placement = make_placement(solver["device"], solver["dtype"])
         if case.dim not in (2, 3):

@@ -2,7 +2,11 @@
 
 import copy
 import math
+import os
+import platform
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -538,3 +542,34 @@ def test_solver_threads_also_bound_numpys_blas_and_are_restored():
         with threads_for(case):
             assert blas_threads() == {1}
         assert blas_threads() == outside
+
+
+FAULTS_SCRIPT = """
+import resource, sys, torch
+from spherepde.base.memory import keep_freed_memory
+print(keep_freed_memory())
+def stage():  # temporaries of 2, 4 and 6 MB, freed together, as a step's stages make and free them
+    kept = [torch.ones(2 ** 18 * (1 + k % 3), dtype=torch.float64) for k in range(12)]
+    del kept
+stage()
+stage()  # the heap settles: its first two rounds fault their pages in
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    stage()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_freed_temporaries_are_kept_for_the_next_stage_not_faulted_back():
+    """spherepde.base.memory: with glibc's thresholds set, ten rounds of 48 MB of temporaries (12,288 pages each)
+    fault in at most 1% of their pages (glibc's defaults give them back to the kernel and fault nearly all of them
+    in again); a MALLOC_*_ variable of the environment is left in charge."""
+    environment = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
+    environment.pop("GLIBC_TUNABLES", None)
+    kept = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], env=environment, capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert kept[0] == "True" and int(kept[1]) <= 0.01 * 10 * 12288
+    left = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], env=environment | {"MALLOC_TOP_PAD_": "0"},
+                          capture_output=True, text=True, check=True).stdout.split()
+    assert left[0] == "False"
