@@ -3,7 +3,6 @@
 import copy
 import math
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from conftest import make_case
 
 import spherepde.io.case_schema as case_schema
 from spherepde.base.errors import CaseError
+from spherepde.base.memory import glibc
 from spherepde.io.case import Case, case_from_dict, load_case, load_case_text, parse_override
 
 SPHERE = "[sphere]\ndim = 2\n"
@@ -560,7 +560,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(sys.platform != "linux" or platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+@pytest.mark.skipif(not glibc(), reason="glibc's malloc only")
 def test_freed_temporaries_are_kept_for_the_next_stage_not_faulted_back():
     """spherepde.base.memory: with glibc's thresholds set, ten rounds of 48 MB of temporaries (12,288 pages each)
     fault in at most 1% of their pages (glibc's defaults give them back to the kernel and fault nearly all of them

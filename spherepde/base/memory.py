@@ -5,31 +5,37 @@ kernel once it exceeds the trim threshold; both thresholds follow the largest ch
 start, the trim threshold twice the other).  Every page given back and taken again costs a page fault, in which the
 kernel zeroes it.  A time step allocates and frees its temporaries at every stage (torch's CPU tensors come straight
 from malloc), so a step whose temporaries vary in size over a few MB keeps giving its pages back: measured on the S^2
-quick-start at lmax 32 with 16 members (a 2-core machine, one thread), 9,000 minor faults a step and 3.15 ms per
-member, against no faults and 2.2 ms with the thresholds below.  One member (5.0 ms) and S^1 (temporaries of tens
-of KB) are unchanged.  PyTorch's CPU performance guide recommends jemalloc or tcmalloc for the same reason; fixed
-glibc thresholds need no preloaded library.
+quick-start at lmax 32 with 16 members (a 2-core machine, one thread, a training on the other core), 9,000-11,700
+minor faults a step and 3.2-4.1 ms per member, against no faults and 2.1-2.4 ms with the thresholds below.  One
+member (5.2 ms) and S^1 (temporaries of tens of KB) are unchanged.  PyTorch's CPU performance guide recommends
+jemalloc or tcmalloc for the same reason; fixed glibc thresholds need no preloaded library.
 
-`keep_freed_memory` sets the mmap threshold to 32 MiB (glibc's largest) and the trim threshold to 256 MiB, on Linux
-with glibc, unless the environment sets glibc's malloc itself (MALLOC_*_ variables, GLIBC_TUNABLES), which it leaves
+`keep_freed_memory` sets the mmap threshold to 32 MiB (glibc's largest) and the trim threshold to 256 MiB, under
+glibc, unless the environment sets glibc's malloc itself (MALLOC_*_ variables, GLIBC_TUNABLES), which it leaves
 alone.  The price: the process keeps up to 256 MiB of freed memory.
 """
 
 import ctypes
 import functools
 import os
-import platform
-import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 MMAP_THRESHOLD = 32 * 2 ** 20
 TRIM_THRESHOLD = 256 * 2 ** 20
 
 
+def glibc() -> bool:
+    """Whether this process runs on glibc."""
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 @functools.cache
 def keep_freed_memory() -> bool:
     """Set glibc's thresholds (module docstring), once per process; whether they were set."""
-    if sys.platform != "linux" or platform.libc_ver()[0] != "glibc":
+    if not glibc():
         return False
     if any(name.startswith("MALLOC_") and name.endswith("_") for name in os.environ) or (
             "malloc" in os.environ.get("GLIBC_TUNABLES", "")):
