@@ -35,6 +35,7 @@ seed's scale, 20 members, 8000 steps, they would take 10 GB).
 import numpy as np
 import torch
 
+from spherepde.base.arrays import einsum
 from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX
 
 
@@ -64,11 +65,6 @@ def tensor_of(xp, array) -> torch.Tensor:
 def inner(a, b):
     """<a, b> over the component rows, kept as a row: (S, 1, p)."""
     return einsum("sdp,sdp->sp", a, b)[:, None]
-
-
-def einsum(equation: str, *operands):
-    """numpy's or torch's einsum, by the operands' kind."""
-    return (np.einsum if isinstance(operands[0], np.ndarray) else torch.einsum)(equation, *operands)
 
 
 def outer(a, b):

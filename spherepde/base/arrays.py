@@ -82,6 +82,11 @@ def clone(a):
     return a.copy() if isinstance(a, np.ndarray) else a.clone()
 
 
+def einsum(equation: str, *operands):
+    """numpy's or torch's einsum, by the operands' kind."""
+    return (np.einsum if isinstance(operands[0], np.ndarray) else torch.einsum)(equation, *operands)
+
+
 def addcmul(a, b, c):
     """a + b c (elementwise)."""
     return a + b * c if isinstance(a, np.ndarray) else torch.addcmul(a, b, c)
