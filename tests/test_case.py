@@ -544,6 +544,20 @@ def test_solver_threads_also_bound_numpys_blas_and_are_restored():
         assert blas_threads() == outside
 
 
+
+def test_a_sweep_workers_share_of_the_cores_bounds_the_case_threads():
+    """threads_for(case, at_most=k) (a sweep worker with k cores of its own): the case's threads where fewer, else k;
+    a small problem keeps its one thread however many cores the worker has."""
+    import torch
+
+    from spherepde.base.threads import threads_for
+
+    small = make_case(dim=2, lmax=16)
+    for case, at_most, expected in ((small, 4, 1), (small.with_overrides(["solver.threads=3"]), 2, 2),
+                                    (small.with_overrides(["solver.threads=3"]), 4, 3)):
+        with threads_for(case, at_most=at_most):
+            assert torch.get_num_threads() == expected
+
 FAULTS_SCRIPT = """
 import resource, sys, torch
 from spherepde.base.memory import keep_freed_memory
@@ -551,8 +565,8 @@ print(keep_freed_memory())
 def stage():  # temporaries of 2, 4 and 6 MB, freed together, as a step's stages make and free them
     kept = [torch.ones(2 ** 18 * (1 + k % 3), dtype=torch.float64) for k in range(12)]
     del kept
-stage()
-stage()  # the heap settles: its first two rounds fault their pages in
+for _ in range(8):  # the heap settles: its first rounds fault their pages in
+    stage()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(10):
     stage()

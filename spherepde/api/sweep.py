@@ -16,8 +16,9 @@ gets its members' resolved case texts, writes each member's DIR/member-NNN.nc at
 file its serial run would write) and returns their paths and a few numbers, never arrays: Dask
 distributes batches, not members.  Batches hold at most ceil(members / workers) members, so that
 every worker has work.  The cluster is a LocalCluster (one single-threaded worker process per GPU
-where there are GPUs, worker k on GPU k; else one per core; torch threads split evenly) or, with
-``--scheduler``, an existing one; its workers must see DIR at the same path. When all
+where there are GPUs, worker k on GPU k; else one per core; each batch runs with its case's solver.threads, at most
+an even share of the cores, and glibc's thresholds of spherepde.base.memory) or, with ``--scheduler``, an existing
+one; its workers must see DIR at the same path. When all
 members are done, DIR/sweep.nc combines them along a `member` dimension
 (xr.open_mfdataset), with the swept keys (and `seed`) as member coordinates and each
 member's case text and status. Members whose grids differ (a swept sphere.lmax) keep
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spherepde.api.limits import check_members
+from spherepde.base import memory
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.io.case import Case, format_override, parse_override
@@ -110,18 +112,15 @@ def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -
 
 def run_batch(indices: list, case_texts: list, paths: list, threads: int | None = None) -> list:
     """Run one batch of members together (in a Dask task; spherepde.api.ensemble.run_batch) and write each member's
-    file; returns their summaries."""
-    import torch
-
+    file; returns their summaries.  `threads`: at most this many threads (an even share of the local cores)."""
     from spherepde import load_case_text
     from spherepde.api.ensemble import run_batch as run_members
+    from spherepde.base.threads import threads_for
     from spherepde.io.output import write_dataset
 
-    if threads is not None:
-        torch.set_num_threads(threads)
     _use_worker_gpu()
     cases = [load_case_text(text, origin=f"sweep member {index}") for index, text in zip(indices, case_texts)]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), threads_for(cases[0], at_most=threads):  # the batch shares sphere and solver
         warnings.simplefilter("ignore", RuntimeWarning)  # recorded in the notes of the outputs
         outcomes = run_members(cases, progress=False)
     summaries = []
@@ -189,8 +188,14 @@ def _cluster(scheduler: str | None, workers: int):
         with client:
             yield client
         return
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    import dask
+
+    # glibc's thresholds of a run (spherepde.base.memory) in place of Dask's eager trimming, set before the workers
+    # start: glibc reads them once, at a process's start
+    environ = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **memory.environment()}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}), LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+            silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 
 

@@ -12,7 +12,10 @@ jemalloc or tcmalloc for the same reason; fixed glibc thresholds need no preload
 
 `keep_freed_memory` sets the mmap threshold to 32 MiB (glibc's largest) and the trim threshold to 256 MiB, under
 glibc, unless the environment sets glibc's malloc itself (MALLOC_*_ variables, GLIBC_TUNABLES), which it leaves
-alone.  The price: the process keeps up to 256 MiB of freed memory.
+alone.  The price: the process keeps up to 256 MiB of freed memory.  Dask's nanny starts its workers with
+MALLOC_TRIM_THRESHOLD_ = 65536 (distributed.nanny.pre-spawn-environ, to give memory back eagerly), which would turn
+every stage's temporaries into page faults; `environment` holds the same thresholds as variables, which
+spherepde.api.sweep puts in its local workers' environment instead (a cluster of your own keeps its settings).
 """
 
 import ctypes
@@ -30,6 +33,11 @@ def glibc() -> bool:
         return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
     except (AttributeError, ValueError, OSError):
         return False
+
+
+def environment() -> dict:
+    """glibc's environment variables for the thresholds of `keep_freed_memory`, read by a process at its start."""
+    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
 
 
 @functools.cache

@@ -32,10 +32,12 @@ def run_threads(case) -> int:
 
 
 @contextmanager
-def threads_for(case):
-    """Run the enclosed code with run_threads(case) torch threads and numpy BLAS threads, then restore the caller's
-    settings."""
+def threads_for(case, at_most: int | None = None):
+    """Run the enclosed code with run_threads(case) torch threads and numpy BLAS threads, or `at_most` where fewer
+    (a sweep worker's share of the cores), then restore the caller's settings."""
     before, threads = torch.get_num_threads(), run_threads(case)
+    if at_most is not None:
+        threads = min(threads, at_most)
     torch.set_num_threads(threads)
     try:
         with threadpool_limits(limits=threads, user_api="blas"):
