@@ -128,17 +128,22 @@ def sphere_costs(members: int, repeats: int) -> dict:
             "field": problem.kernels.name}
 
 
-def step_seconds(problem, repeats: int, dt: float = 0.01) -> float:
-    """Seconds of one forward step of all of `problem`'s members (after a warm-up step)."""
+def step_seconds(problem, repeats: int, dt: float = 0.01, steps: int = 4) -> float:
+    """Seconds of one forward step of all of `problem`'s members: the median over `repeats` of `steps` steps, after
+    as many steps of warm-up (the heap settles over the first few: spherepde/base/memory.py)."""
     from solvers.timegrid import Plan, TimeGrid
 
     members = problem.batch.members
     state = problem.initial()
     factors = problem.factors(Plan(TimeGrid(dt, dt).intervals[0], np.full(members, 1), np.full(members, dt)))
     drive = problem.transport.feed_forward(problem.batch.W)
+
+    def some_steps():
+        for _ in range(steps):
+            problem.step(state, drive, factors)
     with torch.no_grad():
-        problem.step(state, drive, factors)
-        return clock(lambda: problem.step(state, drive, factors), repeats)
+        some_steps()
+        return clock(some_steps, repeats) / steps
 
 
 def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
