@@ -544,7 +544,6 @@ def test_solver_threads_also_bound_numpys_blas_and_are_restored():
         assert blas_threads() == outside
 
 
-
 def test_a_sweep_workers_share_of_the_cores_bounds_the_case_threads():
     """threads_for(case, at_most=k) (a sweep worker with k cores of its own): the case's threads where fewer, else k;
     a small problem keeps its one thread however many cores the worker has."""
@@ -557,6 +556,7 @@ def test_a_sweep_workers_share_of_the_cores_bounds_the_case_threads():
                                     (small.with_overrides(["solver.threads=3"]), 4, 3)):
         with threads_for(case, at_most=at_most):
             assert torch.get_num_threads() == expected
+
 
 FAULTS_SCRIPT = """
 import resource, sys, torch
