@@ -8,13 +8,13 @@ once before the clock) and as the numpy program the solver runs on the CPU:
 1. the fourier path's six-stage IMEX step of seed 004's S^1 case (lmax 64, 200 points, rank 30; the operations of
    floors.lean_fourier_step, written functionally so that Inductor may fuse them), at M = 1 and M = 20 members;
 2. one particle field evaluation v = P_x(W x + V m(x)) with the unnormalized kernel (solvers/particle_step.py's
-   Stage without what the transpose keeps): S = 20 systems of p = 64 tokens, d = 2.
+   direct_mean, the program the solver runs): S = 20 systems of p = 64 tokens, d = 2.
 
-Thread CPU time of one call, the best of --repeats batches of calls.  The two programs are random data of the
+Thread CPU time of one call, the median of --repeats batches of calls.  The two programs are random data of the
 seeds' shapes: yardsticks, not the solver.  Inductor generates no code for complex operations (it warns): the
 derivative's product in 1. runs as in eager torch, the FFTs and the matrix products are library calls either way.
 Measured (torch 2.13, one core of a shared 2-core machine): 1. 0.41 ms compiled against 0.32 eager and 0.085 numpy
-at M = 1, 0.70 against 0.60 and 0.24 at M = 20; 2. 225 us against 283 eager and 113 numpy.  So the CPU programs stay
+at M = 1, 0.69 against 0.60 and 0.25 at M = 20; 2. 313 us against 397 eager and 113 numpy.  So the CPU programs stay
 numpy's; on a GPU, where launches are the cost, the same question has another answer (not measured here).
 """
 
@@ -23,20 +23,14 @@ import time
 
 import numpy as np
 import torch
-from floors import lean_fourier_step
+from floors import clock, lean_fourier_step
 
 
-def best_time(function, repeats: int, calls: int) -> float:
-    """Seconds of one call: the best of `repeats` batches of `calls` calls, after a warm-up."""
+def per_call(function, repeats: int, calls: int) -> float:
+    """Seconds of one call: floors.clock's median over `repeats` of `calls` calls, after a warm-up."""
     for _ in range(max(1, calls // 10)):
         function()
-    times = []
-    for _ in range(repeats):
-        start = time.thread_time()
-        for _ in range(calls):
-            function()
-        times.append((time.thread_time() - start) / calls)
-    return min(times)
+    return clock(lambda: [function() for _ in range(calls)], repeats) / calls
 
 
 def fourier_step(c, R, U, drive, solve, dt_lam, coefficients, derivative):
@@ -66,12 +60,13 @@ def fourier_operands(members: int, rank: int = 30, lmax: int = 64, points: int =
             -1j * torch.arange(lmax + 1, dtype=torch.float64) / points)
 
 
-def particle_field(X, Ct, W, Vp):
-    """v = P_x(W x + V m), m_i = (1/p) sum_j exp(<x_i, C x_j>) x_j, for rows X (S, d, p) (numpy or torch)."""
-    w = Ct @ X
-    k = np.exp(w.swapaxes(1, 2) @ X) if isinstance(X, np.ndarray) else torch.exp(w.transpose(1, 2) @ X)
-    u = W @ X + Vp @ (X @ k.swapaxes(1, 2) if isinstance(X, np.ndarray) else X @ k.transpose(1, 2))
-    return u - (u * X).sum(1)[:, None] * X
+def particle_field(X, Ct, W, V):
+    """v = P_x(W x + V m) for rows X (S, d, p), m the unnormalized mean of solvers/particle_step.direct_mean (numpy
+    or torch)."""
+    from solvers.particle_step import direct_mean, inner
+
+    u = W @ X + V @ direct_mean(np if isinstance(X, np.ndarray) else torch, X, Ct, softmax=False)
+    return u - inner(u, X) * X
 
 
 def particle_operands(systems: int = 20, dim: int = 2, tokens: int = 64) -> tuple:
@@ -79,7 +74,7 @@ def particle_operands(systems: int = 20, dim: int = 2, tokens: int = 64) -> tupl
     X = rng.standard_normal((systems, dim, tokens))
     X /= np.linalg.norm(X, axis=1, keepdims=True)
     Ct = np.broadcast_to(np.diag([1.0, 0.65]), (systems, dim, dim)).copy()
-    return X, Ct, 0.1 * rng.standard_normal((systems, dim, dim)), Ct / tokens
+    return X, Ct, 0.1 * rng.standard_normal((systems, dim, dim)), Ct.copy()
 
 
 def main(argv=None):
@@ -94,8 +89,8 @@ def main(argv=None):
         start = time.time()
         difference = float((compiled(*operands) - fourier_step(*operands)).abs().max())
         compile_seconds = time.time() - start
-        eager = best_time(lambda operands=operands: fourier_step(*operands), args.repeats, 200)
-        fused = best_time(lambda operands=operands: compiled(*operands), args.repeats, 200)
+        eager = per_call(lambda operands=operands: fourier_step(*operands), args.repeats, 200)
+        fused = per_call(lambda operands=operands: compiled(*operands), args.repeats, 200)
         numpy_seconds = lean_fourier_step("numpy", members)
         print(f"1. S^1 fourier step, M = {members:2d}: eager torch {1e3 * eager:.3f} ms, compiled {1e3 * fused:.3f} ms "
               f"(compiled in {compile_seconds:.0f} s, equal to {difference:.0e}), numpy {1e3 * numpy_seconds:.3f} ms")
@@ -103,9 +98,9 @@ def main(argv=None):
     tensors = tuple(torch.from_numpy(a) for a in arrays)
     compiled = torch.compile(particle_field, dynamic=False)
     difference = float(np.abs(compiled(*tensors).numpy() - particle_field(*arrays)).max())
-    eager = best_time(lambda: particle_field(*tensors), args.repeats, 1000)
-    fused = best_time(lambda: compiled(*tensors), args.repeats, 1000)
-    numpy_seconds = best_time(lambda: particle_field(*arrays), args.repeats, 1000)
+    eager = per_call(lambda: particle_field(*tensors), args.repeats, 1000)
+    fused = per_call(lambda: compiled(*tensors), args.repeats, 1000)
+    numpy_seconds = per_call(lambda: particle_field(*arrays), args.repeats, 1000)
     print(f"2. particle field, 20 systems of 64 tokens: eager torch {1e6 * eager:.1f} us, compiled "
           f"{1e6 * fused:.1f} us (equal to {difference:.0e}), numpy {1e6 * numpy_seconds:.1f} us")
 
