@@ -558,20 +558,27 @@ def test_a_sweep_workers_share_of_the_cores_bounds_the_case_threads():
             assert torch.get_num_threads() == expected
 
 
-FAULTS_SCRIPT = """
-import resource, sys, torch
-from spherepde.base.memory import keep_freed_memory
-print(keep_freed_memory())
-def stage():  # temporaries of 2, 4 and 6 MB, freed together, as a step's stages make and free them
-    kept = [torch.ones(2 ** 18 * (1 + k % 3), dtype=torch.float64) for k in range(12)]
-    del kept
-for _ in range(8):  # the heap settles: its first rounds fault their pages in
-    stage()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-    stage()
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+# A step's temporaries: 12 arrays of 2, 4 and 6 MB (48 MB, 12,288 pages, a round) made and freed together, as a
+# step's stages make and free theirs; faults() counts the minor page faults of ten rounds after eight in which the
+# heap settles (its first rounds fault their pages in).  Source text, so that a subprocess or a Dask worker runs it.
+STAGE_FAULTS = """
+def faults():
+    import resource
+
+    import torch
+
+    def stage():
+        kept = [torch.ones(2 ** 18 * (1 + k % 3), dtype=torch.float64) for k in range(12)]
+        del kept
+    for _ in range(8):
+        stage()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        stage()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 """
+FAULTS_SCRIPT = ("from spherepde.base.memory import keep_freed_memory\nprint(keep_freed_memory())\n" + STAGE_FAULTS
+                 + "print(faults())\n")
 
 
 @pytest.mark.skipif(not glibc(), reason="glibc's malloc only")

@@ -13,6 +13,7 @@ import xarray as xr
 
 pytest.importorskip("distributed", reason="the sweep extra (Dask) is not installed: pip install 'spherepde[sweep]'")
 
+from test_case import STAGE_FAULTS
 from test_cli import SMALL_S1
 
 import spherepde
@@ -188,20 +189,10 @@ def test_local_workers_keep_freed_memory_where_dask_would_trim_it():
     if not glibc():
         pytest.skip("glibc's malloc only")
 
-    def faults():
-        import resource
-
-        import torch
-
-        def stage():  # temporaries of 2, 4 and 6 MB, freed together
-            kept = [torch.ones(2 ** 18 * (1 + k % 3), dtype=torch.float64) for k in range(12)]
-            del kept
-        for _ in range(8):  # the heap settles over the first few rounds
-            stage()
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        for _ in range(10):
-            stage()
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    def faults(source=STAGE_FAULTS):
+        namespace = {}
+        exec(source, namespace)
+        return namespace["faults"]()
 
     with sweep_module._cluster(None, 1) as client:
         (count,) = client.run(faults).values()
