@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from solvers import particle_step
+from spherepde.base.arrays import program_namespace
 from spherepde.base.errors import CaseError
 from spherepde.geometry.ambient import tangent_projection
 from spherepde.kernels.dense import block_rows, dense_exp_kernel
@@ -140,7 +141,7 @@ class ParticleField:
         elif self.attention == "fused":
             m = fused_softmax_mean(systems.B, systems.beta, points, self.chunk)
         elif self.is_direct(points):
-            xp = particle_step.namespace(points, self.coupling)
+            xp = program_namespace(points, self.coupling)
             coupling = self.coupling.transpose(-1, -2)
             m = particle_step.direct_mean(xp, particle_step.rows_of(xp, points),
                                           coupling.numpy() if xp is np else coupling, systems.kernel == "softmax")

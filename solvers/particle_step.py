@@ -35,7 +35,7 @@ seed's scale, 20 members, 8000 steps, they would take 10 GB).
 import numpy as np
 import torch
 
-from spherepde.base.arrays import einsum
+from spherepde.base.arrays import einsum, program_namespace
 from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX
 
 
@@ -118,14 +118,6 @@ def exponential_map_transpose(xp, X, T, outbar):
     along = inner(wbar, direction)
     lbar = cos * along - sin * inner(wbar, X)
     return cos * wbar, sin * (wbar - along * direction) / safe + lbar * direction
-
-
-def namespace(*tensors):
-    """numpy for CPU tensors outside autograd, else torch."""
-    if all(t.device.type == "cpu" for t in tensors) and not (torch.is_grad_enabled()
-                                                             and any(t.requires_grad for t in tensors)):
-        return np
-    return torch
 
 
 def kernel_products(xp, X, w, rows):
@@ -308,7 +300,7 @@ class DirectStep:
 
     def step(self, x: torch.Tensor, W: torch.Tensor, h: float, k: int, steps: int, draws) -> torch.Tensor:
         """Integrator.step(x, W, h, k, steps, draws) (solvers/particles.py): `advance` on the rows."""
-        xp = namespace(x, W)
+        xp = program_namespace(x, W)
         rows = (self.rows(xp, g) for g in draws)
         return self.points(xp, self.advance(xp, self.rows(xp, x), self.per_system(xp, W), h, k, steps, rows), x)
 

@@ -235,6 +235,18 @@ def test_divergence_has_no_mean(torch_sht):
     assert torch.max(torch.abs(div)).item() > 1.0
 
 
+def test_divergence_programs_agree():
+    """The dense tables' divergence runs in numpy on the CPU and in torch under autograd (base.arrays): both give
+    the packed tables' divergence (another product) to round-off."""
+    generator = torch.Generator().manual_seed(7)
+    v_theta, v_phi = torch.randn(2, 4, NLAT, NLON, dtype=torch.float64, generator=generator)
+    expected = TorchSHT(LMAX, NLAT, NLON, layout="packed").divergence(v_theta, v_phi)
+    dense = TorchSHT(LMAX, NLAT, NLON, layout="dense")
+    assert relative_difference(dense.divergence(v_theta, v_phi), expected) <= 1e-14
+    tracked = dense.divergence(v_theta.clone().requires_grad_(True), v_phi)
+    assert tracked.requires_grad and relative_difference(tracked.detach(), expected) <= 1e-14
+
+
 def test_degree_filter_is_analysis_weights_synthesis(torch_sht):
     """The per-order ring operator of a multiplier of the degree (the spectral field's Funk-Hecke weights) equals
     the analysis, the multiplication and the synthesis it replaces, on a field that is not band-limited, and
@@ -265,7 +277,18 @@ def test_moments_are_the_filtered_channels_of_the_density(torch_sht):
          torch.cos(theta).expand_as(theta * phi)]
     operator = torch_sht.degree_filter(mu)
     expected = torch.stack([rho] + [torch_sht.filtered(rho * y_k, operator) for y_k in y], dim=-3)
-    assert relative_difference(torch_sht.moments(c, torch_sht.moment_filter(mu)), expected) <= 1e-13
+    tables = torch_sht.moment_filter(mu)
+    assert relative_difference(torch_sht.moments(c, tables), expected) <= 1e-13
+    # The same program in torch (coefficients under autograd; numpy's above): its values, and its transpose by
+    # autograd against the map itself, <moments(dc), g> = <J^T g, dc> (the map is linear in c).
+    tracked = c.clone().requires_grad_(True)
+    values = torch_sht.moments(tracked, tables)
+    assert relative_difference(values.detach(), expected) <= 1e-13
+    g = torch.randn(values.shape, dtype=torch.float64, generator=generator)
+    dc = torch.randn(c.shape, dtype=torch.complex128, generator=generator)
+    (c_bar,) = torch.autograd.grad((values * g).sum(), tracked)
+    forward, transpose = float((torch_sht.moments(dc, tables) * g).sum()), float((c_bar.conj() * dc).real.sum())
+    assert abs(forward - transpose) <= 1e-12 * abs(forward)
 
 
 # --- interface guards --------------------------------------------------------------------------

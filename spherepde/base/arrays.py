@@ -21,10 +21,21 @@ import numpy as np
 import torch
 from scipy.linalg.blas import get_blas_funcs
 
+from spherepde.base.real_view import COMPLEX_DTYPE
+
 
 def namespace(a):
     """numpy for a numpy array, else torch."""
     return np if isinstance(a, np.ndarray) else torch
+
+
+def program_namespace(*tensors):
+    """The library a program on these torch tensors runs in: numpy for CPU tensors outside autograd (their
+    operations' fixed cost is a fraction of torch's), else torch."""
+    if all(t.device.type == "cpu" for t in tensors) and not (torch.is_grad_enabled()
+                                                             and any(t.requires_grad for t in tensors)):
+        return np
+    return torch
 
 
 def kind(a) -> tuple:
@@ -61,6 +72,18 @@ def zeros(like, shape: tuple):
     return np.zeros(shape, like.dtype) if isinstance(like, np.ndarray) else like.new_zeros(shape)
 
 
+def empty(like, shape: tuple):
+    """An uninitialised array of `shape` of the kind, dtype and device of `like`."""
+    return np.empty(shape, like.dtype) if isinstance(like, np.ndarray) else like.new_empty(shape)
+
+
+def empty_complex(like, shape: tuple):
+    """An uninitialised complex array of `shape` of the precision and kind of `like` (real or complex)."""
+    if isinstance(like, np.ndarray):
+        return np.empty(shape, np.result_type(like.dtype, np.complex64))
+    return like.new_empty(shape, dtype=like.dtype if like.is_complex() else COMPLEX_DTYPE[like.dtype])
+
+
 def zero_(a):
     """a = 0 in place."""
     if isinstance(a, np.ndarray):
@@ -80,6 +103,68 @@ def copy_(target, source):
 def clone(a):
     """A copy of a."""
     return a.copy() if isinstance(a, np.ndarray) else a.clone()
+
+
+def permute(a, axes: tuple):
+    """a with its axes in the order `axes` (a view)."""
+    return a.transpose(axes) if isinstance(a, np.ndarray) else a.permute(axes)
+
+
+def contiguous(a):
+    """a in C order (a copy only where it is not)."""
+    return np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a.contiguous()
+
+
+def real_pairs(c):
+    """A contiguous complex array (..., n) as the real one (..., 2 n) of its (Re, Im) pairs (a view)."""
+    if isinstance(c, np.ndarray):
+        return c.view(np.finfo(c.dtype).dtype)
+    return torch.view_as_real(c).flatten(-2)
+
+
+def complex_pairs(a):
+    """The inverse of `real_pairs`: a real array (..., 2 n) whose last axis is contiguous as the complex (..., n)."""
+    if isinstance(a, np.ndarray):
+        return a.view(np.result_type(a.dtype, np.complex64))
+    return torch.view_as_complex(a.unflatten(-1, (-1, 2)))
+
+
+def matmul_into(out, a, b) -> None:
+    """out = a @ b (batched over the leading axes), out a view with any strides: numpy's BLAS writes it in place
+    where its rows are contiguous; torch copies its product in."""
+    if isinstance(out, np.ndarray):
+        np.matmul(a, b, out=out)
+    else:
+        out.copy_(torch.matmul(a, b))
+
+
+def irfft_into(out, spectrum, points: int, axis: int) -> None:
+    """out = the real unnormalized inverse DFT of the half spectra along `axis` of `spectrum` (points values; the
+    imaginary parts of the zero and the Nyquist frequency are not read), out a view with any strides (ducc0 writes
+    it in place; torch copies its result in)."""
+    if isinstance(out, np.ndarray):
+        ducc0.fft.c2r(spectrum, axes=(axis,), lastsize=points, forward=False, inorm=0, out=out,
+                      nthreads=torch.get_num_threads())
+    else:
+        out.copy_(torch.fft.irfft(spectrum, n=points, dim=axis, norm="forward"))
+
+
+def rfft_into(out, values, axis: int) -> None:
+    """out = the unnormalized real DFT along `axis` of `values` (the half spectrum), out a view with any strides."""
+    if isinstance(out, np.ndarray):
+        ducc0.fft.r2c(values, axes=(axis,), forward=True, out=out, nthreads=torch.get_num_threads())
+    else:
+        out.copy_(torch.fft.rfft(values, dim=axis))
+
+
+def amax(a, axis: int):
+    """The largest value along `axis`, the axis kept (size 1)."""
+    return a.max(axis, keepdims=True) if isinstance(a, np.ndarray) else a.amax(axis, keepdim=True)
+
+
+def clamp_min(a, lower: float):
+    """max(a, lower) elementwise."""
+    return np.maximum(a, lower) if isinstance(a, np.ndarray) else a.clamp(min=lower)
 
 
 def einsum(equation: str, *operands):

@@ -56,6 +56,7 @@ import math
 import numpy as np
 import torch
 
+from spherepde.base.arrays import amax, as_namespace, as_tensor, clamp_min, program_namespace, quiet
 from spherepde.base.real_view import complex_state, real_state
 from spherepde.geometry.ambient import inner
 from spherepde.model.attention import NEGLIGIBLE_DENSITY, ModelBatch, softmax_mean_adjoint, zero_temperature_mean
@@ -94,7 +95,9 @@ class Transport:
         # a_k(x) = sum_ij W_ij e_k,i(x) x_j: the feed-forward term is linear in W, one product with this (K P, d d).
         self._feed_forward = (self.frame[..., :, None] * self.points[:, None, :]).reshape((d - 1) * points, d * d)
         self._frame_V = torch.einsum("kpi,mij->mkpj", self.frame, batch.V)  # (e_k^T V)_j: (M, K, P, d)
-        self._frame_V_first = self._frame_V.permute(0, 1, 3, 2).contiguous()  # (M, K, d, P): `_softmax_components`
+        # (M, K, d, P) for `_softmax_components`, one member's where all share V (read once, not M times)
+        shared_V = bool((batch.V == batch.V[:1]).all())
+        self._frame_V_first = (self._frame_V[:1] if shared_V else self._frame_V).permute(0, 1, 3, 2).contiguous()
         self._operator = self._fixed = self._folded = None
         # The fourier path's array library (base.arrays): numpy on the CPU, its per-operation cost a fifth of torch's
         # (benchmarks/floors.py lean_fourier_step); torch elsewhere.
@@ -171,7 +174,8 @@ class Transport:
         index = torch.as_tensor(members, device=self.points.device)
         chosen.batch, chosen.kernels = self.batch.select(members), self.kernels.select(members)
         chosen._frame_V = self._frame_V.index_select(0, index)
-        chosen._frame_V_first = self._frame_V_first.index_select(0, index)
+        if self._frame_V_first.shape[0] > 1:
+            chosen._frame_V_first = self._frame_V_first.index_select(0, index)
         chosen._fixed = None if self._fixed is None else self._fixed.index_select(0, index)
         chosen._operator = None if self._operator is None else self._operator.select(index)
         chosen._folded = None if self._folded is None else self._folded.select(chosen, index)
@@ -227,18 +231,24 @@ class Transport:
         without forming m: u_k = <V^T e_k, N> / Z and |m| = |N| / Z, so that all but the first products are on
         fields of one or K components, not d per point (the same values to round-off, with softmax_mean's void
         rule: where |rho| <= NEGLIGIBLE_DENSITY max |rho|, m / max(|m|, 1), and 0 where Z <= 0; NaN where Z <= 0
-        elsewhere)."""
-        inverse = torch.where(Z > 0, Z, torch.nan).reciprocal()
-        frame_V = self._frame_V_first
-        u = frame_V[:, :, 0] * N[:, None, 0]
-        for c in range(1, N.shape[1]):
-            u = torch.addcmul(u, frame_V[:, :, c], N[:, None, c])
-        u = u * inverse[:, None]
-        length = (N * N).sum(1).sqrt() * inverse
-        magnitude = rho.abs()
-        void = magnitude <= NEGLIGIBLE_DENSITY * magnitude.amax(-1, keepdim=True)
-        bounded = torch.nan_to_num(u / length.clamp(min=1)[:, None], nan=0.0)
-        return torch.where(void[:, None], bounded, u)
+        elsewhere).  In numpy on the CPU outside autograd (base.arrays: a fraction of torch's cost per operation),
+        where the void rule is skipped when no point is void."""
+        xp = program_namespace(N, Z, rho)
+        N, Z, rho = (as_namespace(a, xp) for a in (N, Z, rho))
+        frame_V = as_namespace(self._frame_V_first, xp)
+        with quiet(xp):
+            inverse = 1 / xp.where(Z > 0, Z, xp.nan)
+            u = frame_V[:, :, 0] * N[:, None, 0]
+            for c in range(1, N.shape[1]):
+                u += frame_V[:, :, c] * N[:, None, c]
+            u *= inverse[:, None]
+            magnitude = abs(rho)
+            void = magnitude <= NEGLIGIBLE_DENSITY * amax(magnitude, -1)
+            if xp is np and not void.any():
+                return as_tensor(u)
+            length = ((N * N).sum(1) ** 0.5) * inverse
+            bounded = xp.nan_to_num(u / clamp_min(length, 1.0)[:, None], nan=0.0)
+            return as_tensor(xp.where(void[:, None], bounded, u))
 
     def _channels(self, rho: torch.Tensor) -> torch.Tensor:
         """The fields of the transform attention: rho y (M, d, P) for the unnormalized kernel (N alone), (rho, rho y)

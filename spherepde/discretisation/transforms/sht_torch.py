@@ -28,9 +28,28 @@ interface (dense, packed, sparse: ``legendre_layouts``), chosen by ``default_lay
 benchmarks/sht_backends.py measured.
 """
 
+import math
+
 import numpy as np
 import torch
 
+from spherepde.base.arrays import (
+    as_namespace,
+    as_tensor,
+    clone,
+    complex_pairs,
+    contiguous,
+    copy_,
+    empty,
+    empty_complex,
+    irfft_into,
+    matmul_into,
+    permute,
+    program_namespace,
+    real_pairs,
+    rfft_into,
+    zeros,
+)
 from spherepde.base.real_view import COMPLEX_DTYPE
 from spherepde.discretisation.transforms.legendre import gauss_legendre, legendre_tables
 from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, default_layout, table_bytes
@@ -49,19 +68,21 @@ def check_grid(lmax: int, nlat: int, nlon: int) -> None:
         raise ValueError(f"nlon = {nlon} must exceed 2 lmax = {2 * lmax}: orders |m| <= lmax alias on fewer longitudes")
 
 
-# `moments` takes its per-order products in this many bands of orders [a, b), each skipping the degrees l < a whose
-# table rows are zero there (Pbar_lm = 0 for l < m): at lmax 32 and 16 members a quarter less time in the products
-# than one band, the same at one member (measured on one CPU thread; 4 or 6 bands gain nothing more).
-MOMENT_ORDER_BANDS = 3
+class MomentTables:
+    """The tables of TorchSHT.moments, per order m: `own` [P_m; nlon K_m P_m; nlon K_m cos(theta) P_m] (lmax,
+    3 nlat, lmax) and `before`, `after` nlon K_m sin(theta) P_{m-+1} / 2 (lmax + 1, nlat, lmax); `on(numpy)` the
+    same as numpy arrays sharing their memory."""
 
+    def __init__(self, own: torch.Tensor, before: torch.Tensor, after: torch.Tensor):
+        self.tensors = (own, before, after)
+        self._numpy = None
 
-def _banded_products(rows: torch.Tensor, table: torch.Tensor, first_row) -> torch.Tensor:
-    """rows[m] @ table[m] for all orders m (rows (M, R, K), table (M, K, C)), in MOMENT_ORDER_BANDS bands of
-    orders [a, b) whose table rows below first_row(a) are zero."""
-    orders = rows.shape[0]
-    bounds = [orders * k // MOMENT_ORDER_BANDS for k in range(MOMENT_ORDER_BANDS)] + [orders]
-    return torch.cat([torch.bmm(rows[a:b, :, first_row(a):], table[a:b, first_row(a):])
-                      for a, b in zip(bounds[:-1], bounds[1:])])
+    def on(self, xp) -> tuple:
+        if xp is torch:
+            return self.tensors
+        if self._numpy is None:
+            self._numpy = tuple(table.numpy() for table in self.tensors)
+        return self._numpy
 
 
 def _times_i(rows: torch.Tensor) -> torch.Tensor:
@@ -111,6 +132,8 @@ class TorchSHT:
         inverse_eigenvalue = np.zeros(lmax + 1)
         inverse_eigenvalue[1:] = 1.0 / (degree[1:] * (degree[1:] + 1.0))
         self._inverse_eigenvalue = real(inverse_eigenvalue)  # 1/(l(l+1)), 0 at l = 0
+        self._spectra = {}  # `moments`' numpy buffers, by field count
+        self._weighted = None  # `_dense_divergence`'s tables
 
     # --- layouts: real rows (2B, M, .), the real and the imaginary part of each of the B fields in turn ---
 
@@ -197,7 +220,7 @@ class TorchSHT:
         grid = torch.fft.irfft(torch.view_as_complex(filtered.contiguous()), n=self.nlon, dim=-1, norm="forward")
         return grid.reshape(*batch, self.nlat, self.nlon)
 
-    def moment_filter(self, multiplier: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def moment_filter(self, multiplier: np.ndarray) -> "MomentTables":
         """The tables of `moments`: rho of degree lmax - 1 and the filtered moments of rho from rho's coefficients.
 
         With R_m(theta_j) = sum_l Pbar_lm(x_j) c_lm the ring coefficients of rho (R_{-m} = conj R_m) and K_m the
@@ -206,13 +229,12 @@ class TorchSHT:
         i x_2: x_1 +- i x_2 = sin(theta) e^{+-i phi}), so that, per order m,
 
             rho:        P_m c_m,              F[rho] = nlon K_m P_m c_m,     F[rho x_3] = nlon K_m cos(theta) P_m c_m,
-            F[rho x_1] = A_m [c_{m-1}; c_{m+1}],   F[rho x_2] = A_m [-i c_{m-1}; i c_{m+1}],
-            A_m = nlon K_m sin(theta) [P_{m-1}, P_{m+1}] / 2   (columns interleaved by degree),
+            F[rho x_1] = p_m + q_m,   F[rho x_2] = -i (p_m - q_m),
+            p_m = nlon K_m sin(theta) P_{m-1} c_{m-1} / 2,   q_m = nlon K_m sin(theta) P_{m+1} c_{m+1} / 2,
 
         with P_m[j, l] = Pbar_lm(x_j) of degree < lmax, c_{-1} = conj c_1 and c_m = 0 beyond lmax - 1: the
-        analysis, the weights and the synthesis of rho x_k (degree lmax: exact on this grid) as one product per
-        order from the coefficients.  Returns the transposes of (the stacked [P; nlon K P; nlon K cos P]
-        (lmax, 3 nlat, lmax), the A_m (lmax + 1, nlat, 2 lmax)); memory (5 lmax + 2) lmax nlat numbers."""
+        analysis, the weights and the synthesis of rho x_k (degree lmax: exact on this grid) as products per
+        order from the coefficients.  Memory (5 lmax + 2) lmax nlat numbers."""
         K = self.nlon * self.degree_filter(multiplier).cpu().double().numpy()  # [m, j, k]
         x = self.cos_theta.cpu().double().numpy()
         P = legendre_tables(self.lmax - 1, x)[0].transpose(0, 2, 1)  # [m, j, l], orders and degrees < lmax
@@ -221,42 +243,51 @@ class TorchSHT:
         # Orders -1 .. lmax + 1 of P (P_{-1} = P_1 acting on conj c_1; zero beyond the density's orders).
         shifted = np.concatenate([P[1:2], P, np.zeros((2,) + P.shape[1:])])
         sine = np.sqrt((1.0 - x) * (1.0 + x))[:, None]
-        # Columns (l, side): P_{m-1} and P_{m+1} of each degree side by side, so that a band of orders starts its
-        # nonzero columns at one index (`moments`).
-        sides = np.stack([shifted[:-2], shifted[2:]], axis=3).reshape(shifted.shape[0] - 2, self.nlat, -1)
-        neighbours = 0.5 * K @ (sine * sides)
-        # Stored transposed, [m, l, j], for products with the members' rows on the left (`moments`).
-        return tuple(torch.as_tensor(t.transpose(0, 2, 1).copy(), dtype=self.dtype, device=self.device)
-                     for t in (own, neighbours))
+        before, after = (0.5 * K @ (sine * shifted[first:first + order + 1]) for first in (0, 2))
+        return MomentTables(*(torch.as_tensor(t, dtype=self.dtype, device=self.device) for t in (own, before, after)))
 
-    def moments(self, coeffs: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def moments(self, coeffs: torch.Tensor, tables: "MomentTables") -> torch.Tensor:
         """rho and synthesis(mu_l analysis(rho y)) for y = 1, x_1, x_2, x_3 from the coefficients of rho (degree
-        lmax - 1), with the tables of `moment_filter(mu)`: (..., lmax, lmax) -> (..., 5, nlat, nlon).  The
-        coefficients are laid out as rows (m, 2 B, l), the members' rows on the left of the tables (at one member
-        ~3x faster on the CPU than the transposed product), and the five fields' ring sums go straight into one
-        inverse FFT."""
-        own, neighbours = tables
-        order = self.lmax
+        lmax - 1), with the tables of `moment_filter(mu)`: (..., lmax, lmax) -> (..., 5, nlat, nlon).
+
+        The products write the ring spectra of all members straight into one buffer (order, field, ring, member)
+        whose inverse FFT along the orders writes the fields in their own layout: no change of layout but the
+        coefficients' (numpy's BLAS and ducc0's FFT on the CPU outside autograd, torch elsewhere: base.arrays)."""
+        xp = program_namespace(coeffs)
+        own, before, after = tables.on(xp)
+        order, nlat = self.lmax, self.nlat
         batch = coeffs.shape[:-2]
-        c = coeffs.reshape(-1, order, order)
+        c = as_namespace(coeffs, xp).reshape(-1, order, order)
         count = c.shape[0]
-        rows = torch.view_as_real(c).permute(1, 0, 3, 2).reshape(order, 2 * count, order)
-        rings = _banded_products(rows, own, lambda first: first)  # degrees l >= m
-        rings = rings.view(order, count, 2, 3, self.nlat).permute(1, 3, 4, 0, 2)
-        # Orders m - 1 and m + 1 for m = 0 .. lmax, with c_{-1} = conj c_1 and zeros beyond, as columns (l, side).
-        padded = torch.cat((c[:, 1:2].conj(), c, c.new_zeros(count, 2, order)), dim=1)
-        sides = torch.stack((padded[:, :-2], padded[:, 2:]), dim=3).flatten(2)  # (B, lmax + 1, 2 lmax)
-        sign = torch.stack((-c.new_ones(order), c.new_ones(order)), dim=1).flatten() * 1j  # no host copy per call
-        rows = torch.view_as_real(torch.stack((sides, sign * sides))).permute(2, 0, 1, 4, 3)
-        xy = _banded_products(rows.reshape(order + 1, 4 * count, 2 * order), neighbours,
-                              lambda first: 2 * max(first - 1, 0))  # degrees l >= m - 1
-        xy = xy.view(order + 1, 2, count, 2, self.nlat).permute(2, 1, 4, 0, 3)
-        spectrum = rings.new_zeros(count, 5, self.nlat, self.nlon // 2 + 1, 2)
-        spectrum[:, :2, :, :order] = rings[:, :2]
-        spectrum[:, 2:4, :, : order + 1] = xy
-        spectrum[:, 4, :, :order] = rings[:, 2]
-        grid = torch.fft.irfft(torch.view_as_complex(spectrum), n=self.nlon, dim=-1, norm="forward")
-        return grid.reshape(*batch, 5, self.nlat, self.nlon)
+        columns = real_pairs(contiguous(permute(c, (1, 2, 0))))  # order m: columns (member, Re/Im) (m, l, 2 B)
+        spectrum = self._moment_spectrum(xp, count)  # (nlon // 2 + 1, 5, nlat, B) complex, zero beyond order
+        rows = real_pairs(spectrum)
+        # rho, F[rho], F[rho x_3] in fields 0..2 (x_3 then moves to field 4), p in field 3, q in `right`.
+        matmul_into(rows[:order, :3].reshape(order, 3 * nlat, 2 * count), own, columns)
+        copy_(spectrum[:order, 4], spectrum[:order, 2])
+        conjugate = clone(columns[1])
+        conjugate.reshape(order, count, 2)[:, :, 1] *= -1  # c_{-1} = conj c_1
+        matmul_into(rows[0, 3], before[0], conjugate)
+        matmul_into(rows[1:order + 1, 3], before[1:], columns)
+        right = zeros(columns, (order + 1, nlat, 2 * count))  # q_m, zero for m >= lmax - 1
+        matmul_into(right[:order - 1], after[:order - 1], columns[1:])
+        left = rows[:order + 1, 3]
+        copy_(rows[:order + 1, 2], left + right)
+        left -= right
+        spectrum[:order + 1, 3] *= -1j
+        grid = empty(columns, (count, 5, nlat, self.nlon))
+        irfft_into(permute(grid, (3, 1, 2, 0)), spectrum, self.nlon, 0)
+        return as_tensor(grid).reshape(*batch, 5, nlat, self.nlon)
+
+    def _moment_spectrum(self, xp, count: int):
+        """The ring spectra buffer of `moments` for `count` fields: numpy's kept (what `moments` never writes stays
+        zero), torch's new (autograd may hold it)."""
+        shape = (self.nlon // 2 + 1, 5, self.nlat, count)
+        if xp is torch:
+            return torch.zeros(shape, dtype=self.complex_dtype, device=self.device)
+        if count not in self._spectra:
+            self._spectra[count] = torch.zeros(shape, dtype=self.complex_dtype).numpy()
+        return self._spectra[count]
 
     # --- vector transforms ---------------------------------------------------------------------
 
@@ -307,8 +338,40 @@ class TorchSHT:
 
         The l = 0 coefficient is exactly 0 (dPbar_00 = 0, m = 0): mass is conserved by construction.
         """
+        if self.layout == "dense" and torch.is_tensor(v_theta) and torch.is_tensor(v_phi) \
+                and v_theta.shape == v_phi.shape:
+            return self._dense_divergence(v_theta, v_phi)
         rings, batch = self._fourier_rows(self._pair(v_theta, v_phi, self.dtype))
         half = rings.shape[0] // 2
         div = (self._legendre.analysis(_times_i(rings[half:]), self._mP_sin, odd=False)
                - self._legendre.analysis(rings[:half], self._dP, odd=True))
         return self._coefficients(div, batch[1:])
+
+    def _dense_divergence(self, v_theta: torch.Tensor, v_phi: torch.Tensor) -> torch.Tensor:
+        """`divergence` with the dense tables: per order m, (div v)_m = i E_m V_phi^m - D_m V_theta^m with the
+        quadrature folded into the tables (D = dPbar w, E = m Pbar / sin(theta) w), the tables on the left of the
+        fields' ring spectra (order, ring, (field, Re/Im)), which the FFT writes in that layout: no change of
+        layout but the coefficients' (numpy's BLAS and ducc0's FFT on the CPU outside autograd, torch elsewhere)."""
+        if v_theta.shape[-2:] != (self.nlat, self.nlon) or v_theta.is_complex():
+            raise ValueError(f"spatial arrays must be real of shape (..., {self.nlat}, {self.nlon}), "
+                             f"got {tuple(v_theta.shape)}")
+        xp = program_namespace(v_theta, v_phi)
+        derivative, order_sine = self._divergence_tables(xp)
+        batch, nmode = v_theta.shape[:-2], self.lmax + 1
+        count = math.prod(batch)
+        spectra = []
+        for component in (v_theta, v_phi):
+            values = as_namespace(component.to(self.dtype), xp).reshape(count, self.nlat, self.nlon)
+            spectrum = empty_complex(values, (self.nlon // 2 + 1, self.nlat, count))
+            rfft_into(permute(spectrum, (2, 1, 0)), values, 2)
+            spectra.append(real_pairs(spectrum[:nmode]))
+        sums = [complex_pairs(table @ spectrum) for table, spectrum in zip((derivative, order_sine), spectra)]
+        div = empty_complex(sums[0], (count, nmode, nmode))
+        copy_(permute(div, (1, 2, 0)), 1j * sums[1] - sums[0])
+        return as_tensor(div).reshape(*batch, nmode, nmode)
+
+    def _divergence_tables(self, xp) -> tuple:
+        """(dPbar w, m Pbar / sin(theta) w) [m, l, j], w the ring quadrature weights (made once)."""
+        if self._weighted is None:
+            self._weighted = tuple(table * self._quadrature for table in (self._dP, self._mP_sin))
+        return self._weighted if xp is torch else tuple(table.numpy() for table in self._weighted)
