@@ -235,15 +235,20 @@ def test_divergence_has_no_mean(torch_sht):
     assert torch.max(torch.abs(div)).item() > 1.0
 
 
-def test_divergence_programs_agree():
-    """The dense tables' divergence runs in numpy on the CPU and in torch under autograd (base.arrays): both give
-    the packed tables' divergence (another product) to round-off."""
+def test_dense_programs_agree():
+    """The dense tables' divergence and gradient run in numpy on the CPU and in torch under autograd (base.arrays):
+    both give the packed tables' (another product) to round-off."""
     generator = torch.Generator().manual_seed(7)
     v_theta, v_phi = torch.randn(2, 4, NLAT, NLON, dtype=torch.float64, generator=generator)
-    expected = TorchSHT(LMAX, NLAT, NLON, layout="packed").divergence(v_theta, v_phi)
-    dense = TorchSHT(LMAX, NLAT, NLON, layout="dense")
+    packed, dense = TorchSHT(LMAX, NLAT, NLON, layout="packed"), TorchSHT(LMAX, NLAT, NLON, layout="dense")
+    expected = packed.divergence(v_theta, v_phi)
     assert relative_difference(dense.divergence(v_theta, v_phi), expected) <= 1e-14
     tracked = dense.divergence(v_theta.clone().requires_grad_(True), v_phi)
+    assert tracked.requires_grad and relative_difference(tracked.detach(), expected) <= 1e-14
+    c = random_coefficients(4)
+    expected = torch.stack(packed.gradient(c), dim=-3)
+    assert relative_difference(dense.gradient_frame(c), expected) <= 1e-14
+    tracked = dense.gradient_frame(c.clone().requires_grad_(True))
     assert tracked.requires_grad and relative_difference(tracked.detach(), expected) <= 1e-14
 
 
@@ -289,6 +294,12 @@ def test_moments_are_the_filtered_channels_of_the_density(torch_sht):
     (c_bar,) = torch.autograd.grad((values * g).sum(), tracked)
     forward, transpose = float((torch_sht.moments(dc, tables) * g).sum()), float((c_bar.conj() * dc).real.sum())
     assert abs(forward - transpose) <= 1e-12 * abs(forward)
+    # The written-out transpose, in numpy and in torch (a cotangent under autograd), is autograd's (the imaginary
+    # parts of the order-0 coefficients, which a real field does not have, read as zero both ways).
+    assert relative_difference(torch_sht.moments_adjoint(g, tables), c_bar) <= 1e-13
+    assert relative_difference(torch_sht.moments_adjoint(g.clone().requires_grad_(True), tables).detach(),
+                               c_bar) <= 1e-13
+    assert float(c_bar[..., 0, :].imag.abs().max()) == 0.0
 
 
 # --- interface guards --------------------------------------------------------------------------

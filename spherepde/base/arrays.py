@@ -115,6 +115,11 @@ def contiguous(a):
     return np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a.contiguous()
 
 
+def contiguous_copy(a):
+    """A copy of a in C order (never a view of it)."""
+    return np.array(a, order="C") if isinstance(a, np.ndarray) else a.clone(memory_format=torch.contiguous_format)
+
+
 def real_pairs(c):
     """A contiguous complex array (..., n) as the real one (..., 2 n) of its (Re, Im) pairs (a view)."""
     if isinstance(c, np.ndarray):

@@ -300,7 +300,7 @@ class SphereBasis(_SpectralBasis):
 
     def gradient_frame(self, c: torch.Tensor) -> torch.Tensor:
         """grad f along (e_theta, e_phi): (..., 2, nlat, nlon)."""
-        return torch.stack(self.sht.gradient(c), dim=-3).to(self.placement.device)
+        return self.sht.gradient_frame(c).to(self.placement.device)
 
     def divergence_frame(self, field: torch.Tensor) -> torch.Tensor:
         """Coefficients of div F for the frame components (F_theta, F_phi) = field[..., k, :, :]."""

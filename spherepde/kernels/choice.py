@@ -121,6 +121,11 @@ class MemberKernels:
 
         return self._by_transform(c, through)
 
+    def density_fields_adjoint(self, fields_bar: torch.Tensor) -> torch.Tensor:
+        """The transpose of `density_fields`: c_bar (M, *coeff) from the cotangents (M, 2 + d, P) of rho and of the
+        scaled channels, in that order."""
+        return self._by_transform(fields_bar, lambda kernel, part: (kernel.density_fields_adjoint(part),))[0]
+
 
 def _members_through(kernel, f: torch.Tensor, grid_shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """One transform applied to the fields of every member at once: (M, c, P), the member axis riding along with

@@ -51,8 +51,9 @@ class ScaledMode:
         self.nodes = np.array([s])
         # with `on_grid`, the analysis, the weights and the synthesis as one product per order where it applies
         self._filter = transform.degree_filter(weights[0]) if on_grid else None  # weights[m, l] = mu_l
-        self._moments = transform.moment_filter(weights[0]) if on_grid else None
-        self.from_density = self._moments is not None
+        moments = transform.moment_filter(weights[0]) if on_grid else None
+        self.from_density = moments is not None
+        self._moments, self._moments_adjoint = moments if self.from_density else (None, None)
 
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
         return self.transform.synthesis(coefficients * self._weights).reshape(coefficients.shape[0], -1)
@@ -67,6 +68,11 @@ class ScaledMode:
         coefficients c (F, *coeff), where `from_density` (DegreeRaisedTransform.moment_filter)."""
         fields = self._moments(c).flatten(-2)
         return fields[:, 0], fields[:, 1:]
+
+    def of_density_adjoint(self, fields_bar: torch.Tensor) -> torch.Tensor:
+        """The transpose of `of_density`: c_bar (F, *coeff) from the cotangents (F, 5, N) of rho and of the four
+        scaled values."""
+        return self._moments_adjoint(fields_bar.reshape(fields_bar.shape[:2] + self.log_scale.shape))
 
     def cost(self, channels: int) -> float:
         return channels * self.transform.cost()
@@ -89,6 +95,10 @@ class PermutedMode(ScaledMode):
     def of_density(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rho, values = super().of_density(c)
         return rho, values[..., self.permutation]
+
+    def of_density_adjoint(self, fields_bar: torch.Tensor) -> torch.Tensor:
+        values_bar = fields_bar[:, 1:, self.permutation.argsort()]
+        return super().of_density_adjoint(torch.cat([fields_bar[:, :1], values_bar], dim=1))
 
 
 class RotatedMode(ScaledMode):
@@ -199,6 +209,11 @@ class SpectralExpKernel:
         from rho's coefficients c (F, *coeff), where `from_density` (S^2, C = s I or a grid permutation)."""
         rho, scaled = self.mode.of_density(c)
         return rho, scaled, self.mode.log_scale
+
+    def density_fields_adjoint(self, fields_bar: torch.Tensor) -> torch.Tensor:
+        """The transpose of `density_fields` (log_scale is fixed): c_bar (F, *coeff) from the cotangents (F, 2 + d,
+        N) of rho and of the scaled channels, in that order."""
+        return self.mode.of_density_adjoint(fields_bar)
 
     def cost(self, channels: int) -> float:
         """Floating-point operations of one call (estimate): transforms, rotation, scattered evaluation."""

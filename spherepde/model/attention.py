@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from spherepde.base.arrays import amax, as_namespace, as_tensor, program_namespace, quiet
 from spherepde.base.device import Placement
 from spherepde.geometry.ambient import inner, norm, tangent_projection
 
@@ -145,18 +146,27 @@ def softmax_mean_adjoint(N: torch.Tensor, Z: torch.Tensor, rho: torch.Tensor,
 
     m = N / Z:  N_bar = mean_bar / Z,  Z_bar = -<mean_bar, m> / Z,  with mean_bar = m_bar except in the void,
     where |m| > 1 is bounded to m / |m| (mean_bar = (m_bar - m_hat <m_hat, m_bar>) / |m|) and Z <= 0 gives
-    m = 0 (mean_bar = 0)."""
-    mean = torch.where(Z[..., None] > 0, N / torch.where(Z > 0, Z, 1.0)[..., None], torch.nan)
-    magnitude = rho.abs()
-    void = (magnitude <= NEGLIGIBLE_DENSITY * magnitude.amax(-1, keepdim=True))[..., None]
-    length = torch.sqrt(inner(mean, mean))[..., None]
-    direction = mean / torch.where(length > 0, length, 1.0)
-    bounded_bar = torch.where(length > 1, (m_bar - direction * inner(direction, m_bar)[..., None]) / length, m_bar)
-    mean_bar = torch.where(void, torch.where(torch.isnan(mean), 0.0, bounded_bar), m_bar)
-    safe = torch.where(Z > 0, Z, 1.0)[..., None]
-    N_bar = torch.where(void & ~(Z[..., None] > 0), 0.0, mean_bar / safe)
-    Z_bar = -inner(N_bar, torch.nan_to_num(mean, nan=0.0))
-    return N_bar, Z_bar
+    m = 0 (mean_bar = 0).  In numpy on the CPU outside autograd (base.arrays), where the void's terms are skipped
+    when no point is void; N and m_bar may be strided views (the components' axis last)."""
+    xp = program_namespace(N, Z, rho, m_bar)
+    N, Z, rho, m_bar = (as_namespace(a, xp) for a in (N, Z, rho, m_bar))
+    with quiet(xp):
+        positive = Z > 0
+        safe = xp.where(positive, Z, 1.0)[..., None]
+        mean = xp.where(positive[..., None], N / safe, 0.0)
+        magnitude = abs(rho)
+        void = (magnitude <= NEGLIGIBLE_DENSITY * amax(magnitude, -1))[..., None]
+        if xp is np and not void.any():
+            N_bar = m_bar / safe
+        else:
+            length = ((mean * mean).sum(-1) ** 0.5)[..., None]
+            direction = mean / xp.where(length > 0, length, 1.0)
+            bounded_bar = xp.where(length > 1, (m_bar - direction * (direction * m_bar).sum(-1)[..., None]) / length,
+                                   m_bar)
+            mean_bar = xp.where(void, xp.where(positive[..., None], bounded_bar, 0.0), m_bar)
+            N_bar = xp.where(void & ~positive[..., None], 0.0, mean_bar / safe)
+        Z_bar = -(N_bar * mean).sum(-1)
+    return as_tensor(N_bar), as_tensor(Z_bar)
 
 
 def attention(batch: ModelBatch, exp_kernel, points: torch.Tensor, rho: torch.Tensor):

@@ -22,8 +22,8 @@ chosen once by an estimate of their cost (multiply-adds, and a fixed cost per te
 * "transform": the members' exponential-kernel transforms (kernels.choice.MemberKernels: dense blocks or the
   spectral field) applied to the channels (rho, rho y) at every call; on the grid path, where the spectral field
   allows it (S^2, C = s I or a permutation of the grid), rho and the channels' transforms come together from the
-  coefficients, one product per order (MemberKernels.density_fields, TorchSHT.moments), and the transpose keeps
-  the channels formed on the grid (the same map to round-off).
+  coefficients, one product per order (MemberKernels.density_fields, TorchSHT.moments), and the transpose is
+  that map's (TorchSHT.moments_adjoint: the synthesis and the transform at once).
 
 and the paths:
 
@@ -47,7 +47,8 @@ with rho_bar, v_bar the cotangents of rho and v,
 
 with the matrices' transposes, or the bases' exact transposes (bases.synthesis_adjoint,
 divergence_adjoint) and, for the transform attention, torch autograd through the kernel transform alone
-(a linear map, whose own arithmetic dominates there).
+(a linear map, whose own arithmetic dominates there), or on the spectral field's one-pass route the moments'
+written-out transpose, which takes (rho_bar, Z_bar, N_bar) to c_bar at once.
 """
 
 import copy
@@ -207,8 +208,14 @@ class Transport:
         return inner(self._frame_V, m[:, None])
 
     def _frame_adjoint(self, u_bar: torch.Tensor) -> torch.Tensor:
-        """m_bar (M, P, d): the transpose of `_frame_components`."""
-        return (self._frame_V * u_bar[..., None]).sum(1)
+        """m_bar (M, P, d): the transpose of `_frame_components`, sum_k (V^T e_k) u_bar_k, formed with the points
+        last (a view of (M, d, P)); in numpy on the CPU outside autograd."""
+        xp = program_namespace(u_bar)
+        frame_V, u_bar = as_namespace(self._frame_V_first, xp), as_namespace(u_bar, xp)
+        m_bar = frame_V[:, 0] * u_bar[:, :1]
+        for k in range(1, u_bar.shape[1]):
+            m_bar += frame_V[:, k] * u_bar[:, k:k + 1]
+        return as_tensor(m_bar).transpose(1, 2)
 
     def attention(self, rho: torch.Tensor) -> torch.Tensor:
         """u_k = <e_k, V m[rho]> (M, K, P) for grid densities rho (M, P), the zero-temperature term aside (it
@@ -262,19 +269,22 @@ class Transport:
             return torch.zeros_like(rho)
         if self.attention_mode == "operator":
             return self._operator.adjoint(rho, u_bar, self)
-        m_bar = self._frame_adjoint(u_bar)
         with torch.enable_grad():
             channels = self._channels(rho).requires_grad_(True)
             scaled, log_scale = self.kernels.fields(channels)
-            if self.batch.kernel == "unnormalized":
-                scaled_bar = (m_bar * torch.exp(log_scale)[..., None]).transpose(1, 2)
-            else:
-                N_bar, Z_bar = softmax_mean_adjoint(scaled[:, 1:].transpose(1, 2).detach(), scaled[:, 0].detach(), rho,
-                                                    m_bar)
-                scaled_bar = torch.cat([Z_bar[:, None], N_bar.transpose(1, 2)], dim=1)
+            scaled_bar = self._scaled_adjoint(scaled.detach(), log_scale, rho, self._frame_adjoint(u_bar))
             (channels_bar,) = torch.autograd.grad(scaled, channels, scaled_bar)
         moments_bar = (channels_bar[:, -self.points.shape[1]:] * self.points.T).sum(1)
         return moments_bar if self.batch.kernel == "unnormalized" else channels_bar[:, 0] + moments_bar
+
+    def _scaled_adjoint(self, scaled: torch.Tensor, log_scale: torch.Tensor, rho: torch.Tensor,
+                        m_bar: torch.Tensor) -> torch.Tensor:
+        """The cotangent of the transformed channels `scaled` (M, c, P) of `_channels` from that of the attention
+        mean, m_bar (M, P, d)."""
+        if self.batch.kernel == "unnormalized":
+            return (m_bar * torch.exp(log_scale)[..., None]).transpose(1, 2)
+        N_bar, Z_bar = softmax_mean_adjoint(scaled[:, 1:].transpose(1, 2), scaled[:, 0], rho, m_bar)
+        return torch.cat([Z_bar[:, None], N_bar.transpose(1, 2)], dim=1)
 
     # --- the rate and its transpose ----------------------------------------------------------------
 
@@ -304,12 +314,23 @@ class Transport:
         rate."""
         if self._folded is not None:
             return self._folded.vjp(state, drive, b)
-        rho, v = self.velocity(state, drive)
+        if self._from_density:
+            rho, scaled, log_scale = self.kernels.density_fields(complex_state(state, self.coefficient_shape))
+            channels = scaled if self.batch.kernel == "softmax" else scaled[:, 1:]
+            v = drive + self._transform_components(channels, log_scale, rho)
+        else:
+            rho, v = self.velocity(state, drive)
         members = state.shape[0]
         f_bar = -self.basis.divergence_adjoint(complex_state(b, self.coefficient_shape)).reshape(v.shape)
         v_bar = rho[:, None] * f_bar
-        rho_bar = (v * f_bar).sum(1) + self.attention_adjoint(rho, v_bar)
-        c_bar = self.basis.synthesis_adjoint(rho_bar.reshape((members,) + self.grid_shape))
+        rho_bar = (v * f_bar).sum(1)
+        if self._from_density:  # through the moments' transpose: the transform and the synthesis at once
+            channels_bar = self._scaled_adjoint(channels, log_scale, rho, self._frame_adjoint(v_bar))
+            Z_bar = [] if self.batch.kernel == "softmax" else [torch.zeros_like(rho_bar)[:, None]]
+            c_bar = self.kernels.density_fields_adjoint(torch.cat([rho_bar[:, None]] + Z_bar + [channels_bar], dim=1))
+        else:
+            c_bar = self.basis.synthesis_adjoint((rho_bar + self.attention_adjoint(rho, v_bar)).reshape(
+                (members,) + self.grid_shape))
         return real_state(c_bar), v_bar
 
     def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -167,6 +167,10 @@ class ShtnsSHT:
         batch = coeffs.shape[:-2]
         return self._tensor([v[0] for v in fields], batch), self._tensor([v[1] for v in fields], batch)
 
+    def gradient_frame(self, coeffs: torch.Tensor) -> torch.Tensor:
+        """`gradient`'s two components stacked: (..., 2, nlat, nlon)."""
+        return torch.stack(self.gradient(coeffs), dim=-3)
+
     def divergence(self, v_theta: torch.Tensor, v_phi: torch.Tensor) -> torch.Tensor:
         """Coefficients of div v: -l(l+1) S_lm, exactly 0 at l = 0."""
         S, _ = self.vector_analysis(v_theta, v_phi)

@@ -39,6 +39,7 @@ from spherepde.base.arrays import (
     clone,
     complex_pairs,
     contiguous,
+    contiguous_copy,
     copy_,
     empty,
     empty_complex,
@@ -132,7 +133,7 @@ class TorchSHT:
         inverse_eigenvalue = np.zeros(lmax + 1)
         inverse_eigenvalue[1:] = 1.0 / (degree[1:] * (degree[1:] + 1.0))
         self._inverse_eigenvalue = real(inverse_eigenvalue)  # 1/(l(l+1)), 0 at l = 0
-        self._spectra = {}  # `moments`' numpy buffers, by field count
+        self._spectra = {}  # the numpy buffers of `_spectrum_buffer`, by shape
         self._weighted = None  # `_dense_divergence`'s tables
 
     # --- layouts: real rows (2B, M, .), the real and the imaginary part of each of the B fields in turn ---
@@ -259,8 +260,9 @@ class TorchSHT:
         batch = coeffs.shape[:-2]
         c = as_namespace(coeffs, xp).reshape(-1, order, order)
         count = c.shape[0]
-        columns = real_pairs(contiguous(permute(c, (1, 2, 0))))  # order m: columns (member, Re/Im) (m, l, 2 B)
-        spectrum = self._moment_spectrum(xp, count)  # (nlon // 2 + 1, 5, nlat, B) complex, zero beyond order
+        columns = real_pairs(contiguous_copy(permute(c, (1, 2, 0))))  # order m: columns (member, Re/Im) (m, l, 2 B)
+        columns[0, :, 1::2] = 0  # a real field's c_l0 are real: their imaginary parts read as zero, as by synthesis
+        spectrum = self._spectrum_buffer(xp, 5, count)  # (nlon // 2 + 1, 5, nlat, B) complex, zero beyond order
         rows = real_pairs(spectrum)
         # rho, F[rho], F[rho x_3] in fields 0..2 (x_3 then moves to field 4), p in field 3, q in `right`.
         matmul_into(rows[:order, :3].reshape(order, 3 * nlat, 2 * count), own, columns)
@@ -279,15 +281,47 @@ class TorchSHT:
         irfft_into(permute(grid, (3, 1, 2, 0)), spectrum, self.nlon, 0)
         return as_tensor(grid).reshape(*batch, 5, nlat, self.nlon)
 
-    def _moment_spectrum(self, xp, count: int):
-        """The ring spectra buffer of `moments` for `count` fields: numpy's kept (what `moments` never writes stays
-        zero), torch's new (autograd may hold it)."""
-        shape = (self.nlon // 2 + 1, 5, self.nlat, count)
+    def moments_adjoint(self, fields_bar: torch.Tensor, tables: "MomentTables") -> torch.Tensor:
+        """The transpose of `moments` (its gradient with respect to the real and imaginary parts of the
+        coefficients) applied to the cotangents of its five fields: (..., 5, nlat, nlon) -> (..., lmax, lmax).
+
+        Backwards through `moments`: the ring spectra's cotangents are the fields' DFTs times the multiplicity of
+        the order (irfft counts an order m > 0 twice, the imaginary part of m = 0 not at all), p_bar = x1_bar +
+        i x2_bar and q_bar = x1_bar - i x2_bar (x_2 = -i (p - q)), and the tables' transposes on the left."""
+        xp = program_namespace(fields_bar)
+        own, before, after = tables.on(xp)
+        order, nlat = self.lmax, self.nlat
+        batch = fields_bar.shape[:-3]
+        grid = as_namespace(fields_bar, xp).reshape(-1, 5, nlat, self.nlon)
+        count = grid.shape[0]
+        spectrum = empty_complex(grid, (self.nlon // 2 + 1, 5, nlat, count))
+        rfft_into(permute(spectrum, (3, 1, 2, 0)), grid, 3)
+        spectrum = spectrum[:order + 1]
+        spectrum[1:] *= 2
+        rows = real_pairs(spectrum)  # (order + 1, 5, nlat, 2 B)
+        turned = 1j * spectrum[:, 3]
+        p_bar, q_bar = (real_pairs(spectrum[:, 2] + sign * turned) for sign in (1, -1))
+        transpose = (0, 2, 1)
+        columns = permute(own[:, :2 * nlat], transpose) @ rows[:order, :2].reshape(order, 2 * nlat, 2 * count)
+        columns += permute(own[:, 2 * nlat:], transpose) @ rows[:order, 4]
+        columns += permute(before[1:], transpose) @ p_bar[1:]
+        columns[1:] += permute(after[:order - 1], transpose) @ q_bar[:order - 1]
+        conjugate = permute(before[0], (1, 0)) @ p_bar[0]
+        conjugate.reshape(order, count, 2)[:, :, 1] *= -1  # c_{-1} = conj c_1
+        columns[1] += conjugate
+        columns[0, :, 1::2] = 0
+        c_bar = contiguous(permute(complex_pairs(columns), (2, 0, 1)))
+        return as_tensor(c_bar).reshape(*batch, order, order)
+
+    def _spectrum_buffer(self, xp, fields: int, count: int):
+        """A buffer of ring spectra (order, field, ring, member) for `moments` and `gradient_frame`, zero beyond the
+        orders they write: numpy's kept (what they never write stays zero), torch's new (autograd may hold it)."""
+        shape = (self.nlon // 2 + 1, fields, self.nlat, count)
         if xp is torch:
             return torch.zeros(shape, dtype=self.complex_dtype, device=self.device)
-        if count not in self._spectra:
-            self._spectra[count] = torch.zeros(shape, dtype=self.complex_dtype).numpy()
-        return self._spectra[count]
+        if shape not in self._spectra:
+            self._spectra[shape] = torch.zeros(shape, dtype=self.complex_dtype).numpy()
+        return self._spectra[shape]
 
     # --- vector transforms ---------------------------------------------------------------------
 
@@ -325,11 +359,40 @@ class TorchSHT:
 
     def gradient(self, coeffs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """grad f = (df/dtheta, (1/sin theta) df/dphi) from the coefficients of f (= vector_synthesis(coeffs, 0))."""
+        if self.layout == "dense":
+            frame = self.gradient_frame(coeffs)
+            return frame[..., 0, :, :], frame[..., 1, :, :]
         rows, batch = self._spectral_rows(coeffs)
         v_theta = self._legendre.synthesis(rows, self._dP, odd=True)
         v_phi = self._legendre.synthesis(_times_i(rows), self._mP_sin, odd=False)
         v = self._grid(torch.cat((v_theta, v_phi)), (2, *batch))
         return v[0], v[1]
+
+    def gradient_frame(self, coeffs: torch.Tensor) -> torch.Tensor:
+        """`gradient`'s two components stacked: (..., M, L) -> (..., 2, nlat, nlon).  With the dense tables one
+        program over numpy and torch as `moments`: per order m, (v_theta)_m = dPbar_m c_m and (v_phi)_m =
+        i m Pbar_m / sin(theta) c_m with the tables on the left of the coefficients, written as ring spectra in
+        the layout the inverse FFT along the orders reads, which writes the grid in its own."""
+        if self.layout != "dense":
+            return torch.stack(self.gradient(coeffs), dim=-3)
+        nmode = self.lmax + 1
+        if coeffs.shape[-2:] != (nmode, nmode):
+            raise ValueError(f"coefficients must have shape (..., {nmode}, {nmode}), got {tuple(coeffs.shape)}")
+        coeffs = coeffs.to(device=self.device, dtype=self.complex_dtype)
+        xp = program_namespace(coeffs)
+        derivative, order_sine = (permute(as_namespace(table, xp), (0, 2, 1)) for table in (self._dP, self._mP_sin))
+        batch = coeffs.shape[:-2]
+        c = as_namespace(coeffs, xp).reshape(-1, nmode, nmode)
+        count = c.shape[0]
+        columns = real_pairs(contiguous_copy(permute(c, (1, 2, 0))))  # (m, l, 2 B)
+        spectrum = self._spectrum_buffer(xp, 2, count)
+        rows = real_pairs(spectrum)
+        matmul_into(rows[:nmode, 0], derivative, columns)
+        matmul_into(rows[:nmode, 1], order_sine, columns)
+        spectrum[:nmode, 1] *= 1j
+        grid = empty(columns, (count, 2, self.nlat, self.nlon))
+        irfft_into(permute(grid, (3, 1, 2, 0)), spectrum, self.nlon, 0)
+        return as_tensor(grid).reshape(*batch, 2, self.nlat, self.nlon)
 
     def divergence(self, v_theta: torch.Tensor, v_phi: torch.Tensor) -> torch.Tensor:
         """Coefficients of div v = Lap S, i.e. -l(l+1) S_lm:
