@@ -14,7 +14,8 @@ eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense
 3. the particle training at the seed's scale (N = 64 tokens, T = 80, particles.dt = time.dt = 0.01): one
    evaluation of 20 trainings batched, per member, against one serial evaluation of the code at --baseline (both
    the median of --repeats), and the floor of its arithmetic on this core (particle_floor);
-4. S^2, softmax, lmax 32, the spectral field (the quick-start's model): a step per member at M = 16 against M = 1;
+4. S^2, softmax, lmax 32, the spectral field (the quick-start's model): a step per member at M = 16 against M = 1,
+   and an evaluation of J and dJ/dW of the model trained (no criterion) against its forward step;
 5. the code at --baseline (default: the commit the ensembles issue started from), checked out into a temporary
    folder (git archive) and measured in a child process on the same cases: its forward step and its evaluation
    per step, against today's;
@@ -126,6 +127,35 @@ def sphere_costs(members: int, repeats: int) -> dict:
     problem = ForwardProblem([load(S2_CASE, S2)] * members)
     return {"step": step_seconds(problem, repeats) / members, "path": problem.transport.path,
             "field": problem.kernels.name}
+
+
+def sphere_evaluation_costs(members: int, repeats: int) -> dict:
+    """(forward step, evaluation of J and dJ/dW per step) seconds per member of `members` copies of the S^2 case
+    trained (align loss, 4 layers, dt 0.01, T = 0.4): the quick-start's model has no [control] section, so the
+    case is its table with one."""
+    import tomllib
+
+    from solvers.adjoint import discrete_gradients
+    from solvers.controlled_forward import ControlledForward
+    from spherepde.io.case import case_from_dict
+
+    with open(S2_CASE, "rb") as file:
+        table = tomllib.load(file)
+    table["time"] = {"t_end": 0.4, "dt": 0.01}
+    table["control"] = {"loss": "align", "target": [0.0, 0.0, 1.0], "lambda_reg": 0.01, "layers": 4,
+                        "gradient": "discrete"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        case = case_from_dict(table, S2)
+    forward = ControlledForward([case] * members)
+    states = forward.initial()
+    controls = 0.1 * torch.randn((members, 4, 3, 3), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with torch.no_grad():
+        forward.run(states, controls)
+        run = clock(lambda: forward.run(states, controls), repeats)
+    discrete_gradients(forward, states, controls)
+    evaluation = clock(lambda: discrete_gradients(forward, states, controls), repeats)
+    return {"step": run / forward.steps / members, "evaluation": evaluation / forward.steps / members}
 
 
 def step_seconds(problem, repeats: int, dt: float = 0.01, steps: int = 4) -> float:
@@ -347,6 +377,11 @@ def main(argv=None):
     print(f"4. S^2 softmax, lmax 32, {s2_single['field']} field ({s2_single['path']} path): step per member "
           f"{1e3 * s2_single['step']:.2f} ms at M = 1, {1e3 * s2_batch['step']:.2f} ms at M = 16: ratio "
           f"{s2_batch['step'] / s2_single['step']:.3f}   (criterion <= 0.25)")
+    for members in (1, 16):
+        costs = sphere_evaluation_costs(members, args.repeats)
+        print(f"   trained (align, 4 layers, T = 0.4), M = {members:2d}: an evaluation of J and dJ/dW "
+              f"{1e3 * costs['evaluation']:.2f} ms per member and step, {costs['evaluation'] / costs['step']:.2f} "
+              "forward steps")
     if not args.no_baseline:
         settings = {"s1_case": os.path.basename(S1_CASE), "s1": S1, "t_end": t_end, "layers": layers,
                     "repeats": args.repeats, "bow": os.path.basename(BOW), "particle_t_end": particle_t_end}

@@ -46,10 +46,10 @@ Two gradients, one step grid (control.gradient):
   untrained entries (ControlledForward.trained_part), as the discrete one.
 
 The tape (what the backward pass reads of the forward one) is chosen by memory (`Tape`): every step's state,
-and the stage tokens (Transport.rate_token: on S^1's matrix path the rows (rho, v) of each stage, so that the
-transpose skips their product; else the stage's state) of as many of the first steps as fit
-controlled_forward.TAPE_BYTES beside them (a step whose tokens are kept costs the backward pass no recomputation; one
-without is recomputed once, with its stages), else the state at every K-th step,
+and the stage tokens (Transport.rate_token: on S^1's matrix and fourier paths the rows of each stage's first
+product, (rho, v) or (r, y), so that the transpose skips it, where every step's fit; else the stage's state) of as
+many of the first steps as fit controlled_forward.TAPE_BYTES beside them (a step whose tokens are kept costs the
+backward pass no recomputation; one without is recomputed once, with its stages), else the state at every K-th step,
 K = control.checkpoint_every or ceil(sqrt(steps)) (segments recomputed: one forward run more).  Memory in
 the last case: (steps / K + K + 1) states per member, about 2 sqrt(steps) x 16 (lmax + 1) bytes on S^1 and
 2 sqrt(steps) x 16 (lmax + 1)^2 bytes on S^2.  None changes the gradient beyond round-off.

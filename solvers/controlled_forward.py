@@ -179,7 +179,7 @@ class ControlledForward:
 
         def step(state):
             keep = [] if tape is not None and tape.keeps_next() else None
-            state = self.problem.step(state, current["drive"], current["factors"], keep)
+            state = self.problem.step(state, current["drive"], current["factors"], keep, tape is None or tape.rows)
             hooks.kept = keep[0] if keep else None
             return state
 
@@ -266,18 +266,25 @@ class Tape:
     """What the forward pass keeps for the backward one (module docstring): its end state at every `every`-th
     step, and for the steps n = 1..`token_steps` (numbered from 1 after the start) their stages' tokens
     (ForwardProblem.step's, what the transport's transpose reads; none with `tokens` False: the continuous
-    gradient reads states only)."""
+    gradient reads states only): the rows of the path's first product (Transport.rate_token) where every step's
+    fit TAPE_BYTES beside the states, else the stages' states (`rows` False: on S^1's paths a third of the memory
+    or less, the transpose recomputing the rows from them, a fraction of the step a recomputed step would cost)."""
 
     def __init__(self, forward: ControlledForward, states: torch.Tensor, every: int, tokens: bool = True):
         self.forward = forward
         scheme, transport = forward.problem.scheme, forward.problem.transport
         state_bytes = states.numel() * states.element_size()
-        step_tokens_bytes = scheme.stages_count * transport.token_size() * states.shape[0] * states.element_size()
-        self.token_steps = 0
+
+        def step_tokens_bytes(rows):  # a first stage's state is the step's start, kept already
+            stages = scheme.stages_count - (scheme.starts_at_start and not transport.token_rows(rows))
+            return stages * transport.token_size(rows) * states.shape[0] * states.element_size()
+        self.token_steps, self.rows = 0, True
         if every == 0:
             every = 1 if forward.steps * state_bytes <= TAPE_BYTES else max(1, math.ceil(math.sqrt(forward.steps)))
             if every == 1 and tokens:
-                self.token_steps = min(forward.steps, (TAPE_BYTES - forward.steps * state_bytes) // step_tokens_bytes)
+                room = TAPE_BYTES - forward.steps * state_bytes
+                self.rows = forward.steps * step_tokens_bytes(True) <= room
+                self.token_steps = min(forward.steps, room // step_tokens_bytes(self.rows))
         self.every = every
         self.states = {0: states}
         self.stage_tokens = {}

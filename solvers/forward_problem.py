@@ -139,9 +139,11 @@ class ForwardProblem:
         """The complex coefficients (M, *coeff) of a state (a view)."""
         return complex_state(state, self.transport.coefficient_shape)
 
-    def step(self, state: torch.Tensor, drive: torch.Tensor, factors, keep: list | None = None) -> torch.Tensor:
+    def step(self, state: torch.Tensor, drive: torch.Tensor, factors, keep: list | None = None,
+             rows: bool = True) -> torch.Tensor:
         """One step of the scheme with the drive of the layer (Transport.feed_forward), then the filter; with `keep`
-        (a list) the step's tokens for `step_adjoint` are appended to it (Transport.rate_token, one per stage).
+        (a list) the step's tokens for `step_adjoint` are appended to it, (rows, [one per stage]) (Transport.rate_token
+        with `rows`).
         The step runs in the transport's array library (Transport.namespace: numpy on the CPU's fourier path),
         the state, drive and factors viewed in it and the end state viewed back as a tensor (no copies)."""
         xp = self.transport.namespace
@@ -153,24 +155,25 @@ class ForwardProblem:
                 tokens = [None] * self.scheme.stages_count
 
                 def rate(stage, U):
-                    value, tokens[stage] = self.transport.rate_token(U, drive)
+                    value, tokens[stage] = self.transport.rate_token(U, drive, rows)
                     return value
 
                 state = self.scheme.step(state, rate, factors)
-                keep.append(tokens)
+                keep.append((rows, tokens))
             return as_tensor(state if self.filter is None else state * as_namespace(self.filter, xp))
 
-    def step_adjoint(self, state_bar: torch.Tensor, tokens: list, drive: torch.Tensor,
+    def step_adjoint(self, state_bar: torch.Tensor, kept: tuple, drive: torch.Tensor,
                      factors) -> tuple[torch.Tensor, torch.Tensor]:
         """(the cotangent of the step's start, that of the drive over the step) from the cotangent of its end
-        (`step`'s transpose: the filter is real and diagonal), given the tokens `step` kept; in the array library
-        of `step`."""
+        (`step`'s transpose: the filter is real and diagonal), given what `step` kept, (rows, tokens); in the array
+        library of `step`."""
         xp = self.transport.namespace
         state_bar, drive, factors = as_namespace(state_bar, xp), as_namespace(drive, xp), factors.on(xp)
         drive_bar = xp.zeros_like(drive)
+        rows, tokens = kept
 
         def rate_vjp(stage, token, e_bar):
-            U_bar, stage_drive_bar = self.transport.vjp_token(token, drive, e_bar)
+            U_bar, stage_drive_bar = self.transport.vjp_token(token, drive, e_bar, rows)
             xp.add(drive_bar, stage_drive_bar, out=drive_bar)
             return U_bar
 

@@ -147,18 +147,25 @@ def test_checkpointing_does_not_change_the_gradient():
 
 @pytest.mark.parametrize("kernel, dim", [("unnormalized", 2), ("softmax", 3)])
 def test_a_tape_keeping_the_tokens_of_some_steps_gives_the_gradient_of_one_keeping_all(monkeypatch, kernel, dim):
-    """Steps whose stage tokens did not fit the tape are recomputed in the backward pass: the same arithmetic,
-    so the same dW bit for bit, whichever steps those are."""
+    """Steps whose stage tokens did not fit the tape are recomputed in the backward pass, and where the rows of the
+    stages' first products do not all fit the tape keeps the stages' states, from which the transpose recomputes
+    them: the same arithmetic, so the same dW bit for bit, whichever steps and tokens those are."""
     case = training_case(kernel, dim=dim, lmax=12 if dim == 2 else 6)
     forward, c0, controls = setup(case)
+    assert Tape(forward, forward.initial(), 0).rows
     whole = discrete_gradient(forward, c0, controls).dW
     state_bytes = forward.initial().numel() * 8
-    step_bytes = forward.problem.scheme.stages_count * forward.problem.transport.token_size() * 8
-    monkeypatch.setattr(controlled_forward, "TAPE_BYTES", forward.steps * state_bytes + 3 * step_bytes)
-    tape = Tape(forward, forward.initial(), 0)
-    assert (tape.every, tape.token_steps) == (1, 3) and forward.steps > 3
-    partial = discrete_gradient(forward, c0, controls).dW
-    assert torch.equal(partial, whole)
+    transport = forward.problem.transport
+    scheme = forward.problem.scheme
+    step_bytes = (scheme.stages_count - scheme.starts_at_start) * transport.token_size(rows=False) * 8
+    rows_larger = transport.token_size(rows=True) > transport.token_size(rows=False)
+    assert rows_larger == (dim == 2)  # S^1's fourier path keeps (r, y); the S^2 grid path's token is the state
+    for steps in (3, forward.steps):
+        monkeypatch.setattr(controlled_forward, "TAPE_BYTES", forward.steps * state_bytes + steps * step_bytes)
+        tape = Tape(forward, forward.initial(), 0)
+        assert (tape.every, tape.token_steps) == (1, steps) and forward.steps > 3
+        assert tape.rows == (steps == forward.steps and not rows_larger)
+        assert torch.equal(discrete_gradient(forward, c0, controls).dW, whole)
 
 
 @pytest.mark.parametrize("batch_bytes", [1, 10 ** 9])

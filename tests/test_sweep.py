@@ -181,9 +181,11 @@ def test_member_asking_for_an_absent_device_fails_before_anything_runs(tmp_path,
 def test_local_workers_keep_freed_memory_where_dask_would_trim_it():
     """Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_ = 65536 (glibc gives freed memory back at once); the
     sweep's LocalCluster starts them with spherepde.base.memory's thresholds: in a worker, once its heap has settled,
-    ten rounds of a step's 48 MB of temporaries fault in at most 1% of their 122,880 pages (with Dask's setting
-    nearly all of them).  Measured in the worker's main thread: a task thread's own arena settles too, but not always
-    within eight rounds (one 6 MB chunk faulted in once more in one CI run)."""
+    ten rounds of a step's 48 MB of temporaries fault in less than a quarter of one round's 12,288 pages (with
+    Dask's setting nearly all of the ten rounds', 122,880).  Measured in the worker's main thread: a task thread's
+    own arena settles too, but not always within eight rounds; and the worker's own threads allocate beside the
+    task, so that one 6 MB chunk may be faulted in once more (1,536 pages, in one CI run and in one of a session's
+    full test runs; the subprocess test of test_case.py, with no other threads, keeps its 1% of all ten rounds)."""
     from spherepde.base.memory import glibc
 
     if not glibc():
@@ -196,4 +198,4 @@ def test_local_workers_keep_freed_memory_where_dask_would_trim_it():
 
     with sweep_module._cluster(None, 1) as client:
         (count,) = client.run(faults).values()
-    assert count <= 0.01 * 10 * 12288
+    assert count < 12288 / 4

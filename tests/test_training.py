@@ -442,10 +442,10 @@ def test_a_blow_up_that_passes_is_still_a_failure():
     controls = torch.zeros(2, 2, 2, dtype=torch.float64)
     for evaluate in (evaluate_cost, discrete_gradient):
         calls = iter(range(10 * forward.steps))
-        forward.problem.step = lambda c, drive, factors, keep=None: c * {1: 1e6, 2: 1e-6}.get(next(calls), 1.0)
+        forward.problem.step = lambda c, *_, **__: c * {1: 1e6, 2: 1e-6}.get(next(calls), 1.0)
         with pytest.raises(NumericalFailure, match="the forward run blew up between t = 0 and 0.25"):
             evaluate(forward, c0, controls)
-    forward.problem.step = lambda c, drive, factors, keep=None: c  # the same states without the excursion pass
+    forward.problem.step = lambda c, *_, **__: c  # the same states without the excursion pass
     assert math.isfinite(evaluate_cost(forward, c0, controls))
 
 

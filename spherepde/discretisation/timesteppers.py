@@ -206,6 +206,9 @@ class RungeKutta:
         rows = 2 * tableau.stages + 1
         later = self.stages[1:] + [self.update]
         used = [any(row[k] for terms in later for _, row in terms.groups) for k in range(rows)]
+        # Every tableau here has an explicit first stage whose input is the step's start itself: `step` keeps that
+        # same array (no copy), and its transpose adds the stage's cotangent to the start's.
+        self.starts_at_start = self.diagonal[0] == 0
         self.explicit_needed = [used[2 * i + 1] for i in range(tableau.stages)]
         self.implicit_needed = [used[2 * i + 2] for i in range(tableau.stages)]
         self._coefficients, self._buffers = {}, {}
@@ -254,7 +257,7 @@ class RungeKutta:
         _, prefixes, rows = self._buffer(c, "step")
         copy_(rows[0], c)
         for i, terms in enumerate(self.stages):
-            stage = c if i == 0 and self.diagonal[0] == 0 else self._combine(terms, prefixes, factors, c.shape)
+            stage = c if i == 0 and self.starts_at_start else self._combine(terms, prefixes, factors, c.shape)
             if self.diagonal[i]:
                 stage = stage * factors.solve[self.diagonal[i]]
             if keep is not None:
@@ -283,7 +286,7 @@ class RungeKutta:
                 continue
             if self.diagonal[i]:
                 stage_bar *= factors.solve[self.diagonal[i]]
-            if i == 0 and self.diagonal[0] == 0:
+            if i == 0 and self.starts_at_start:
                 rows[0] += stage_bar
             else:
                 self._scatter(self.stages[i], prefixes, stage_bar, factors)

@@ -16,7 +16,7 @@ import torch
 
 from spherepde.base.arrays import amax, as_namespace, as_tensor, program_namespace, quiet
 from spherepde.base.device import Placement
-from spherepde.geometry.ambient import inner, norm, tangent_projection
+from spherepde.geometry.ambient import norm, tangent_projection
 
 
 @dataclass(frozen=True)

@@ -104,9 +104,13 @@ class FourierPath:
         """(rho (M, n), v (M, 1, n))."""
         return self._synthesis(state) / math.sqrt(2 * math.pi), self._velocity(state, drive)[:, None]
 
+    def token(self, state, drive) -> tuple:
+        """The rows (r, y), each (M, n), of the state: what the transpose reads."""
+        return self._synthesis(state), self._velocity(state, drive)
+
     def rate_token(self, state, drive) -> tuple:
-        """(the rate (M, N), the token (r, y), each (M, n))."""
-        r, y = self._synthesis(state), self._velocity(state, drive)
+        """(the rate (M, N), the token (r, y) of `token`)."""
+        r, y = self.token(state, drive)
         flux = rfft(r * y)[:, :self.modes]
         return real_state(flux * self._operands(state)[4]), (r, y)
 
@@ -126,4 +130,4 @@ class FourierPath:
         return state_bar + low, y_bar
 
     def vjp(self, state, drive, b) -> tuple:
-        return self.vjp_rows(self.rate_token(state, drive)[1], b)
+        return self.vjp_rows(self.token(state, drive), b)

@@ -69,15 +69,20 @@ class LayeredTransport:
             state_bar, drive_bar = torch.autograd.grad(self(state, drive), (state, drive), b)
         return state_bar, drive_bar
 
-    def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the rate, the state): the transpose recomputes the evaluation from the stage's state."""
+    def rate_token(self, state: torch.Tensor, drive: torch.Tensor, rows: bool = True) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
+        """(the rate, the state): the transpose recomputes the evaluation from the stage's state (Transport's
+        interface; there are no rows to keep)."""
         return self(state, drive), state
 
-    def vjp_token(self, token: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                           torch.Tensor]:
+    def vjp_token(self, token: torch.Tensor, drive: torch.Tensor, b: torch.Tensor,
+                  rows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         return self.vjp(token, drive, b)
 
-    def token_size(self) -> int:
+    def token_rows(self, rows: bool) -> bool:
+        return False
+
+    def token_size(self, rows: bool = True) -> int:
         """Numbers per member of a token of `rate_token`: a state."""
         return 2 * math.prod(self.coefficient_shape)
 

@@ -333,26 +333,29 @@ class Transport:
                 (members,) + self.grid_shape))
         return real_state(c_bar), v_bar
 
-    def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the rate, a token for `vjp_token`): what the transpose needs of this evaluation, the rows (rho, v) of
-        the matrix path's first product where it has them (the transpose then skips that product), else the
-        state."""
-        if self._folded is not None and self._folded.single_frame:
+    def rate_token(self, state: torch.Tensor, drive: torch.Tensor, rows: bool = True) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
+        """(the rate, a token for `vjp_token`): what the transpose needs of this evaluation, with `rows` the rows of
+        the path's first product where it has them (the matrix path's (rho, v), the fourier path's (r, y): the
+        transpose then skips that product), else the state."""
+        if self.token_rows(rows):
             return self._folded.rate_token(state, drive)
         return self(state, drive), state
 
-    def vjp_token(self, token: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                           torch.Tensor]:
-        """`vjp` from the token of `rate_token`."""
-        if self._folded is not None and self._folded.single_frame:
+    def vjp_token(self, token: torch.Tensor, drive: torch.Tensor, b: torch.Tensor,
+                  rows: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """`vjp` from the token of `rate_token` (made with the same `rows`)."""
+        if self.token_rows(rows):
             return self._folded.vjp_rows(token, b)
         return self.vjp(token, drive, b)
 
-    def token_size(self) -> int:
+    def token_rows(self, rows: bool) -> bool:
+        """Whether `rate_token(..., rows)`'s token is rows of a product (else it is the state itself)."""
+        return rows and self._folded is not None and self._folded.single_frame
+
+    def token_size(self, rows: bool = True) -> int:
         """Numbers per member of a token of `rate_token`."""
-        if self._folded is not None and self._folded.single_frame:
-            return 2 * self.points.shape[0]
-        return 2 * math.prod(self.coefficient_shape)
+        return 2 * self.points.shape[0] if self.token_rows(rows) else 2 * math.prod(self.coefficient_shape)
 
     def max_speed(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
         """max over the grid of |v| (M,): the frame is orthonormal, so |v|^2 = sum_k v_k^2."""
