@@ -22,6 +22,7 @@ from solvers.timegrid import Plan
 from spherepde.base.arrays import as_namespace, as_tensor, quiet
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
+from spherepde.base.garbage import freeze_setup
 from spherepde.base.memory import keep_freed_memory
 from spherepde.base.real_view import complex_state, real_diagonal, real_state
 from spherepde.discretisation.bases import make_basis
@@ -47,6 +48,7 @@ class ForwardProblem:
         case = cases[0]
         self.cases = cases
         keep_freed_memory()  # the steps' temporaries, freed at every stage, stay with the process
+        freeze_setup()  # full garbage collections skip what exists now (spherepde/base/garbage.py)
         solver = case["solver"]
         self.placement = make_placement(solver["device"], solver["dtype"])
         if case.dim not in (2, 3):

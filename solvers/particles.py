@@ -53,6 +53,7 @@ from solvers.particle_step import DirectStep, noise_time, noise_variance
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
+from spherepde.base.garbage import freeze_setup
 from spherepde.base.progress import Progress
 from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX, explicit_flow
 from spherepde.geometry.ambient import tangent_projection
@@ -229,6 +230,7 @@ class ParticleSystem:
     def __init__(self, cases, general: bool | None = None):
         cases = [cases] if not isinstance(cases, (list, tuple)) else list(cases)
         self.cases, self.case = cases, cases[0]
+        freeze_setup()  # full garbage collections skip what exists now (spherepde/base/garbage.py)
         if len(cases) > 1 and fixed_step(self.case) is None:
             raise ValueError("ParticleSystem: members stepped by the CFL rule take their own steps; run them alone")
         solver = self.case["solver"]
