@@ -236,20 +236,21 @@ def test_divergence_has_no_mean(torch_sht):
 
 
 def test_dense_programs_agree():
-    """The dense tables' divergence and gradient run in numpy on the CPU and in torch under autograd (base.arrays):
-    both give the packed tables' (another product) to round-off."""
+    """The dense tables' transforms run in numpy on the CPU and in torch under autograd (base.arrays): both give
+    the packed tables' (another product) to round-off."""
     generator = torch.Generator().manual_seed(7)
     v_theta, v_phi = torch.randn(2, 4, NLAT, NLON, dtype=torch.float64, generator=generator)
-    packed, dense = TorchSHT(LMAX, NLAT, NLON, layout="packed"), TorchSHT(LMAX, NLAT, NLON, layout="dense")
-    expected = packed.divergence(v_theta, v_phi)
-    assert relative_difference(dense.divergence(v_theta, v_phi), expected) <= 1e-14
-    tracked = dense.divergence(v_theta.clone().requires_grad_(True), v_phi)
-    assert tracked.requires_grad and relative_difference(tracked.detach(), expected) <= 1e-14
     c = random_coefficients(4)
-    expected = torch.stack(packed.gradient(c), dim=-3)
-    assert relative_difference(dense.gradient_frame(c), expected) <= 1e-14
-    tracked = dense.gradient_frame(c.clone().requires_grad_(True))
-    assert tracked.requires_grad and relative_difference(tracked.detach(), expected) <= 1e-14
+    packed, dense = TorchSHT(LMAX, NLAT, NLON, layout="packed"), TorchSHT(LMAX, NLAT, NLON, layout="dense")
+    cases = [("divergence", (v_theta, v_phi), packed.divergence(v_theta, v_phi)),
+             ("gradient_frame", (c,), torch.stack(packed.gradient(c), dim=-3)),
+             ("analysis", (v_theta,), packed.analysis(v_theta)),
+             ("synthesis", (c,), packed.synthesis(c))]
+    for name, arguments, expected in cases:
+        transform = getattr(dense, name)
+        assert relative_difference(transform(*arguments), expected) <= 1e-14, name
+        tracked = transform(arguments[0].clone().requires_grad_(True), *arguments[1:])
+        assert tracked.requires_grad and relative_difference(tracked.detach(), expected) <= 1e-14, name
 
 
 def test_degree_filter_is_analysis_weights_synthesis(torch_sht):

@@ -134,7 +134,7 @@ class TorchSHT:
         inverse_eigenvalue[1:] = 1.0 / (degree[1:] * (degree[1:] + 1.0))
         self._inverse_eigenvalue = real(inverse_eigenvalue)  # 1/(l(l+1)), 0 at l = 0
         self._spectra = {}  # the numpy buffers of `_spectrum_buffer`, by shape
-        self._weighted = None  # `_dense_divergence`'s tables
+        self._weighted = {}  # `_weighted_table`'s, by name
 
     # --- layouts: real rows (2B, M, .), the real and the imaginary part of each of the B fields in turn ---
 
@@ -190,14 +190,80 @@ class TorchSHT:
     def analysis(self, f: torch.Tensor) -> torch.Tensor:
         """a_lm = sum_j w_j Pbar_lm(x_j) (2 pi / nlon) sum_k f[j, k] e^{-i m phi_k}:
         (..., nlat, nlon) -> (..., M, L)."""
+        if self.layout == "dense":
+            (sums,), batch = self._dense_sums((f,), ("P",))
+            return self._dense_coefficients(sums, batch)
         rings, batch = self._fourier_rows(f)
         return self._coefficients(self._legendre.analysis(rings, self._P, odd=False), batch)
 
     def synthesis(self, coeffs: torch.Tensor) -> torch.Tensor:
         """f[j, k] = sum_l [a_l0 Pbar_l0 + 2 Re sum_{m>0} a_lm Pbar_lm(x_j) e^{i m phi_k}]:
         (..., M, L) -> (..., nlat, nlon)."""
+        if self.layout == "dense":
+            return self._dense_fields(coeffs, (self._P,), (False,))[..., 0, :, :]
         rows, batch = self._spectral_rows(coeffs)
         return self._grid(self._legendre.synthesis(rows, self._P, odd=False), batch)
+
+    # --- the dense tables' transforms: one program over numpy and torch --------------------------
+
+    def _dense_fields(self, coeffs: torch.Tensor, tables: tuple, turned: tuple) -> torch.Tensor:
+        """Fields from coefficients with dense tables T_k [m, l, j]: per order m the ring spectrum of field k is
+        T_k,m c_m (times i where turned[k]); (..., M, L) -> (..., K, nlat, nlon).  The tables on the left of the
+        coefficients write the members' spectra straight into the layout (order, field, ring, member) that the
+        inverse FFT along the orders reads, which writes the grid in its own: no change of layout but the
+        coefficients' (numpy's BLAS and ducc0's FFT on the CPU outside autograd, torch elsewhere: base.arrays)."""
+        nmode = self.lmax + 1
+        if coeffs.shape[-2:] != (nmode, nmode):
+            raise ValueError(f"coefficients must have shape (..., {nmode}, {nmode}), got {tuple(coeffs.shape)}")
+        coeffs = coeffs.to(device=self.device, dtype=self.complex_dtype)
+        xp = program_namespace(coeffs)
+        batch = coeffs.shape[:-2]
+        c = as_namespace(coeffs, xp).reshape(-1, nmode, nmode)
+        count = c.shape[0]
+        columns = real_pairs(contiguous_copy(permute(c, (1, 2, 0))))  # (m, l, 2 B)
+        spectrum = self._spectrum_buffer(xp, len(tables), count)
+        rows = real_pairs(spectrum)
+        for k, (table, turn) in enumerate(zip(tables, turned)):
+            matmul_into(rows[:nmode, k], permute(as_namespace(table, xp), (0, 2, 1)), columns)
+            if turn:
+                spectrum[:nmode, k] *= 1j
+        grid = empty(columns, (count, len(tables), self.nlat, self.nlon))
+        irfft_into(permute(grid, (3, 1, 2, 0)), spectrum, self.nlon, 0)
+        return as_tensor(grid).reshape(*batch, len(tables), self.nlat, self.nlon)
+
+    def _dense_sums(self, fields: tuple, tables: tuple) -> tuple[list, torch.Size]:
+        """(the Legendre sums, the fields' batch shape) of real fields (..., nlat, nlon) with the dense tables named
+        in `tables` ("P", "dP", "mP_sin"), the ring quadrature folded in: per order m, (T_k w)_m F[f_k]_m as complex
+        (M, L, B).  The FFT writes the members' ring spectra in the layout (order, ring, member) that the tables on
+        their left read: one program over numpy and torch, as `_dense_fields`."""
+        for f in fields:
+            if f.shape[-2:] != (self.nlat, self.nlon) or f.is_complex():
+                raise ValueError(f"spatial arrays must be real of shape (..., {self.nlat}, {self.nlon}), "
+                                 f"got {tuple(f.shape)}")
+        xp = program_namespace(*fields)
+        batch, nmode = fields[0].shape[:-2], self.lmax + 1
+        count = math.prod(batch)
+        sums = []
+        for f, name in zip(fields, tables):
+            values = as_namespace(f.to(device=self.device, dtype=self.dtype), xp).reshape(count, self.nlat, self.nlon)
+            spectrum = empty_complex(values, (self.nlon // 2 + 1, self.nlat, count))
+            rfft_into(permute(spectrum, (2, 1, 0)), values, 2)
+            sums.append(complex_pairs(self._weighted_table(name, xp) @ real_pairs(spectrum[:nmode])))
+        return sums, batch
+
+    def _dense_coefficients(self, sums, batch: torch.Size) -> torch.Tensor:
+        """Coefficients (..., M, L) from sums (M, L, B) as `_dense_sums` gives them."""
+        nmode = self.lmax + 1
+        c = empty_complex(sums, (math.prod(batch), nmode, nmode))
+        copy_(permute(c, (1, 2, 0)), sums)
+        return as_tensor(c).reshape(*batch, nmode, nmode)
+
+    def _weighted_table(self, name: str, xp):
+        """The dense table `name` ("P", "dP", "mP_sin") [m, l, j] times the ring quadrature weights (made once)."""
+        if name not in self._weighted:
+            self._weighted[name] = getattr(self, "_" + name) * self._quadrature
+        table = self._weighted[name]
+        return table if xp is torch else table.numpy()
 
     def degree_filter(self, multiplier: np.ndarray) -> torch.Tensor:
         """The operator of f -> synthesis(mu_l analysis(f)) for a multiplier mu_l of the degree alone (lmax + 1,)
@@ -369,30 +435,11 @@ class TorchSHT:
         return v[0], v[1]
 
     def gradient_frame(self, coeffs: torch.Tensor) -> torch.Tensor:
-        """`gradient`'s two components stacked: (..., M, L) -> (..., 2, nlat, nlon).  With the dense tables one
-        program over numpy and torch as `moments`: per order m, (v_theta)_m = dPbar_m c_m and (v_phi)_m =
-        i m Pbar_m / sin(theta) c_m with the tables on the left of the coefficients, written as ring spectra in
-        the layout the inverse FFT along the orders reads, which writes the grid in its own."""
+        """`gradient`'s two components stacked: (..., M, L) -> (..., 2, nlat, nlon); with the dense tables per order
+        m (v_theta)_m = dPbar_m c_m and (v_phi)_m = i m Pbar_m / sin(theta) c_m (`_dense_fields`)."""
         if self.layout != "dense":
             return torch.stack(self.gradient(coeffs), dim=-3)
-        nmode = self.lmax + 1
-        if coeffs.shape[-2:] != (nmode, nmode):
-            raise ValueError(f"coefficients must have shape (..., {nmode}, {nmode}), got {tuple(coeffs.shape)}")
-        coeffs = coeffs.to(device=self.device, dtype=self.complex_dtype)
-        xp = program_namespace(coeffs)
-        derivative, order_sine = (permute(as_namespace(table, xp), (0, 2, 1)) for table in (self._dP, self._mP_sin))
-        batch = coeffs.shape[:-2]
-        c = as_namespace(coeffs, xp).reshape(-1, nmode, nmode)
-        count = c.shape[0]
-        columns = real_pairs(contiguous_copy(permute(c, (1, 2, 0))))  # (m, l, 2 B)
-        spectrum = self._spectrum_buffer(xp, 2, count)
-        rows = real_pairs(spectrum)
-        matmul_into(rows[:nmode, 0], derivative, columns)
-        matmul_into(rows[:nmode, 1], order_sine, columns)
-        spectrum[:nmode, 1] *= 1j
-        grid = empty(columns, (count, 2, self.nlat, self.nlon))
-        irfft_into(permute(grid, (3, 1, 2, 0)), spectrum, self.nlon, 0)
-        return as_tensor(grid).reshape(*batch, 2, self.nlat, self.nlon)
+        return self._dense_fields(coeffs, (self._dP, self._mP_sin), (False, True))
 
     def divergence(self, v_theta: torch.Tensor, v_phi: torch.Tensor) -> torch.Tensor:
         """Coefficients of div v = Lap S, i.e. -l(l+1) S_lm:
@@ -403,38 +450,11 @@ class TorchSHT:
         """
         if self.layout == "dense" and torch.is_tensor(v_theta) and torch.is_tensor(v_phi) \
                 and v_theta.shape == v_phi.shape:
-            return self._dense_divergence(v_theta, v_phi)
+            (derivative, order_sine), batch = self._dense_sums((v_theta, v_phi), ("dP", "mP_sin"))
+            return self._dense_coefficients(1j * order_sine - derivative, batch)
         rings, batch = self._fourier_rows(self._pair(v_theta, v_phi, self.dtype))
         half = rings.shape[0] // 2
         div = (self._legendre.analysis(_times_i(rings[half:]), self._mP_sin, odd=False)
                - self._legendre.analysis(rings[:half], self._dP, odd=True))
         return self._coefficients(div, batch[1:])
 
-    def _dense_divergence(self, v_theta: torch.Tensor, v_phi: torch.Tensor) -> torch.Tensor:
-        """`divergence` with the dense tables: per order m, (div v)_m = i E_m V_phi^m - D_m V_theta^m with the
-        quadrature folded into the tables (D = dPbar w, E = m Pbar / sin(theta) w), the tables on the left of the
-        fields' ring spectra (order, ring, (field, Re/Im)), which the FFT writes in that layout: no change of
-        layout but the coefficients' (numpy's BLAS and ducc0's FFT on the CPU outside autograd, torch elsewhere)."""
-        if v_theta.shape[-2:] != (self.nlat, self.nlon) or v_theta.is_complex():
-            raise ValueError(f"spatial arrays must be real of shape (..., {self.nlat}, {self.nlon}), "
-                             f"got {tuple(v_theta.shape)}")
-        xp = program_namespace(v_theta, v_phi)
-        derivative, order_sine = self._divergence_tables(xp)
-        batch, nmode = v_theta.shape[:-2], self.lmax + 1
-        count = math.prod(batch)
-        spectra = []
-        for component in (v_theta, v_phi):
-            values = as_namespace(component.to(self.dtype), xp).reshape(count, self.nlat, self.nlon)
-            spectrum = empty_complex(values, (self.nlon // 2 + 1, self.nlat, count))
-            rfft_into(permute(spectrum, (2, 1, 0)), values, 2)
-            spectra.append(real_pairs(spectrum[:nmode]))
-        sums = [complex_pairs(table @ spectrum) for table, spectrum in zip((derivative, order_sine), spectra)]
-        div = empty_complex(sums[0], (count, nmode, nmode))
-        copy_(permute(div, (1, 2, 0)), 1j * sums[1] - sums[0])
-        return as_tensor(div).reshape(*batch, nmode, nmode)
-
-    def _divergence_tables(self, xp) -> tuple:
-        """(dPbar w, m Pbar / sin(theta) w) [m, l, j], w the ring quadrature weights (made once)."""
-        if self._weighted is None:
-            self._weighted = tuple(table * self._quadrature for table in (self._dP, self._mP_sin))
-        return self._weighted if xp is torch else tuple(table.numpy() for table in self._weighted)
