@@ -98,7 +98,9 @@ class TorchSHT:
     Memory: three real tables (``table_bytes``), built once here on ``device`` in the layout ``layout``
     ("dense", "packed" or "sparse"; None: ``default_layout``): dense, (lmax+1)^2 nlat numbers (9 MiB in
     all at lmax 63, nlat 96 in float64); packed, about a quarter of that (0.15 GiB at lmax 255, nlat
-    384); sparse, 3x packed.  With ``vector=False`` only the first (scalar analysis and synthesis).
+    384); sparse, 3x packed.  With ``vector=False`` only the first (scalar analysis and synthesis).  The dense
+    layout's transforms keep, as they are first used, the tables times the quadrature weights (as much again) and
+    zeroed ring-spectrum buffers per member count (a few MB at lmax 32 and 16 members).
     """
 
     def __init__(self, lmax: int, nlat: int, nlon: int, device=torch.device("cpu"), dtype=torch.float64,
