@@ -78,14 +78,20 @@ def load(path, overrides):
 
 def eulerian_costs(members: int, t_end: float, layers: int, repeats: int) -> dict:
     """(forward step, evaluation per step) seconds of `members` copies of the S^1 align training."""
+    return training_costs(load(S1_CASE, S1 + [f"time.t_end={t_end}", f"control.layers={layers}"]), members, repeats)
+
+
+def training_costs(case, members: int, repeats: int) -> dict:
+    """Seconds of a forward step and of an evaluation of J and dJ/dW per step, of `members` copies of the training
+    `case` (W = 0.1 standard normals)."""
     from solvers.adjoint import discrete_gradients
     from solvers.controlled_forward import ControlledForward
 
-    case = load(S1_CASE, S1 + [f"time.t_end={t_end}", f"control.layers={layers}"])
     forward = ControlledForward([case] * members)
     states = forward.initial()
-    controls = 0.1 * torch.randn((members, layers, 2, 2), generator=torch.Generator().manual_seed(0),
-                                 dtype=torch.float64)
+    d = case.dim
+    controls = 0.1 * torch.randn((members, case["control"]["layers"], d, d),
+                                 generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     with torch.no_grad():
         forward.run(states, controls)  # warm-up: matrices, buffers
         run = clock(lambda: forward.run(states, controls), repeats)
@@ -130,13 +136,10 @@ def sphere_costs(members: int, repeats: int) -> dict:
 
 
 def sphere_evaluation_costs(members: int, repeats: int) -> dict:
-    """(forward step, evaluation of J and dJ/dW per step) seconds per member of `members` copies of the S^2 case
-    trained (align loss, 4 layers, dt 0.01, T = 0.4): the quick-start's model has no [control] section, so the
-    case is its table with one."""
+    """`training_costs` of the S^2 case trained (align loss, 4 layers, dt 0.01, T = 0.4), per member: the
+    quick-start's model has no [control] section, so the case is its table with one."""
     import tomllib
 
-    from solvers.adjoint import discrete_gradients
-    from solvers.controlled_forward import ControlledForward
     from spherepde.io.case import case_from_dict
 
     with open(S2_CASE, "rb") as file:
@@ -146,16 +149,8 @@ def sphere_evaluation_costs(members: int, repeats: int) -> dict:
                         "gradient": "discrete"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        case = case_from_dict(table, S2)
-    forward = ControlledForward([case] * members)
-    states = forward.initial()
-    controls = 0.1 * torch.randn((members, 4, 3, 3), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    with torch.no_grad():
-        forward.run(states, controls)
-        run = clock(lambda: forward.run(states, controls), repeats)
-    discrete_gradients(forward, states, controls)
-    evaluation = clock(lambda: discrete_gradients(forward, states, controls), repeats)
-    return {"step": run / forward.steps / members, "evaluation": evaluation / forward.steps / members}
+        costs = training_costs(case_from_dict(table, S2), members, repeats)
+    return {"step": costs["step"] / members, "evaluation": costs["evaluation"] / members}
 
 
 def step_seconds(problem, repeats: int, dt: float = 0.01, steps: int = 4) -> float:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from scipy.linalg.blas import get_blas_funcs
 
-from spherepde.base.real_view import COMPLEX_DTYPE
+from spherepde.base.real_view import COMPLEX_DTYPE, NUMPY_COMPLEX, NUMPY_REAL
 
 
 def namespace(a):
@@ -80,7 +80,7 @@ def empty(like, shape: tuple):
 def empty_complex(like, shape: tuple):
     """An uninitialised complex array of `shape` of the precision and kind of `like` (real or complex)."""
     if isinstance(like, np.ndarray):
-        return np.empty(shape, np.result_type(like.dtype, np.complex64))
+        return np.empty(shape, NUMPY_COMPLEX.get(like.dtype, like.dtype))
     return like.new_empty(shape, dtype=like.dtype if like.is_complex() else COMPLEX_DTYPE[like.dtype])
 
 
@@ -110,11 +110,6 @@ def permute(a, axes: tuple):
     return a.transpose(axes) if isinstance(a, np.ndarray) else a.permute(axes)
 
 
-def contiguous(a):
-    """a in C order (a copy only where it is not)."""
-    return np.ascontiguousarray(a) if isinstance(a, np.ndarray) else a.contiguous()
-
-
 def contiguous_copy(a):
     """A copy of a in C order (never a view of it)."""
     return np.array(a, order="C") if isinstance(a, np.ndarray) else a.clone(memory_format=torch.contiguous_format)
@@ -123,14 +118,14 @@ def contiguous_copy(a):
 def real_pairs(c):
     """A contiguous complex array (..., n) as the real one (..., 2 n) of its (Re, Im) pairs (a view)."""
     if isinstance(c, np.ndarray):
-        return c.view(np.finfo(c.dtype).dtype)
+        return c.view(NUMPY_REAL[c.dtype])
     return torch.view_as_real(c).flatten(-2)
 
 
 def complex_pairs(a):
     """The inverse of `real_pairs`: a real array (..., 2 n) whose last axis is contiguous as the complex (..., n)."""
     if isinstance(a, np.ndarray):
-        return a.view(np.result_type(a.dtype, np.complex64))
+        return a.view(NUMPY_COMPLEX[a.dtype])
     return torch.view_as_complex(a.unflatten(-1, (-1, 2)))
 
 

@@ -11,17 +11,11 @@ collector's permanent generation (gc.freeze), once per process; a full collectio
 Frozen objects are still freed by reference counting; only cycles among them that are garbage already stay.
 """
 
+import functools
 import gc
 
-_frozen = False
 
-
-def freeze_setup() -> bool:
-    """Exempt every object that exists now from full collections, at the first call in this process; returns
-    whether this call did."""
-    global _frozen
-    if _frozen:
-        return False
+@functools.cache
+def freeze_setup() -> None:
+    """Exempt every object that exists now from full collections, at the first call in this process."""
     gc.freeze()
-    _frozen = True
-    return True

@@ -12,14 +12,14 @@ import torch
 COMPLEX_DTYPE = {torch.float64: torch.complex128, torch.float32: torch.complex64}
 # The same for numpy, both ways (a lookup: np.finfo and np.result_type cost a microsecond a call, a few percent of a
 # small step that views its state a few times a stage).
-_NUMPY_COMPLEX = {np.dtype(np.float64): np.dtype(np.complex128), np.dtype(np.float32): np.dtype(np.complex64)}
-_NUMPY_REAL = {complex_dtype: real_dtype for real_dtype, complex_dtype in _NUMPY_COMPLEX.items()}
+NUMPY_COMPLEX = {np.dtype(np.float64): np.dtype(np.complex128), np.dtype(np.float32): np.dtype(np.complex64)}
+NUMPY_REAL = {complex_dtype: real_dtype for real_dtype, complex_dtype in NUMPY_COMPLEX.items()}
 
 
 def real_state(c):
     """Complex coefficients (M, *coeff) -> their real view (M, N)."""
     if isinstance(c, np.ndarray):
-        return np.ascontiguousarray(c).view(_NUMPY_REAL[c.dtype]).reshape(c.shape[0], -1)
+        return np.ascontiguousarray(c).view(NUMPY_REAL[c.dtype]).reshape(c.shape[0], -1)
     return torch.view_as_real(c).reshape(c.shape[0], -1)
 
 
@@ -31,5 +31,5 @@ def real_diagonal(factor: torch.Tensor) -> torch.Tensor:
 def complex_state(state, shape: tuple):
     """The inverse of `real_state`: (M, N) -> complex (M, *shape)."""
     if isinstance(state, np.ndarray):
-        return np.ascontiguousarray(state).view(_NUMPY_COMPLEX[state.dtype]).reshape((state.shape[0],) + tuple(shape))
+        return np.ascontiguousarray(state).view(NUMPY_COMPLEX[state.dtype]).reshape((state.shape[0],) + tuple(shape))
     return torch.view_as_complex(state.reshape((state.shape[0],) + tuple(shape) + (2,)))

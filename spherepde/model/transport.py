@@ -292,14 +292,17 @@ class Transport:
         """(rho (M, P), v (M, K, P)) of the state."""
         if self._folded is not None:
             return self._folded.velocity(state, drive)
-        c = complex_state(state, self.coefficient_shape)
         if self._from_density:
-            rho, scaled, log_scale = self.kernels.density_fields(c)
-            if self.batch.kernel == "unnormalized":  # the channels rho y alone
-                scaled = scaled[:, 1:]
-            return rho, drive + self._transform_components(scaled, log_scale, rho)
-        rho = self.basis.synthesis(c).reshape(state.shape[0], -1)
+            return self._density_velocity(state, drive)[:2]
+        rho = self.basis.synthesis(complex_state(state, self.coefficient_shape)).reshape(state.shape[0], -1)
         return rho, drive if self.attention_mode == "zero temperature" else drive + self.attention(rho)
+
+    def _density_velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple:
+        """(rho, v, the transformed channels of `_channels`, their log_scale) on the one-pass route
+        (MemberKernels.density_fields), where `_from_density`."""
+        rho, scaled, log_scale = self.kernels.density_fields(complex_state(state, self.coefficient_shape))
+        channels = scaled if self.batch.kernel == "softmax" else scaled[:, 1:]  # unnormalized: rho y alone
+        return rho, drive + self._transform_components(channels, log_scale, rho), channels, log_scale
 
     def __call__(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
         """-div(rho v) (M, N)."""
@@ -315,9 +318,7 @@ class Transport:
         if self._folded is not None:
             return self._folded.vjp(state, drive, b)
         if self._from_density:
-            rho, scaled, log_scale = self.kernels.density_fields(complex_state(state, self.coefficient_shape))
-            channels = scaled if self.batch.kernel == "softmax" else scaled[:, 1:]
-            v = drive + self._transform_components(channels, log_scale, rho)
+            rho, v, channels, log_scale = self._density_velocity(state, drive)
         else:
             rho, v = self.velocity(state, drive)
         members = state.shape[0]

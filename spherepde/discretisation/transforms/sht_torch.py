@@ -38,7 +38,6 @@ from spherepde.base.arrays import (
     as_tensor,
     clone,
     complex_pairs,
-    contiguous,
     contiguous_copy,
     copy_,
     empty,
@@ -84,6 +83,12 @@ class MomentTables:
         if self._numpy is None:
             self._numpy = tuple(table.numpy() for table in self.tensors)
         return self._numpy
+
+
+def _order_columns(c):
+    """Coefficients c (B, M, L) as the columns of their orders, (M, L, 2 B): each member's (Re, Im) side by side, the
+    tables' right-hand sides (a copy, never a view of c)."""
+    return real_pairs(contiguous_copy(permute(c, (1, 2, 0))))
 
 
 def _times_i(rows: torch.Tensor) -> torch.Tensor:
@@ -220,18 +225,14 @@ class TorchSHT:
         coeffs = coeffs.to(device=self.device, dtype=self.complex_dtype)
         xp = program_namespace(coeffs)
         batch = coeffs.shape[:-2]
-        c = as_namespace(coeffs, xp).reshape(-1, nmode, nmode)
-        count = c.shape[0]
-        columns = real_pairs(contiguous_copy(permute(c, (1, 2, 0))))  # (m, l, 2 B)
-        spectrum = self._spectrum_buffer(xp, len(tables), count)
+        columns = _order_columns(as_namespace(coeffs, xp).reshape(-1, nmode, nmode))
+        spectrum = self._spectrum_buffer(xp, len(tables), columns.shape[2] // 2)
         rows = real_pairs(spectrum)
         for k, (table, turn) in enumerate(zip(tables, turned)):
             matmul_into(rows[:nmode, k], permute(as_namespace(table, xp), (0, 2, 1)), columns)
             if turn:
                 spectrum[:nmode, k] *= 1j
-        grid = empty(columns, (count, len(tables), self.nlat, self.nlon))
-        irfft_into(permute(grid, (3, 1, 2, 0)), spectrum, self.nlon, 0)
-        return as_tensor(grid).reshape(*batch, len(tables), self.nlat, self.nlon)
+        return self._ring_fields(spectrum, columns, batch)
 
     def _dense_sums(self, fields: tuple, tables: tuple) -> tuple[list, torch.Size]:
         """(the Legendre sums, the fields' batch shape) of real fields (..., nlat, nlon) with the dense tables named
@@ -254,11 +255,19 @@ class TorchSHT:
         return sums, batch
 
     def _dense_coefficients(self, sums, batch: torch.Size) -> torch.Tensor:
-        """Coefficients (..., M, L) from sums (M, L, B) as `_dense_sums` gives them."""
-        nmode = self.lmax + 1
-        c = empty_complex(sums, (math.prod(batch), nmode, nmode))
+        """Coefficients (..., M, L) from sums (M, L, B) as `_dense_sums` and `moments_adjoint` give them."""
+        orders, degrees, count = sums.shape
+        c = empty_complex(sums, (count, orders, degrees))
         copy_(permute(c, (1, 2, 0)), sums)
-        return as_tensor(c).reshape(*batch, nmode, nmode)
+        return as_tensor(c).reshape(*batch, orders, degrees)
+
+    def _ring_fields(self, spectrum, like, batch: torch.Size) -> torch.Tensor:
+        """The fields (..., F, nlat, nlon) of ring spectra (order, F, ring, B): the inverse FFT along the orders,
+        written in the fields' layout (an array of the kind of `like`)."""
+        fields, count = spectrum.shape[1], spectrum.shape[3]
+        grid = empty(like, (count, fields, self.nlat, self.nlon))
+        irfft_into(permute(grid, (3, 1, 2, 0)), spectrum, self.nlon, 0)
+        return as_tensor(grid).reshape(*batch, fields, self.nlat, self.nlon)
 
     def _weighted_table(self, name: str, xp):
         """The dense table `name` ("P", "dP", "mP_sin") [m, l, j] times the ring quadrature weights (made once)."""
@@ -326,9 +335,8 @@ class TorchSHT:
         own, before, after = tables.on(xp)
         order, nlat = self.lmax, self.nlat
         batch = coeffs.shape[:-2]
-        c = as_namespace(coeffs, xp).reshape(-1, order, order)
-        count = c.shape[0]
-        columns = real_pairs(contiguous_copy(permute(c, (1, 2, 0))))  # order m: columns (member, Re/Im) (m, l, 2 B)
+        columns = _order_columns(as_namespace(coeffs, xp).reshape(-1, order, order))
+        count = columns.shape[2] // 2
         columns[0, :, 1::2] = 0  # a real field's c_l0 are real: their imaginary parts read as zero, as by synthesis
         spectrum = self._spectrum_buffer(xp, 5, count)  # (nlon // 2 + 1, 5, nlat, B) complex, zero beyond order
         rows = real_pairs(spectrum)
@@ -345,9 +353,7 @@ class TorchSHT:
         copy_(rows[:order + 1, 2], left + right)
         left -= right
         spectrum[:order + 1, 3] *= -1j
-        grid = empty(columns, (count, 5, nlat, self.nlon))
-        irfft_into(permute(grid, (3, 1, 2, 0)), spectrum, self.nlon, 0)
-        return as_tensor(grid).reshape(*batch, 5, nlat, self.nlon)
+        return self._ring_fields(spectrum, columns, batch)
 
     def moments_adjoint(self, fields_bar: torch.Tensor, tables: "MomentTables") -> torch.Tensor:
         """The transpose of `moments` (its gradient with respect to the real and imaginary parts of the
@@ -378,8 +384,7 @@ class TorchSHT:
         conjugate.reshape(order, count, 2)[:, :, 1] *= -1  # c_{-1} = conj c_1
         columns[1] += conjugate
         columns[0, :, 1::2] = 0
-        c_bar = contiguous(permute(complex_pairs(columns), (2, 0, 1)))
-        return as_tensor(c_bar).reshape(*batch, order, order)
+        return self._dense_coefficients(complex_pairs(columns), batch)
 
     def _spectrum_buffer(self, xp, fields: int, count: int):
         """A buffer of ring spectra (order, field, ring, member) for `moments` and `gradient_frame`, zero beyond the
