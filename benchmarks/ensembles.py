@@ -188,7 +188,7 @@ def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
             continue
         if transport.path == forced:
             problem.transport = transport
-            out[forced] = step_seconds(problem, repeats)
+            out[forced] = step_seconds(problem, repeats, case["time"].get("dt", 0.01))
     return out
 
 
@@ -397,6 +397,7 @@ def main(argv=None):
         print("7. Transport's paths, a step (ms), forced; the path the estimate picks:")
         for path, overrides in ((S1_CASE, ["sphere.lmax=64", "solver.field='dense'"]),
                                 (S1_CASE, ["sphere.lmax=128", "solver.field='dense'"]),
+                                (os.path.join(ROOT, "cases", "seed004-eps-1e-4.toml"), []),
                                 (os.path.join(ROOT, "cases", "convergence-s2.toml"), ["sphere.lmax=12"])):
             for members in (1, 4, 20):
                 costs = path_costs(path, overrides, members, args.repeats)

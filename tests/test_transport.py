@@ -167,6 +167,45 @@ def test_the_fourier_path_with_one_operator_for_the_batch():
     assert relative(fourier.feed_forward_adjoint(drive_bar), expected_W) < 1e-12
 
 
+def fourier_against_grid(transport, grid, state, W):
+    """The fourier path's rate and transpose against the grid path's rate and torch autograd through it."""
+    assert relative(transport(state, transport.feed_forward(W)), grid(state, grid.feed_forward(W))) < 1e-13
+    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    leaf_state, leaf_W = state.clone().requires_grad_(True), W.clone().requires_grad_(True)
+    expected_state, expected_W = torch.autograd.grad(grid(leaf_state, grid.feed_forward(leaf_W)), (leaf_state, leaf_W),
+                                                     b)
+    state_bar, drive_bar = transport.vjp(state, transport.feed_forward(W), b)
+    assert relative(state_bar, expected_state) < 1e-12
+    assert relative(transport.feed_forward_adjoint(drive_bar), expected_W) < 1e-12
+
+
+@pytest.mark.parametrize("beta, lmax, level", [(1.0, 128, 32), (5.0, 64, 32), (20.0, 128, 64), (20.0, 64, 64)])
+def test_the_fourier_path_factors_come_from_the_coarsest_resolving_basis(beta, lmax, level):
+    """Two members with their own models: the factors from the first of lmax 16, 32, ... that resolves the folded
+    attention (the kernel's degree grows with beta, not with the grid), lifted to the case's grid, give the grid
+    path's rate and autograd's transpose; at beta = 20 and lmax 64 no coarser basis resolves it and the case's own
+    operator is factorized."""
+    basis, batch, kernels, state, W = setup(2, "unnormalized", beta, lmax, "dense")
+    transport = Transport(basis, batch, kernels)
+    assert (transport.path, transport._folded.level, transport._folded.R.shape[0]) == ("fourier", level, 2)
+    fourier_against_grid(transport, Transport(basis, batch, kernels, path="grid"), state, W)
+
+
+def test_the_fourier_path_beyond_the_operators_memory(monkeypatch):
+    """A grid whose N x N operator is not kept (here: as if beyond OPERATOR_BYTES) still takes the fourier path, its
+    factors from a coarse basis: seed 004's eps = 1e-4 case at lmax 1344 (4050 points) steps in 0.5 ms on it, 370-380 ms
+    on the grid path that recomputes the kernel at every stage (benchmarks/ensembles.py --paths)."""
+    import spherepde.model.transport as transport_module
+
+    basis, batch, kernels, state, W = setup(2, "unnormalized", 1.0, 128, "dense")
+    grid = Transport(basis, batch, kernels, path="grid")
+    monkeypatch.setattr(transport_module, "attention_operator", lambda *arguments: None)
+    transport = Transport(basis, batch, kernels)
+    assert (transport.attention_mode, transport.path, transport._operator) == ("operator", "fourier", None)
+    assert transport._folded.level == 32
+    fourier_against_grid(transport, grid, state, W)
+
+
 @pytest.mark.parametrize("setup_", SETUPS[:2])
 def test_selected_members_are_the_batch_rows(setup_):
     """Transport.select (members leaving a batch: trainings that stop) on every path: the rate and the transpose of

@@ -19,6 +19,21 @@ The transpose, from the token (r, y) of an evaluation, with b the cotangent of t
 
 rfft being irfft_forward's transpose up to the multiplicity m (the imaginary part of the k = 0 term is not read by
 irfft and returned zero by rfft).
+
+Where the factors come from (`FourierPath.build`).  The kernel's Fourier series in both angles ends, to round-off,
+at a degree K set by beta |B| (modified Bessel coefficients I_k(beta r) ~ (beta r / 2)^k / k!: K ~ 20 at seed 004's
+beta |A| = 1), whatever the grid.  So the folded attention reads rho's degrees up to K only, and u is a
+trigonometric polynomial of degree about K: its factors are those of the same operator on a coarser basis (the
+dense quadrature there is exact for these degrees, as on the fine grid), R padded with zero rows for the degrees
+above the coarse basis's and U's rows interpolated to the fine grid (zero-padded spectra).  The coarse basis is the
+first of lmax = COARSEST_LEVEL, twice that, ... below the case's lmax whose folded operator is resolved: its
+columns of the top quarter of its degrees and its spectrum (over the grid) in the top quarter of the frequencies
+below the Nyquist frequency are at most LEVEL_TOLERANCE of its largest entry, so that the degrees the lifting drops
+weigh less (the coefficients decay faster than geometrically).  Else the basis's own operator is factorized, where
+its N x N kernel fits dense_operator.OPERATOR_BYTES.  The lifted factors agree with the fine operator's to about
+LEVEL_TOLERANCE (tests/test_transport.py); a grid far beyond OPERATOR_BYTES (seed 004's eps = 1e-4 case: 4050
+points at lmax 1344) thus runs on this path, at a small multiple of the cost of its FFTs, where the transform
+attention recomputes the 4050^2 kernel at every stage (370-380 ms a step, benchmarks/ensembles.py --paths).
 """
 
 import copy
@@ -29,8 +44,17 @@ import torch
 
 from spherepde.base.arrays import addmm, irfft, rfft
 from spherepde.base.real_view import complex_state, real_state
-from spherepde.model.dense_operator import truncated_svd
+from spherepde.discretisation.bases import make_basis
+from spherepde.kernels.choice import MemberKernels
+from spherepde.model.dense_operator import attention_operator, truncated_svd
 from spherepde.model.matrix_path import basis_matrices
+
+# The coarsest basis (its lmax) tried for the factors of the folded attention; then twice that, and so on below the
+# case's lmax (module docstring).
+COARSEST_LEVEL = 16
+# A coarse basis resolves the folded attention where the top quarter of its degrees and of its grid frequencies carry
+# at most this fraction of its largest entry (in float64; scaled by the epsilon in other dtypes).
+LEVEL_TOLERANCE = 1e-14
 
 
 class FourierPath:
@@ -40,9 +64,10 @@ class FourierPath:
 
     single_frame = True
 
-    def __init__(self, transport, R: torch.Tensor, U: torch.Tensor):
+    def __init__(self, transport, R: torch.Tensor, U: torch.Tensor, level: int):
         basis = transport.basis
         self.transport, self.R, self.U = transport, R, U  # (members or 1, N, r), (members or 1, r, n)
+        self.level = level  # the lmax of the basis whose operator gave the factors
         self.R_t, self.U_t = R.transpose(-1, -2).contiguous(), U.transpose(-1, -2).contiguous()
         self.points, self.modes = basis.grid_size, basis.lmax + 1
         wavenumber = basis.degree.to(basis.placement.real)
@@ -62,13 +87,29 @@ class FourierPath:
         return self._numpy
 
     @classmethod
-    def build(cls, transport) -> "FourierPath":
-        """The factors R, U of the folded attention (transport._operator, one per distinct member or shared)."""
-        basis = transport.basis
-        synthesis, _ = basis_matrices(basis)  # (n, N)
-        folded = transport._operator.matrix.transpose(-1, -2) @ synthesis  # u = state folded^T: (., n, N)
+    def build(cls, transport) -> "FourierPath | None":
+        """The path of `transport` (S^1, the unnormalized kernel, the dense field), its factors R, U (one per
+        distinct member model, or shared) from the first coarse basis that resolves the folded attention, else from
+        the basis's own operator (module docstring); None where neither applies."""
+        basis, batch = transport.basis, transport.batch
+        if transport.kernels.name != "dense":
+            return None
+        level = COARSEST_LEVEL
+        while level < basis.lmax:
+            coarse = make_basis(2, level, basis.placement)
+            if coarse.grid_size > basis.grid_size:  # a grid of the case's own, coarser than the level's
+                break
+            kernels = MemberKernels(coarse, batch.B, [model.beta for model in batch.models], "dense", 0.0)
+            folded = folded_attention(coarse, attention_operator(coarse, batch, kernels))
+            if folded is not None and resolved(folded, level):
+                left, right = truncated_svd(folded)
+                return cls(transport, *lifted(left, right, basis), level)
+            level *= 2
+        folded = folded_attention(basis, transport._operator)
+        if folded is None:
+            return None
         left, right = truncated_svd(folded)
-        return cls(transport, right.transpose(-1, -2).contiguous(), left.transpose(-1, -2).contiguous())
+        return cls(transport, right.transpose(-1, -2).contiguous(), left.transpose(-1, -2).contiguous(), basis.lmax)
 
     @property
     def rank(self) -> int:
@@ -131,3 +172,41 @@ class FourierPath:
 
     def vjp(self, state, drive, b) -> tuple:
         return self.vjp_rows(self.token(state, drive), b)
+
+
+def folded_attention(basis, operator) -> torch.Tensor | None:
+    """u = state folded^T: the operator (model.dense_operator) times the synthesis, (members or 1, n, N); None
+    without an operator."""
+    if operator is None:
+        return None
+    synthesis, _ = basis_matrices(basis)  # (n, N)
+    return operator.matrix.transpose(-1, -2) @ synthesis
+
+
+def resolved(folded: torch.Tensor, level: int) -> bool:
+    """Whether the folded attention (., n, N) of the basis of degree `level` is resolved there: its columns of the
+    top quarter of the degrees, and its discrete Fourier coefficients over the grid in the top quarter of the
+    frequencies below the Nyquist frequency, at most LEVEL_TOLERANCE (scaled to the dtype) of the largest."""
+    tolerance = LEVEL_TOLERANCE * torch.finfo(folded.dtype).eps / torch.finfo(torch.float64).eps
+    degrees = folded.unflatten(-1, (level + 1, 2))[..., 3 * (level + 1) // 4:, :]
+    spectrum = torch.fft.rfft(folded, dim=-2).abs()
+    below_nyquist = (folded.shape[-2] + 1) // 2
+    frequencies = spectrum[..., 3 * below_nyquist // 4:below_nyquist, :]
+    return bool(degrees.abs().amax() <= tolerance * folded.abs().amax()) and bool(
+        frequencies.amax() <= tolerance * spectrum.amax())
+
+
+def lifted(left: torch.Tensor, right: torch.Tensor, basis) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R (., N, r), U (., r, n)) on `basis` from the factors left (., n_c, r), right (., r, N_c) of a resolved coarse
+    basis's folded attention: R is right^T with zero rows for the degrees above the coarse basis's, U^T is left
+    interpolated to the n points (the trigonometric interpolant of its columns from their frequencies below the
+    coarse Nyquist frequency: exact for the band-limited columns of `resolved`)."""
+    coarse_points, rank = left.shape[-2:]
+    points, size = basis.grid_size, 2 * (basis.lmax + 1)
+    spectrum = torch.fft.rfft(torch.eye(coarse_points, dtype=left.dtype, device=left.device), dim=0)
+    padded = spectrum.new_zeros((points // 2 + 1, coarse_points))
+    padded[:(coarse_points + 1) // 2] = spectrum[:(coarse_points + 1) // 2]
+    interpolation = torch.fft.irfft(padded, n=points, dim=0) * (points / coarse_points)  # (n, n_c)
+    R = right.new_zeros(right.shape[:-2] + (size, rank))
+    R[..., :right.shape[-1], :] = right.transpose(-1, -2)
+    return R.contiguous(), (interpolation @ left).transpose(-1, -2).contiguous()
