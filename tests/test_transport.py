@@ -191,6 +191,21 @@ def test_the_fourier_path_factors_come_from_the_coarsest_resolving_basis(beta, l
     fourier_against_grid(transport, Transport(basis, batch, kernels, path="grid"), state, W)
 
 
+def test_a_coarse_basis_resolves_the_attention_of_every_member_on_its_own_scale():
+    """`resolved` at lmax 32 on seed 004's folded operator (beta 1: resolved) and on a second member 1e-12 times
+    smaller whose top degree carries 1e-3 of it: that member is not resolved, though its content is 1e-15 of the
+    batch's largest entry."""
+    from spherepde.model.dense_operator import attention_operator
+    from spherepde.model.fourier_path import folded_attention, resolved
+
+    basis, batch, kernels, state, W = setup(2, "unnormalized", 1.0, 32, "dense")
+    folded = folded_attention(basis, attention_operator(basis, batch, kernels))[:1]
+    assert resolved(folded, 32)
+    small = 1e-12 * folded.clone()
+    small[..., -2] = 1e-3 * small.abs().max()
+    assert not resolved(small, 32) and not resolved(torch.cat([folded, small]), 32)
+
+
 def test_the_fourier_path_beyond_the_operators_memory(monkeypatch):
     """A grid whose N x N operator is not kept (here: as if beyond OPERATOR_BYTES) still takes the fourier path, its
     factors from a coarse basis: seed 004's eps = 1e-4 case at lmax 1344 (4050 points) steps in 0.5 ms on it, 370-380 ms

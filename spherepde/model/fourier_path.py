@@ -184,16 +184,17 @@ def folded_attention(basis, operator) -> torch.Tensor | None:
 
 
 def resolved(folded: torch.Tensor, level: int) -> bool:
-    """Whether the folded attention (., n, N) of the basis of degree `level` is resolved there: its columns of the
-    top quarter of the degrees, and its discrete Fourier coefficients over the grid in the top quarter of the
-    frequencies below the Nyquist frequency, at most LEVEL_TOLERANCE (scaled to the dtype) of the largest."""
+    """Whether the folded attention (., n, N) of the basis of degree `level` is resolved there, each member's
+    operator on its own scale: its columns of the top quarter of the degrees, and its discrete Fourier coefficients
+    over the grid in the top quarter of the frequencies below the Nyquist frequency, at most LEVEL_TOLERANCE
+    (scaled to the dtype) of its largest."""
     tolerance = LEVEL_TOLERANCE * torch.finfo(folded.dtype).eps / torch.finfo(torch.float64).eps
-    degrees = folded.unflatten(-1, (level + 1, 2))[..., 3 * (level + 1) // 4:, :]
+    degrees = folded.unflatten(-1, (level + 1, 2))[..., 3 * (level + 1) // 4:, :].flatten(-3)
     spectrum = torch.fft.rfft(folded, dim=-2).abs()
     below_nyquist = (folded.shape[-2] + 1) // 2
     frequencies = spectrum[..., 3 * below_nyquist // 4:below_nyquist, :]
-    return bool(degrees.abs().amax() <= tolerance * folded.abs().amax()) and bool(
-        frequencies.amax() <= tolerance * spectrum.amax())
+    return bool((degrees.abs().amax(-1) <= tolerance * folded.abs().amax((-2, -1))).all()) and bool(
+        (frequencies.amax((-2, -1)) <= tolerance * spectrum.amax((-2, -1))).all())
 
 
 def lifted(left: torch.Tensor, right: torch.Tensor, basis) -> tuple[torch.Tensor, torch.Tensor]:
