@@ -13,8 +13,8 @@ the overrides that make the row.  For each row:
   geodesic noise at particles.dt = PARTICLE_DT (see PARTICLE_DT for why that step is enough);
 - Eulerian: the mean-field training of the same case (discrete gradient, L-BFGS, the same tolerance) on the grid
   EULERIAN_GRID, and its J at the trained W on the finer CHECK_GRID (the report prints both: that is how we know
-  J is converged), where eps >= 1e-2; below that a grid that resolves the Gibbs width costs hours per evaluation
-  (see the row's note), so those rows have particles only.
+  J is converged), where eps >= 1e-2; the rows below have particles only so far (the row's note says what their
+  Eulerian training would cost).
 
 Each run's summary (everything the report reads: the diagnostics at the save times, W, the J history, the full
 case text of every member, the commit, the CPU seconds) is committed by the results harness (results/harness.py)
@@ -72,9 +72,9 @@ class Row:
     seed: dict = field(default_factory=dict)
 
 
-UNRESOLVED = ("no Eulerian training: the Gibbs width sqrt(eps / lambda_1) = {width:.3f} rad needs lmax ~ {lmax} and "
-              "dt ~ {dt:g} (explicit advection), about {hours:g} CPU hours per evaluation of J and dJ/dW (an estimate "
-              "from the dense field's n^2 cost per stage, not measured)")
+UNRESOLVED = ("no Eulerian training yet: the Gibbs width sqrt(eps / lambda_1) = {width:.3f} rad needs lmax ~ {lmax} and "
+              "dt ~ {dt:g} (explicit advection), where an evaluation of J and dJ/dW takes {seconds:g} CPU s on one "
+              "core (measured at W = 0 on the row's case; the other rows' trainings took 18 to 125 L-BFGS iterations)")
 
 ROWS = [
     Row("no-train", "no-train, lambda_2 = 0.65", "seed004-no-train", trained=False,
@@ -97,10 +97,10 @@ ROWS = [
     Row("eps-0", "eps = 0", "seed004-align-l065", ("model.eps=0.0",), eulerian_trained=False,
         seed={"three_phase": 20}),
     Row("eps-1e-4", "eps = 1e-4", "seed004-eps-1e-4",
-        eulerian=UNRESOLVED.format(width=0.01, lmax=1300, dt=1e-3, hours=2),
+        eulerian=UNRESOLVED.format(width=0.01, lmax=1344, dt=1e-3, seconds=180),
         seed={"three_phase_of": ("eps-1e-4", "eps-1e-3", "align-l065"), "three_phase": 59, "plateau_range": (70, 71)}),
     Row("eps-1e-3", "eps = 1e-3", "seed004-eps-1e-3",
-        eulerian=UNRESOLVED.format(width=0.032, lmax=416, dt=2.5e-3, hours=0.2)),
+        eulerian=UNRESOLVED.format(width=0.032, lmax=416, dt=2.5e-3, seconds=25)),
     Row("eps-1e-1", "eps = 0.1", "seed004-eps-1e-1", seed={"three_phase": 0}),
     Row("T40", "T = 40", "seed004-align-T40", seed={"three_phase": 20, "plateau": 32.0, "initial": 2.67,
                                                     "terminal": 5.33}),
