@@ -145,6 +145,18 @@ def test_truncated_svd_keeps_the_low_rank_at_the_dtypes_round_off(dtype):
     assert error < 20 * torch.finfo(dtype).eps
 
 
+def fourier_against_grid(transport, grid, state, W):
+    """The fourier path's rate and transpose against the grid path's rate and torch autograd through it."""
+    assert relative(transport(state, transport.feed_forward(W)), grid(state, grid.feed_forward(W))) < 1e-13
+    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    leaf_state, leaf_W = state.clone().requires_grad_(True), W.clone().requires_grad_(True)
+    expected_state, expected_W = torch.autograd.grad(grid(leaf_state, grid.feed_forward(leaf_W)), (leaf_state, leaf_W),
+                                                     b)
+    state_bar, drive_bar = transport.vjp(state, transport.feed_forward(W), b)
+    assert relative(state_bar, expected_state) < 1e-12
+    assert relative(transport.feed_forward_adjoint(drive_bar), expected_W) < 1e-12
+
+
 def test_the_fourier_path_with_one_operator_for_the_batch():
     """Members sharing one model (one folded operator, the factors broadcast over the batch), seed 004's case at
     lmax 64: the fourier path's rate and its transpose against the grid path and torch autograd through it, and
@@ -157,26 +169,7 @@ def test_the_fourier_path_with_one_operator_for_the_batch():
     W = 0.3 * torch.randn(3, 2, 2, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     fourier, grid = (Transport(basis, batch, kernels, path=path) for path in ("fourier", "grid"))
     assert fourier._folded.R.shape[0] == 1 and fourier._folded.rank < 40
-    assert relative(fourier(state, fourier.feed_forward(W)), grid(state, grid.feed_forward(W))) < 1e-13
-    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    leaf_state, leaf_W = state.clone().requires_grad_(True), W.clone().requires_grad_(True)
-    expected_state, expected_W = torch.autograd.grad(grid(leaf_state, grid.feed_forward(leaf_W)), (leaf_state, leaf_W),
-                                                     b)
-    state_bar, drive_bar = fourier.vjp(state, fourier.feed_forward(W), b)
-    assert relative(state_bar, expected_state) < 1e-12
-    assert relative(fourier.feed_forward_adjoint(drive_bar), expected_W) < 1e-12
-
-
-def fourier_against_grid(transport, grid, state, W):
-    """The fourier path's rate and transpose against the grid path's rate and torch autograd through it."""
-    assert relative(transport(state, transport.feed_forward(W)), grid(state, grid.feed_forward(W))) < 1e-13
-    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    leaf_state, leaf_W = state.clone().requires_grad_(True), W.clone().requires_grad_(True)
-    expected_state, expected_W = torch.autograd.grad(grid(leaf_state, grid.feed_forward(leaf_W)), (leaf_state, leaf_W),
-                                                     b)
-    state_bar, drive_bar = transport.vjp(state, transport.feed_forward(W), b)
-    assert relative(state_bar, expected_state) < 1e-12
-    assert relative(transport.feed_forward_adjoint(drive_bar), expected_W) < 1e-12
+    fourier_against_grid(fourier, grid, state, W)
 
 
 @pytest.mark.parametrize("beta, lmax, level", [(1.0, 128, 32), (5.0, 64, 32), (20.0, 128, 64), (20.0, 64, 64)])
