@@ -303,6 +303,31 @@ def test_moments_are_the_filtered_channels_of_the_density(torch_sht):
     assert float(c_bar[..., 0, :].imag.abs().max()) == 0.0
 
 
+@pytest.mark.parametrize("signs", [(-1, -1, 1), (1, 1, -1), (-1, -1, -1)])
+def test_signed_moments_are_the_moments_at_the_reflected_points(torch_sht, signs):
+    """The tables of moment_filter(mu, signs) give the filtered channels at diag(signs) x: turned by pi in longitude
+    (a = -1: a roll by half the ring) and reflected in the equator (b = -1: the rings reversed), rho itself
+    unchanged; the transpose likewise (the cotangents' grid moved back)."""
+    mu = np.exp(-0.1 * np.arange(LMAX + 1))
+    generator = torch.Generator().manual_seed(7)
+    c = torch.randn(2, LMAX, LMAX, dtype=torch.complex128, generator=generator)
+    c = c * (torch.arange(LMAX)[None, :] >= torch.arange(LMAX)[:, None])
+
+    def reflected(fields):
+        moved = fields.roll(NLON // 2, -1) if signs[0] < 0 else fields
+        return moved.flip(-2) if signs[2] < 0 else moved
+
+    plain, signed = torch_sht.moment_filter(mu), torch_sht.moment_filter(mu, signs)
+    expected = torch_sht.moments(c, plain)
+    expected[:, 1:] = reflected(expected[:, 1:])
+    assert relative_difference(torch_sht.moments(c, signed), expected) <= 1e-14
+    g = torch.randn(expected.shape, dtype=torch.float64, generator=generator)
+    moved_back = g.clone()
+    moved_back[:, 1:] = reflected(g[:, 1:])  # each reflection is its own inverse
+    assert relative_difference(torch_sht.moments_adjoint(g, signed), torch_sht.moments_adjoint(moved_back, plain)) \
+        <= 1e-14
+
+
 # --- interface guards --------------------------------------------------------------------------
 
 

@@ -41,7 +41,8 @@ class SpectralMode(Protocol):
 class ScaledMode:
     """C = s I (and beta = 0): scaled = synthesis(mu_l(beta s) f_lm), log_scale = beta s."""
 
-    def __init__(self, basis, transform: DegreeRaisedTransform, s: float, beta: float, on_grid: bool = True):
+    def __init__(self, basis, transform: DegreeRaisedTransform, s: float, beta: float, on_grid: bool = True,
+                 signs: tuple = (1, 1, 1)):
         placement = basis.placement
         device, dtype = placement.device, placement.real
         self.transform = transform
@@ -51,7 +52,7 @@ class ScaledMode:
         self.nodes = np.array([s])
         # with `on_grid`, the analysis, the weights and the synthesis as one product per order where it applies
         self._filter = transform.degree_filter(weights[0]) if on_grid else None  # weights[m, l] = mu_l
-        moments = transform.moment_filter(weights[0]) if on_grid else None
+        moments = transform.moment_filter(weights[0], signs) if on_grid else None
         self.from_density = moments is not None
         self._moments, self._moments_adjoint = moments if self.from_density else (None, None)
 
@@ -79,10 +80,15 @@ class ScaledMode:
 
 
 class PermutedMode(ScaledMode):
-    """C = s Q with Q^T mapping the grid onto itself: `ScaledMode`'s values at the permuted points."""
+    """C = s Q with Q^T mapping the grid onto itself: `ScaledMode`'s values at the permuted points.  Where Q = diag(a,
+    a, b) (seed 003's B = diag(-1, -1, 1)) the density's moments come permuted from their tables
+    (TorchSHT.moment_filter's signs) and `of_density` gathers nothing."""
 
-    def __init__(self, basis, transform: DegreeRaisedTransform, s: float, beta: float, permutation: torch.Tensor):
-        super().__init__(basis, transform, s, beta)
+    def __init__(self, basis, transform: DegreeRaisedTransform, s: float, beta: float, permutation: torch.Tensor,
+                 Q: np.ndarray):
+        signs = np.sign(np.diag(Q))
+        self.in_tables = bool(np.allclose(Q, np.diag(signs), rtol=0, atol=1e-12) and signs[0] == signs[1])
+        super().__init__(basis, transform, s, beta, signs=tuple(signs) if self.in_tables else (1, 1, 1))
         self.permutation = permutation
 
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
@@ -94,9 +100,11 @@ class PermutedMode(ScaledMode):
 
     def of_density(self, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rho, values = super().of_density(c)
-        return rho, values[..., self.permutation]
+        return (rho, values) if self.in_tables else (rho, values[..., self.permutation])
 
     def of_density_adjoint(self, fields_bar: torch.Tensor) -> torch.Tensor:
+        if self.in_tables:
+            return super().of_density_adjoint(fields_bar)
         values_bar = fields_bar[:, 1:, self.permutation.argsort()]
         return super().of_density_adjoint(torch.cat([fields_bar[:, :1], values_bar], dim=1))
 
@@ -123,7 +131,7 @@ def orthogonal_mode(basis, transform: DegreeRaisedTransform, s: float, Q: np.nda
         return ScaledMode(basis, transform, s, beta)
     permutation = grid_permutation(basis, Q)
     if permutation is not None:
-        return PermutedMode(basis, transform, s, beta, permutation)
+        return PermutedMode(basis, transform, s, beta, permutation, Q)
     return RotatedMode(basis, transform, s, beta, Q)
 
 

@@ -298,8 +298,11 @@ class TorchSHT:
         grid = torch.fft.irfft(torch.view_as_complex(filtered.contiguous()), n=self.nlon, dim=-1, norm="forward")
         return grid.reshape(*batch, self.nlat, self.nlon)
 
-    def moment_filter(self, multiplier: np.ndarray) -> "MomentTables":
-        """The tables of `moments`: rho of degree lmax - 1 and the filtered moments of rho from rho's coefficients.
+    def moment_filter(self, multiplier: np.ndarray, signs: tuple = (1, 1, 1)) -> "MomentTables":
+        """The tables of `moments`: rho of degree lmax - 1 and the filtered moments of rho from rho's coefficients,
+        these evaluated at diag(signs) x (signs (a, a, b) of +-1: a = -1 turns the longitudes by pi, which
+        multiplies order m by (-1)^m, and b = -1 reflects the rings in the equator, the Gauss nodes being symmetric;
+        both in the rows of K_m below, so that the moments of C = s diag(signs) need no permutation of the grid).
 
         With R_m(theta_j) = sum_l Pbar_lm(x_j) c_lm the ring coefficients of rho (R_{-m} = conj R_m) and K_m the
         operator of `degree_filter(mu)` on the ring Fourier coefficients (nlon R_m for a band-limited field), the
@@ -314,6 +317,12 @@ class TorchSHT:
         analysis, the weights and the synthesis of rho x_k (degree lmax: exact on this grid) as products per
         order from the coefficients.  Memory (5 lmax + 2) lmax nlat numbers."""
         K = self.nlon * self.degree_filter(multiplier).cpu().double().numpy()  # [m, j, k]
+        turn, reflect = signs[0], signs[2]
+        if signs[1] != turn:
+            raise ValueError(f"moment_filter: signs (a, a, b), got {signs}")
+        K = K * (turn ** np.arange(K.shape[0]))[:, None, None]
+        if reflect < 0:
+            K = K[:, ::-1]
         x = self.cos_theta.cpu().double().numpy()
         P = legendre_tables(self.lmax - 1, x)[0].transpose(0, 2, 1)  # [m, j, l], orders and degrees < lmax
         order = self.lmax
