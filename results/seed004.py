@@ -13,8 +13,8 @@ the overrides that make the row.  For each row:
   geodesic noise at particles.dt = PARTICLE_DT (see PARTICLE_DT for why that step is enough);
 - Eulerian: the mean-field training of the same case (discrete gradient, L-BFGS, the same tolerance) on the grid
   EULERIAN_GRID, and its J at the trained W on the finer CHECK_GRID (the report prints both: that is how we know
-  J is converged), where eps >= 1e-2; the rows below have particles only so far (the row's note says what their
-  Eulerian training would cost).
+  J is converged); eps = 1e-3 on its case's grid, which resolves the Gibbs width, and twice as fine; eps = 1e-4
+  has particles only so far (the row's note says what its Eulerian training would cost).
 
 Each run's summary (everything the report reads: the diagnostics at the save times, W, the J history, the full
 case text of every member, the commit, the CPU seconds) is committed by the results harness (results/harness.py)
@@ -52,6 +52,8 @@ TRAINING = ["control.optimizer='lbfgs'", "control.tol=1e-7", "control.iterations
 PARTICLE_DT = 0.1
 EULERIAN_GRID = ["sphere.lmax=64", "time.dt=0.02", "solver.field='dense'", "control.gradient='discrete'"]
 CHECK_GRID = ["sphere.lmax=128", "time.dt=0.01", "solver.field='dense'"]
+# A row whose case's own grid resolves its Gibbs width (eps = 1e-3: lmax 416, dt 0.0025).
+OWN_GRID = ("solver.field='dense'", "control.gradient='discrete'")
 
 
 @dataclass(frozen=True)
@@ -68,13 +70,16 @@ class Row:
     trained: bool = True
     eulerian: str | None = None
     eulerian_trained: bool = True  # False: the Eulerian run is at W = 0, to see how far the grid resolves it
+    grid: tuple = tuple(EULERIAN_GRID)  # the Eulerian run's overrides of the grid
+    check_grid: tuple = tuple(CHECK_GRID)  # those of its J at the trained W
     same_as: str | None = None  # a row whose runs this row's are (the ablation's base is a main-table row)
     seed: dict = field(default_factory=dict)
 
 
-UNRESOLVED = ("no Eulerian training yet: the Gibbs width sqrt(eps / lambda_1) = {width:.3f} rad needs lmax ~ {lmax} and "
-              "dt ~ {dt:g} (explicit advection), where an evaluation of J and dJ/dW takes {seconds:g} CPU s on one "
-              "core (measured at W = 0 on the row's case; the other rows' trainings took 18 to 125 L-BFGS iterations)")
+UNRESOLVED = ("no Eulerian training yet: the Gibbs width sqrt(eps / lambda_1) = {width:.3f} rad needs lmax ~ {lmax} "
+              "and dt ~ {dt:g} (explicit advection), where an evaluation of J and dJ/dW takes {seconds:g} CPU s on "
+              "one core (measured at W = 0 on the row's case; the other rows' trainings took 18 to 125 L-BFGS "
+              "iterations)")
 
 ROWS = [
     Row("no-train", "no-train, lambda_2 = 0.65", "seed004-no-train", trained=False,
@@ -99,8 +104,8 @@ ROWS = [
     Row("eps-1e-4", "eps = 1e-4", "seed004-eps-1e-4",
         eulerian=UNRESOLVED.format(width=0.01, lmax=1344, dt=1e-3, seconds=180),
         seed={"three_phase_of": ("eps-1e-4", "eps-1e-3", "align-l065"), "three_phase": 59, "plateau_range": (70, 71)}),
-    Row("eps-1e-3", "eps = 1e-3", "seed004-eps-1e-3",
-        eulerian=UNRESOLVED.format(width=0.032, lmax=416, dt=2.5e-3, seconds=25)),
+    Row("eps-1e-3", "eps = 1e-3", "seed004-eps-1e-3", grid=OWN_GRID,
+        check_grid=("sphere.lmax=832", "time.dt=0.00125", "solver.field='dense'")),
     Row("eps-1e-1", "eps = 0.1", "seed004-eps-1e-1", seed={"three_phase": 0}),
     Row("T40", "T = 40", "seed004-align-T40", seed={"three_phase": 20, "plateau": 32.0, "initial": 2.67,
                                                     "terminal": 5.33}),
@@ -133,9 +138,10 @@ def particle_cases(row: Row) -> tuple:
     return harness.load_cases(row.case, list(row.overrides) + shared + (TRAINING if row.trained else []), SEEDS)
 
 
-def eulerian_case(row: Row, grid: list = EULERIAN_GRID):
+def eulerian_case(row: Row, grid: tuple | None = None):
+    """The row's Eulerian case on `grid` (overrides; default the row's own)."""
     training = (TRAINING if row.eulerian_trained else ["control.iterations=0"]) if row.trained else []
-    return load_case(row, training + grid)
+    return load_case(row, training + list(row.grid if grid is None else grid))
 
 
 def plan(keys: list) -> list:
@@ -192,7 +198,7 @@ def eulerian_summary(row: Row, outcome) -> dict:
         dataset, status, check_cost = outcome.dataset, f"failed: {outcome}", math.nan
     else:
         dataset, status = outcome, "completed"
-        check = ControlledForward(eulerian_case(row, CHECK_GRID))
+        check = ControlledForward(eulerian_case(row, row.check_grid))
         c0 = initial_density(check.case["initial"], check.problem.basis)
         check_cost = evaluate_cost(check, c0, torch.as_tensor(dataset["W"].values))
     attributes = {name: float(dataset.attrs.get(name, math.nan)) for name in (
@@ -200,7 +206,7 @@ def eulerian_summary(row: Row, outcome) -> dict:
         "terminal_displacement")}
     series = {name: rounded(dataset[name].values if name in dataset else []) for name in (
         "loss", "W", "mean", "free_energy", "interaction_energy", "adjoint_norm")}
-    return {"status": status, "grid": EULERIAN_GRID, "check_grid": CHECK_GRID, "check_cost": check_cost,
+    return {"status": status, "grid": list(row.grid), "check_grid": list(row.check_grid), "check_cost": check_cost,
             "attributes": attributes, "optimizer_stop": dataset.attrs.get("optimizer_stop", "not trained"),
             "resolved_until": dataset.attrs.get("resolved_until"), "times": rounded(dataset["time"].values)} | series
 
@@ -404,7 +410,8 @@ def report_text(summaries: dict) -> str:
              f"A = diag(1, lambda_2) as B = V, unnormalized kernel, beta = 1, eps = 1e-2, lambda_reg = 0.01, "
              f"initial law vMF(mean (1, 0.5), kappa 1) as the case files have it.  Particles: 20 trainings per row "
              f"(particles.seed = 0..19, common noise), Heun with split noise at dt = {PARTICLE_DT}; Eulerian: "
-             f"{' '.join(EULERIAN_GRID)}; both L-BFGS from W = 0, {' '.join(TRAINING)}.", "", VERDICT_RULE, ""]
+             f"{' '.join(EULERIAN_GRID)} ({own_grids()}); both L-BFGS from W = 0, {' '.join(TRAINING)}.", "",
+             VERDICT_RULE, ""]
     for title, keys in (("Main table", ["no-train", "align-l020", "align-l065", "align-l080", "bow-k2", "bow-k10"]),
                         ("Ablation table", ["seeds", "eps-0", "eps-1e-4", "eps-1e-3", "eps-1e-1", "T40", "T80", "T120",
                                             "N32", "N64", "N128", "lambda-0.01", "lambda-0"])):
@@ -442,6 +449,12 @@ def report_text(summaries: dict) -> str:
     lines += ["", "Rows not run yet: " + (", ".join(missing) if missing else "none") + ".", ""]
     lines += cost_lines(summaries)
     return "\n".join(lines)
+
+
+def own_grids() -> str:
+    """The rows whose Eulerian runs have a grid of their own, and it."""
+    return "; ".join(f"{row.title}: {' '.join(row.grid)} on its case's grid, J checked on {' '.join(row.check_grid)}"
+                     for row in ROWS if row.grid != tuple(EULERIAN_GRID))
 
 
 def cost_lines(summaries: dict) -> list:
