@@ -13,8 +13,8 @@ the overrides that make the row.  For each row:
   geodesic noise at particles.dt = PARTICLE_DT (see PARTICLE_DT for why that step is enough);
 - Eulerian: the mean-field training of the same case (discrete gradient, L-BFGS, the same tolerance) on the grid
   EULERIAN_GRID, and its J at the trained W on the finer CHECK_GRID (the report prints both: that is how we know
-  J is converged); eps = 1e-3 on its case's grid, which resolves the Gibbs width, and twice as fine; eps = 1e-4
-  has particles only so far (the row's note says what its Eulerian training would cost).
+  J is converged); eps = 1e-3 runs on its case's grid, which resolves the Gibbs width, J checked on one twice as
+  fine; eps = 1e-4 has particles only so far (the row's note says what its Eulerian training would cost).
 
 Each run's summary (everything the report reads: the diagnostics at the save times, W, the J history, the full
 case text of every member, the commit, the CPU seconds) is committed by the results harness (results/harness.py)
