@@ -101,7 +101,9 @@ class FourierPath:
                 break
             kernels = MemberKernels(coarse, batch.B, [model.beta for model in batch.models], "dense", 0.0)
             folded = folded_attention(coarse, attention_operator(coarse, batch, kernels))
-            if folded is not None and resolved(folded, level):
+            if folded is None:  # beyond the operator's memory, or the kernel overflows: so on every finer basis
+                break
+            if resolved(folded, level):
                 left, right = truncated_svd(folded)
                 return cls(transport, *lifted(left, right, basis), level)
             level *= 2
