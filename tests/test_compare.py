@@ -292,6 +292,56 @@ def test_max_z_probability_is_uniform_for_standard_normal_errors():
     assert max_z_probability(np.array([np.inf, 0.0])) == 0.0
 
 
+def batch_means_run(generator, saves, replicas, tokens):
+    """The mean of uniform tokens on the circle (exactly 0) as a particle run with particles.replicas = R stores
+    it: the mean of R independent systems' means, its standard error their std (ddof 1) / sqrt(R)."""
+    angles = generator.uniform(0, 2 * np.pi, (saves, replicas, tokens))
+    system_means = np.stack([np.cos(angles).mean(-1), np.sin(angles).mean(-1)], axis=-1)
+    run = xr.Dataset({"mean": (("time", "component"), system_means.mean(1)),
+                      "mean_stderr": (("time", "component"), system_means.std(1, ddof=1) / math.sqrt(replicas))},
+                     coords={"time": np.arange(saves, dtype=float), "component": [0, 1]})
+    run.attrs.update(replicas=replicas, n=replicas * tokens)
+    return run
+
+
+def test_max_z_probability_is_uniform_for_batch_means_of_few_systems():
+    """Batch means over R = 4 systems make z Student t with 3 degrees of freedom: compare's P(max|z|) over the
+    10 values of a run is then uniform (at 5%, 50%, 95% over 1000 runs, 4 binomial standard errors), against
+    the exact mean and, by Welch-Satterthwaite, against another run of R = 8 systems of other sizes.  The
+    normal law's P (what compare gave before) is below 5% for half of the runs against the exact mean (51.5%)."""
+    generator = np.random.default_rng(11)
+    exact = xr.Dataset({"mean": (("time", "component"), np.zeros((5, 2)))},
+                       coords={"time": np.arange(5.0), "component": [0, 1]})
+    runs = 1000
+    against_exact, normal, between = [], [], []
+    for _ in range(runs):
+        report = compare(exact, batch_means_run(generator, 5, 4, 16), w2=False)
+        against_exact.append(report.attrs["max_z_probability_mean"])
+        normal.append(max_z_probability(report["mean_z"].values))
+        between.append(compare(batch_means_run(generator, 5, 8, 4), batch_means_run(generator, 5, 4, 16),
+                               w2=False).attrs["max_z_probability_mean"])
+    assert np.allclose(report["mean_dof"].values, 3, rtol=1e-14)
+    for p in (np.array(against_exact), np.array(between)):
+        for level in (0.05, 0.5, 0.95):
+            assert abs((p <= level).mean() - level) <= 4 * math.sqrt(level * (1 - level) / runs)
+    assert (np.array(normal) <= 0.05).mean() >= 0.4
+    assert "Student t with as few as 3 degrees of freedom" in report.attrs["report"]
+
+
+def test_welch_degrees_of_freedom_of_two_particle_runs():
+    """nu = (se_A^2 + se_B^2)^2 / (se_A^4 / nu_A + se_B^4 / nu_B): equal errors from R = 4 and R = 8 systems give
+    (2)^2 / (1/3 + 1/7) = 8.4; an exact run leaves the other's nu; one system of n = 64 tokens gives 63."""
+    generator = np.random.default_rng(12)
+    a, b = batch_means_run(generator, 2, 8, 4), batch_means_run(generator, 2, 4, 16)
+    b["mean_stderr"] = a["mean_stderr"]
+    assert np.allclose(compare(a, b, w2=False)["mean_dof"].values, 4 / (1 / 3 + 1 / 7), rtol=1e-14)
+    single = b.copy()
+    single.attrs.update(replicas=1, n=64)
+    exact = a.drop_vars("mean_stderr")
+    assert np.allclose(compare(exact, single, w2=False)["mean_dof"].values, 63, rtol=1e-14)
+    assert np.all(np.isinf(compare(exact, exact, w2=False)["mean_dof"].values))
+
+
 def test_w2_projection_verdict_subtracts_the_finite_n_bias_of_particle_runs():
     """Noisy Kuramoto on S^1 started at its stationary law (vMF, kappa = r / eps, r = 0.8314620248): the exact
     W2(rho_t, rho_0) is 0, while n = 300 particles give W2(mu_n(t), mu_n(0)) of 0.06-0.08 by t = 1, three of

@@ -9,17 +9,22 @@ Eulerian run counts as exact, se = 0; the order parameter's is widened by the bi
 at the other run's value, which decides near |m| = 0: `_stderr`).  Verdict per diagnostic: "agrees" when
 |difference| <= k stderr + atol at every shared time and component (atol absorbs
 round-off where both are exact), "disagrees" otherwise, "n/a" when either run lacks the
-diagnostic or a standard error does not exist.  For w2_projection the tolerance also holds
-both runs' quantisation bounds (attribute `w2_projection_floor`), and z is 0 below it: where
+diagnostic or a standard error does not exist.  z has nu degrees of freedom (`<name>_dof`): a particle run's
+standard errors by batch means over particles.replicas = R > 1 systems make it Student t with R - 1 of them, the
+i.i.d. formulas of one system of n tokens n - 1, an exact run infinitely many; two particle runs combine theirs
+by Welch-Satterthwaite, nu = (se_A^2 + se_B^2)^2 / (se_A^4 / nu_A + se_B^4 / nu_B).  For w2_projection the
+tolerance also holds both runs' quantisation bounds (attribute `w2_projection_floor`), and z is 0 below it: where
 that floor exceeds the standard errors, difference / stderr is the sharper test.  A particle run's
 w2_projection is a W2 between empirical measures, biased upwards by the sampling error it transports
 (at n = 300 on S^1, 0.06-0.1 against standard errors of 0.015-0.03), which its delta-method standard
 error leaves out: the difference and z of that row are taken after subtracting the expected B - A from
 the runs' own estimates of that bias (`w2_projection_bias`, from their `w2_projection_squared_bias`).
 Each row also
-gives P(max|z|) of M, the probability that M independent standard normal errors reach its worst
-|z| (`max_z_probability`; attributes max_z_probability_<name>): a verdict over many values fails
-by chance alone now and then, and a "disagrees" with a large P is what chance gives.
+gives P(max|z|) of M, the probability that M independent errors of that law (standard normal where nu is
+infinite) reach its worst |z| (`max_z_probability`; attributes max_z_probability_<name>): a verdict over many
+values fails by chance alone now and then, and a "disagrees" with a large P is what chance gives.  With few
+replicas that is often: |z| > 3 has probability 0.0027 for a normal z, 0.058 for Student t with 3 degrees of
+freedom (R = 4), and the report says so.
 
 W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
 density (Eulerian) or 1/n for the saved particles, by spherepde.measures.optimal_transport.w2_between
@@ -37,6 +42,7 @@ import textwrap
 
 import numpy as np
 import xarray as xr
+from scipy.special import stdtr
 
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
@@ -45,6 +51,7 @@ from spherepde.io.summary import open_result
 from spherepde.measures.optimal_transport import w2_between
 
 REFINED_CIRCLE = 2 ** 13
+STUDENT_NOTE_BELOW = 30  # degrees of freedom under which the report says that z is not close to normal
 
 
 # ---------------------------------------------------------------------------------------
@@ -141,6 +148,33 @@ def _stderr(run: xr.Dataset, name: str, other: np.ndarray) -> np.ndarray:
     return np.minimum(np.sqrt(total), np.sqrt(delta ** 2 + bias ** 2))
 
 
+def degrees_of_freedom(run: xr.Dataset) -> float:
+    """The degrees of freedom of `run`'s standard errors: R - 1 for batch means over particles.replicas = R > 1
+    independent systems, n - 1 for the i.i.d. formulas of one system of n tokens, infinite for a run that states
+    neither (an exact run has no standard errors: its se = 0 takes no part in `welch_dof`)."""
+    replicas = int(run.attrs.get("replicas", 1))
+    if replicas > 1:
+        return float(replicas - 1)
+    return float(run.attrs["n"]) - 1 if "n" in run.attrs else math.inf
+
+
+def welch_dof(se_a: np.ndarray, se_b: np.ndarray, dof_a: float, dof_b: float) -> np.ndarray:
+    """Welch-Satterthwaite: nu = (se_A^2 + se_B^2)^2 / (se_A^4 / nu_A + se_B^4 / nu_B), the degrees of freedom of
+    (B - A) / sqrt(se_A^2 + se_B^2); infinite where neither run has a standard error (or it is not known)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        denominator = se_a ** 4 / dof_a + se_b ** 4 / dof_b
+        dof = (se_a ** 2 + se_b ** 2) ** 2 / denominator
+    return np.where(np.isfinite(denominator) & (denominator > 0), dof, math.inf)
+
+
+def two_sided_tail(z: np.ndarray, dof: np.ndarray) -> np.ndarray:
+    """P(|T| >= |z|) for T Student t with `dof` degrees of freedom (standard normal where dof is infinite)."""
+    z, dof = np.broadcast_arrays(np.abs(np.asarray(z, dtype=float)), np.asarray(dof, dtype=float))
+    infinite = np.isinf(dof)
+    student = 2 * stdtr(np.where(infinite, 1.0, dof), -z)
+    return np.where(infinite, np.vectorize(math.erfc, otypes=[float])(z / math.sqrt(2)), student)
+
+
 def _w2_projection_bias(a: xr.Dataset, b: xr.Dataset) -> np.ndarray:
     """The expected B - A of w2_projection, at the shared times, from the finite-n bias of particle runs.
 
@@ -190,13 +224,14 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
             coords[name] = a[name]
     if "lyapunov_p" in a.coords and not np.array_equal(a["lyapunov_p"].values, b["lyapunov_p"].values):
         raise CaseError("compare: the two runs use different diagnostics.lyapunov_p")
-    data, verdicts, probabilities, lines = {}, {}, {}, []
+    data, verdicts, probabilities, lines, fewest = {}, {}, {}, [], math.inf
     for name in DIAGNOSTIC_ATTRS:
         if name not in a or name not in b:
             continue
         va, vb = a[name].values.astype(float), b[name].values.astype(float)
         se_a, se_b = _stderr(a, name, vb), _stderr(b, name, va)
         stderr = np.sqrt(se_a ** 2 + se_b ** 2)
+        dof = welch_dof(se_a, se_b, degrees_of_freedom(a), degrees_of_freedom(b))
         tolerance = atol + (_w2_floor(a, b) if name == "w2_projection" else 0.0)
         expected = _w2_projection_bias(a, b) if name == "w2_projection" else np.zeros(va.shape)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -208,14 +243,17 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         data[f"{name}_b"] = (dims, vb, {"long_name": f"{long_name} ({labels[1]})"})
         data[f"{name}_difference"] = (dims, difference, {"long_name": f"B - A of {name}"})
         data[f"{name}_stderr"] = (dims, stderr, {"long_name": f"combined standard error of {name}"})
+        data[f"{name}_dof"] = (dims, dof, {"long_name": f"degrees of freedom of {name}'s z (Student t; inf: normal)",
+                                           "units": "1"})
         if name == "w2_projection":
             data["w2_projection_bias"] = (dims, expected, {
                 "long_name": "expected B - A of w2_projection from the particle runs' finite-n bias", "units": "1"})
         data[f"{name}_z"] = (dims, z, {"long_name": f"(B - A{' - bias' if name == 'w2_projection' else ''}) / "
                                                     f"stderr of {name}"})
         verdicts[name] = _verdict(va, vb - expected, stderr, k, tolerance)
-        probabilities[name] = max_z_probability(z)
-        lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, verdicts[name]))
+        probabilities[name] = max_z_probability(z, dof)
+        fewest = min([fewest] + list(dof[~np.isnan(z) & (stderr > 0)].ravel()))
+        lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, dof, verdicts[name]))
     distances, bounds, methods = [], [], set()
     for i in range(a.sizes["time"] if w2 else 0):
         value, bound, method = w2_between(*measure(a, i), *measure(b, i), atoms)
@@ -251,6 +289,10 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
                   f"(t <= {run['time'].values[-1]:g})"
                   for label, run in (("A", a), ("B", b)) if run.attrs.get("status", "completed") != "completed"]
     attrs["failed"] = "\n".join(unfinished)  # shown in the report's figure too
+    if fewest < STUDENT_NOTE_BELOW:
+        lines.append(f"z: Student t with as few as {fewest:.3g} degrees of freedom (standard errors from few systems): "
+                     f"|z| > {k:g} by chance {float(two_sided_tail(k, fewest)):.2g} per value, against "
+                     f"{math.erfc(k / math.sqrt(2)):.2g} for a normal z; P(max|z|) counts it")
     if w2:
         times = a["time"].values
         lines.append(f"W2(A, B): t = {times[0]:g}: {distances[0]:.4g}, t = {times[-1]:g}: {distances[-1]:.4g}, "
@@ -272,22 +314,24 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
     return xr.Dataset(data, coords=coords, attrs=attrs)
 
 
-def max_z_probability(z: np.ndarray) -> float:
-    """P(max |Z_i| >= max |z|) for independent standard normal Z_i, one per value of z that is not NaN: how
-    often errors of the stated size alone would reach the worst z of the comparison (NaN if there is none).
+def max_z_probability(z: np.ndarray, dof=math.inf) -> float:
+    """P(max |T_i| >= max |z|) for independent T_i, one per value of z that is not NaN, each Student t with that
+    value's `dof` degrees of freedom (standard normal where infinite): how often errors of the stated size alone
+    would reach the worst z of the comparison (NaN if there is none).
 
     The verdict asks |z| <= k at every time and component, so over M values a run that agrees fails it by
-    chance with probability 1 - (1 - P(|Z| > k))^M (at k = 3: 10% for M = 41, 20% for M = 81 independent
-    values; saves of one particle run are correlated, which makes it less).  This says how surprising the
-    worst value is, not whether the two agree."""
-    values = np.abs(z[~np.isnan(z)])
-    if values.size == 0:
+    chance with probability 1 - (1 - P(|T| > k))^M (at k = 3 and normal errors: 10% for M = 41, 20% for M = 81
+    independent values; saves of one particle run are correlated, which makes it less).  This says how
+    surprising the worst value is, not whether the two agree."""
+    values = np.abs(np.asarray(z, dtype=float))
+    present = ~np.isnan(values)
+    if not present.any():
         return math.nan
-    one = math.erfc(float(values.max()) / math.sqrt(2))  # P(|Z| >= max |z|)
-    return 0.0 - math.expm1(values.size * math.log1p(-one)) if one < 1 else 1.0
+    one = two_sided_tail(values[present].max(), np.broadcast_to(dof, values.shape)[present])  # P(|T_i| >= max|z|)
+    return 0.0 - math.expm1(float(np.log1p(-one).sum())) if (one < 1).all() else 1.0
 
 
-def _table_row(name, times, va, vb, difference, stderr, z, verdict) -> str:
+def _table_row(name, times, va, vb, difference, stderr, z, dof, verdict) -> str:
     """One line of the text table: the last shared time, the largest |B - A| and the largest |z| over times and
     components, and how probable so large a |z| is among that many values (max_z_probability)."""
     last = (slice(-1, None),) + (slice(None),) * (va.ndim - 1)
@@ -295,7 +339,7 @@ def _table_row(name, times, va, vb, difference, stderr, z, verdict) -> str:
         magnitude = np.where(np.isnan(z), -1.0, np.abs(z))
     worst = np.unravel_index(np.argmax(magnitude), z.shape)
     worst_z = f"{magnitude[worst]:8.2f}" if magnitude[worst] >= 0 else f"{'-':>8}"
-    probability = max_z_probability(z)
+    probability = max_z_probability(z, dof)
     chance = f"{'-':>14}" if math.isnan(probability) else f"{probability:7.2g} of {np.count_nonzero(~np.isnan(z)):<4d}"
 
     def first(values):
