@@ -253,7 +253,7 @@ def _diagnostic_names() -> list[str]:
 
 
 # the variables derived from each diagnostic: a particle run's standard errors and W2 bias, a compare report's
-DERIVED_SUFFIXES = ("_stderr", "_squared_bias", "_a", "_b", "_difference", "_z", "_bias")
+DERIVED_SUFFIXES = ("_stderr", "_squared_bias", "_a", "_b", "_difference", "_z", "_dof", "_bias")
 
 
 def pattern(name: str, kind: str) -> str:
