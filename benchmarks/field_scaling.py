@@ -4,7 +4,8 @@ One call transforms the d + 1 = 4 channels (rho, y rho) of a smooth positive den
 Matrices: "sign flips" B = diag(-1, -1, 1) (seed 003's baseline: a grid permutation), "rotation" (a
 generic rotation: Wigner-D rotation of the coefficients) and "general" (sigma_max / sigma_min = 3:
 Chebyshev interpolation in r and scattered evaluation, ducc0 on the CPU; the torch NUFFT, the
-GPU path, is timed too).  Everything runs in this process on one thread (torch.set_num_threads(1),
+GPU path, is timed too; and the kept matrix of kernels.spectral.MatrixMode, which the field takes where it
+fits SPECTRAL_MATRIX_BYTES, "-" beyond).  Everything runs in this process on one thread (torch.set_num_threads(1),
 OMP_NUM_THREADS=1), spectral and dense interleaved, best of --repeats; on the CPU the time is the
 calling thread's CPU time (every method computes on it), which the load of other processes on a
 shared machine does not inflate as it does the wall time; on CUDA the synchronised wall time.  The dense quadrature is
@@ -30,9 +31,10 @@ import torch
 
 from spherepde.base.device import placement
 from spherepde.discretisation.bases import SphereBasis
+from spherepde.discretisation.scattered import DegreeRaisedTransform
 from spherepde.kernels.choice import make_exp_kernel
 from spherepde.kernels.dense import DENSE_MATRIX_BYTES, DenseExpKernel, dense_exp_kernel
-from spherepde.kernels.spectral import SpectralExpKernel
+from spherepde.kernels.spectral import SPECTRAL_MATRIX_BYTES, MatrixMode, SpectralExpKernel
 
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])
 ROTATION = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]
@@ -85,7 +87,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     where = placement(args.device, "float64")
-    columns = ["dense", "sign flips", "rotation", "general", "general (torch NUFFT)"]
+    columns = ["dense", "sign flips", "rotation", "general", "general (torch NUFFT)", "general (kept matrix)"]
     times = {name: [] for name in columns}
     print(f"beta = {args.beta:g}, float64, {args.device}, {torch.get_num_threads()} thread; "
           "seconds per call (thread CPU time on the CPU) "
@@ -98,24 +100,32 @@ def main(argv=None):
         channels = torch.cat([rho[..., None], rho[..., None] * x], dim=-1)
         dense = DenseExpKernel(basis, where.tensor(MATRICES["general"]), args.beta, matrix_bytes=DENSE_MATRIX_BYTES)
         times["dense"].append(dense_time(dense, channels, args.rows, args.full_dense, args.repeats, where.device))
+        kept = MatrixMode.matrix_bytes(basis, DegreeRaisedTransform(basis)) <= SPECTRAL_MATRIX_BYTES
         for name in columns[1:]:
             matrix = MATRICES["general" if name.startswith("general") else name]
             evaluator = "torch" if "torch" in name else "auto"
-            kernel = SpectralExpKernel(basis, where.tensor(matrix), args.beta, 1e-10, evaluator=evaluator)
+            if name == "general (kept matrix)" and not kept:
+                times[name].append(float("nan"))
+                continue
+            kernel = SpectralExpKernel(basis, where.tensor(matrix), args.beta, 1e-10, evaluator=evaluator,
+                                       matrix_bytes=None if name == "general (kept matrix)" else 0)
             times[name].append(timed(lambda: kernel(channels), args.repeats, where.device))
         cells = [f"{times['dense'][-1]:>24.3e}"]
-        cells += [f"{times[name][-1]:>14.3e} ({times['dense'][-1] / times[name][-1]:>6.1f}x)" for name in columns[1:]]
+        cells += [f"{'-':>24}" if np.isnan(times[name][-1]) else
+                  f"{times[name][-1]:>14.3e} ({times['dense'][-1] / times[name][-1]:>6.1f}x)" for name in columns[1:]]
         picks = []
         for name in columns[1:4]:
             pick = make_exp_kernel(basis, where.tensor(MATRICES[name]), args.beta, "auto", 1e-10).name
-            faster = "spectral" if times[name][-1] < times["dense"][-1] else "dense"
+            spectral = times["general (kept matrix)" if name == "general" and kept else name][-1]
+            faster = "spectral" if spectral < times["dense"][-1] else "dense"
             picks.append(pick if pick == faster else pick.upper())
         print(f"{lmax:>5} {basis.grid_size:>7} " + " ".join(cells) + "  " + "/".join(picks), flush=True)
     fitted = [lmax >= args.fit_from for lmax in args.lmax]
     if sum(fitted) >= 2:
         lmax = np.array(args.lmax)[fitted]
         print(f"fitted exponent of lmax (lmax >= {args.fit_from}): " + ", ".join(
-            f"{name} {slope(lmax, np.array(times[name])[fitted]):.2f}" for name in columns))
+            f"{name} {slope(lmax, np.array(times[name])[fitted]):.2f}" for name in columns
+            if not np.isnan(np.array(times[name])[fitted]).any()))
 
 
 if __name__ == "__main__":

@@ -11,11 +11,25 @@ from spherepde.base.device import placement
 from spherepde.base.errors import CaseError
 from spherepde.discretisation.bases import CircleBasis, SphereBasis
 from spherepde.discretisation.rotations import SphereRotation, grid_permutation
-from spherepde.discretisation.scattered import CircleEvaluator, DuccEvaluator, TorusNUFFT, barycentric_weights
+from spherepde.discretisation.scattered import (
+    CircleEvaluator,
+    DegreeRaisedTransform,
+    DuccEvaluator,
+    TorusNUFFT,
+    barycentric_weights,
+    harmonics_at,
+    stored_coefficients,
+)
 from spherepde.kernels.choice import make_exp_kernel
 from spherepde.kernels.dense import DenseExpKernel, dense_exp_kernel
 from spherepde.kernels.funk_hecke import chebyshev_nodes, funk_hecke
-from spherepde.kernels.spectral import ScaledMode, SpectralExpKernel
+from spherepde.kernels.spectral import (
+    SPECTRAL_MATRIX_BYTES,
+    InterpolatedMode,
+    MatrixMode,
+    ScaledMode,
+    SpectralExpKernel,
+)
 
 CPU64 = placement("cpu", "float64")
 GENERAL = np.array([[1.0, 0.3, -0.2], [0.1, 0.8, 0.4], [-0.3, 0.2, 1.2]])
@@ -44,14 +58,15 @@ def smooth_density(basis):
     return basis.synthesis(basis.analysis(rho.to(basis.placement.real)))
 
 
-def field_difference(basis, C, beta, tol=1e-10, matrix_bytes=0):
+def field_difference(basis, C, beta, tol=1e-10, matrix_bytes=0, spectral_bytes=SPECTRAL_MATRIX_BYTES):
     """max |m_spectral - m_dense| of the attention mean N / Z, and the max relative difference of T_C
-    (the dense transform keeping its kernel matrix when it takes at most matrix_bytes)."""
+    (the dense transform keeping its kernel matrix when it takes at most matrix_bytes, the spectral one its
+    MatrixMode for a general C at most spectral_bytes)."""
     rho = smooth_density(basis)
     channels = torch.cat([rho[..., None], rho[..., None] * basis.points], dim=-1)
     C = torch.as_tensor(C, dtype=basis.placement.real, device=basis.placement.device)
     dense, log_dense = DenseExpKernel(basis, C, beta, matrix_bytes=matrix_bytes)(channels)
-    spectral, log_spectral = SpectralExpKernel(basis, C, beta, tol)(channels)
+    spectral, log_spectral = SpectralExpKernel(basis, C, beta, tol, matrix_bytes=spectral_bytes)(channels)
     assert bool((log_dense <= log_spectral * (1 + 10 * torch.finfo(log_dense.dtype).eps)).all())  # the bound
     dense = dense * torch.exp(log_dense - log_spectral)[..., None]  # both on the spectral field's scale
     mean_dense, mean_spectral = dense[..., 1:] / dense[..., :1], spectral[..., 1:] / spectral[..., :1]
@@ -168,6 +183,24 @@ def test_scattered_evaluation_matches_exact_series(evaluator):
     assert float((evaluate(c) - expected).abs().max()) <= 1e-11 * float(expected.abs().max())
 
 
+@pytest.mark.parametrize("dim", [2, 3])
+def test_harmonics_at_scattered_points_match_the_basis_series(dim):
+    """Re(H c) over the stored coefficients (harmonics_at: basis functions times multiplicity) is the basis's own
+    series at random points and at the poles."""
+    basis = SphereBasis(30, CPU64) if dim == 3 else CircleBasis(20, CPU64)
+    c = torch.stack([random_coefficients(basis, seed) for seed in range(3)])
+    points = np.random.default_rng(4).standard_normal((500, dim))
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    if dim == 3:
+        points[:2] = [[0, 0, 1], [0, 0, -1]]
+    harmonics, degree = harmonics_at(dim, basis.lmax, points)
+    stored = c[:, torch.as_tensor(stored_coefficients(dim, basis.lmax))].numpy()
+    assert np.array_equal(degree, basis.degree.numpy()[stored_coefficients(dim, basis.lmax)] if dim == 3
+                          else np.arange(basis.lmax + 1))
+    expected = torch.stack([basis.evaluate(ci, torch.as_tensor(points)) for ci in c], dim=1).numpy()
+    assert np.abs((harmonics @ stored.T).real - expected).max() <= 1e-13 * np.abs(expected).max()
+
+
 def test_circle_evaluator_matches_exact_series():
     basis = CircleBasis(20, CPU64)
     c = torch.stack([random_coefficients(basis, seed) for seed in range(2)])
@@ -189,6 +222,23 @@ def test_spectral_field_matches_dense_on_the_sphere(name, beta, matrix_bytes, de
     basis = SphereBasis(24, placement(device, "float64"))
     mean, transform = field_difference(basis, MATRICES[name], beta, matrix_bytes=matrix_bytes)
     assert mean <= 1e-10 and transform <= 1e-11
+
+
+@pytest.mark.parametrize("beta", [1.0, 10.0, 30.0])
+@pytest.mark.parametrize("spectral_bytes", [0, SPECTRAL_MATRIX_BYTES], ids=["interpolated", "kept-matrix"])
+def test_general_spectral_field_of_either_mode_matches_dense(beta, spectral_bytes, device):
+    """A general C on S^2 (lmax 24, where the dense quadrature is exact to round-off): the Chebyshev
+    interpolation in r (InterpolatedMode, accurate to tol / 100) agrees with the dense quadrature to 1e-11, the
+    kept matrix (MatrixMode, the weights at every point's own r: exact) to round-off, 1e-13 (measured
+    0.7-3.4e-14; the interpolated mode 0.5-1.1e-12)."""
+    basis = SphereBasis(24, placement(device, "float64"))
+    kept = MatrixMode.matrix_bytes(basis, DegreeRaisedTransform(basis)) <= spectral_bytes
+    assert kept == (spectral_bytes > 0)
+    mode = SpectralExpKernel(basis, torch.as_tensor(GENERAL), beta, 1e-10, matrix_bytes=spectral_bytes).mode
+    assert isinstance(mode, MatrixMode if kept else InterpolatedMode)
+    mean, transform = field_difference(basis, GENERAL, beta, spectral_bytes=spectral_bytes)
+    tolerance = (1e-13, 1e-13) if kept else (1e-10, 1e-11)
+    assert mean <= tolerance[0] and transform <= tolerance[1]
 
 
 @pytest.mark.parametrize("name", ["rotation", "general"])
@@ -215,7 +265,8 @@ def test_zero_beta_and_zero_matrix_give_the_plain_integral():
         assert float((scaled - total).abs().max()) <= 1e-13 * total and float(log_scale.abs().max()) == 0
 
 
-def test_float32_spectral_field_matches_float64():
+@pytest.mark.parametrize("spectral_bytes", [0, SPECTRAL_MATRIX_BYTES], ids=["torch-NUFFT", "kept-matrix"])
+def test_float32_spectral_field_matches_float64(spectral_bytes):
     """The float32 channels (Z, N) agree with float64 to 16 units of float32 roundoff of their largest
     value, and the ratio N / Z as that error propagates: |d(N/Z)| <= (|dN| + |N/Z| |dZ|) / Z, so
     2 * 16 eps max|channel| / Z(x) with |N/Z| <= 1.  (The ratio's error is largest where Z is smallest:
@@ -226,7 +277,8 @@ def test_float32_spectral_field_matches_float64():
         rho = smooth_density(basis)
         values = torch.cat([rho[..., None], rho[..., None] * basis.points], dim=-1)
         C = torch.as_tensor(GENERAL, dtype=basis.placement.real)
-        scaled, log_scale = SpectralExpKernel(basis, C, 10.0, 1e-10, evaluator="torch")(values)
+        scaled, log_scale = SpectralExpKernel(basis, C, 10.0, 1e-10, evaluator="torch",
+                                              matrix_bytes=spectral_bytes)(values)
         channels.append(scaled.double() * torch.exp(log_scale.double())[..., None])
         ratios.append((scaled[..., 1:] / scaled[..., :1]).double())
     bound = 16 * torch.finfo(torch.float32).eps * float(channels[0].abs().max())
@@ -249,7 +301,9 @@ def test_selection_of_the_field():
     assert make_exp_kernel(circle, torch.tensor([[1.0, 0.3], [0.2, 0.7]], dtype=torch.float64), 10.0, "auto",
                            1e-10).name == "dense"
     with pytest.raises(CaseError, match="Chebyshev nodes"):
-        SpectralExpKernel(sphere, torch.as_tensor(GENERAL), 10.0, 1e-30)
+        SpectralExpKernel(sphere, torch.as_tensor(GENERAL), 10.0, 1e-30, matrix_bytes=0)
+    # the kept matrix is exact whatever the tolerance: no nodes to find
+    assert isinstance(SpectralExpKernel(sphere, torch.as_tensor(GENERAL), 10.0, 1e-30).mode, MatrixMode)
 
 
 # --- the solver -----------------------------------------------------------------------------------------

@@ -44,14 +44,37 @@ def _polar_angles(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return theta, np.mod(np.arctan2(points[:, 1], points[:, 0]), 2 * np.pi)
 
 
+def stored_coefficients(dim: int, lmax: int) -> np.ndarray:
+    """Which entries of a coefficient array of degree lmax hold coefficients: all (lmax + 1,) on S^1, l >= m of
+    the [m, l] array on S^2."""
+    if dim == 2:
+        return np.ones(lmax + 1, dtype=bool)
+    order = np.arange(lmax + 1)
+    return order[None, :] >= order[:, None]
+
+
+def harmonics_at(dim: int, lmax: int, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(H (N, K) complex, degree (K,)): the basis functions of the stored coefficients (`stored_coefficients`, in
+    their row-major order) at the unit vectors `points` (N, dim), times their multiplicity (1 at order 0, 2
+    above), so that a real series of coefficients c is Re(H c) at the points: e^{i k t} / sqrt(2 pi) on S^1, the
+    orthonormal Condon-Shortley Pbar_lm(cos theta) e^{i m phi} on S^2 (legendre_tables, (lmax + 1)^2 N numbers
+    three times: the caller takes the points in chunks)."""
+    if dim == 2:
+        k = np.arange(lmax + 1)
+        angle = np.arctan2(points[:, 1], points[:, 0])
+        return np.exp(1j * angle[:, None] * k) * np.where(k == 0, 1.0, 2.0) / math.sqrt(2 * math.pi), k
+    order, degree = np.nonzero(stored_coefficients(dim, lmax))
+    theta, phi = _polar_angles(points)
+    legendre = legendre_tables(lmax, np.cos(theta))[0][order, degree].T  # (N, K)
+    return legendre * np.exp(1j * phi[:, None] * order) * np.where(order == 0, 1.0, 2.0), degree
+
+
 class CircleEvaluator:
     """f(t_i) = (1/sqrt(2 pi)) [c_0 + 2 Re sum_{k>0} c_k e^{i k t_i}] at scattered angles: one matmul with the
     precomputed (N, kmax+1) matrix of multiplicity_k e^{i k t_i} / sqrt(2 pi)."""
 
     def __init__(self, kmax: int, points: np.ndarray, device, dtype):
-        angle = np.arctan2(points[:, 1], points[:, 0])
-        k = np.arange(kmax + 1)
-        waves = np.exp(1j * angle[:, None] * k) * np.where(k == 0, 1.0, 2.0) / math.sqrt(2 * math.pi)
+        waves = harmonics_at(2, kmax, points)[0]
         complex_dtype = COMPLEX_DTYPE[dtype]
         self._waves = torch.as_tensor(waves, dtype=complex_dtype, device=device)
 
@@ -79,8 +102,7 @@ class DuccEvaluator:
         theta, phi = _polar_angles(points)
         self._location = np.ascontiguousarray(np.stack([theta, phi], axis=1))
         self._eps = max(eps, 3e-13 if dtype == torch.float64 else 2e-6)
-        order = np.arange(lmax + 1)
-        self._mask = torch.as_tensor(order[None, :] >= order[:, None])
+        self._mask = torch.as_tensor(stored_coefficients(3, lmax))
         self._points = len(points)
 
     def __call__(self, c: torch.Tensor) -> torch.Tensor:

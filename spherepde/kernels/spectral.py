@@ -6,11 +6,14 @@ Y_lm(u_hat) with log_scale = beta r.  One mode per kind of C (`SpectralMode`): C
 (`ScaledMode`, the weights alone); C = s Q with Q orthogonal, r = s and u_hat = Q^T x everywhere, so scaled =
 (mu(beta s) f) o Q^T, a grid permutation when Q^T maps the grid onto itself (`PermutedMode`), otherwise a
 rotation of the coefficients (`RotatedMode`), at the cost of two transforms and, for a rotation, O(lmax^3);
-general C (`InterpolatedMode`): r ranges over [sigma_min(C), sigma_max(C)] and mu_l(beta r) is interpolated
-in r on n Chebyshev nodes r_k, mu_l(beta r) ~ sum_k ell_k(r) mu_l(beta r_k), so that scaled(x) ~ sum_k
-ell_k(r(x)) F_k(u_hat(x)), F_k = sum_lm mu_l(beta r_k) f_lm Y_lm, each F_k band-limited and evaluated at the
-scattered points u_hat(x) (spherepde.discretisation.scattered), n the smallest count whose interpolation
-error is below tol * mu_0(beta r) for every degree.
+general C: r = |C^T x| varies over the grid.  On S^2, while it fits SPECTRAL_MATRIX_BYTES (lmax <= 35),
+`MatrixMode` keeps the map f_lm -> sum_lm mu_l(beta r_i) f_lm Y_lm(u_hat_i) as one dense matrix, each point
+with its own weights: exact, and one product a call.  Otherwise (`InterpolatedMode`) r ranges over
+[sigma_min(C), sigma_max(C)] and mu_l(beta r) is interpolated in r on n Chebyshev nodes r_k,
+mu_l(beta r) ~ sum_k ell_k(r) mu_l(beta r_k), so that scaled(x) ~ sum_k ell_k(r(x)) F_k(u_hat(x)),
+F_k = sum_lm mu_l(beta r_k) f_lm Y_lm, each F_k band-limited and evaluated at the scattered points u_hat(x)
+(spherepde.discretisation.scattered), n the smallest count whose interpolation error is below
+tol * mu_0(beta r) for every degree.
 """
 
 from typing import Protocol
@@ -20,7 +23,13 @@ import torch
 
 from spherepde.base.errors import CaseError
 from spherepde.discretisation.rotations import CircleRotation, SphereRotation, grid_permutation, orthogonal_factor
-from spherepde.discretisation.scattered import DegreeRaisedTransform, barycentric_weights, make_evaluator
+from spherepde.discretisation.scattered import (
+    DegreeRaisedTransform,
+    barycentric_weights,
+    harmonics_at,
+    make_evaluator,
+    stored_coefficients,
+)
 from spherepde.kernels.funk_hecke import MAX_CHEBYSHEV_NODES, chebyshev_nodes, funk_hecke
 
 
@@ -146,8 +155,7 @@ class InterpolatedMode:
         device, dtype = placement.device, placement.real
         self.transform = transform
         degree = transform.degree
-        u = basis.float64_points() @ matrix
-        r = np.linalg.norm(u, axis=1)
+        r, direction = scattered_geometry(basis, matrix)
         low, high = float(r.min()), float(r.max())
         accuracy = max(tol / 100, 10 * torch.finfo(dtype).eps)
         self.nodes = chebyshev_nodes(basis.dim, beta, low, high, transform.lmax, accuracy)
@@ -158,7 +166,6 @@ class InterpolatedMode:
         self._weights = torch.as_tensor(funk_hecke(basis.dim, kappa, degree), dtype=dtype, device=device)  # (n, *coeff)
         self._ell = torch.as_tensor(barycentric_weights(self.nodes, r), dtype=dtype, device=device)  # (N, n)
         self.log_scale = torch.as_tensor(beta * r, dtype=dtype, device=device).reshape(basis.grid_shape)
-        direction = np.where(r[:, None] > 0, u / np.where(r > 0, r, 1.0)[:, None], np.eye(basis.dim)[-1])
         self.evaluator = make_evaluator(basis.dim, transform.lmax, direction, accuracy, device, dtype, evaluator)
 
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
@@ -169,6 +176,64 @@ class InterpolatedMode:
 
     def cost(self, channels: int) -> float:
         return channels * self.transform.cost() + self.evaluator.cost(len(self.nodes) * channels)
+
+
+# Largest matrix MatrixMode keeps (general C): on S^2 up to lmax 35 (45 MiB at lmax 32; 661 MiB at lmax 64).
+SPECTRAL_MATRIX_BYTES = 64 * 2 ** 20
+# Points per block while MatrixMode builds its matrix (the Legendre tables of a block: 3 (L + 1)^2 of them).
+HARMONICS_BLOCK = 512
+
+
+def scattered_geometry(basis, matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(r (N,), u_hat (N, d)): r = |C^T x| and u_hat = C^T x / r at the grid points (the last axis where r = 0)."""
+    u = basis.float64_points() @ matrix
+    r = np.linalg.norm(u, axis=1)
+    return r, np.where(r[:, None] > 0, u / np.where(r > 0, r, 1.0)[:, None], np.eye(basis.dim)[-1])
+
+
+class MatrixMode:
+    """General C with the map from coefficients to scaled values kept as one real matrix A (N, 2K):
+
+        scaled(x_i) = sum_lm mu_l(beta r_i) f_lm Y_lm(u_hat_i) = [A (Re f; Im f)]_i,
+
+    the Funk-Hecke weights taken at each point's own r_i = |C^T x_i| (no interpolation: exact for channels of
+    degree lmax + 1, to round-off), K the stored coefficients.  A call is one product for all channels, where
+    InterpolatedMode takes n nodes times the channels' scattered syntheses; used on S^2 while A fits
+    SPECTRAL_MATRIX_BYTES (`SpectralExpKernel`)."""
+
+    def __init__(self, basis, transform: DegreeRaisedTransform, matrix: np.ndarray, beta: float):
+        placement = basis.placement
+        self.transform = transform
+        r, direction = scattered_geometry(basis, matrix)
+        self.nodes = np.array([r.min(), r.max()])
+        self.log_scale = torch.as_tensor(beta * r, dtype=placement.real, device=placement.device).reshape(
+            basis.grid_shape)
+        # integer indices, not a boolean mask: indexing by a mask waits for the device to count it
+        self._stored = torch.as_tensor(np.flatnonzero(stored_coefficients(basis.dim, transform.lmax)),
+                                       device=placement.device)
+        blocks, degrees = [], np.arange(transform.lmax + 1)
+        for start in range(0, len(r), HARMONICS_BLOCK):
+            block = slice(start, start + HARMONICS_BLOCK)
+            harmonics, degree = harmonics_at(basis.dim, transform.lmax, direction[block])
+            weighted = harmonics * funk_hecke(basis.dim, beta * r[block, None], degrees[None, :])[:, degree]
+            blocks.append(np.stack([weighted.real, -weighted.imag], axis=-1).reshape(len(weighted), -1))
+        # (2K, N): a channel's (Re f, Im f), interleaved as torch.view_as_real lays them out, times it
+        self._matrix_t = torch.as_tensor(np.concatenate(blocks).T, dtype=placement.real,
+                                         device=placement.device).contiguous()
+
+    @staticmethod
+    def matrix_bytes(basis, transform: DegreeRaisedTransform) -> int:
+        """The memory A would take on `basis`."""
+        stored = int(stored_coefficients(basis.dim, transform.lmax).sum())
+        return 2 * stored * basis.grid_size * basis.points.element_size()
+
+    def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
+        count = coefficients.shape[0]
+        stored = coefficients.reshape(count, -1).index_select(1, self._stored)
+        return torch.view_as_real(stored).reshape(count, -1) @ self._matrix_t
+
+    def cost(self, channels: int) -> float:
+        return channels * (self.transform.cost() + 2.0 * self._matrix_t.numel())
 
 
 class SpectralExpKernel:
@@ -188,12 +253,19 @@ class SpectralExpKernel:
     name = "spectral"
     mode: SpectralMode
 
-    def __init__(self, basis, C: torch.Tensor, beta: float, tol: float, evaluator: str = "auto"):
+    def __init__(self, basis, C: torch.Tensor, beta: float, tol: float, evaluator: str = "auto",
+                 matrix_bytes: int | None = None):
+        """`matrix_bytes`: the largest MatrixMode kept (None: SPECTRAL_MATRIX_BYTES)."""
+        matrix_bytes = SPECTRAL_MATRIX_BYTES if matrix_bytes is None else matrix_bytes
         self.grid_shape = basis.grid_shape
         self.transform = DegreeRaisedTransform(basis)
         matrix = C.detach().cpu().double().numpy()
         factor = (0.0, np.eye(basis.dim)) if beta == 0 else orthogonal_factor(matrix)
-        if factor is None:
+        # S^1 keeps the interpolation: there the dense field, which the transport folds into its operator (the
+        # matrix and fourier paths), is the cheaper one, and "auto" must go on picking it
+        if factor is None and basis.dim == 3 and MatrixMode.matrix_bytes(basis, self.transform) <= matrix_bytes:
+            self.mode = MatrixMode(basis, self.transform, matrix, beta)
+        elif factor is None:
             self.mode = InterpolatedMode(basis, self.transform, matrix, beta, tol, evaluator)
         else:
             self.mode = orthogonal_mode(basis, self.transform, *factor, beta)
