@@ -33,7 +33,7 @@ from spherepde.model.attention import Model, ModelBatch
 from spherepde.model.initial import initial_density
 from spherepde.model.layered_transport import LayeredTransport
 from spherepde.model.parameters import Layout, layout_of, parameters_of
-from spherepde.model.transport import Transport
+from spherepde.model.transport import Transport, auto_fields
 
 
 class ForwardProblem:
@@ -73,8 +73,11 @@ class ForwardProblem:
             for model in models:
                 check_resolution(model, self.basis, solver["kernel_tol"])
         self.batch = ModelBatch.of(models)
-        self.kernels = MemberKernels(self.basis, self.batch.B, [m.beta for m in models], solver["field"],
-                                     solver["kernel_tol"], solver["chunk"])
+        field = solver["field"]
+        if field == "auto" and not self.layered:
+            field = auto_fields(self.basis, models, solver["kernel_tol"], solver["chunk"])
+        self.kernels = MemberKernels(self.basis, self.batch.B, [m.beta for m in models], field, solver["kernel_tol"],
+                                     solver["chunk"])
         if self.layered:
             self.transport = LayeredTransport(self.basis, self.layout, solver["chunk"])
         else:

@@ -1,4 +1,4 @@
-"""Parameter sweeps on Dask: the members, run in batches, equal serial runs bit for bit, the combined
+"""Parameter sweeps on Dask: the members, run in batches, equal serial runs to round-off, the combined
 Dataset has a `member` dimension, seeds are derived, and an existing scheduler works too."""
 
 import json
@@ -38,6 +38,15 @@ def local_sweep(tmp_path_factory):
     return case, output
 
 
+def same_to_round_off(a: np.ndarray, b: np.ndarray) -> bool:
+    """Within 1e-13 of b's scale (ensembles issue, criterion 1): a batch's matrix products of M rows round
+    otherwise than a serial run's product of one row (1e-16 on this case's matrix path)."""
+    if a.dtype.kind not in "fc":
+        return bool(np.array_equal(a, b))
+    scale = max(1.0, float(np.nanmax(np.abs(b))) if np.isfinite(b).any() else 1.0)
+    return bool(np.allclose(a, b, rtol=0, atol=1e-13 * scale, equal_nan=True))
+
+
 def test_sweep_members_equal_serial_runs(local_sweep):
     case_path, output = local_sweep
     case = spherepde.load_case(case_path)
@@ -49,10 +58,10 @@ def test_sweep_members_equal_serial_runs(local_sweep):
             serial = spherepde.run(case.with_overrides([f"model.eps={eps}", f"model.beta={beta}"]), progress=False)
             with xr.open_dataset(output / f"member-{index:03d}.nc") as member:
                 for name in serial.data_vars:
-                    assert np.array_equal(member[name].values, serial[name].values, equal_nan=True), (index, name)
+                    assert same_to_round_off(member[name].values, serial[name].values), (index, name)
                 assert member.attrs["case"] == serial.attrs["case"] == combined["member_case"].values[index]
                 assert member.attrs["batch_members"] == 4  # two batches of 4 (spherepde.api.ensemble), one per worker
-            assert np.array_equal(combined["density"].isel(member=index).values, serial["density"].values)
+            assert same_to_round_off(combined["density"].isel(member=index).values, serial["density"].values)
             assert combined["member_status"].values[index] == "completed"
         assert combined["cell_area"].dims == ("theta",)
         grid = sweep_module.by_parameters(combined)

@@ -312,3 +312,35 @@ def test_the_numpy_and_the_torch_program_take_the_same_step(scheme, dtype):
         for numpy_value, torch_value in zip(results[np], results[torch]):
             assert isinstance(numpy_value, torch.Tensor) and numpy_value.dtype == state.dtype
             assert relative(numpy_value, torch_value) < tolerance
+
+
+def transport_estimates(problem) -> dict:
+    """Transport.cost of `problem`'s batch with the dense and with the spectral field, every member alike."""
+    basis, batch = problem.basis, problem.batch
+    return {name: Transport(basis, batch, MemberKernels(basis, batch.B, [model.beta for model in batch.models], name,
+                                                        1e-10)).cost for name in ("dense", "spectral")}
+
+
+@pytest.mark.parametrize("lmax, field, path", [(8, "dense", "matrix"), (12, "dense", "matrix"),
+                                               (16, "spectral", "grid")])
+def test_auto_field_is_the_dense_one_where_the_transport_folds_it_more_cheaply(lmax, field, path):
+    """convergence-s2 (general B): its transform alone is cheaper spectral at every lmax (make_exp_kernel), but at
+    lmax 8 and 12 the dense field lets the transport fold the attention into the matrix path, estimated cheaper for
+    one member than the spectral field's grid path (measured at lmax 8: 1.1 against 2.2 ms a step); at lmax 16 the
+    operator no longer fits and the spectral field stays.  The pick is each member's own: a batch of four picks
+    what one member does, though at lmax 12 the batch's own estimates favour the spectral field."""
+    import spherepde
+    from spherepde.kernels.choice import make_exp_kernel
+
+    serial = ForwardProblem(spherepde.load_case("cases/convergence-s2.toml", [f"sphere.lmax={lmax}"]))
+    model = serial.batch.models[0]
+    assert make_exp_kernel(serial.basis, model.B, model.beta, "auto", 1e-10).name == "spectral"
+    assert (serial.kernels.name, serial.transport.path) == (field, path)
+    estimates = transport_estimates(serial)
+    assert min(estimates, key=estimates.get) == field
+    batch = ForwardProblem([spherepde.load_case("cases/convergence-s2.toml", [f"sphere.lmax={lmax}",
+                                                                              f"particles.seed={seed}"])
+                            for seed in range(4)])
+    assert (batch.kernels.name, batch.transport.path) == (field, path)
+    batch_estimates = transport_estimates(batch)
+    assert min(batch_estimates, key=batch_estimates.get) == ("spectral" if lmax >= 12 else "dense")

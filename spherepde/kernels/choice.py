@@ -45,20 +45,22 @@ def make_exp_kernel(basis, C: torch.Tensor, beta: float, field: str, tol: float,
 
 class MemberKernels:
     """The exponential-kernel transforms of a batch of members on one basis grid (solver.field for each member's
-    C = B_m and beta_m): one transform per distinct (B, beta), members sharing it transformed in one call.
+    C = B_m and beta_m; `field` one for all or a list, one per member): one transform per distinct (field, B,
+    beta), members sharing it transformed in one call.
 
     Called like a transform, with a member axis and the grid flattened: f (M, P, c) -> (scaled (M, P, c),
     log_scale (M, P)).  `member(m)` is member m's own transform (grid-shaped calls, as `make_exp_kernel`'s).
     """
 
-    def __init__(self, basis, B: torch.Tensor, beta, field: str, tol: float, chunk: int | str = "auto"):
+    def __init__(self, basis, B: torch.Tensor, beta, field: str | list, tol: float, chunk: int | str = "auto"):
         self.grid_shape, self.device = basis.grid_shape, B.device
         self.kernels, self._of_member, groups = [], [], {}
-        for C, b in zip(B, beta):
-            key = (float(b), C.detach().cpu().double().numpy().tobytes())
+        fields = [field] * len(B) if isinstance(field, str) else field
+        for C, b, member_field in zip(B, beta, fields):
+            key = (member_field, float(b), C.detach().cpu().double().numpy().tobytes())
             if key not in groups:
                 groups[key] = len(self.kernels)
-                self.kernels.append(make_exp_kernel(basis, C, float(b), field, tol, chunk))
+                self.kernels.append(make_exp_kernel(basis, C, float(b), member_field, tol, chunk))
             self._of_member.append(groups[key])
         self._group()
 

@@ -62,8 +62,15 @@ import torch
 from spherepde.base.arrays import amax, as_namespace, as_tensor, clamp_min, program_namespace, quiet
 from spherepde.base.real_view import complex_state, real_state
 from spherepde.geometry.ambient import inner
-from spherepde.model.attention import NEGLIGIBLE_DENSITY, ModelBatch, softmax_mean_adjoint, zero_temperature_mean
-from spherepde.model.dense_operator import attention_operator
+from spherepde.kernels.choice import MemberKernels
+from spherepde.model.attention import (
+    NEGLIGIBLE_DENSITY,
+    Model,
+    ModelBatch,
+    softmax_mean_adjoint,
+    zero_temperature_mean,
+)
+from spherepde.model.dense_operator import OPERATOR_BYTES, attention_operator
 from spherepde.model.fourier_path import FourierPath
 from spherepde.model.matrix_path import MatrixPath
 
@@ -76,6 +83,37 @@ OPERATION_COST = 60_000
 # The same for an operation of the fourier path's numpy program on the CPU (model.fourier_path, base.arrays): about
 # 1.2 us (measured at the seed-004 shapes, benchmarks/floors.py lean_fourier_step).
 NUMPY_OPERATION_COST = 12_000
+
+
+def auto_fields(basis, models: list, tol: float, chunk) -> list:
+    """solver.field = "auto" member by member, as each member's serial run picks it: the field that
+    kernels.choice.make_exp_kernel picks for the transform alone, unless it is the spectral one and the dense field
+    lets the transport fold the attention into its operator (the matrix or the fourier path: small S^2 grids, S^1)
+    at a lower estimated cost for that one member (Transport.cost).  The transform's own estimate cannot see that:
+    on convergence-s2 at lmax 8 the spectral field's transform is the cheaper, but its grid path takes 2.2 ms a
+    step against the dense field's matrix path's 1.1 (estimates 1.8e6 and 0.87e6)."""
+    picks, fields = {}, []
+    for model in models:
+        key = (float(model.beta), model.B.cpu().double().numpy().tobytes(), model.V.cpu().double().numpy().tobytes(),
+               model.kernel)
+        if key not in picks:
+            picks[key] = _auto_field(basis, model, tol, chunk)
+        fields.append(picks[key])
+    return fields
+
+
+def _auto_field(basis, model: Model, tol: float, chunk) -> str:
+    """`auto_fields` for one member's model."""
+    batch = ModelBatch.of([model])
+    kernels = MemberKernels(basis, batch.B, [model.beta], "auto", tol, chunk)
+    rows = basis.dim - 1 if model.kernel == "unnormalized" else basis.dim + 1
+    foldable = rows * basis.grid_size ** 2 * basis.points.element_size() <= OPERATOR_BYTES or (
+        basis.dim == 2 and model.kernel == "unnormalized")
+    if kernels.name == "dense" or not foldable:
+        return kernels.name
+    dense = Transport(basis, batch, MemberKernels(basis, batch.B, [model.beta], "dense", tol, chunk))
+    return "dense" if dense.attention_mode == "operator" and dense.cost < Transport(basis, batch, kernels).cost \
+        else kernels.name
 
 
 class Transport:
@@ -135,6 +173,8 @@ class Transport:
                 fallback = [key for key in allowed if key[1] != "matrix"] or [key for key in options
                                                                               if key[1] == "grid"]
                 self.attention_mode, self.path = min(fallback, key=options.get)
+        # the estimated multiply-adds of one evaluation on the path taken (`auto_fields` compares fields by it)
+        self.cost = options[(self.attention_mode, self.path)]
         if self.path == "fourier":
             self._folded = fourier
         # The array library a step runs in (solvers.forward_problem.ForwardProblem.step).
