@@ -42,7 +42,7 @@ import textwrap
 
 import numpy as np
 import xarray as xr
-from scipy.special import stdtr
+from scipy.special import erfc, stdtr
 
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
@@ -172,7 +172,7 @@ def two_sided_tail(z: np.ndarray, dof: np.ndarray) -> np.ndarray:
     z, dof = np.broadcast_arrays(np.abs(np.asarray(z, dtype=float)), np.asarray(dof, dtype=float))
     infinite = np.isinf(dof)
     student = 2 * stdtr(np.where(infinite, 1.0, dof), -z)
-    return np.where(infinite, np.vectorize(math.erfc, otypes=[float])(z / math.sqrt(2)), student)
+    return np.where(infinite, erfc(z / math.sqrt(2)), student)
 
 
 def _w2_projection_bias(a: xr.Dataset, b: xr.Dataset) -> np.ndarray:

@@ -205,7 +205,7 @@ class MatrixMode:
         placement = basis.placement
         self.transform = transform
         r, direction = scattered_geometry(basis, matrix)
-        self.nodes = np.array([r.min(), r.max()])
+        self.nodes = r  # every point's own
         self.log_scale = torch.as_tensor(beta * r, dtype=placement.real, device=placement.device).reshape(
             basis.grid_shape)
         # integer indices, not a boolean mask: indexing by a mask waits for the device to count it
