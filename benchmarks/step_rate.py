@@ -4,11 +4,11 @@ The step is the solver's own: ForwardProblem of the seed-003 baseline (softmax, 
 B = diag(-1, -1, 1), V = diag(-1, 1, -2), eps = 0: classical RK4, four transport evaluations per
 step, each a synthesis, the spectral attention field and a weak divergence), field "auto", at
 lmax 64, 128, 256; --B general uses a general query-key matrix instead (the spectral field's kept
-matrix up to lmax 35, kernels.spectral.MatrixMode; beyond, Chebyshev in r and scattered evaluation).  Per (device, dtype): one warm-up step, then the median over --steps
-steps (torch.cuda.synchronize around each on the GPU), and the GPU / CPU ratio of steps per
-second.  CPU runs use --threads threads (default 1); with one thread a step is timed by the
-thread's CPU time (on a shared machine the wall time also counts waits for a core), otherwise,
-and on the GPU, by the wall clock.
+matrix up to lmax 35, kernels.spectral.MatrixMode; beyond, Chebyshev in r and scattered evaluation).
+Per (device, dtype): one warm-up step, then the median over --steps steps (torch.cuda.synchronize
+around each on the GPU), and the GPU / CPU ratio of steps per second.  CPU runs use --threads
+threads (default 1); with one thread a step is timed by the thread's CPU time (on a shared machine
+the wall time also counts waits for a core), otherwise, and on the GPU, by the wall clock.
 
 On the GPU the memory traffic of a step is estimated from below as
     2 x (bytes of the tensors the step allocates: each is written once and read at least once)
