@@ -332,13 +332,13 @@ class SphereBasis(_SpectralBasis):
     def evaluate(self, c: torch.Tensor, points: torch.Tensor, block: int = 2048) -> torch.Tensor:
         """f(x) at arbitrary points x (n, 3) from coefficients (lmax+1, lmax+1): the exact series,
         sum_lm multiplicity_m Re(c_lm Pbar_lm(cos theta) e^{i m phi}), in blocks of points."""
-        from spherepde.discretisation.transforms.legendre import legendre_tables
+        from spherepde.discretisation.transforms.legendre import legendre_values
 
         order = torch.arange(self.lmax + 1, device=c.device, dtype=self.placement.real)
         values = []
         for start in range(0, points.shape[0], block):
             x = points[start:start + block].to(torch.float64).cpu()
-            legendre = torch.as_tensor(legendre_tables(self.lmax, x[:, 2].clamp(-1, 1).numpy())[0])
+            legendre = torch.as_tensor(legendre_values(self.lmax, x[:, 2].clamp(-1, 1).numpy()))
             legendre = legendre.to(c.device, self.placement.real)
             weighted = (c * self.multiplicity).to(self.placement.complex)
             series = torch.einsum("ml,mlp->mp", weighted, legendre.to(c.dtype))

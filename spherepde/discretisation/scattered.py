@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from spherepde.base.real_view import COMPLEX_DTYPE
-from spherepde.discretisation.transforms.legendre import legendre_tables
+from spherepde.discretisation.transforms.legendre import legendre_values
 from spherepde.discretisation.transforms.legendre_layouts import PackedLegendre
 
 
@@ -57,15 +57,15 @@ def harmonics_at(dim: int, lmax: int, points: np.ndarray) -> tuple[np.ndarray, n
     """(H (N, K) complex, degree (K,)): the basis functions of the stored coefficients (`stored_coefficients`, in
     their row-major order) at the unit vectors `points` (N, dim), times their multiplicity (1 at order 0, 2
     above), so that a real series of coefficients c is Re(H c) at the points: e^{i k t} / sqrt(2 pi) on S^1, the
-    orthonormal Condon-Shortley Pbar_lm(cos theta) e^{i m phi} on S^2 (legendre_tables, (lmax + 1)^2 N numbers
-    three times: the caller takes the points in chunks)."""
+    orthonormal Condon-Shortley Pbar_lm(cos theta) e^{i m phi} on S^2 (legendre_values, (lmax + 1)^2 N numbers:
+    the caller takes the points in chunks)."""
     if dim == 2:
         k = np.arange(lmax + 1)
         angle = np.arctan2(points[:, 1], points[:, 0])
         return np.exp(1j * angle[:, None] * k) * np.where(k == 0, 1.0, 2.0) / math.sqrt(2 * math.pi), k
     order, degree = np.nonzero(stored_coefficients(dim, lmax))
     theta, phi = _polar_angles(points)
-    legendre = legendre_tables(lmax, np.cos(theta))[0][order, degree].T  # (N, K)
+    legendre = legendre_values(lmax, np.cos(theta))[order, degree].T  # (N, K)
     return legendre * np.exp(1j * phi[:, None] * order) * np.where(order == 0, 1.0, 2.0), degree
 
 
@@ -172,7 +172,7 @@ class TorusNUFFT:
         nodes = np.cos(colatitude)
         nodes = 0.5 * (nodes - nodes[::-1])  # exactly antisymmetric about the equator
         self._legendre = PackedLegendre(lmax, len(nodes), device)
-        self._P = self._legendre.pack(legendre_tables(lmax, nodes)[0], dtype, device)
+        self._P = self._legendre.pack(legendre_values(lmax, nodes), dtype, device)
         # psi^(k) = 2 int_0^{half_width} psi(t) cos(k t) dt by Gauss-Legendre.
         x, w = np.polynomial.legendre.leggauss(200)
         t = half_width * (x + 1) / 2

@@ -180,7 +180,7 @@ class InterpolatedMode:
 
 # Largest matrix MatrixMode keeps (general C): on S^2 up to lmax 35 (45 MiB at lmax 32; 661 MiB at lmax 64).
 SPECTRAL_MATRIX_BYTES = 64 * 2 ** 20
-# Points per block while MatrixMode builds its matrix (the Legendre tables of a block: 3 (L + 1)^2 of them).
+# Points per block while MatrixMode builds its matrix (the Legendre values of a block: (L + 1)^2 of them).
 HARMONICS_BLOCK = 512
 
 

@@ -71,38 +71,14 @@ def gauss_legendre(nlat: int) -> tuple[np.ndarray, np.ndarray]:
     return x, weights
 
 
-def legendre_tables(lmax: int, cos_theta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Orthonormal Legendre tables at the nodes x_j = cos(theta_j), each of shape (lmax+1, lmax+1, nlat).
-
-    Returns ``(P, dP, mP_sin)`` indexed [m, l, j], zero where l < m:
-
-    * P[m, l, j]      = Pbar_lm(x_j)
-    * dP[m, l, j]     = d Pbar_lm / d theta at theta_j
-    * mP_sin[m, l, j] = m Pbar_lm(x_j) / sin(theta_j)
-
-    P follows the stable recurrences for orthonormal functions,
-
-        Pbar_00 = 1/sqrt(4 pi),   Pbar_mm = -sqrt((2m+1)/(2m)) sin(theta) Pbar_{m-1,m-1},
-        Pbar_lm = a_lm (x Pbar_{l-1,m} - Pbar_{l-2,m} / a_{l-1,m}),   a_lm = sqrt((4l^2-1)/(l^2-m^2)),
-
-    run in the diagonal index k = l - m for all m at once.  The values are carried as
-    mantissa * 2**exponent (exponent per m and node), so sin^m(theta), which underflows for
-    large m near the poles, never does: every entry is exact to round-off or, when its true
-    magnitude is below the smallest double, a graceful (subnormal or zero) underflow.
-
-    The derivative tables use the ladder identities (Condon–Shortley phase), which involve no
-    division by sin(theta):
-
-        dPbar_lm/dtheta = 1/2 [sqrt((l-m)(l+m+1)) Pbar_{l,m+1} - sqrt((l+m)(l-m+1)) Pbar_{l,m-1}],
-        (dPbar_l0/dtheta = sqrt(l(l+1)) Pbar_l1),
-        m Pbar_lm / sin(theta) = -1/2 sqrt((2l+1)/(2l-1))
-                                 [sqrt((l+m)(l+m-1)) Pbar_{l-1,m-1} + sqrt((l-m)(l-m-1)) Pbar_{l-1,m+1}].
-    """
+def legendre_values(lmax: int, cos_theta) -> np.ndarray:
+    """P[m, l, j] = Pbar_lm(x_j) (lmax+1, lmax+1, nlat), zero where l < m: `legendre_tables`' first table alone
+    (its recurrences and range handling are documented there)."""
     x = np.asarray(cos_theta, dtype=np.float64)
     if x.ndim != 1:
-        raise ValueError("legendre_tables: cos_theta must be a 1-d array")
+        raise ValueError("legendre_values: cos_theta must be a 1-d array")
     if lmax < 0:
-        raise ValueError(f"legendre_tables: lmax must be >= 0, got {lmax}")
+        raise ValueError(f"legendre_values: lmax must be >= 0, got {lmax}")
     nmode = lmax + 1
     nlat = x.size
     sin_theta = np.sqrt((1.0 - x) * (1.0 + x))
@@ -139,6 +115,39 @@ def legendre_tables(lmax: int, cos_theta) -> tuple[np.ndarray, np.ndarray, np.nd
             exponent = exponent + _RESCALE_BITS * big
         P[m, ell] = np.ldexp(current, exponent)
         a_previous = a
+    return P
+
+
+def legendre_tables(lmax: int, cos_theta) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Orthonormal Legendre tables at the nodes x_j = cos(theta_j), each of shape (lmax+1, lmax+1, nlat).
+
+    Returns ``(P, dP, mP_sin)`` indexed [m, l, j], zero where l < m:
+
+    * P[m, l, j]      = Pbar_lm(x_j)
+    * dP[m, l, j]     = d Pbar_lm / d theta at theta_j
+    * mP_sin[m, l, j] = m Pbar_lm(x_j) / sin(theta_j)
+
+    P follows the stable recurrences for orthonormal functions,
+
+        Pbar_00 = 1/sqrt(4 pi),   Pbar_mm = -sqrt((2m+1)/(2m)) sin(theta) Pbar_{m-1,m-1},
+        Pbar_lm = a_lm (x Pbar_{l-1,m} - Pbar_{l-2,m} / a_{l-1,m}),   a_lm = sqrt((4l^2-1)/(l^2-m^2)),
+
+    run in the diagonal index k = l - m for all m at once.  The values are carried as
+    mantissa * 2**exponent (exponent per m and node), so sin^m(theta), which underflows for
+    large m near the poles, never does: every entry is exact to round-off or, when its true
+    magnitude is below the smallest double, a graceful (subnormal or zero) underflow.
+
+    The derivative tables use the ladder identities (Condon–Shortley phase), which involve no
+    division by sin(theta):
+
+        dPbar_lm/dtheta = 1/2 [sqrt((l-m)(l+m+1)) Pbar_{l,m+1} - sqrt((l+m)(l-m+1)) Pbar_{l,m-1}],
+        (dPbar_l0/dtheta = sqrt(l(l+1)) Pbar_l1),
+        m Pbar_lm / sin(theta) = -1/2 sqrt((2l+1)/(2l-1))
+                                 [sqrt((l+m)(l+m-1)) Pbar_{l-1,m-1} + sqrt((l-m)(l-m-1)) Pbar_{l-1,m+1}].
+    """
+    P = legendre_values(lmax, cos_theta)
+    nmode, nlat = lmax + 1, P.shape[-1]
+    m_all = np.arange(nmode)
 
     # Ladder identities; P padded with a zero row m = lmax+1 and a zero column l = -1.
     P_pad = np.zeros((nmode + 1, nmode + 1, nlat))

@@ -51,7 +51,7 @@ from spherepde.base.arrays import (
     zeros,
 )
 from spherepde.base.real_view import COMPLEX_DTYPE
-from spherepde.discretisation.transforms.legendre import gauss_legendre, legendre_tables
+from spherepde.discretisation.transforms.legendre import gauss_legendre, legendre_tables, legendre_values
 from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, default_layout, table_bytes
 
 
@@ -284,7 +284,7 @@ class TorchSHT:
 
         for `filtered`: one product over the rings instead of the analysis, the multiplication and the
         synthesis with their changes of layout.  Memory (lmax + 1) nlat^2 numbers."""
-        P = legendre_tables(self.lmax, self.cos_theta.cpu().double().numpy())[0]  # [m, l, j]
+        P = legendre_values(self.lmax, self.cos_theta.cpu().double().numpy())  # [m, l, j]
         K = np.einsum("mlj,l,mlk->mjk", P, np.asarray(multiplier, dtype=np.float64), P)
         return torch.as_tensor(K * self._quadrature.cpu().double().numpy(), dtype=self.dtype, device=self.device)
 
@@ -324,7 +324,7 @@ class TorchSHT:
         if reflect < 0:
             K = K[:, ::-1]
         x = self.cos_theta.cpu().double().numpy()
-        P = legendre_tables(self.lmax - 1, x)[0].transpose(0, 2, 1)  # [m, j, l], orders and degrees < lmax
+        P = legendre_values(self.lmax - 1, x).transpose(0, 2, 1)  # [m, j, l], orders and degrees < lmax
         order = self.lmax
         own = np.concatenate([P, K[:order] @ P, K[:order] @ (x[:, None] * P)], axis=1)
         # Orders -1 .. lmax + 1 of P (P_{-1} = P_1 acting on conj c_1; zero beyond the density's orders).
