@@ -87,9 +87,10 @@ NUMPY_OPERATION_COST = 12_000
 
 def auto_fields(basis, models: list, tol: float, chunk) -> list:
     """solver.field = "auto" member by member, as each member's serial run picks it: the field that
-    kernels.choice.make_exp_kernel picks for the transform alone, unless it is the spectral one and the dense field
-    lets the transport fold the attention into its operator (the matrix or the fourier path: small S^2 grids, S^1)
-    at a lower estimated cost for that one member (Transport.cost).  The transform's own estimate cannot see that:
+    kernels.choice.make_exp_kernel picks for the transform alone ("auto", left to it, where the grid is too large
+    for the operator), unless it is the spectral one and the dense field lets the transport fold the attention
+    into its operator (the matrix or the fourier path: small S^2 grids, S^1) at a lower estimated cost for that
+    one member (Transport.cost).  The transform's own estimate cannot see that:
     on convergence-s2 at lmax 8 the spectral field's transform is the cheaper, but its grid path takes 2.2 ms a
     step against the dense field's matrix path's 1.1 (estimates 1.8e6 and 0.87e6)."""
     picks, fields = {}, []
@@ -103,14 +104,16 @@ def auto_fields(basis, models: list, tol: float, chunk) -> list:
 
 
 def _auto_field(basis, model: Model, tol: float, chunk) -> str:
-    """`auto_fields` for one member's model."""
-    batch = ModelBatch.of([model])
-    kernels = MemberKernels(basis, batch.B, [model.beta], "auto", tol, chunk)
+    """`auto_fields` for one member's model (its transforms built here only where the operator could fold them)."""
     rows = basis.dim - 1 if model.kernel == "unnormalized" else basis.dim + 1
     foldable = rows * basis.grid_size ** 2 * basis.points.element_size() <= OPERATOR_BYTES or (
         basis.dim == 2 and model.kernel == "unnormalized")
-    if kernels.name == "dense" or not foldable:
-        return kernels.name
+    if not foldable:
+        return "auto"
+    batch = ModelBatch.of([model])
+    kernels = MemberKernels(basis, batch.B, [model.beta], "auto", tol, chunk)
+    if kernels.name == "dense":
+        return "dense"
     dense = Transport(basis, batch, MemberKernels(basis, batch.B, [model.beta], "dense", tol, chunk))
     return "dense" if dense.attention_mode == "operator" and dense.cost < Transport(basis, batch, kernels).cost \
         else kernels.name
