@@ -39,17 +39,22 @@ def eulerian_members(dim, kernel, beta, field, lmax, extra=None, members=None):
     return cases
 
 
+def same_values(a: np.ndarray, b: np.ndarray, tolerance: float) -> bool:
+    """a within `tolerance` of b relative to b's scale (at least 1); identical where tolerance is 0 or the values
+    are not numbers."""
+    if tolerance == 0 or a.dtype.kind not in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    scale = max(1.0, float(np.nanmax(np.abs(b))) if np.isfinite(b).any() else 1.0)
+    return bool(np.allclose(a, b, rtol=0, atol=tolerance * scale, equal_nan=True))
+
+
 def assert_same_file(batched: xr.Dataset, serial: xr.Dataset, tolerance: float):
     """Every variable within `tolerance` relative to its scale (0: identical), every attribute equal but those of
     RUN_ATTRIBUTES."""
     assert set(batched.data_vars) == set(serial.data_vars)
     for name in serial.data_vars:
         a, b = batched[name].values, serial[name].values
-        if tolerance == 0 or a.dtype.kind not in "fc":
-            assert np.array_equal(a, b, equal_nan=True), name
-        else:
-            scale = max(1.0, float(np.nanmax(np.abs(b))) if np.isfinite(b).any() else 1.0)
-            assert np.allclose(a, b, rtol=0, atol=tolerance * scale, equal_nan=True), (name, np.nanmax(np.abs(a - b)))
+        assert same_values(a, b, tolerance), (name, np.nanmax(np.abs(a - b)) if a.dtype.kind in "fc" else None)
     for key, value in serial.attrs.items():
         if key in RUN_ATTRIBUTES:
             continue

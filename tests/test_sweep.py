@@ -15,6 +15,7 @@ pytest.importorskip("distributed", reason="the sweep extra (Dask) is not install
 
 from test_case import STAGE_FAULTS
 from test_cli import SMALL_S1
+from test_ensembles import same_values
 
 import spherepde
 from spherepde.api import sweep as sweep_module
@@ -23,6 +24,9 @@ from spherepde.base.errors import CaseError
 from spherepde.cli import main
 
 EPS, BETA = [0.05, 0.1, 0.2, 0.4], [1.0, 3.0]
+# A member's variables against its serial run's, relative to their scale (ensembles issue, criterion 1): a batch's
+# matrix products of M rows round otherwise than a serial run's product of one row (1e-16 on this case's matrix path).
+ROUND_OFF = 1e-13
 PARAMS = ["model.eps=" + ",".join(map(str, EPS)), "model.beta=" + ",".join(map(str, BETA))]
 
 
@@ -38,15 +42,6 @@ def local_sweep(tmp_path_factory):
     return case, output
 
 
-def same_to_round_off(a: np.ndarray, b: np.ndarray) -> bool:
-    """Within 1e-13 of b's scale (ensembles issue, criterion 1): a batch's matrix products of M rows round
-    otherwise than a serial run's product of one row (1e-16 on this case's matrix path)."""
-    if a.dtype.kind not in "fc":
-        return bool(np.array_equal(a, b))
-    scale = max(1.0, float(np.nanmax(np.abs(b))) if np.isfinite(b).any() else 1.0)
-    return bool(np.allclose(a, b, rtol=0, atol=1e-13 * scale, equal_nan=True))
-
-
 def test_sweep_members_equal_serial_runs(local_sweep):
     case_path, output = local_sweep
     case = spherepde.load_case(case_path)
@@ -58,10 +53,10 @@ def test_sweep_members_equal_serial_runs(local_sweep):
             serial = spherepde.run(case.with_overrides([f"model.eps={eps}", f"model.beta={beta}"]), progress=False)
             with xr.open_dataset(output / f"member-{index:03d}.nc") as member:
                 for name in serial.data_vars:
-                    assert same_to_round_off(member[name].values, serial[name].values), (index, name)
+                    assert same_values(member[name].values, serial[name].values, ROUND_OFF), (index, name)
                 assert member.attrs["case"] == serial.attrs["case"] == combined["member_case"].values[index]
                 assert member.attrs["batch_members"] == 4  # two batches of 4 (spherepde.api.ensemble), one per worker
-            assert same_to_round_off(combined["density"].isel(member=index).values, serial["density"].values)
+            assert same_values(combined["density"].isel(member=index).values, serial["density"].values, ROUND_OFF)
             assert combined["member_status"].values[index] == "completed"
         assert combined["cell_area"].dims == ("theta",)
         grid = sweep_module.by_parameters(combined)

@@ -252,7 +252,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
                                                     f"stderr of {name}"})
         verdicts[name] = _verdict(va, vb - expected, stderr, k, tolerance)
         probabilities[name] = max_z_probability(z, dof)
-        fewest = min([fewest] + list(dof[~np.isnan(z) & (stderr > 0)].ravel()))
+        fewest = min(fewest, float(np.min(dof[~np.isnan(z) & (stderr > 0)], initial=math.inf)))
         lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, dof, verdicts[name]))
     distances, bounds, methods = [], [], set()
     for i in range(a.sizes["time"] if w2 else 0):
