@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from solvers.eulerian import BLOW_UP_FACTOR, departure, only
+from solvers.eulerian import BLOW_UP_FACTOR, departures, only
 from solvers.forward_problem import ForwardProblem
 from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
 from spherepde.base.arrays import as_namespace, as_tensor
@@ -166,7 +166,7 @@ class ControlledForward:
         """The forward map: (final states (M, N), per member the reason it departed from a density, or None).
 
         A member whose state leaves the densities of the run (not finite, its mass drifting, |rho| beyond what
-        the grid holds; eulerian.departure's tests, on the device at every step: a W beyond the explicit
+        the grid holds; eulerian.departures' tests, on the device at every step: a W beyond the explicit
         transport's stability limit can blow up and leave a terminal state that looks like a density) is
         stopped there, with the interval it happened in."""
         drives = self.drives(controls)
@@ -204,7 +204,7 @@ class ControlledForward:
 
 
 class DensityCheck:
-    """eulerian.departure's tests of every member's forward run, without a host round trip per step: after every
+    """eulerian.departures' tests of every member's forward run, without a host round trip per step: after every
     step the largest coefficient magnitude is kept on the device (a NaN or an infinity stays in it), and at each
     knot the state is tested as a density on the host (finite, its mass within sqrt(machine epsilon), |rho| at
     most BLOW_UP_FACTOR x all the mass in the smallest cell) and the kept peak against the largest coefficient such
@@ -232,12 +232,11 @@ class DensityCheck:
         densities = problem.basis.synthesis(problem.coefficients(state)).reshape(state.shape[0], -1)
         densities = densities.cpu().double().numpy()
         exceeded = ~as_tensor(self.peak <= self.limit).cpu().numpy()
-        for m in range(state.shape[0]):
-            if m in self.first:
-                continue
-            reason = departure(densities[m], self.weights, float(self.mass_0[m]), problem.basis.placement.real)
-            if exceeded[m] or not np.isfinite(densities[m]).all() or reason is not None:
-                self.first[m] = plan.interval
+        # a density that is not finite fails departures' mass test (its mass is not finite)
+        reasons = departures(densities, self.weights, self.mass_0, problem.basis.placement.real)
+        for m, reason in enumerate(reasons):
+            if exceeded[m] or reason is not None:
+                self.first.setdefault(m, plan.interval)
 
     def reasons(self) -> list:
         return [None if m not in self.first else

@@ -37,29 +37,38 @@ BLOW_UP_FACTOR = 10.0
 def checked_state(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: float,
                   dt: float) -> tuple[np.ndarray, dict]:
     """(density, diagnostics row) of the member's coefficients stepped from t0 to t1, or NumericalFailure (the
-    recorder's dataset so far) when they are not finite or no longer a density of the run (`departure`)."""
+    recorder's dataset so far) when they are not finite or no longer a density of the run (`departures`)."""
     if not bool(torch.isfinite(torch.view_as_real(candidate)).all()):
         raise recorder.failure(f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})")
     density, row = recorder.measure(candidate)
-    reason = departure(density, recorder.weights, float(recorder.masses_0.sum()), recorder.basis.placement.real)
+    (reason,) = departures(density[None], recorder.weights, np.array([float(recorder.masses_0.sum())]),
+                           recorder.basis.placement.real)
     if reason is not None:
         raise recorder.failure(f"{reason} between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g}): the solution blew up")
     return density, row
 
 
-def departure(density: np.ndarray, weights: np.ndarray, mass_0: float, real: torch.dtype) -> str | None:
-    """Why a finite grid density is no longer one of the run, or None: its mass int rho dsigma moved from
-    mass_0 by more than sqrt(machine epsilon of `real`) relative (the scheme conserves it to round-off:
-    module doc), or |rho| exceeds BLOW_UP_FACTOR times mass_0 over the smallest quadrature cell."""
-    mass = float(density.reshape(-1) @ weights.reshape(-1))
+def departures(densities: np.ndarray, weights: np.ndarray, masses_0: np.ndarray, real: torch.dtype) -> list:
+    """Why each finite grid density of `densities` (M, P) is no longer one of its run, or None (a list of M): its
+    mass int rho dsigma moved from its masses_0 (M,) by more than sqrt(machine epsilon of `real`) relative (the
+    scheme conserves it to round-off: module doc), or |rho| exceeds BLOW_UP_FACTOR times that mass over the
+    smallest quadrature cell.  One program for all members: a training's batch checks them at every knot."""
+    members = len(masses_0)
+    masses = densities.reshape(members, -1) @ weights.reshape(-1)
+    peaks = np.abs(densities).reshape(members, -1).max(1)
     tolerance = math.sqrt(torch.finfo(real).eps)
-    if not abs(mass - mass_0) <= tolerance * abs(mass_0):
-        return f"the mass drifted from {mass_0:.6g} by {mass - mass_0:.3g} (relative tolerance {tolerance:.2g})"
-    bound = BLOW_UP_FACTOR * abs(mass_0) / weights.min()
-    if not np.abs(density).max() <= bound:
-        return (f"|rho| reached {np.abs(density).max():.3g}, above {bound:.3g} ({BLOW_UP_FACTOR:g} x all the "
-                "mass in one cell)")
-    return None
+    bounds = BLOW_UP_FACTOR * np.abs(masses_0) / weights.min()
+    drifted = ~(np.abs(masses - masses_0) <= tolerance * np.abs(masses_0))
+    failing = drifted | ~(peaks <= bounds)
+    reasons = [None] * members
+    if not failing.any():
+        return reasons
+    for m in np.flatnonzero(failing):
+        reasons[m] = (f"the mass drifted from {masses_0[m]:.6g} by {masses[m] - masses_0[m]:.3g} (relative "
+                      f"tolerance {tolerance:.2g})" if drifted[m] else
+                      f"|rho| reached {peaks[m]:.3g}, above {bounds[m]:.3g} ({BLOW_UP_FACTOR:g} x all the mass in one "
+                      "cell)")
+    return reasons
 
 
 def step_plan(problem: ForwardProblem, interval, c: torch.Tensor, a: torch.Tensor, timing: dict) -> tuple[Plan, list]:
@@ -209,6 +218,6 @@ def run_eulerian(case, progress: bool | None = None, checkpoint=None):
     """Integrate the forward equation of `case`; returns the output xarray.Dataset.
 
     Raises NumericalFailure (with `.dataset`, the run up to its last good save) on NaN, and when a finite state
-    stops being a density (`departure`: mass drift or |rho| beyond what the grid can hold).  See `run_members`.
+    stops being a density (`departures`: mass drift or |rho| beyond what the grid can hold).  See `run_members`.
     """
     return only(run_members(ForwardProblem(case), progress, checkpoint))

@@ -69,6 +69,30 @@ def test_mass_after_1000_nonlinear_steps():
         assert abs(float(dataset["mass"][-1]) - 1) <= 1e-12
 
 
+def test_departures_names_each_member_that_is_no_longer_a_density():
+    """The rules of a run's densities, checked for a batch at once: the uniform density on S^1's grid (mass 1) passes;
+    its mass moved by 1e-7 (above sqrt(eps) = 1.5e-8), a spike of 11 x all the mass in one cell, or a NaN fail,
+    each with its own reason; a drift of 1e-9 and a spike of 9 x pass."""
+    from solvers.eulerian import BLOW_UP_FACTOR, departures
+
+    basis = make_basis(2, 16, placement("cpu", "float64"))
+    weights = basis.weights.reshape(-1).numpy()
+    uniform = np.full(weights.shape, 1 / weights.sum())
+    densities = np.stack([uniform] * 6)
+    densities[1] *= 1 + 1e-7
+    densities[2] *= 1 + 1e-9
+    spike = 11 / weights.min()
+    densities[3, 0], densities[4, 0] = spike, spike * 9 / 11
+    densities[3:5, 1:] = ((1 - densities[3:5, 0] * weights[0]) / weights[1:].sum())[:, None]  # the mass stays 1
+    densities[5, 3] = np.nan
+    reasons = departures(densities, weights, np.ones(6), torch.float64)
+    assert [reason is None for reason in reasons] == [True, False, True, False, True, False]
+    assert reasons[1].startswith("the mass drifted from 1 by 1e-07")
+    bound = BLOW_UP_FACTOR / weights.min()
+    assert reasons[3] == f"|rho| reached {spike:.3g}, above {bound:.3g} (10 x all the mass in one cell)"
+    assert reasons[5].startswith("the mass drifted from 1 by nan")
+
+
 def kuramoto_root(K, eps, dim):
     """Positive root r of r = I1(Kr/eps)/I0(Kr/eps) (S^1) or r = coth(Kr/eps) - eps/(Kr) (S^2)."""
     if dim == 2:

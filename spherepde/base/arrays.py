@@ -51,7 +51,7 @@ def as_namespace(value, xp):
 
 def quiet(xp):
     """A context in which numpy's program warns of no overflow or invalid value, as torch's does not: a run that
-    leaves the densities is the solvers' to report (solvers.eulerian.departure)."""
+    leaves the densities is the solvers' to report (solvers.eulerian.departures)."""
     return np.errstate(over="ignore", invalid="ignore", divide="ignore") if xp is np else contextlib.nullcontext()
 
 
