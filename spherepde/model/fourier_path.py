@@ -8,9 +8,10 @@ With c the coefficients (the state's complex view), n grid points and r_j = irff
 where a is the feed-forward term and R U the rank-r factorisation of the folded attention u = G S c (S the
 synthesis, G the operator of model.dense_operator: u = G rho): its truncated SVD, the singular values below
 dense_operator.truncated_svd's tolerance dropped (their part is below the product's round-off).  The kernel
-exp(beta <x, B y>) is smooth, so r is small (seed 004's A at lmax 64: 30 against 200 points).  Per member and
-stage that is two FFTs and r (N + n) multiply-adds, where the matrix path spends 3 n N: in torch it pays from a few
-members on, in numpy on the CPU from one (model.transport's cost rule, benchmarks/ensembles.py --paths).
+exp(beta <x, B y>) is smooth, so r is small (seed 004's A at lmax 64: 30 against 200 points), and R reads the
+coefficients up to the degree of the basis the factors come from only (below: 66 of seed 004's 130).  Per member
+and stage that is two FFTs and at most r (N + n) multiply-adds, where the matrix path spends 3 n N: in torch it pays
+from a few members on, in numpy on the CPU from one (model.transport's cost rule, benchmarks/ensembles.py --paths).
 
 The transpose, from the token (r, y) of an evaluation, with b the cotangent of the rate:
 
@@ -66,8 +67,11 @@ class FourierPath:
 
     def __init__(self, transport, R: torch.Tensor, U: torch.Tensor, level: int):
         basis = transport.basis
-        self.transport, self.R, self.U = transport, R, U  # (members or 1, N, r), (members or 1, r, n)
         self.level = level  # the lmax of the basis whose operator gave the factors
+        # R's rows of the degrees above `level` are zero (`lifted`): the products read the state's first `low` only
+        self.low = 2 * (level + 1)
+        R = R[..., :self.low, :]
+        self.transport, self.R, self.U = transport, R, U  # (members or 1, low, r), (members or 1, r, n)
         self.R_t, self.U_t = R.transpose(-1, -2).contiguous(), U.transpose(-1, -2).contiguous()
         self.points, self.modes = basis.grid_size, basis.lmax + 1
         wavenumber = basis.degree.to(basis.placement.real)
@@ -135,9 +139,10 @@ class FourierPath:
     def _velocity(self, state, drive):
         """y = a + state R U (M, n)."""
         R, U = self._operands(state)[:2]
+        low = state[:, :self.low]
         if R.shape[0] == 1:
-            return addmm(drive, state @ R[0], U[0])
-        return addmm(drive[:, None], state[:, None] @ R, U)[:, 0]
+            return addmm(drive, low @ R[0], U[0])
+        return addmm(drive[:, None], low[:, None] @ R, U)[:, 0]
 
     def _synthesis(self, state):
         """r = sqrt(2 pi) rho (M, n)."""
@@ -168,9 +173,10 @@ class FourierPath:
         y_bar, r_bar = r * f_bar, y * f_bar
         state_bar = real_state(rfft(r_bar)[:, :self.modes] * multiplicity)
         if R_t.shape[0] == 1:
-            return addmm(state_bar, y_bar @ U_t[0], R_t[0]), y_bar
-        low = ((y_bar[:, None] @ U_t) @ R_t)[:, 0]
-        return state_bar + low, y_bar
+            state_bar[:, :self.low] += (y_bar @ U_t[0]) @ R_t[0]
+        else:
+            state_bar[:, :self.low] += ((y_bar[:, None] @ U_t) @ R_t)[:, 0]
+        return state_bar, y_bar
 
     def vjp(self, state, drive, b) -> tuple:
         return self.vjp_rows(self.token(state, drive), b)
