@@ -187,7 +187,8 @@ class ParticleControl:
         """(x_0 (M, n, d), noise seeds) of the next evaluation: the members' own (common noise), or fresh draws."""
         if self.fresh_seeds is None:
             return self.x0, None
-        draws = [initial_state(member, self.placement, int(sequence.spawn(1)[0].generate_state(1, np.uint64)[0] >> 1))
+        # the shift on a Python int: numpy < 2 promotes uint64 >> int64 to float64, which has no shift
+        draws = [initial_state(member, self.placement, int(sequence.spawn(1)[0].generate_state(1, np.uint64)[0]) >> 1)
                  for member, sequence in zip(self.cases, self.fresh_seeds)]
         return torch.stack([x for x, _ in draws]), [seed for _, seed in draws]
 
