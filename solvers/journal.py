@@ -156,9 +156,9 @@ def _segment(evaluations: list[Evaluation], first: int, previous: str) -> xr.Dat
         "loss": ("evaluation", field(lambda g: g.loss, math.nan)),
         "times": (series, field(lambda g: padded(g.times), np.full(steps, np.nan))),
         "adjoint_norm": (series, field(lambda g: padded(g.adjoint_norm), np.full(steps, np.nan))),
-        "failure": ("evaluation", np.array([e.failure or "" for e in evaluations], dtype=object)),
+        "failure": ("evaluation", np.array([e.failure or "" for e in evaluations], dtype=str)),
         "index": ("evaluation", np.arange(first, first + len(evaluations), dtype=np.int64)),
-        "digest": ("evaluation", np.array(_chained(evaluations, first, previous), dtype=object)),
+        "digest": ("evaluation", np.array(_chained(evaluations, first, previous), dtype=str)),
     }, attrs={"title": "spherepde training checkpoint: evaluations of J and dJ/dW"})
 
 
