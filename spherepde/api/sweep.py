@@ -260,6 +260,7 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
 def combine(case: Case, members: list[Member], summaries: dict, target: str, params: list[str],
             seeds: int | None) -> None:
     """Write the members' files of a sweep of `case` as one Dataset along `member` (xr.open_mfdataset), atomically."""
+    import dask
     import xarray as xr
 
     from spherepde.io.output import finish, write_dataset
@@ -300,7 +301,11 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         finish(data, case, {"solver": data.attrs.get("solver", "mixed")})
         data.attrs["title"] = f"spherepde sweep of case '{case.name}' ({len(members)} members)"
         data.attrs["history"] += f" sweep {' '.join(params)}" + (f" --seeds {seeds}" if seeds else "")
-        write_dataset(data, target)
+        # One thread reads the members and writes the file: netCDF-C is not thread-safe, and with xarray 2024.1 and
+        # netCDF4 1.7.3 (which releases the GIL) dask's threaded scheduler deadlocked here in 3 of 10 test runs
+        # (xarray's lock serialises the reads and the writes anyway)
+        with dask.config.set(scheduler="synchronous"):
+            write_dataset(data, target)
 
 
 def by_parameters(dataset):
