@@ -27,7 +27,8 @@ eps = 1e-2, unnormalized, lmax 64 on 200 points, dt 0.02, imex-ark436, the dense
 
 --paths adds the measurement behind Transport's choice between its matrix, fourier and grid paths: a step on
 each, forced, at a few grids and batch sizes, beside the path the cost estimate picks.  Beside 2. the benchmark
-prints one core's throughput (a large GEMM, a batch of 200-point FFTs) and the arithmetic floor of an S^1 step per
+prints the costs read as fixed + M x marginal (`print_fixed_and_marginal`: the criterion's ratio weighs the two),
+one core's throughput (a large GEMM, a batch of 200-point FFTs) and the arithmetic floor of an S^1 step per
 member it implies on the paths taken at M = 1 and M = 20, and the cost of the fourier path's step written as the
 fewest torch (and numpy) operations (floors.lean_fourier_step): what the per-operation overhead leaves reachable.
 
@@ -124,6 +125,18 @@ def print_particle_floor(particles: dict) -> None:
           f"{floor['peak'] / 1e9:.1f} GFLOP/s (the (20, 6, 64) x (20, 64, 64) products "
           f"{floor['batched'] / 1e9:.1f}): floor {1e6 * floor['floor']:.1f} us, {per_step / floor['floor']:.1f}x "
           "above it")
+
+
+def print_fixed_and_marginal(single: dict, batch: dict, members: int) -> None:
+    """A cost of M members read as fixed + M x marginal (a + M b) from M = 1 and M = `members`.  The cost per member at
+    M is at most 1/10 of M = 1's exactly when b <= a (M - 10) / (9 M) (a / 18 at M = 20): the criterion weighs the
+    marginal cost against the fixed one (the per-operation overhead that batching shares), not against a floor."""
+    bound = (members - 10) / (9 * members)
+    for name in ("step", "evaluation"):
+        marginal = (batch[name] - single[name]) / (members - 1)
+        fixed = single[name] - marginal
+        print(f"   {name}: fixed {1e3 * fixed:.4f} ms + {1e3 * marginal:.4f} ms per member; the ratio <= 0.1 needs "
+              f"the marginal <= {1e3 * bound * fixed:.4f} ms")
 
 
 def sphere_costs(members: int, repeats: int) -> dict:
@@ -355,6 +368,7 @@ def main(argv=None):
           f"{batch['step'] / 20 / single['step']:6.3f}   (criterion <= 0.1)")
     print(f"   evaluation      {1e3 * batch['evaluation'] / 20:8.4f} ms   ratio to M = 1 "
           f"{batch['evaluation'] / 20 / single['evaluation']:6.3f}   (criterion <= 0.1)")
+    print_fixed_and_marginal(single, batch, 20)
 
     throughput = arithmetic_floor(args.repeats)
     print(f"   one core: {throughput['gemm'] / 1e9:.1f} Gflop/s in a 512^2 GEMM, {throughput['fft'] / 1e9:.1f} Gflop/s "
