@@ -232,7 +232,6 @@ class DensityCheck:
         densities = problem.basis.synthesis(problem.coefficients(state)).reshape(state.shape[0], -1)
         densities = densities.cpu().double().numpy()
         exceeded = ~as_tensor(self.peak <= self.limit).cpu().numpy()
-        # a density that is not finite fails departures' mass test (its mass is not finite)
         reasons = departures(densities, self.weights, self.mass_0, problem.basis.placement.real)
         for m, reason in enumerate(reasons):
             if exceeded[m] or reason is not None:

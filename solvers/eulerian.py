@@ -49,10 +49,11 @@ def checked_state(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: fl
 
 
 def departures(densities: np.ndarray, weights: np.ndarray, masses_0: np.ndarray, real: torch.dtype) -> list:
-    """Why each finite grid density of `densities` (M, P) is no longer one of its run, or None (a list of M): its
-    mass int rho dsigma moved from its masses_0 (M,) by more than sqrt(machine epsilon of `real`) relative (the
-    scheme conserves it to round-off: module doc), or |rho| exceeds BLOW_UP_FACTOR times that mass over the
-    smallest quadrature cell.  One program for all members: a training's batch checks them at every knot."""
+    """Why each grid density of `densities` (M, P) is no longer one of its run, or None (a list of M): its mass
+    int rho dsigma moved from its masses_0 (M,) by more than sqrt(machine epsilon of `real`) relative (the scheme
+    conserves it to round-off: module doc; a density that is not finite fails here, its mass not being finite), or
+    |rho| exceeds BLOW_UP_FACTOR times that mass over the smallest quadrature cell.  One program for all members: a
+    training's batch checks them at every knot."""
     members = len(masses_0)
     masses = densities.reshape(members, -1) @ weights.reshape(-1)
     peaks = np.abs(densities).reshape(members, -1).max(1)
