@@ -399,3 +399,26 @@ def test_a_checkpoint_that_holds_no_training_is_one_line(tmp_path, capsys, count
     assert status == 2 and len(err.strip().splitlines()) == 1 and "resuming" not in err, err
     assert "segment-00000.nc' does not match the checkpoint's manifest" in err and "--overwrite" in err
     assert not output.exists()
+
+
+def test_a_journal_segment_writes_its_strings_as_text_and_reads_them_back(tmp_path):
+    """A checkpoint segment's failure messages and digests are numpy str arrays (xarray before 2025.8 cannot write
+    strings held as Python objects under pandas 3: every checkpoint failed there), and they come back from the file
+    as written, with the numbers bit for bit."""
+    import torch
+
+    from solvers.controlled_forward import Gradient
+    from spherepde.io.output import write_dataset
+
+    controls = np.arange(8.0).reshape(2, 2, 2)
+    gradient = Gradient(1.5, 1.25, torch.full((2, 2, 2), 0.1, dtype=torch.float64), [0.0, 0.5], [2.0, 3.0])
+    evaluations = [journal.Evaluation(controls, gradient), journal.Evaluation(controls + 1, None, "blew up at t = 1")]
+    segment = journal._segment(evaluations, 4, "0" * 64)
+    assert all(segment[name].dtype.kind == "U" for name in ("failure", "digest"))
+    write_dataset(segment, tmp_path / "segment.nc")
+    with xr.open_dataset(tmp_path / "segment.nc") as stored:
+        assert stored["failure"].values.tolist() == ["", "blew up at t = 1"]
+        assert stored["digest"].values.tolist() == segment["digest"].values.tolist()
+        assert len(set(stored["digest"].values.tolist())) == 2 and len(stored["digest"].values[0]) == 64
+        np.testing.assert_array_equal(stored["dW"].values[0], np.full((2, 2, 2), 0.1))
+        assert stored["cost"].values[0] == 1.5 and np.isnan(stored["cost"].values[1])
