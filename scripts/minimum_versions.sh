@@ -22,7 +22,10 @@ CONSTRAINTS="$VENV/constraints.txt"
 import re, sys, tomllib
 requirements = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
 for requirement in requirements:
-    name, lowest = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)", requirement).groups()
+    bound = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9.]+)", requirement)
+    if bound is None:
+        sys.exit(f"minimum_versions.sh: no lower bound of the form NAME>=VERSION in {requirement!r} (pyproject.toml)")
+    name, lowest = bound.groups()
     if name != "torch":
         print(f"{name}=={lowest}.*" if lowest.count(".") < 2 else f"{name}=={lowest}")
 print("pandas<3")
