@@ -117,19 +117,31 @@ def _member_product(values: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     return torch.matmul(values[:, None, :], matrix)[:, 0]
 
 
+def operator_rows(dim: int, kernel: str) -> int:
+    """Rows per grid point of a folded attention matrix: the d - 1 frame components of V m (unnormalized), or Z and
+    the d components of N (softmax)."""
+    return dim - 1 if kernel == "unnormalized" else dim + 1
+
+
+def operator_fits(basis, kernel: str, members: int = 1, operator_bytes: int = OPERATOR_BYTES) -> bool:
+    """Whether the folded attention matrices of `members` distinct models with `kernel` on `basis` (operator_rows
+    x N by N each, N the grid's points) fit `operator_bytes`."""
+    return (members * operator_rows(basis.dim, kernel) * basis.grid_size ** 2 * basis.points.element_size()
+            <= operator_bytes)
+
+
 def attention_operator(basis, batch: ModelBatch, kernels, operator_bytes: int = OPERATOR_BYTES) -> DenseOperator | None:
     """The folded attention matrices of Transport's "operator" attention, or None where it does not apply: the
     field is not the dense quadrature, the grid's N x N kernel or the matrices would exceed
     `operator_bytes`, or the unnormalized kernel overflows (beta |B| beyond the float range)."""
     d, points = basis.dim, basis.grid_size
-    element = basis.points.element_size()
-    if kernels.name != "dense" or points * points * element > operator_bytes:
+    if kernels.name != "dense" or not operator_fits(basis, batch.kernel, 1, operator_bytes):
         return None
-    rows = d - 1 if batch.kernel == "unnormalized" else d + 1
+    rows = operator_rows(d, batch.kernel)
     keys = [(model.beta, model.B.cpu().double().numpy().tobytes(), model.V.cpu().double().numpy().tobytes())
             for model in batch.models]
     distinct = {key: keys.index(key) for key in dict.fromkeys(keys)}  # the first member of each attention
-    if len(distinct) * rows * points * points * element > operator_bytes:
+    if not operator_fits(basis, batch.kernel, len(distinct), operator_bytes):
         return None
     weights = basis.weights.reshape(points)
     grid_points = basis.points.reshape(points, d)

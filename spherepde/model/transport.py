@@ -70,7 +70,7 @@ from spherepde.model.attention import (
     softmax_mean_adjoint,
     zero_temperature_mean,
 )
-from spherepde.model.dense_operator import OPERATOR_BYTES, attention_operator
+from spherepde.model.dense_operator import attention_operator, operator_fits
 from spherepde.model.fourier_path import FourierPath
 from spherepde.model.matrix_path import MatrixPath
 
@@ -105,9 +105,7 @@ def auto_fields(basis, models: list, tol: float, chunk) -> list:
 
 def _auto_field(basis, model: Model, tol: float, chunk) -> str:
     """`auto_fields` for one member's model (its transforms built here only where the operator could fold them)."""
-    rows = basis.dim - 1 if model.kernel == "unnormalized" else basis.dim + 1
-    foldable = rows * basis.grid_size ** 2 * basis.points.element_size() <= OPERATOR_BYTES or (
-        basis.dim == 2 and model.kernel == "unnormalized")
+    foldable = operator_fits(basis, model.kernel) or (basis.dim == 2 and model.kernel == "unnormalized")
     if not foldable:
         return "auto"
     batch = ModelBatch.of([model])
