@@ -54,19 +54,6 @@ def test_circle_w2_of_broad_measures_is_certified_within_its_bound(turn):
     assert method == "exact (POT emd)" and w2_bound == 0 and abs(w2 - exact) <= 1e-12
 
 
-def test_circle_w2_beyond_the_certified_size_has_no_bound():
-    """Above CERTIFIED_PAIRS atom pairs the c-transforms are not paid: the bound is NaN (not certified), not 0."""
-    from spherepde.measures import optimal_transport
-
-    angles = 2 * np.pi * np.arange(300) / 300
-    a, b = np.exp(2 * np.cos(angles)), np.exp(2 * np.cos(angles - 0.25))
-    certified = circle_w2(on_circle(angles), a, on_circle(angles), b)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(optimal_transport, "CERTIFIED_PAIRS", 300 * 300 - 1)
-        value, largest, bound = circle_w2(on_circle(angles), a, on_circle(angles), b)
-    assert (value, largest) == certified[:2] and certified[2] <= 1e-9 and math.isnan(bound)
-
-
 def test_w2_between_falls_back_to_exact_transport_for_distant_measures():
     """Uniform against a concentrated law moves mass by more than pi/2: the rearrangement is far from
     optimal there (and its bound says so), and w2_between uses POT's exact solver instead."""

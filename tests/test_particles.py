@@ -22,7 +22,7 @@ from spherepde.base.device import placement
 from spherepde.base.errors import CaseError
 from spherepde.discretisation.bases import make_basis
 from spherepde.io.output import split_both
-from spherepde.measures.optimal_transport import c_transform, empirical_transport
+from spherepde.measures.optimal_transport import c_transform, circle_c_transform, empirical_transport
 from spherepde.model.attention import Model, ModelBatch
 from spherepde.model.sampling import DensityFileSampler, initial_particles, uniform, vmf_mixture, von_mises_fisher
 
@@ -324,6 +324,25 @@ def test_c_transform_is_the_smallest_shifted_squared_distance():
     assert np.abs(c_transform(points, atoms, potential, block=128)[:300] - direct).max() <= 1e-14
 
 
+
+@pytest.mark.parametrize("blocks", [1024, 3])
+def test_circle_c_transform_is_the_c_transform_whatever_it_leaves_out(blocks, monkeypatch):
+    """The arc search returns the minimum over all atoms (`c_transform`, every pair) to round-off: for a potential
+    of a monotone coupling (where it searches a few arcs), for random potentials (where the least term can be
+    anywhere), with coincident points, angles on both sides of +-pi, sizes no block divides, and (blocks = 3)
+    blocks larger than CIRCLE_BLOCK."""
+    from spherepde.measures import optimal_transport
+    monkeypatch.setattr(optimal_transport, "CIRCLE_BLOCKS", blocks)
+    rng = np.random.default_rng(4)
+    theta = np.concatenate([rng.vonmises(math.pi, 2.0, 3001), [math.pi, -math.pi, 0.5, 0.5]])
+    phi = rng.vonmises(math.pi - 0.2, 3.0, 777)
+    points, atoms = (np.stack([np.cos(t), np.sin(t)], 1) for t in (theta, phi))
+    monotone = 2 - 2 * np.cos(phi - math.pi) - 1.5 * np.sin(phi) ** 2  # the c-transform of a smooth potential
+    for potential in (monotone, rng.uniform(-2.0, 2.0, 777), np.zeros(777)):
+        assert np.abs(circle_c_transform(points, atoms, potential)
+                      - c_transform(points, atoms, potential)).max() <= 1e-14
+    assert np.abs(circle_c_transform(points, points, np.zeros(3005))).max() <= 1e-15  # each point is an atom
+
 def test_w2_projection_at_time_zero_on_the_circle():
     """E = span(e_1): Pi sends x to the nearer of +-e_1, which is the optimal map, so
     W2(rho_0, Pi_# rho_0)^2 = int (2 - 2 |x_1|) drho_0; the estimate is within 3 standard errors."""
@@ -472,6 +491,30 @@ def test_errors_and_w2_decay_like_n_to_the_minus_half_on_the_circle():
         assert abs(slope + 0.5) <= 0.15, (values, slope)
     assert math.sqrt(np.mean(np.square(z))) <= 1.5
 
+
+
+def test_paired_w2_on_the_circle_takes_the_method_with_the_tighter_certified_bound():
+    """Far-apart samples leave the rearrangement uncertified.  paired_w2 keeps it where its certified excess is
+    below the quantisation bound that exact OT of <= 250 atoms would carry (2 x 2 sin(pi / 250) = 0.0503), and
+    exact OT of all n pairs then lies within that excess below it; where the excess is wider it quantises; with
+    as many atoms as particles it solves exactly."""
+    from spherepde.measures.optimal_transport import CERTIFIED_W2, circle_transport
+    from spherepde.measures.sample_statistics import paired_w2
+    rng, n, quantised = np.random.default_rng(5), 1000, 4 * math.sin(math.pi / 250)
+    for kappa, offset, kept in [(2.5, 0.5, True), (4.0, 1.0, False)]:
+        angles = rng.vonmises(0.0, 1.0, n), rng.vonmises(offset, kappa, n)
+        x, y = (np.stack([np.cos(a), np.sin(a)], 1) for a in angles)
+        cost, lower, _ = circle_transport(x, y)
+        excess = math.sqrt(cost) - math.sqrt(lower)
+        exact = math.sqrt(ot.emd2(np.full(n, 1 / n), np.full(n, 1 / n), ot.dist(x, y), numItermax=10 ** 8))
+        w2, _, bound = paired_w2(x, y, 250)
+        assert CERTIFIED_W2 < excess and (excess < quantised) == kept
+        if kept:
+            assert (w2, bound) == (math.sqrt(cost), excess) and w2 - bound <= exact <= w2
+        else:
+            assert bound == pytest.approx(quantised, rel=1e-12) and abs(w2 - exact) <= bound
+        w2, _, bound = paired_w2(x, y, n)
+        assert bound == 0 and abs(w2 - exact) <= 1e-12
 
 def test_circle_rearrangement_is_bracketed_by_its_dual_and_exact_where_certified():
     """circle_transport's cost is an upper bound on the exact OT cost (POT emd, all n x n pairs) and its dual a

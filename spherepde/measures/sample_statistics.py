@@ -30,8 +30,9 @@ def paired_w2(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[
     """W2 between the empirical measures of `points` and of `targets` (paired: row i of both is particle i).
 
     On S^1 the circular monotone rearrangement of all n pairs (`optimal_transport.circle_transport`, no
-    quantisation) where its dual certifies it to CERTIFIED_W2; elsewhere exact OT (POT emd, chordal cost), each
-    measure quantised like optimal_transport.quantise above `max_atoms`.
+    quantisation) where its dual certifies it to CERTIFIED_W2, or to no more than the quantisation bound of the
+    alternative; elsewhere exact OT (POT emd, chordal cost), each measure quantised like
+    optimal_transport.quantise above `max_atoms` (`optimal_transport.paired_transport`).
     Standard error by linearisation at the Kantorovich potentials (u, v): W2^2 ~ (1/n) sum_i h_i with
     h_i = u(x_i) + v(y_i) (u, v extended off the atoms by c-transforms), so SE(W2^2) = std(h) / sqrt(n) and
     SE(W2) = SE(W2^2) / (2 W2).  Returns (W2, SE, error bound: quantisation, or the rearrangement's certified
