@@ -329,8 +329,8 @@ def test_c_transform_is_the_smallest_shifted_squared_distance():
 def test_circle_c_transform_is_the_c_transform_whatever_it_leaves_out(blocks, monkeypatch):
     """The arc search returns the minimum over all atoms (`c_transform`, every pair) to round-off: for a potential
     of a monotone coupling (where it searches a few arcs), for random potentials (where the least term can be
-    anywhere), with coincident points, angles on both sides of +-pi, sizes no block divides, and (blocks = 3)
-    blocks larger than CIRCLE_BLOCK."""
+    anywhere), with coincident points (two of them 500 times over), angles on both sides of +-pi, sizes no block
+    divides, and (blocks = 3) blocks larger than CIRCLE_BLOCK."""
     from spherepde.measures import optimal_transport
     monkeypatch.setattr(optimal_transport, "CIRCLE_BLOCKS", blocks)
     rng = np.random.default_rng(4)
@@ -342,6 +342,8 @@ def test_circle_c_transform_is_the_c_transform_whatever_it_leaves_out(blocks, mo
         assert np.abs(circle_c_transform(points, atoms, potential)
                       - c_transform(points, atoms, potential)).max() <= 1e-14
     assert np.abs(circle_c_transform(points, points, np.zeros(3005))).max() <= 1e-15  # each point is an atom
+    copies = np.concatenate([np.repeat(points[:2], 500, axis=0), points[2:]])  # as Pi sends particles to +-e_1
+    assert np.abs(circle_c_transform(copies, atoms, monotone) - c_transform(copies, atoms, monotone)).max() <= 1e-14
 
 def test_w2_projection_at_time_zero_on_the_circle():
     """E = span(e_1): Pi sends x to the nearer of +-e_1, which is the optimal map, so

@@ -265,13 +265,14 @@ def circle_c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndar
     """u(x) = min_j (|x - a_j|^2 - potential_j) for points x and atoms a_j on S^1 (unit vectors), exactly as
     `c_transform`, by branch and bound over arcs: in ~n log n where the minimiser lies near x, n m at worst.
 
-    Both sets are sorted by angle and cut into blocks of CIRCLE_BLOCK consecutive entries (more where there
-    would be more than CIRCLE_BLOCKS blocks).  Over a block of points and a block of atoms whose arcs lie an
-    angle g apart, |x - a|^2 - potential >= min |x|^2 + min (|a|^2 - potential) - 2 cos g.  Each block of points is
-    first paired with the block of atoms whose bound is lowest; then every block of atoms whose bound is not
-    above the largest minimum found so far (plus a margin far above round-off) is searched too, so no atom
-    that can attain the minimum is left out.  Where the potential comes from a monotone coupling this is a
-    few blocks per block (n = 1e5: 0.2 s against ~1e10 terms, 100+ s, for `c_transform`).
+    Both sets are sorted by angle (the points' copies dropped) and cut into blocks of CIRCLE_BLOCK consecutive
+    entries (more where there would be more than CIRCLE_BLOCKS blocks).  Over a block of points and a block of
+    atoms whose arcs lie an angle g apart, |x - a|^2 - potential >= min |x|^2 + min (|a|^2 - potential) - 2 cos g.
+    Each block of points is first paired with the block of atoms whose bound is lowest; then every block of atoms
+    whose bound is not above the largest minimum found so far (plus a margin far above round-off) is searched
+    too, so no atom that can attain the minimum is left out.  Where the potential comes from a monotone coupling
+    that moves little mass far this is a few blocks per block (n = 1e5: 0.2 s against ~1e10 terms, 100+ s, for
+    `c_transform`); where the coupling moves mass by about a radian, tens (n = 3e4: 0.2 s).
     """
     if len(points) == 0:
         return np.empty(0)
@@ -283,9 +284,13 @@ def circle_c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndar
         return values[padded].reshape(-1, block, *values.shape[1:])
 
     order_x, order_a = np.argsort(angle(points)), np.argsort(angle(atoms))
-    x, a = blocks(points, order_x), blocks(atoms, order_a)
+    # each distinct point once: where the minimum is flat (a target that a whole arc is coupled to, as Pi sends
+    # every particle to +-e_1) a point costs all the atoms, and its copies would cost it again
+    sorted_points = points[order_x]
+    distinct = np.concatenate([[True], (sorted_points[1:] != sorted_points[:-1]).any(1)])
+    x, a = blocks(sorted_points, np.flatnonzero(distinct)), blocks(atoms, order_a)
     x_squared, shift = (x ** 2).sum(2), blocks((atoms ** 2).sum(1) - potential, order_a)
-    arc_x, arc_a = blocks(angle(points), order_x), blocks(angle(atoms), order_a)
+    arc_x, arc_a = blocks(angle(sorted_points), np.flatnonzero(distinct)), blocks(angle(atoms), order_a)
     start_x, end_x, start_a, end_a = arc_x[:, :1], arc_x[:, -1:], arc_a[None, :, 0], arc_a[None, :, -1]
     gap = np.where((start_x <= end_a) & (start_a <= end_x), 0.0,
                    np.minimum(np.mod(start_a - end_x, 2 * np.pi), np.mod(start_x - end_a, 2 * np.pi)))
@@ -308,7 +313,7 @@ def circle_c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndar
     open_blocks[np.arange(len(x)), first] = False
     search(*np.nonzero(open_blocks))
     result = np.empty(len(points))
-    result[order_x] = (x_squared + least).reshape(-1)[:len(points)]
+    result[order_x] = (x_squared + least).reshape(-1)[np.cumsum(distinct) - 1]
     return result
 
 
