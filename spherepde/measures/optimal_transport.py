@@ -346,7 +346,8 @@ def circle_transport(points: np.ndarray, targets: np.ndarray) -> tuple[float, fl
     set, so that the steps close the cycle), then v = u^c, v(y) = min_i c(x_i, y) - u_i, so that u_i + v_j <= c_ij
     for every pair: the dual value mean(u) + mean(v) is a lower bound on the optimal cost, equal to C(k) (to
     ~1e-17) when the coupling is optimal.  The c-transform (`circle_c_transform`) searches only the arcs that
-    can hold each minimum: 0.02 s at n = 1e4 and 0.4 s at n = 1e5, against 0.3 s and ~45 s for all n^2 pairs.
+    can hold each minimum: this function takes 0.02 s at n = 1e4 and 0.4 s at n = 1e5, against 0.7 s and 46 s
+    with the c-transform over all n^2 pairs.
     """
     angle = lambda x: np.arctan2(x[:, 1], x[:, 0])  # noqa: E731
     order_a, order_b = np.argsort(angle(points), kind="stable"), np.argsort(angle(targets), kind="stable")
