@@ -296,16 +296,16 @@ def circle_c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndar
                    np.minimum(np.mod(start_a - end_x, 2 * np.pi), np.mod(start_x - end_a, 2 * np.pi)))
     lower = x_squared.min(1)[:, None] + shift.min(1)[None, :] - 2 * np.cos(np.minimum(gap, np.pi))
     least = np.full(x.shape[:2], np.inf)  # min over the atoms searched of shift - 2 <x, a>; |x|^2 is added last
-    a_columns = a.transpose(0, 2, 1).copy()
+    x_columns = x.transpose(0, 2, 1).copy()
 
     def search(rows, columns):
         chunk = max(1, 2 ** 17 // (x.shape[1] * a.shape[1]))  # a chunk's terms stay in a 1 MiB cache
         for k in range(0, len(rows), chunk):
             r, c = rows[k:k + chunk], columns[k:k + chunk]
-            values = np.matmul(x[r], a_columns[c])
+            values = np.matmul(a[c], x_columns[r])  # atoms down, points across: the min runs over rows
             values *= -2
-            values += shift[c][:, None, :]
-            np.minimum.at(least, r, values.min(2))
+            values += shift[c][:, :, None]
+            np.minimum.at(least, r, values.min(1))
 
     first = lower.argmin(1)
     search(np.arange(len(x)), first)
