@@ -324,26 +324,26 @@ def test_c_transform_is_the_smallest_shifted_squared_distance():
     assert np.abs(c_transform(points, atoms, potential, block=128)[:300] - direct).max() <= 1e-14
 
 
-
 @pytest.mark.parametrize("blocks", [1024, 3])
 def test_circle_c_transform_is_the_c_transform_whatever_it_leaves_out(blocks, monkeypatch):
-    """The arc search returns the minimum over all atoms (`c_transform`, every pair) to round-off: for a potential
-    of a monotone coupling (where it searches a few arcs), for random potentials (where the least term can be
-    anywhere), with coincident points (two of them 500 times over), angles on both sides of +-pi, sizes no block
-    divides, and (blocks = 3) blocks larger than CIRCLE_BLOCK."""
+    """The arc search returns the minimum over all atoms (`c_transform`, every pair) to round-off: for a smooth
+    potential, for random potentials (where the least term can be anywhere), for none, with coincident points
+    (two of them 500 times over), angles on both sides of +-pi, sizes no block divides, and (blocks = 3) blocks
+    larger than CIRCLE_BLOCK."""
     from spherepde.measures import optimal_transport
     monkeypatch.setattr(optimal_transport, "CIRCLE_BLOCKS", blocks)
     rng = np.random.default_rng(4)
     theta = np.concatenate([rng.vonmises(math.pi, 2.0, 3001), [math.pi, -math.pi, 0.5, 0.5]])
     phi = rng.vonmises(math.pi - 0.2, 3.0, 777)
     points, atoms = (np.stack([np.cos(t), np.sin(t)], 1) for t in (theta, phi))
-    monotone = 2 - 2 * np.cos(phi - math.pi) - 1.5 * np.sin(phi) ** 2  # the c-transform of a smooth potential
-    for potential in (monotone, rng.uniform(-2.0, 2.0, 777), np.zeros(777)):
+    smooth = 2 - 2 * np.cos(phi - math.pi) - 1.5 * np.sin(phi) ** 2
+    for potential in (smooth, rng.uniform(-2.0, 2.0, 777), np.zeros(777)):
         assert np.abs(circle_c_transform(points, atoms, potential)
                       - c_transform(points, atoms, potential)).max() <= 1e-14
     assert np.abs(circle_c_transform(points, points, np.zeros(3005))).max() <= 1e-15  # each point is an atom
     copies = np.concatenate([np.repeat(points[:2], 500, axis=0), points[2:]])  # as Pi sends particles to +-e_1
-    assert np.abs(circle_c_transform(copies, atoms, monotone) - c_transform(copies, atoms, monotone)).max() <= 1e-14
+    assert np.abs(circle_c_transform(copies, atoms, smooth) - c_transform(copies, atoms, smooth)).max() <= 1e-14
+
 
 def test_w2_projection_at_time_zero_on_the_circle():
     """E = span(e_1): Pi sends x to the nearer of +-e_1, which is the optimal map, so
@@ -492,7 +492,6 @@ def test_errors_and_w2_decay_like_n_to_the_minus_half_on_the_circle():
         slope = np.polyfit(np.log(sizes), np.log(values), 1)[0]
         assert abs(slope + 0.5) <= 0.15, (values, slope)
     assert math.sqrt(np.mean(np.square(z))) <= 1.5
-
 
 
 def test_paired_w2_on_the_circle_takes_the_method_with_the_tighter_certified_bound():
