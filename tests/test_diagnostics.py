@@ -137,6 +137,29 @@ def test_pushforward_splits_grid_nodes_on_the_singular_set():
     assert results[0] == pytest.approx(results[1], rel=1e-6)
 
 
+def test_exact_transport_is_the_linear_programs_optimum_with_its_potentials_on_the_given_atoms():
+    """exact_transport (POT's network simplex on the atoms in a shuffled order) against the transport linear
+    program solved by HiGHS (scipy.optimize.linprog): the same optimal cost on S^1 and S^2, and its potentials,
+    mapped back to the caller's atoms, are dual feasible (u_i + v_j <= |x_i - y_j|^2) with dual value a u + b v
+    equal to that cost; unequal sizes and masses, so that potentials on the wrong atoms break one or the other."""
+    from scipy.optimize import linprog
+
+    rng = np.random.default_rng(11)
+    for dim, (m, n) in [(2, (23, 31)), (3, (30, 19))]:
+        x, y = (rng.normal(size=(k, dim)) for k in (m, n))
+        x, y = x / np.linalg.norm(x, axis=1, keepdims=True), y / np.linalg.norm(y, axis=1, keepdims=True)
+        a, b = rng.uniform(0.1, 1.0, m), rng.uniform(0.1, 1.0, n)
+        a, b = a / a.sum(), b / b.sum()
+        cost_matrix = ((x[:, None] - y[None]) ** 2).sum(-1)
+        constraints = np.vstack([np.kron(np.eye(m), np.ones(n)), np.kron(np.ones(m), np.eye(n))])
+        reference = linprog(cost_matrix.ravel(), A_eq=constraints, b_eq=np.concatenate([a, b]), method="highs").fun
+        cost, u, v = optimal_transport.exact_transport(x, a, y, b, potentials=True)
+        assert cost == pytest.approx(reference, abs=1e-12)
+        assert optimal_transport.exact_transport(x, a, y, b)[0] == pytest.approx(reference, abs=1e-12)
+        assert (u[:, None] + v[None] <= cost_matrix + 1e-12).all()
+        assert a @ u + b @ v == pytest.approx(reference, abs=1e-12)
+
+
 def test_w2_of_a_measure_without_positive_mass_is_nan():
     # A density the grid does not see (all nodes 0, or negative) has nothing to normalise into a probability.
     points = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
