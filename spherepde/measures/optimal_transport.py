@@ -200,11 +200,18 @@ def circle_w2(points_a, masses_a, points_b, masses_b) -> tuple[float, float, flo
     (cum_a, ang_a), (cum_b, ang_b) = quantiles(points_a, masses_a), quantiles(points_b, masses_b)
 
     def pieces(s):
-        cuts = np.sort(np.concatenate([[0.0, 1.0], cum_a[:-1], np.mod(cum_b - s, 1.0)]))
-        middle, length = 0.5 * (cuts[1:] + cuts[:-1]), np.diff(cuts)
-        index_a = np.minimum(np.searchsorted(cum_a, middle, side="right"), len(cum_a) - 1)
-        index_b = np.minimum(np.searchsorted(cum_b, np.mod(middle + s, 1.0), side="right"), len(cum_b) - 1)
-        return length, index_a, index_b
+        """(length, index_a, index_b) of the coupling's pieces: the cuts cum_a and cum_b - s (mod 1) merged.  Both
+        are runs already sorted (b's from its smallest, `start`), which a stable sort merges in linear time; a piece
+        pairs the atoms whose cuts precede it, a-atom (number of a-cuts before) and b-atom (start + number of b-cuts
+        before, mod n_b)."""
+        shifted = np.mod(cum_b - s, 1.0)
+        start = int(np.argmin(shifted))
+        values = np.concatenate([[0.0], cum_a[:-1], shifted[start:], shifted[:start], [1.0]])
+        order = np.argsort(values, kind="stable")
+        from_a = (order >= 1) & (order < len(cum_a))
+        from_b = (order >= len(cum_a)) & (order < len(cum_a) + len(cum_b))
+        index_b = (start + np.cumsum(from_b[:-1])) % len(cum_b)
+        return np.diff(values[order]), np.cumsum(from_a[:-1]), index_b
 
     def cost(s):
         length, index_a, index_b = pieces(s)
