@@ -24,7 +24,7 @@ particles as their positions with masses 1/n.  The computations:
   * S^1, two empirical measures of n points each (`circle_transport`): the circular monotone rearrangement by
     one FFT, certified by the dual value of potentials along its cyclic order and their c-transform
     (u(x) = min_j |x - a_j|^2 - v_j: `circle_c_transform` on S^1, `c_transform` anywhere); elsewhere exact OT
-    of the quantised empirical measures with POT's potentials (`empirical_transport`).  `paired_transport`
+    of the quantised empirical measures with POT's potentials (`exact_transport`).  `paired_transport`
     chooses, for the particle solver's w2_projection and its standard error
     (spherepde.measures.sample_statistics).
 """
@@ -350,17 +350,6 @@ def circle_c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndar
     return result
 
 
-def empirical_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int):
-    """Exact OT (chordal cost, `exact_transport`) between the empirical measures (1/n each) of `points` and
-    `targets`, each quantised by `quantise` above `max_atoms`: (atoms of both, the optimal cost, the potentials
-    u, v on the atoms, quantisation bound)."""
-    masses = np.full(points.shape[0], 1 / points.shape[0])
-    a_points, a, a_bound = quantise(points, masses, max_atoms)
-    b_points, b, b_bound = quantise(targets, masses, max_atoms)
-    cost, u, v = exact_transport(a_points, a / a.sum(), b_points, b / b.sum(), potentials=True)
-    return a_points, b_points, cost, u, v, a_bound + b_bound
-
-
 def circle_transport(points: np.ndarray, targets: np.ndarray) -> tuple[float, float, np.ndarray]:
     """The circular monotone rearrangement between the empirical measures (1/n each) of n points and n targets
     on S^1, chordal cost: (its cost, a lower bound on the optimal cost, h) with h_i = u(x_i) + v(y_i) at
@@ -415,10 +404,13 @@ def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int) ->
     where the quantised value lay within 1e-5 of it, inside a bound 1000 times as wide."""
     if points.shape[1] == 2:
         cost, lower, h = circle_transport(points, targets)
-        bound = math.sqrt(max(cost, 0.0)) - math.sqrt(min(max(lower, 0.0), max(cost, 0.0)))
-        uniform = np.full(points.shape[0], 1 / points.shape[0])
-        if bound <= CERTIFIED_W2 or bound <= sum(quantise(x, uniform, max_atoms)[2] for x in (points, targets)):
-            return cost, h, bound
-    a_points, b_points, cost, u, v, bound = empirical_transport(points, targets, max_atoms)
+        excess = math.sqrt(max(cost, 0.0)) - math.sqrt(min(max(lower, 0.0), max(cost, 0.0)))
+        if excess <= CERTIFIED_W2:
+            return cost, h, excess
+    uniform = np.full(points.shape[0], 1 / points.shape[0])
+    (a_points, a, a_bound), (b_points, b, b_bound) = (quantise(x, uniform, max_atoms) for x in (points, targets))
+    if points.shape[1] == 2 and excess <= a_bound + b_bound:
+        return cost, h, excess
+    cost, u, v = exact_transport(a_points, a / a.sum(), b_points, b / b.sum(), potentials=True)
     transform = circle_c_transform if points.shape[1] == 2 else c_transform
-    return cost, transform(points, b_points, v) + transform(targets, a_points, u), bound
+    return cost, transform(points, b_points, v) + transform(targets, a_points, u), a_bound + b_bound
