@@ -99,6 +99,19 @@ def test_uniform_and_mixture_samplers():
     assert first[:20].any() and not first[:20].all()  # components interleaved: any prefix is a fair subsample
 
 
+def test_a_mixture_of_more_components_than_points_draws_from_those_it_picks():
+    """Fewer points than components leaves some component without a point (a draw of none: it raised before);
+    at kappa = 1e8 each point lies within 1e-3 of the mean of a component, and of each mean that the labels,
+    drawn first from the same generator, gave it; vMF draws of none are an empty (0, d) tensor."""
+    means, weights = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [0.2, 0.3, 0.5]
+    for n, seed in [(1, 0), (2, 1), (2, 2)]:
+        x = vmf_mixture(n, means, [1e8] * 3, weights, generator(seed)).numpy()
+        labels = torch.multinomial(torch.tensor(weights, dtype=torch.float64), n, replacement=True,
+                                   generator=generator(seed)).numpy()
+        assert np.abs(x - np.asarray(means)[labels]).max() <= 1e-3
+    assert von_mises_fisher(0, [0.0, 1.0], 3.0, generator()).shape == (0, 2)
+
+
 def test_samples_are_reproducible_bit_for_bit():
     section = {"kind": "vmf_mixture", "means": [[1.0, 0.0, 0.0], [0.0, 0.6, 0.8]], "kappas": [2.0, 9.0],
                "weights": [0.5, 0.5]}

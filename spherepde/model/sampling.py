@@ -71,7 +71,7 @@ def _wood_components(n: int, dim: int, kappa: float, generator: torch.Generator,
     """
     m1 = dim - 1
     b, kappa_b = _wood_b(kappa, m1)
-    accepted_w, accepted_s = [], []
+    accepted_w, accepted_s = [torch.empty(0, dtype=dtype)], [torch.empty(0, dtype=dtype)]  # n = 0: none
     count = 0
     while count < n:
         batch = int(1.3 * (n - count)) + 16
