@@ -115,7 +115,7 @@ diagnostics.w2             bool: w2_projection at every save. Cost,    true
                            a save); where not certified (mass moved by
                            ~1 rad) beyond the quantisation bound, and
                            on S^2, POT's exact OT of <= w2_atoms atoms
-                           (1000: seconds a save; false skips it)
+                           (1000: 0.3 s a save; false skips it)
 diagnostics.w2_atoms       int >= 1: atoms above which a measure is    1000
                            quantised before exact W2 (error bound
                            stored as w2_quantisation_bound, with
