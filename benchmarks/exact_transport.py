@@ -17,26 +17,16 @@ ratio and the difference of the two optimal costs (one linear program: round-off
 """
 
 import argparse
-import statistics
-import time
 import warnings
 
 import numpy as np
 import ot
+from floors import clock
 
 import spherepde
 from spherepde.base.device import placement
 from spherepde.discretisation.bases import make_basis
 from spherepde.measures.optimal_transport import exact_transport, merge_atoms, quantise
-
-
-def seconds(function, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.thread_time()
-        function()
-        times.append(time.thread_time() - start)
-    return statistics.median(times)
 
 
 def sorted_order(a_points, a, b_points, b) -> float:
@@ -96,8 +86,8 @@ def main() -> None:
     }
     print(f"POT's exact solver, one thread, CPU seconds, median of {repeats}: atoms sorted / shuffled")
     for name, ((a_points, a), (b_points, b)) in pairs.items():
-        before = seconds(lambda: sorted_order(a_points, a, b_points, b), repeats)
-        after = seconds(lambda: exact_transport(a_points, a, b_points, b, potentials=True), repeats)
+        before = clock(lambda: sorted_order(a_points, a, b_points, b), repeats)
+        after = clock(lambda: exact_transport(a_points, a, b_points, b, potentials=True), repeats)
         difference = sorted_order(a_points, a, b_points, b) - exact_transport(a_points, a, b_points, b)[0]
         print(f"  {name:48s} {len(a):5d} x {len(b):5d}  {before:7.3f} / {after:7.3f} s  ratio {before / after:5.2f}"
               f"  cost difference {difference:+.1e}")
