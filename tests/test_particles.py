@@ -100,9 +100,9 @@ def test_uniform_and_mixture_samplers():
 
 
 def test_a_mixture_of_more_components_than_points_draws_from_those_it_picks():
-    """Fewer points than components leaves some component without a point (a draw of none: it raised before);
-    at kappa = 1e8 each point lies within 1e-3 of the mean of a component, and of each mean that the labels,
-    drawn first from the same generator, gave it; vMF draws of none are an empty (0, d) tensor."""
+    """Fewer points than components leaves some component without a point, a vMF draw of none (it raised before:
+    now an empty (0, d) tensor); at kappa = 1e8 each point lies within 1e-3 of the mean of the component its
+    label names (the labels drawn first, from the same generator)."""
     means, weights = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [0.2, 0.3, 0.5]
     for n, seed in [(1, 0), (2, 1), (2, 2)]:
         x = vmf_mixture(n, means, [1e8] * 3, weights, generator(seed)).numpy()
