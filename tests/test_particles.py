@@ -530,6 +530,7 @@ def test_paired_w2_on_the_circle_takes_the_method_with_the_tighter_certified_bou
         w2, _, bound = paired_w2(x, y, n)
         assert bound == 0 and abs(w2 - exact) <= 1e-12
 
+
 def test_circle_rearrangement_is_bracketed_by_its_dual_and_exact_where_certified():
     """circle_transport's cost is an upper bound on the exact OT cost (POT emd, all n x n pairs) and its dual a
     lower one; where they meet (paired_w2 then takes it) the value is the exact W2 and the linearised standard error

@@ -244,8 +244,8 @@ def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b) -> float:
     """A lower bound on the optimal chordal transport cost between (angles_a, a) and (angles_b, b): the
     potentials u_i + v_j = c_ij along the coupling's support edges (index_a[k], index_b[k]) (a breadth-first
     walk from each unvisited atom: any offset between parts keeps the bound valid), made dual-feasible by
-    c-transforms, u = v^c and then v = u^c (`circle_c_transform`); the dual
-    value a u + b v is the optimal cost when the coupling is optimal, and below it in every case."""
+    c-transforms, u = v^c and then v = u^c (`circle_c_transform`); the dual value a u + b v is the optimal cost
+    when the coupling is optimal, and below it in every case."""
     neighbours_a, neighbours_b = [[] for _ in a], [[] for _ in b]
     for i, j in zip(index_a, index_b):
         neighbours_a[i].append(j)
