@@ -170,7 +170,7 @@ class ControlledForward:
         transport's stability limit can blow up and leave a terminal state that looks like a density) is
         stopped there, with the interval it happened in."""
         drives = self.drives(controls)
-        check = DensityCheck(self, states)
+        check = DensityCheck(self, states, drives)
         hooks = TapeHooks(tape, check)
         current = {}
 
@@ -210,18 +210,20 @@ class DensityCheck:
     most BLOW_UP_FACTOR x all the mass in the smallest cell) and the kept peak against the largest coefficient such
     a density has, |c| <= ||rho||_L2 <= |S^{d-1}|^(1/2) max |rho| (Parseval).  The first failing interval of each
     member is remembered.  The peak is kept in the step's array library (Transport.namespace: numpy on the CPU's
-    fourier path, where the three torch operations of `step` cost 8 us of a 150 us step at one member)."""
+    fourier path, where the three torch operations of `step` cost 8 us of a 150 us step at one member).  A failure
+    says when the interval's steps were too long for the explicit transport (ForwardProblem.unstable_steps at the
+    interval's start, which passed, with the layer's drive of `drives`)."""
 
-    def __init__(self, forward: ControlledForward, states: torch.Tensor):
+    def __init__(self, forward: ControlledForward, states: torch.Tensor, drives: list):
         basis = forward.problem.basis
-        self.forward = forward
+        self.forward, self.drives, self.start = forward, drives, states
         self.weights = basis.weights.reshape(-1).cpu().double().numpy()
         self.mass_0 = forward.masses(states).sum(1).cpu().double().numpy()
         self.xp = xp = forward.problem.transport.namespace
         limit = math.sqrt(basis.area) * BLOW_UP_FACTOR * np.abs(self.mass_0) / self.weights.min()
         self.limit = as_namespace(torch.as_tensor(limit, dtype=states.dtype, device=states.device), xp)
         self.peak = as_namespace(torch.zeros(states.shape[0], dtype=states.dtype, device=states.device), xp)
-        self.first = {}
+        self.first, self.causes = {}, {}
 
     def step(self, state: torch.Tensor) -> None:
         xp = self.xp
@@ -233,14 +235,19 @@ class DensityCheck:
         densities = densities.cpu().double().numpy()
         exceeded = ~as_tensor(self.peak <= self.limit).cpu().numpy()
         reasons = departures(densities, self.weights, self.mass_0, problem.basis.placement.real)
-        for m, reason in enumerate(reasons):
-            if exceeded[m] or reason is not None:
-                self.first.setdefault(m, plan.interval)
+        failing = [m for m, reason in enumerate(reasons) if (exceeded[m] or reason is not None) and m not in self.first]
+        if failing:
+            interval = plan.interval
+            causes = problem.unstable_steps(self.start, self.drives[interval.layer], plan.dt, interval.t0, "time.dt")
+            for m in failing:
+                self.first[m], self.causes[m] = interval, causes[m]
+        self.start = state
 
     def reasons(self) -> list:
         return [None if m not in self.first else
                 (f"the forward run blew up between t = {self.first[m].t0:g} and {self.first[m].t1:g} (not finite, "
-                 f"its mass drifting or |rho| beyond {BLOW_UP_FACTOR:g} x all the mass in one cell)")
+                 f"its mass drifting or |rho| beyond {BLOW_UP_FACTOR:g} x all the mass in one cell)"
+                 + ("" if self.causes[m] is None else f": {self.causes[m]}"))
                 for m in range(self.peak.shape[0])]
 
 

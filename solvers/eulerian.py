@@ -34,17 +34,20 @@ MAX_STEPS_PER_SAVE = 1e12  # a CFL step asking for more means the velocity blew 
 BLOW_UP_FACTOR = 10.0
 
 
-def checked_state(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: float,
-                  dt: float) -> tuple[np.ndarray, dict]:
+def checked_state(recorder: Recorder, candidate: torch.Tensor, t0: float, t1: float, dt: float,
+                  cause=lambda: None) -> tuple[np.ndarray, dict]:
     """(density, diagnostics row) of the member's coefficients stepped from t0 to t1, or NumericalFailure (the
-    recorder's dataset so far) when they are not finite or no longer a density of the run (`departures`)."""
+    recorder's dataset so far) when they are not finite or no longer a density of the run (`departures`), with
+    cause() (a sentence, or None for the recorder's own) as its cause."""
     if not bool(torch.isfinite(torch.view_as_real(candidate)).all()):
-        raise recorder.failure(f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})")
+        raise recorder.failure(f"the density became non-finite between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g})",
+                               cause())
     density, row = recorder.measure(candidate)
     (reason,) = departures(density[None], recorder.weights, np.array([float(recorder.masses_0.sum())]),
                            recorder.basis.placement.real)
     if reason is not None:
-        raise recorder.failure(f"{reason} between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g}): the solution blew up")
+        raise recorder.failure(f"{reason} between t = {t0:.6g} and {t1:.6g} (dt = {dt:.3g}): the solution blew up",
+                               cause())
     return density, row
 
 
@@ -95,11 +98,21 @@ def step_plan(problem: ForwardProblem, interval, c: torch.Tensor, a: torch.Tenso
 
 
 class ForwardHooks(Hooks):
-    """The Eulerian run's saves (one Recorder per member), failures, progress and (one member) checkpoints."""
+    """The Eulerian run's saves (one Recorder per member), failures, progress and (one member) checkpoints.
+    A failure says when the steps were too long for the explicit transport (ForwardProblem.unstable_steps) at
+    the last save every running member passed (`saved`: (state, t), the run's start at first), with the layer's
+    drive of the interval where it showed (`drives`: one per layer); `step_key` is the case key that set the
+    steps ("time.dt" or "time.cfl")."""
 
-    def __init__(self, problem: ForwardProblem, recorders: list, bar: Progress, checkpoint=None):
+    def __init__(self, problem: ForwardProblem, recorders: list, bar: Progress, saved: tuple, drives: list,
+                 step_key: str, checkpoint=None):
         self.problem, self.recorders, self.bar, self.checkpoint = problem, recorders, bar, checkpoint
+        self.saved, self.drives, self.step_key = saved, drives, step_key
         self.failures = {}
+
+    def unstable(self, member: int, plan: Plan) -> str | None:
+        state, t = self.saved
+        return self.problem.unstable_steps(state, self.drives[plan.interval.layer], plan.dt, t, self.step_key)[member]
 
     def stop(self, member: int, reason: str, plan: Plan) -> None:
         self.failures[member] = self.recorders[member].failure(reason)
@@ -129,12 +142,15 @@ class ForwardHooks(Hooks):
             if not interval.save:
                 continue
             try:
-                density, row = checked_state(recorder, c[m], interval.t0, interval.t1, float(plan.dt[m]))
+                density, row = checked_state(recorder, c[m], interval.t0, interval.t1, float(plan.dt[m]),
+                                             lambda m=m: self.unstable(m, plan))
             except NumericalFailure as error:
                 self.failures[m] = error
                 stopped.append(m)
                 continue
             recorder.keep(interval.t1, density, row)
+        if interval.save:
+            self.saved = (state, interval.t1)
         if len(self.recorders) == 1 and not stopped and interval.save:
             row = self.recorders[0].rows[-1]
             self.bar.update(interval.t1, mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
@@ -170,7 +186,8 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
             recorder.record(0.0, coefficients[m])
         t_start = 0.0
     bar = Progress(timing["t_end"], enabled=progress, start=t_start)
-    hooks = ForwardHooks(problem, recorders, bar, checkpoint)
+    hooks = ForwardHooks(problem, recorders, bar, (c, t_start), drives, "time.dt" if "dt" in timing else "time.cfl",
+                         checkpoint)
 
     def plan_of(interval, state):
         plan, speeds = step_plan(problem, interval, state, drives[interval.layer], timing)

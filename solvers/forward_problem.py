@@ -16,6 +16,7 @@ fixed head or NaN: `fixed_attention`).
 
 import copy
 
+import numpy as np
 import torch
 
 from solvers.timegrid import Plan
@@ -26,7 +27,7 @@ from spherepde.base.garbage import freeze_setup
 from spherepde.base.memory import keep_freed_memory
 from spherepde.base.real_view import complex_state, real_diagonal, real_state
 from spherepde.discretisation.bases import make_basis
-from spherepde.discretisation.timesteppers import RungeKutta, choose_scheme
+from spherepde.discretisation.timesteppers import RungeKutta, choose_scheme, transport_stability_bound
 from spherepde.kernels.choice import MemberKernels
 from spherepde.kernels.funk_hecke import check_resolution
 from spherepde.model.attention import Model, ModelBatch
@@ -111,6 +112,26 @@ class ForwardProblem:
         if self.layered:
             return [self.parameters[:, layer] for layer in range(self.parameters.shape[1])]
         return [self.transport.feed_forward(self.batch.W)]
+
+    def unstable_steps(self, state: torch.Tensor, drive: torch.Tensor, dt, t: float, key: str) -> list:
+        """Per member, where its steps were too long for the explicit transport: the sentence that says so, else
+        None.  The transport's modes at `state` (M, N) with the layer's `drive` are about i m |v| (orders m <=
+        lmax), so a step dt (per member, (M,)) is beyond the scheme's stability when lmax max|v| dt exceeds
+        timesteppers.transport_stability_bound; `t` is the state's time, `key` the case key that sets the step
+        ("time.dt" or "time.cfl")."""
+        lmax, scheme = self.basis.lmax, self.scheme.scheme
+        bound = transport_stability_bound(scheme)
+        speeds = self.transport.max_speed(state, drive).cpu().double().numpy()
+        sentences = []
+        for speed, step in zip(speeds, np.broadcast_to(dt, speeds.shape)):
+            number = lmax * speed * step
+            within = (f"time.dt below {bound / (lmax * speed):.3g}" if key == "time.dt" else
+                      f"time.cfl below {bound:.3g}")
+            sentences.append(None if not number > bound else
+                             f"lmax max|v| dt = {lmax} x {speed:.3g} x {step:.3g} = {number:.3g} at t = {t:.6g}, above "
+                             f"{bound:.3g}, beyond which {scheme}'s explicit stages amplify a transport's modes: "
+                             f"take {within}")
+        return sentences
 
     def fixed_attention(self, member: int, trained: bool = False) -> bool:
         """Whether member `member`'s attention is one head whose B and V are the same on every layer (and, for a

@@ -39,9 +39,11 @@ class RunRecord:
         """What the failure message adds about the likely cause ("" when nothing is known)."""
         return ""
 
-    def failure(self, reason: str) -> NumericalFailure:
-        """The failure of the run, carrying its dataset up to the last good save."""
+    def failure(self, reason: str, cause: str | None = None) -> NumericalFailure:
+        """The failure of the run, carrying its dataset up to the last good save; `cause`, when the caller knows
+        it, is said in place of `failure_cause`."""
         self.notes.append(reason)
         self.tick()
+        cause = self.failure_cause() if cause is None else f"; {cause}"
         return NumericalFailure(f"numerical failure: {reason}; the last good state (t = {self.times[-1]:.6g}) "
-                                f"is kept{self.failure_cause()}", self.dataset(f"failed: {reason}"))
+                                f"is kept{cause}", self.dataset(f"failed: {reason}"))

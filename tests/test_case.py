@@ -242,6 +242,21 @@ def test_overrides_re_resolve_from_the_user_table():
     assert base.with_overrides(["time.t_end=4"])["time"]["save_every"] == 0.2
 
 
+def test_an_override_of_dt_or_cfl_replaces_the_other_that_the_file_gives():
+    """A case gives time.dt or time.cfl; `--set` of one replaces the file's other, and both set at once are
+    refused as in a file."""
+    with_cfl = load_case_text(MINIMAL + "cfl = 0.3\n")
+    assert with_cfl.with_overrides(["time.dt=0.02"])["time"] == {
+        "t_end": 2.0, "dt": 0.02, "save_every": 0.1, "scheme": "auto"}
+    with_dt = load_case_text(MINIMAL + "dt = 0.01\n")
+    assert with_dt.with_overrides(["time.cfl=0.25"])["time"] == {
+        "t_end": 2.0, "cfl": 0.25, "save_every": 0.1, "scheme": "auto"}
+    with pytest.raises(CaseError, match="time.dt: give either time.dt or time.cfl, not both"):
+        with_dt.with_overrides(["time.cfl=0.25", "time.dt=0.02"])
+    with pytest.raises(CaseError, match="time.dt: give either time.dt or time.cfl, not both"):
+        load_case_text(MINIMAL + "dt = 0.01\ncfl = 0.3\n")
+
+
 def test_overrides_accumulate_and_load_case_applies_them(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(MINIMAL)

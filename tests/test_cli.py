@@ -298,6 +298,50 @@ def test_info_and_plot(tmp_path, capsys):
     assert reader_gone.wait(timeout=120) == 141 and reader_gone.stderr.read() == b""
 
 
+ROTATION_S1 = """
+[case]
+name = "rotation"
+[sphere]
+dim = 2
+lmax = 16
+[model]
+kernel = "unnormalized"
+beta = 0.0
+V = [[0.0, 0.0], [0.0, 0.0]]
+W = [[0.0, -1.0], [1.0, 0.0]]
+eps = 0.0
+[initial]
+kind = "vmf"
+mean = [1.0, 0.0]
+kappa = 1.0
+[time]
+t_end = 40.0
+save_every = 10.0
+[diagnostics]
+w2 = false
+"""
+
+
+@pytest.mark.parametrize("scheme", ["imex-ark436", "rk4"])
+def test_steps_beyond_the_transport_bound_fail_saying_which_step_is_stable(scheme, tmp_path, capsys):
+    # W = J turns the circle at speed |v| = 1 everywhere, so the step carries the mode k by i k dt: stable while
+    # lmax dt is below the scheme's bound (spherepde.discretisation.timesteppers), growing from round-off past it.
+    from spherepde.discretisation.timesteppers import transport_stability_bound
+
+    bound = transport_stability_bound(scheme)
+    output = tmp_path / "out.nc"
+    for factor, expected in ((0.95, 0), (1.2, 3)):
+        dt = factor * bound / 16
+        case = write_case(tmp_path, ROTATION_S1.replace("[time]", f'[time]\ndt = {dt!r}\nscheme = "{scheme}"'))
+        status, err = run_cli(["run", case, "-o", output, "--quiet", "--overwrite"], capsys)
+        assert status == expected, err
+    step = 10 / math.ceil(10 / dt)  # equal steps of at most dt between saves
+    stated = f"lmax max|v| dt = 16 x 1 x {step:.3g} = {16 * step:.3g} at t = "
+    assert stated in err and err.strip().endswith(f"take time.dt below {bound / 16:.3g}"), err
+    with xr.open_dataset(output) as dataset:  # the last good state said in the message is the file's
+        assert f"at t = {dataset['time'].values[-1]:g}, above {bound:.3g}" in err, err
+
+
 def test_finite_blow_up_exits_3_and_keeps_only_densities(tmp_path, capsys):
     # Transport 50 times too strong for dt = 0.5: the first step overshoots to a finite state whose mass has
     # moved (the scheme conserves it to round-off) before anything overflows.

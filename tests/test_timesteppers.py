@@ -1,12 +1,15 @@
-"""Convergence orders of the time steppers on problems with known solutions, and their adjoints."""
+"""Convergence orders of the time steppers on problems with known solutions, their transport stability bounds, and
+their adjoints."""
 
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 
-from spherepde.discretisation.timesteppers import SCHEMES, RungeKutta
+from spherepde.discretisation.timesteppers import SCHEMES, RungeKutta, transport_stability_bound
+from spherepde.io import case_schema
 
 
 def _solve(scheme, lam, nonlinear, c0, t_end, steps):
@@ -54,6 +57,27 @@ def test_tableaux_are_consistent(scheme):
         if tableau.a_implicit:
             assert abs(sum(tableau.a_implicit[i]) - tableau.c[i]) < 1e-20
     assert abs(sum(tableau.b) - 1) < 1e-20
+
+
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_transport_stability_bound_is_where_a_carried_mode_starts_to_grow(scheme):
+    """A Fourier mode carried at a constant speed, u' = omega J u (J the rotation by pi / 2, eps = 0), is
+    multiplied by |R(i omega dt)| in a step of the scheme: at most 1 for omega dt up to the bound, above 1 just past
+    it.  RK4's bound is 2 sqrt 2 (|R(iy)|^2 = 1 - y^6 / 72 + y^8 / 576)."""
+    bound = transport_stability_bound(scheme)
+    rk = RungeKutta(scheme)
+    start = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    factors = rk.factors(torch.zeros_like(start), 1.0)
+
+    def amplification(omega):
+        return float(rk.step(start, lambda i, u: omega * torch.stack([-u[:, 1], u[:, 0]], 1), factors).norm())
+
+    assert all(amplification(omega) <= 1 + 1e-13 for omega in np.linspace(0, bound, 201)[1:])
+    assert amplification(1.001 * bound) > 1 + 1e-4
+    if scheme in ("rk4", "lawson-rk4"):
+        assert abs(bound - 2 * math.sqrt(2)) <= 1e-14
+    schema = " ".join(case_schema.__doc__.split())  # the bounds the case reference states at time.dt
+    assert re.search(rf"{bound:.2f} \([^)]*\b{scheme}\b", schema), f"{bound:.2f} ({scheme})"
 
 
 @pytest.mark.parametrize("scheme, order", [("imex-ark436", 4), ("imex-ars443", 3)])

@@ -390,11 +390,11 @@ def test_a_trained_run_that_fails_keeps_the_training(tmp_path, capsys, monkeypat
 
     saves = []
 
-    def failing_at_the_third_save(recorder, candidate, t0, t1, dt):
+    def failing_at_the_third_save(recorder, candidate, t0, t1, dt, cause):
         saves.append(t1)
         if len(saves) == 3:
-            raise recorder.failure(f"injected at t = {t1:g}")
-        return checked_state(recorder, candidate, t0, t1, dt)
+            raise recorder.failure(f"injected at t = {t1:g}", cause())
+        return checked_state(recorder, candidate, t0, t1, dt, cause)
 
     path = tmp_path / "train.toml"
     path.write_text(CASE)
@@ -427,6 +427,31 @@ def test_a_blown_up_forward_run_is_a_failure_not_a_cost():
         for evaluate in (evaluate_cost, discrete_gradient):
             with pytest.raises(NumericalFailure, match="blew up"):
                 evaluate(forward, c0, scale * strain)
+
+
+def test_a_blown_up_training_run_says_the_step_its_controls_need():
+    # Controls W = s J with V = 0 turn the circle at |v| = s (eps = 0: no diffusion damps the modes): the steps
+    # of dt are beyond the transport bound of imex-ark436 when lmax s dt exceeds it, and the failure says so,
+    # with the dt that would be stable.
+    from solvers.controlled_forward import evaluate_cost
+    from spherepde.base.errors import NumericalFailure
+    from spherepde.discretisation.timesteppers import transport_stability_bound
+
+    case = training_case(t_end=8.0, dt=0.25, scheme="imex-ark436").with_overrides(
+        ["model.V=[[0.0, 0.0], [0.0, 0.0]]", "model.eps=0.0", "time.save_every=2.0"])
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    bound = transport_stability_bound("imex-ark436")
+    turn = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64).expand(2, 2, 2)
+    stable = 0.95 * bound / (12 * 0.25)
+    assert math.isfinite(evaluate_cost(forward, c0, stable * turn))
+    speed = 1.5 * bound / (12 * 0.25)
+    for evaluate in (evaluate_cost, discrete_gradient):
+        with pytest.raises(NumericalFailure) as failure:
+            evaluate(forward, c0, speed * turn)
+        message = str(failure.value)
+        assert f"lmax max|v| dt = 12 x {speed:.3g} x 0.25 = {12 * speed * 0.25:.3g} at t = " in message, message
+        assert message.endswith(f"take time.dt below {bound / (12 * speed):.3g}"), message
 
 
 def test_a_blow_up_that_passes_is_still_a_failure():

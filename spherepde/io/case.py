@@ -185,11 +185,17 @@ def _describe_toml_error(error: tomllib.TOMLDecodeError) -> str:
     return f"malformed TOML {match[2]}: {match[1]}"
 
 
+# Keys of which a case gives one (case_rules): an override of one replaces the other where the table gave it, so
+# that `--set time.dt=0.01` runs a case file written with time.cfl.
+ALTERNATIVE_KEYS = {("time", "dt"): "cfl", ("time", "cfl"): "dt"}
+
+
 def _with_overrides(table: dict, overrides: Iterable[str]) -> dict:
     """A deep copy of the table with each override set; unknown keys are caught by resolution."""
     if isinstance(overrides, str):
         overrides = (overrides,)
     table = copy.deepcopy(table)
+    given = set()
     for item in overrides:
         path, value = parse_override(item)
         parent = table
@@ -198,6 +204,10 @@ def _with_overrides(table: dict, overrides: Iterable[str]) -> dict:
             if not isinstance(parent, dict):
                 raise CaseError(f"override {item!r}: {'.'.join(path[:depth + 1])!r} is not a table")
         parent[path[-1]] = value
+        given.add(path)
+        alternative = ALTERNATIVE_KEYS.get(path)
+        if alternative is not None and path[:-1] + (alternative,) not in given:
+            parent.pop(alternative, None)
     return table
 
 

@@ -69,9 +69,15 @@ initial.sha256             file: the SHA-256 of the file's bytes (64   the file'
                            longer matches, so an output's stored case
                            pins the density it started from
 time.t_end                 real > 0                                    required
-time.dt                    real > 0 (not together with time.cfl), at   absent
-                           most 1e12 steps per save interval
-time.cfl                   real > 0 (not together with time.dt)        0.5 when dt is absent
+time.dt                    real > 0 (not together with time.cfl; a     absent
+                           --set of one replaces the other), at most
+                           1e12 steps per save interval; the explicit
+                           transport is stable while lmax max|v| dt
+                           <= 4.00 (imex-ark436), 2.83 (rk4,
+                           lawson-rk4), 1.57 (imex-ars443)
+time.cfl                   real > 0 (not together with time.dt):       0.5 when dt is absent
+                           dt = cfl / (lmax max|v|) at the start of
+                           each interval between knots (saves, layers)
 time.save_every            real > 0, at most 1e6 saves up to t_end     t_end / 20
 time.scheme                "auto" | "imex-ark436" | "imex-ars443"  "auto": imex-ark436 when
                            | "rk4" | "lawson-rk4" (rk4 is explicit     eps > 0, else rk4
