@@ -125,12 +125,13 @@ class ForwardProblem:
         sentences = []
         for speed, step in zip(speeds, np.broadcast_to(dt, speeds.shape)):
             number = lmax * speed * step
-            within = (f"time.dt below {bound / (lmax * speed):.3g}" if key == "time.dt" else
-                      f"time.cfl below {bound:.3g}")
-            sentences.append(None if not number > bound else
-                             f"lmax max|v| dt = {lmax} x {speed:.3g} x {step:.3g} = {number:.3g} at t = {t:.6g}, above "
+            if not number > bound:  # within the bound, or not finite
+                sentences.append(None)
+                continue
+            within = bound / (lmax * speed) if key == "time.dt" else bound
+            sentences.append(f"lmax max|v| dt = {lmax} x {speed:.3g} x {step:.3g} = {number:.3g} at t = {t:.6g}, above "
                              f"{bound:.3g}, beyond which {scheme}'s explicit stages amplify a transport's modes: "
-                             f"take {within}")
+                             f"take {key} below {within:.3g}")
         return sentences
 
     def fixed_attention(self, member: int, trained: bool = False) -> bool:

@@ -340,6 +340,10 @@ def test_steps_beyond_the_transport_bound_fail_saying_which_step_is_stable(schem
     assert stated in err and err.strip().endswith(f"take time.dt below {bound / 16:.3g}"), err
     with xr.open_dataset(output) as dataset:  # the last good state said in the message is the file's
         assert f"at t = {dataset['time'].values[-1]:g}, above {bound:.3g}" in err, err
+    # steps by the CFL rule: the number is time.cfl itself (|v| = 1 everywhere), and the advice is about it
+    case = write_case(tmp_path, ROTATION_S1.replace("[time]", f'[time]\ncfl = {1.2 * bound!r}\nscheme = "{scheme}"'))
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--overwrite"], capsys)
+    assert status == 3 and err.strip().endswith(f"take time.cfl below {bound:.3g}"), err
 
 
 def test_finite_blow_up_exits_3_and_keeps_only_densities(tmp_path, capsys):
