@@ -27,7 +27,7 @@ from spherepde.base.garbage import freeze_setup
 from spherepde.base.memory import keep_freed_memory
 from spherepde.base.real_view import complex_state, real_diagonal, real_state
 from spherepde.discretisation.bases import make_basis
-from spherepde.discretisation.timesteppers import RungeKutta, choose_scheme, transport_stability_bound
+from spherepde.discretisation.timesteppers import SCHEMES, RungeKutta, choose_scheme, stability_bound
 from spherepde.kernels.choice import MemberKernels
 from spherepde.kernels.funk_hecke import check_resolution
 from spherepde.model.attention import Model, ModelBatch
@@ -114,24 +114,31 @@ class ForwardProblem:
         return [self.transport.feed_forward(self.batch.W)]
 
     def unstable_steps(self, state: torch.Tensor, drive: torch.Tensor, dt, t: float, key: str) -> list:
-        """Per member, where its steps were too long for the explicit transport: the sentence that says so, else
-        None.  The transport's modes at `state` (M, N) with the layer's `drive` are about i m |v| (orders m <=
-        lmax), so a step dt (per member, (M,)) is beyond the scheme's stability when lmax max|v| dt exceeds
-        timesteppers.transport_stability_bound; `t` is the state's time, `key` the case key that sets the step
-        ("time.dt" or "time.cfl")."""
+        """Per member, where its steps were too long for the scheme's explicit stages: the sentence that says so,
+        else None.  The transport's modes at `state` (M, N) with the layer's `drive` are about i m |v| (orders m <=
+        lmax), so a step dt (per member, (M,)) is beyond its stability when lmax max|v| dt exceeds
+        timesteppers.stability_bound on the imaginary axis; where the stages take the diffusion too ("rk4"), when
+        dt max|eps lam| exceeds it on the negative real axis.  `t` is the state's time, `key` the case key that
+        sets the step ("time.dt" or "time.cfl")."""
         lmax, scheme = self.basis.lmax, self.scheme.scheme
-        bound = transport_stability_bound(scheme)
+        transport, diffusion = stability_bound(scheme, 1j), stability_bound(scheme, -1)
         speeds = self.transport.max_speed(state, drive).cpu().double().numpy()
+        stiffness = (-self.lam).amax(1).cpu().double().numpy()  # max |eps lam| per member
+        if SCHEMES[scheme][0] != "explicit":  # the diffusion is implicit (IMEX) or exact (Lawson)
+            stiffness = np.zeros_like(stiffness)
         sentences = []
-        for speed, step in zip(speeds, np.broadcast_to(dt, speeds.shape)):
-            number = lmax * speed * step
-            if not number > bound:  # within the bound, or not finite
-                sentences.append(None)
-                continue
-            within = bound / (lmax * speed) if key == "time.dt" else bound
-            sentences.append(f"lmax max|v| dt = {lmax} x {speed:.3g} x {step:.3g} = {number:.3g} at t = {t:.6g}, above "
-                             f"{bound:.3g}, beyond which {scheme}'s explicit stages amplify a transport's modes: "
-                             f"take {key} below {within:.3g}")
+        for speed, rate, step in zip(speeds, stiffness, np.broadcast_to(dt, speeds.shape)):
+            parts = []
+            if lmax * speed * step > transport:
+                within = transport / (lmax * speed) if key == "time.dt" else transport
+                parts.append(f"lmax max|v| dt = {lmax} x {speed:.3g} x {step:.3g} = {lmax * speed * step:.3g} at "
+                             f"t = {t:.6g}, above {transport:.3g}, beyond which {scheme}'s explicit stages amplify "
+                             f"a transport's modes: take {key} below {within:.3g}")
+            if rate * step > diffusion:
+                parts.append(f"dt max|eps lam| = {step:.3g} x {rate:.3g} = {rate * step:.3g}, above {diffusion:.3g}, "
+                             f"beyond which {scheme}'s explicit stages amplify the diffusion's modes: take time.dt "
+                             f"below {diffusion / rate:.3g} or an IMEX scheme")
+            sentences.append("; ".join(parts) or None)
         return sentences
 
     def fixed_attention(self, member: int, trained: bool = False) -> bool:

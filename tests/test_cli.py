@@ -326,9 +326,9 @@ w2 = false
 def test_steps_beyond_the_transport_bound_fail_saying_which_step_is_stable(scheme, tmp_path, capsys):
     # W = J turns the circle at speed |v| = 1 everywhere, so the step carries the mode k by i k dt: stable while
     # lmax dt is below the scheme's bound (spherepde.discretisation.timesteppers), growing from round-off past it.
-    from spherepde.discretisation.timesteppers import transport_stability_bound
+    from spherepde.discretisation.timesteppers import stability_bound
 
-    bound = transport_stability_bound(scheme)
+    bound = stability_bound(scheme, 1j)
     output = tmp_path / "out.nc"
     for factor, expected in ((0.95, 0), (1.2, 3)):
         dt = factor * bound / 16
@@ -344,6 +344,25 @@ def test_steps_beyond_the_transport_bound_fail_saying_which_step_is_stable(schem
     case = write_case(tmp_path, ROTATION_S1.replace("[time]", f'[time]\ncfl = {1.2 * bound!r}\nscheme = "{scheme}"'))
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--overwrite"], capsys)
     assert status == 3 and err.strip().endswith(f"take time.cfl below {bound:.3g}"), err
+
+
+def test_explicit_diffusion_beyond_its_bound_fails_saying_which_step_is_stable(tmp_path, capsys):
+    # rk4 takes the diffusion explicitly: the heat equation (W = 0, eps = 0.1) on S^1 at lmax 16 has the modes
+    # -eps k^2 down to -25.6, stable while 25.6 dt is below RK4's bound on the negative real axis, 2.785
+    from spherepde.discretisation.timesteppers import stability_bound
+
+    bound = stability_bound("rk4", -1)
+    heat = ROTATION_S1.replace("W = [[0.0, -1.0], [1.0, 0.0]]", "W = [[0.0, 0.0], [0.0, 0.0]]").replace(
+        "eps = 0.0", "eps = 0.1")
+    output = tmp_path / "out.nc"
+    for factor, expected in ((0.95, 0), (1.2, 3)):
+        dt = factor * bound / 25.6
+        case = write_case(tmp_path, heat.replace("[time]", f'[time]\ndt = {dt!r}\nscheme = "rk4"'))
+        status, err = run_cli(["run", case, "-o", output, "--quiet", "--overwrite"], capsys)
+        assert status == expected, err
+    step = 10 / math.ceil(10 / dt)
+    assert f"dt max|eps lam| = {step:.3g} x 25.6 = {25.6 * step:.3g}, above {bound:.3g}" in err, err
+    assert err.strip().endswith(f"take time.dt below {bound / 25.6:.3g} or an IMEX scheme"), err
 
 
 def test_finite_blow_up_exits_3_and_keeps_only_densities(tmp_path, capsys):
