@@ -15,6 +15,7 @@ fixed head or NaN: `fixed_attention`).
 """
 
 import copy
+import math
 
 import numpy as np
 import torch
@@ -129,12 +130,12 @@ class ForwardProblem:
         sentences = []
         for speed, rate, step in zip(speeds, stiffness, np.broadcast_to(dt, speeds.shape)):
             parts = []
-            if lmax * speed * step > transport:
+            if math.isfinite(speed) and lmax * speed * step > transport:
                 within = transport / (lmax * speed) if key == "time.dt" else transport
                 parts.append(f"lmax max|v| dt = {lmax} x {speed:.3g} x {step:.3g} = {lmax * speed * step:.3g} at "
                              f"t = {t:.6g}, above {transport:.3g}, beyond which {scheme}'s explicit stages amplify "
                              f"a transport's modes: take {key} below {within:.3g}")
-            if rate * step > diffusion:
+            if math.isfinite(rate) and rate * step > diffusion:
                 parts.append(f"dt max|eps lam| = {step:.3g} x {rate:.3g} = {rate * step:.3g}, above {diffusion:.3g}, "
                              f"beyond which {scheme}'s explicit stages amplify the diffusion's modes: take time.dt "
                              f"below {diffusion / rate:.3g} or an IMEX scheme")

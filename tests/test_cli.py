@@ -365,6 +365,21 @@ def test_explicit_diffusion_beyond_its_bound_fails_saying_which_step_is_stable(t
     assert err.strip().endswith(f"take time.dt below {bound / 25.6:.3g} or an IMEX scheme"), err
 
 
+def test_info_of_a_sweep_of_trainings_gives_each_members_course(tmp_path, capsys):
+    # a sweep's loss is (member, iteration), a member that stopped early padded with NaN
+    loss = np.array([[0.8, 0.7, 0.65], [0.9, 0.85, np.nan]])
+    sweep = xr.Dataset({"loss": (("member", "iteration"), loss), "member_status": ("member", ["completed", "failed"]),
+                        "order_parameter": (("member", "time"), [[0.5, 0.6], [0.5, 0.55]])},
+                       coords={"member": [0, 1], "time": [0.0, 1.0], "iteration": [0, 1, 2],
+                               "control_learning_rate": ("member", [0.05, 0.5])},
+                       attrs={"source": "spherepde 0.2.0", "solver": "eulerian"})
+    write_dataset(sweep, tmp_path / "sweep.nc")
+    assert main(["info", str(tmp_path / "sweep.nc")]) == 0
+    out = capsys.readouterr().out
+    assert "member 0 training: J 0.8 -> 0.65 over 2 iterations" in out, out
+    assert "member 1 training: J 0.9 -> 0.85 over 1 iterations" in out, out
+
+
 def test_finite_blow_up_exits_3_and_keeps_only_densities(tmp_path, capsys):
     # Transport 50 times too strong for dt = 0.5: the first step overshoots to a finite state whose mass has
     # moved (the scheme conserves it to round-off) before anything overflows.

@@ -107,10 +107,20 @@ def test_training_panels_draw_the_controls_per_layer_and_name_each_alignment(res
         assert np.allclose(heights, [5.0, 1.0, 2.0]) and np.allclose(edges, [0, 0.5 / 3, 1 / 3, 0.5])
         assert baseline is None  # no line down to 0 at the ends, which would read as W = 0 there
         plt.close(figure)
+        # a feed-forward's groups (no W): one curve each, |W1_l|_F and |b_l|
+        W1 = np.array([[[1.0, 2.0], [2.0, 4.0]], [[0.0, 0.0], [3.0, 4.0]], [[1.0, 0.0], [0.0, 0.0]]])
+        mlp = trained.drop_vars("W").assign(W1=(("layer", "hidden", "col"), W1), b=(("layer", "hidden"), W1[:, 0]))
+        figure, axis = plt.subplots()
+        _controls(axis, mlp)
+        assert [text.get_text() for text in axis.get_legend().get_texts()] == ["W1", "b"]
+        assert np.allclose(axis.patches[0].get_data()[0], [5.0, 5.0, 1.0])
+        assert np.allclose(axis.patches[1].get_data()[0], [np.sqrt(5.0), 0.0, 1.0])
+        plt.close(figure)
         figure = plt.figure()
         _diagnostics(figure, trained)
         titles = {axis.get_title(): axis for axis in figure.axes}
-        assert {"controls |W_t|_F", "training cost", "energy gap: E, or its interaction part, - min"} <= set(titles)
+        expected = {"controls per layer, |.|_F", "training cost", "energy gap: E, or its interaction part, - min"}
+        assert expected <= set(titles)
         labels = [text.get_text() for text in titles["alignment"].get_legend().get_texts()]
         assert labels[:2] == ["alignment_E, Eulerian", "alignment_F, Eulerian"]
         plt.close(figure)

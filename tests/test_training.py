@@ -451,7 +451,10 @@ def test_a_blown_up_training_run_says_the_step_its_controls_need():
             evaluate(forward, c0, speed * turn)
         message = str(failure.value)
         assert f"lmax max|v| dt = 12 x {speed:.3g} x 0.25 = {12 * speed * 0.25:.3g} at t = " in message, message
-        assert message.endswith(f"take time.dt below {bound / (12 * speed):.3g}"), message
+        assert f"take time.dt below {bound / (12 * speed):.3g} (or keep the controls smaller" in message, message
+    with pytest.raises(NumericalFailure) as failure:  # an infinite speed asks for no step: no advice
+        evaluate_cost(forward, c0, 1e300 * turn)
+    assert "blew up" in str(failure.value) and "time.dt below" not in str(failure.value), str(failure.value)
 
 
 def test_a_blow_up_that_passes_is_still_a_failure():

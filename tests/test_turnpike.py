@@ -77,6 +77,21 @@ def test_gibbs_minimum_is_a_stationary_state_of_the_forward_equation():
     assert energy_flipped == pytest.approx(energy, rel=1e-12)  # the two wells +-e_1
 
 
+def test_gibbs_minimum_on_a_float32_grid_converges_to_the_float64_one():
+    """A float32 grid's fixed-point update stalls at a few of its ulps (2.4e-7, above the float64 tolerance 1e-12),
+    which made every float32 training crash after its run: the tolerance follows the grid's precision, and the
+    state is the float64 one to float32 accuracy."""
+    energies, states = [], []
+    for dtype in ("float64", "float32"):
+        problem = ForwardProblem(training_case(lmax=32).with_overrides(["control.layers=1", f"solver.dtype='{dtype}'"]))
+        direction = torch.tensor([1.0, 0.0], dtype=problem.basis.points.dtype)
+        rho, energy = gibbs_minimum(problem.model, problem.exp_kernel, problem.basis, direction)
+        energies.append(energy)
+        states.append(rho.double())
+    assert energies[1] == pytest.approx(energies[0], rel=1e-5)
+    assert float((states[1] - states[0]).abs().max()) <= 1e-5 * float(states[0].abs().max())
+
+
 def test_three_phase_test_on_a_synthetic_gap():
     times = np.linspace(0, 40, 401)
     gap = 0.5 * np.exp(-2 * times) + 1e-4 + 0.3 * np.exp(-0.5 * (40 - times))

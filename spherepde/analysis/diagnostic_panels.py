@@ -205,13 +205,22 @@ def _diagnostics(subfigure, dataset) -> None:
 
 
 def _controls(axis, dataset) -> None:
-    """|W_t|_F over depth: the piecewise-constant control, layer l on [l t_end / L, (l + 1) t_end / L]."""
-    norms = np.sqrt((dataset["W"].values ** 2).sum(axis=(1, 2)))
+    """The Frobenius norm over depth of each parameter group the file stores per layer (W of the seeds' model; W1,
+    b, W2 of a two-layer feed-forward; B, V of the heads): piecewise constant, layer l on
+    [l t_end / L, (l + 1) t_end / L]."""
+    groups = [name for name in dataset.data_vars if dataset[name].dims[:1] == ("layer",) and name != "layer_time"]
     t_end = float(_case(dataset).get("time", {}).get("t_end", dataset["time"].values[-1]))
-    # baseline=None: no drop to 0 at the ends
-    axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4, baseline=None)
-    if (norms > 0).all():
+    positive = True
+    for name in groups:
+        values = dataset[name].values
+        norms = np.sqrt((values.reshape(len(values), -1) ** 2).sum(1))
+        # baseline=None: no drop to 0 at the ends
+        axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4, baseline=None, label=name)
+        positive &= bool((norms > 0).all())
+    if positive:
         axis.set_yscale("log")
+    if len(groups) > 1:
+        axis.legend(fontsize=7, frameon=False)
     axis.set_xlabel("time (depth)")
 
 
@@ -226,4 +235,4 @@ def _training_cost(axis, dataset) -> None:
 
 
 # Training files (controls W per layer, a cost per iteration): (title, the dimension that marks them, drawing).
-TRAINING_PANELS = [("controls |W_t|_F", "layer", _controls), ("training cost", "iteration", _training_cost)]
+TRAINING_PANELS = [("controls per layer, |.|_F", "layer", _controls), ("training cost", "iteration", _training_cost)]

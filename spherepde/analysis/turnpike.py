@@ -68,10 +68,12 @@ def gibbs_minimum(model, exp_kernel, basis, direction: torch.Tensor, damping: fl
     """(rho, E(rho)) at the Gibbs fixed point rho ∝ exp(U[rho] / eps) near the cluster at `direction`.
 
     Damped iteration in U: U <- (1 - damping) U + damping T[rho(U)], stopped when the update is below
-    tol |U|.  Raises RuntimeError when it does not converge.
+    tol |U|, or below 64 units of the grid's roundoff where that is larger (a float32 grid's update stalls at a
+    few of its ulps, 2.4e-7).  Raises RuntimeError when it does not converge.
     """
     eps = model.eps
     points = basis.points
+    tol = max(tol, 64 * torch.finfo(points.dtype).eps)
     potential = math.exp(model.beta) * (points @ direction)  # a cluster at `direction` as a start
     for _ in range(iterations):
         rho = _gibbs_density(potential, eps, basis)

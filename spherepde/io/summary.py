@@ -59,18 +59,24 @@ def describe(path: str) -> str:
                     present = values[~np.isnan(values)]  # a failed run of a "both" file stops early
                     last = present[-1] if len(present) else np.nan
                     lines.append(f"  {name:<28} {values[0]:>14.8g} {last:>14.8g}")
-        if "loss" in dataset:
+        if "loss" in dataset and "member" not in dataset.dims:
             lines += _training_lines(dataset)
         lines += [f"  note: {note}" for note in str(attrs.get("notes", "")).splitlines() if note.strip()]
         return "\n".join(map(printable, lines))  # every line quotes the file: shown, never obeyed by the terminal
 
 
+def _course(loss: np.ndarray) -> str:
+    """J first and last of a loss history (a sweep pads a shorter one with NaN)."""
+    loss = loss[~np.isnan(loss)]
+    return f"J {loss[0]:.8g} -> {loss[-1]:.8g} over {len(loss) - 1} iterations" if len(loss) else "no iteration"
+
+
 def _training_lines(dataset) -> list[str]:
     """A training file: its optimizer's course (J first and last, why it stopped), |W| per layer and the
     seed-004 attributes."""
-    attrs, loss = dataset.attrs, dataset["loss"].values
-    course = f"J {loss[0]:.8g} -> {loss[-1]:.8g} over {len(loss) - 1} iterations" if len(loss) else "no iteration"
-    lines = [f"  training: {attrs.get('optimizer')}, {course}; stop: {attrs.get('optimizer_stop')}"]
+    attrs = dataset.attrs
+    lines = [f"  training: {attrs.get('optimizer')}, {_course(dataset['loss'].values)}; "
+             f"stop: {attrs.get('optimizer_stop')}"]
     if "W" in dataset:
         with np.errstate(over="ignore"):  # a W that blew a run up prints as inf
             norms = np.linalg.norm(dataset["W"].values, axis=(1, 2))
@@ -91,4 +97,7 @@ def _member_lines(dataset) -> list[str]:
         cells = [str(int(dataset["member"].values[i]))] + [f"{dataset[name].values[i]}" for name in swept]
         cells.append(f"{final[-1]:.8g}" if len(final) else "-")
         lines.append("  " + " ".join(f"{cell:>14}" for cell in cells) + f" {dataset['member_status'].values[i]}")
+    if "loss" in dataset:  # a sweep of trainings: each member's course
+        lines += [f"  member {int(dataset['member'].values[i])} training: {_course(loss)}"
+                  for i, loss in enumerate(dataset["loss"].transpose("member", ...).values)]
     return lines
