@@ -62,6 +62,8 @@ BAD_CASES = {
     "grid too coarse for beta": ("beta = 2.0", "beta = 500.0", "sphere.lmax"),
     "eulerian in d = 4": ("dim = 2", "dim = 4", "sphere.dim"),
     "initial law between the nodes": ("kappa = 2.0", "kappa = 1e7", "sphere.lmax"),
+    "attention overflowing float64": ('kernel = "softmax"\nbeta = 2.0', 'kernel = "unnormalized"\nbeta = 0.0\n'
+                                      'V = [[1e308, 0.0], [0.0, 1e308]]', "overflows float64"),
 }
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from spherepde.base.errors import CaseError
 from spherepde.model.attention import ModelBatch, softmax_mean_adjoint
 
 if TYPE_CHECKING:
@@ -34,7 +35,12 @@ def truncated_svd(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(left (., P, r), right (., r, C)) with left @ right = matrix (., P, C) to round-off: its SVD taken in float64,
     the singular values below RANK_TOLERANCE times the largest dropped (r the largest count over the leading axes),
     the tolerance scaled by the matrix dtype's epsilon against float64's; the factors in the matrix's dtype.  (A
-    float32 SVD's small singular values are its own round-off: they would keep nearly the full rank.)"""
+    float32 SVD's small singular values are its own round-off: they would keep nearly the full rank.)  A matrix
+    that is not finite is a model whose attention overflows the dtype: a CaseError naming the keys."""
+    if not bool(torch.isfinite(matrix).all()):
+        raise CaseError(f"model.V: the attention operator (V times the kernel exp(beta <x, B y>) and the quadrature "
+                        f"weights) overflows {str(matrix.dtype).removeprefix('torch.')}: reduce model.V, model.B or "
+                        "model.beta")
     U, sigma, Vh = torch.linalg.svd(matrix.double(), full_matrices=False)
     tolerance = RANK_TOLERANCE * torch.finfo(matrix.dtype).eps / torch.finfo(torch.float64).eps
     rank = int((sigma > tolerance * sigma[..., :1]).sum(-1).max())
