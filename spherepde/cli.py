@@ -158,7 +158,13 @@ def command_run(args) -> int:
         if source and os.path.exists(output) and os.path.samefile(source, output):
             raise CaseError(f"-o {output!r} is {role} of this run; choose another output file")
     checkpoint = _checkpoint(case, output, args)
-    previous_handler = signal.signal(signal.SIGINT, checkpoint.interrupt) if checkpoint is not None else None
+    previous_handlers = {}
+    if checkpoint is not None:  # SIGINT and SIGTERM alike checkpoint at the end of the step, then stop
+
+        def interrupt(signum, frame):
+            STOPPED_BY[0] = signum
+            checkpoint.interrupt(signum, frame)
+        previous_handlers = {number: signal.signal(number, interrupt) for number in INTERRUPTS}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -176,8 +182,8 @@ def command_run(args) -> int:
                   file=sys.stderr)
         raise
     finally:
-        if previous_handler is not None:
-            signal.signal(signal.SIGINT, previous_handler)
+        for number, handler in previous_handlers.items():
+            signal.signal(number, handler)
     if checkpoint is not None:
         checkpoint.remove()
     for note in filter(None, dataset.attrs.get("notes", "").splitlines()):
@@ -328,12 +334,26 @@ def command_sweep(args) -> int:
     return 0
 
 
+# The signals a command stops on as on Ctrl-C (a batch scheduler's end of time sends SIGTERM), with its finally
+# blocks run (the lock file removed, a run checkpointed): the one received, which the exit status is 128 + of.
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+STOPPED_BY = [signal.SIGINT]
+
+
+def _stop(signum, frame) -> None:
+    STOPPED_BY[0] = signum
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     status = 1  # an exception that escapes is a failure too
+    STOPPED_BY[0] = signal.SIGINT
+    previous = signal.signal(signal.SIGTERM, _stop)
     try:
         status = _dispatch(argv)
         return status
     finally:
+        signal.signal(signal.SIGTERM, previous)
         from spherepde.io.locking import release_all
 
         release_all()
@@ -371,5 +391,5 @@ def _dispatch(argv) -> int:
               "sphere.lmax or solver.chunk, or use a device with more memory)", file=sys.stderr)
         return CaseError.exit_status
     except KeyboardInterrupt:
-        print("spherepde: interrupted", file=sys.stderr)
-        return 130
+        print(f"spherepde: {'terminated' if STOPPED_BY[0] == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+        return 128 + STOPPED_BY[0]

@@ -188,9 +188,12 @@ def test_blow_up_with_checkpoints_exits_3_keeps_the_last_good_state_and_no_check
     assert not os.path.exists(checkpoint_folder(output))
 
 
-def test_sigint_checkpoints_the_step_it_lands_in_and_the_resumed_run_is_bit_identical(tmp_path, capsys):
-    """Ctrl-C loses nothing: the interrupt writes a checkpoint at the end of the step it lands in, later
-    than the last periodic one, and the run resumed from it ends as an uninterrupted one."""
+@pytest.mark.parametrize("number, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupt_checkpoints_the_step_it_lands_in_and_the_resumed_run_is_bit_identical(tmp_path, capsys,
+                                                                                           number, status):
+    """Ctrl-C (and SIGTERM, a batch scheduler's end of time) loses nothing: the interrupt writes a checkpoint at
+    the end of the step it lands in, later than the last periodic one, the lock file goes, and the run resumed
+    from it ends as an uninterrupted one."""
     case = write_case(tmp_path)
     reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
     assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
@@ -201,12 +204,13 @@ def test_sigint_checkpoints_the_step_it_lands_in_and_the_resumed_run_is_bit_iden
         state = state_of(output)  # the first periodic checkpoint: the run and its handler have started
         time.sleep(0.001)
     assert process.poll() is None, f"the run ended before it could be interrupted: {process.stderr.read()}"
-    process.send_signal(signal.SIGINT)
+    process.send_signal(number)
     err = process.communicate(timeout=120)[1]
-    assert process.returncode == 130, err
+    assert process.returncode == status, err
     assert "checkpointing at the end of this step" in err and "continue it with --resume" in err
     interrupted = state_of(output)
     assert state["steps"] < interrupted["steps"] < STEPS and not output.exists()
+    assert not os.path.exists(f"{output}.lock")
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     assert status == 0, err
     assert f"step {interrupted['steps']}" in err
