@@ -66,11 +66,14 @@ def _checked(gradient, iteration: int, loss: str | None):
     if math.isfinite(gradient.cost) and finite_dW:
         return gradient
     advice = "reduce time.dt" + (" or control.learning_rate" if iteration else "")
-    if loss == "bow" and (not math.isfinite(gradient.loss) or math.isfinite(gradient.cost)):  # the loss's doing
+    if math.isfinite(gradient.loss) and not math.isfinite(gradient.cost):  # J = l(mu_T) + the regulariser
+        advice = "the regulariser lambda_reg / 2 int |W_t|^2 dt overflows: smaller controls" + (
+            ", a smaller control.learning_rate" if iteration else " (model.W)")
+    elif loss == "bow" and (not math.isfinite(gradient.loss) or math.isfinite(gradient.cost)):  # the loss's doing
         advice += ("; a bow candidate with p_k(mu_T) <= 0, or scores softmax(tau <x, c_k>) saturated to 0 and 1, "
                    "make l(mu_T) or its gradient non-finite: lower control.tau")
     raise NumericalFailure(f"numerical failure at training iteration {iteration}: J = {gradient.cost:g}, l(mu_T) = "
-                           f"{gradient.loss:g}{'' if finite_dW else ', dJ/dW not finite'} ({advice})")
+                           f"{gradient.loss:g}{'' if finite_dW else ', its gradient not finite'} ({advice})")
 
 
 def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress: bool | None = None,

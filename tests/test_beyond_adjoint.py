@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from solvers.adjoint import AdjointOperator, continuous_gradient, discrete_gradient
-from solvers.controlled_forward import ControlledForward
+from solvers.controlled_forward import ControlledForward, central_differences_of, evaluate_cost
 from solvers.training import run_training
 from spherepde.base.device import placement as make_placement
 from spherepde.discretisation.bases import make_basis
@@ -165,6 +165,21 @@ def test_continuous_gradient_converges_to_the_discrete_one_at_the_scheme_order(k
             errors[name].append(float((a - b).norm() / b.norm()))
     rates = {name: [math.log2(e[i] / e[i + 1]) for i in range(2)] for name, e in errors.items()}
     assert all(abs(rate - order) < 0.35 for each in rates.values() for rate in each), (errors, rates)
+
+
+@pytest.mark.parametrize("kernel", ["unnormalized", "softmax"])
+def test_the_gradient_at_B_zero_matches_central_differences(kernel):
+    """At a trained B = 0 the kernel is constant, and J is smooth in B there; the log-sum-exp bound beta |B^T x|
+    is not, and its derivative 0 / 0 made dJ/dB NaN (a training from B = 0 stopped at iteration 0)."""
+    case = training_case(2, 12, kernel, t_end=0.2, dt=0.05, model={"B": [[0.0, 0.0], [0.0, 0.0]]},
+                         control={"train": ["B"], "layers": 1})
+    forward = ControlledForward(case)
+    theta = forward.problem.parameters[0]
+    layout = forward.problem.layout
+    gradient = layout.unpack(discrete_gradient(forward, None, theta).dW)["B"]
+    differences = layout.unpack(central_differences_of(lambda t: evaluate_cost(forward, None, t), theta))["B"]
+    assert bool(torch.isfinite(gradient).all()) and float(gradient.abs().max()) > 0
+    assert float((gradient - differences).norm() / differences.norm()) <= 1e-6
 
 
 def test_a_training_with_the_continuous_gradient_follows_the_discrete_one():

@@ -477,6 +477,21 @@ def test_a_blow_up_that_passes_is_still_a_failure():
     assert math.isfinite(evaluate_cost(forward, c0, controls))
 
 
+def test_a_non_finite_J_says_which_term_of_it_overflowed():
+    # J = l(mu_T) + the regulariser: with l finite the regulariser overflowed (a huge W), which no time.dt mends
+    from solvers.controlled_forward import Gradient
+    from solvers.optimizers import _checked
+    from spherepde.base.errors import NumericalFailure
+
+    finite = torch.zeros(1, 2, 2, dtype=torch.float64)
+    with pytest.raises(NumericalFailure, match=r"J = inf, l\(mu_T\) = 0.5 \(the regulariser .* overflows"):
+        _checked(Gradient(math.inf, 0.5, finite, [], []), 0, "align")
+    with pytest.raises(NumericalFailure, match=r"J = nan, l\(mu_T\) = nan \(reduce time.dt or control.learning_rate"):
+        _checked(Gradient(math.nan, math.nan, finite, [], []), 3, "align")
+    with pytest.raises(NumericalFailure, match="its gradient not finite"):
+        _checked(Gradient(0.5, 0.5, finite + math.nan, [], []), 0, "align")
+
+
 def test_adam_first_step_is_the_learning_rate_times_the_sign():
     from solvers.optimizers import Adam
 

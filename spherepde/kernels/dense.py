@@ -42,10 +42,11 @@ def shifted_exp_kernel(x: torch.Tensor, y: torch.Tensor, C: torch.Tensor, beta) 
 def _logit_operands(x: torch.Tensor, y: torch.Tensor, C: torch.Tensor, beta):
     """(queries (..., Nx, d + 1), keys (..., Ny, d + 1), bound (..., Nx)) with queries @ keys^T = beta <C^T x_i, y_j>
     - bound_i <= 0, bound_i = beta |C^T x_i|: the shift rides along as an extra coordinate, so one matmul gives the
-    logits."""
+    logits.  The bound is detached, as `_shifted_block`'s shift is: T_C f does not depend on it, and the gradient of
+    |C^T x_i| is 0 / 0 where C^T x_i = 0 (a trained B = 0 gave dJ/dB = NaN)."""
     u = x @ C  # rows are (C^T x_i)^T
     scale = beta if not torch.is_tensor(beta) else beta[..., None]
-    bound = scale * norm(u)
+    bound = (scale * norm(u)).detach()
     queries = torch.cat([(scale if not torch.is_tensor(beta) else scale[..., None]) * u, -bound[..., None]], dim=-1)
     return queries, torch.cat([y, torch.ones_like(y[..., :1])], dim=-1), bound
 
