@@ -179,6 +179,11 @@ lyapunov_p = [0.1]
     # the report exists: refused without --overwrite (one line, exit 2)
     assert main(["compare", str(result), "-o", str(tmp_path / "report")]) == 2
     assert "--overwrite" in capsys.readouterr().err
+    # info shows the report's table; a report is no run to compare
+    assert main(["info", str(tmp_path / "report.nc")]) == 0
+    assert [line.strip() for line in capsys.readouterr().out.splitlines()[1:]] == table.strip().splitlines()
+    assert main(["compare", str(tmp_path / "report.nc"), str(result)]) == 2
+    assert "is a comparison report, not a run" in capsys.readouterr().err
 
 
 def test_cli_compare_bad_input(tmp_path, capsys):

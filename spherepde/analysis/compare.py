@@ -96,6 +96,8 @@ def load_pair(path_a: str, path_b: str | None = None):
     first = open_result(path_a).load()
     second = None if path_b is None else open_result(path_b).load()
     for path, run in ((path_a, first), (path_b, second)):
+        if run is not None and "report" in run.attrs:
+            raise CaseError(f"compare: {path!r} is a comparison report, not a run; compare the runs it names")
         if run is not None and "member" in run.dims:
             raise CaseError(f"compare: {path!r} is a sweep ({run.sizes['member']} members); compare two of its "
                             "member-*.nc files, or one member with another run")

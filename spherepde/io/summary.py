@@ -37,6 +37,9 @@ def _attribute(value) -> str:
 def describe(path: str) -> str:
     with open_result(path) as dataset:
         attrs = dataset.attrs
+        if "report" in attrs:  # a `spherepde compare` report: its table
+            return "\n".join(map(printable, [f"{path}: {attrs.get('title', '(no title)')}",
+                                             *("  " + line for line in str(attrs["report"]).splitlines())]))
         lines = [f"{path}: {attrs.get('title', '(no title)')}",
                  f"  solver {attrs.get('solver')}, status {attrs.get('status')}, source {attrs.get('source')}"]
         if BOTH_PREFIX + "status" in attrs:
