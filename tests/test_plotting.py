@@ -36,6 +36,8 @@ def results(tmp_path_factory):
     write_dataset(with_particles, paths["s1_particles"])
     paths["particles_only"] = folder / "particles_only.nc"
     write_dataset(with_particles.drop_vars(["density", "cell_area"]), paths["particles_only"])
+    paths["diagnostics_only"] = folder / "diagnostics_only.nc"  # a particle run with particles.save = 0
+    write_dataset(with_particles.drop_vars(["density", "cell_area", "particles"]), paths["diagnostics_only"])
     return paths
 
 
@@ -132,6 +134,7 @@ def test_training_panels_draw_the_controls_per_layer_and_name_each_alignment(res
     ("s1", ["--animate"], ["s1.png", "s1.gif"]),
     ("s1_particles", [], ["s1_particles.png"]),
     ("particles_only", [], ["particles_only.png"]),
+    ("diagnostics_only", [], ["diagnostics_only.png"]),
 ])
 def test_plot_command_writes_every_figure(results, tmp_path, capsys, name, options, files):
     assert main(["plot", str(results[name]), "-o", str(tmp_path)] + options) == 0

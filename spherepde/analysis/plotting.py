@@ -49,8 +49,10 @@ def plot_result(path: str, folder: str | None = None, projection: str = "orthogr
     check_folder(folder, "plot -o")
     stem = os.path.splitext(os.path.basename(path))[0]
     with open_result(path) as dataset:
-        if not ({"density", "particles"} & set(dataset.data_vars) or "member" in dataset.dims):
-            raise CaseError(f"plot: {path!r} holds no density, no particles and no sweep members")
+        if not ({"density", "particles"} & set(dataset.data_vars) or "member" in dataset.dims
+                or "time" in dataset.dims):
+            raise CaseError(f"plot: {path!r} holds no density, no particles, no diagnostics over time and no sweep "
+                            "members")
         if animate and ("member" in dataset.dims or not ("density" in dataset or _on_sphere(dataset))):
             raise CaseError(f"plot: --animate draws a single run's density, or its particles on S^2; {path!r} "
                             "has neither")
@@ -76,11 +78,13 @@ def _save(figure, target: str, write=None) -> str:
 
 
 def _overview(dataset, path: str, projection: str, snapshots: int):
-    """Density pictures on top, diagnostics below (a sweep: diagnostics only)."""
-    if "member" in dataset.dims:
+    """Density pictures on top, diagnostics below (a sweep, or a particle run that saved no particles: diagnostics
+    only)."""
+    if "member" in dataset.dims or not {"density", "particles"} & set(dataset.data_vars):
         figure = plt.figure(figsize=(13, 5.6), layout="constrained")
         _diagnostics(figure, dataset)
-        figure.suptitle(dataset.attrs.get("title", os.path.basename(path)))
+        figure.suptitle(dataset.attrs.get("title", os.path.basename(path)) if "member" in dataset.dims
+                        else _title(dataset, path))
         return figure
     sphere = _on_sphere(dataset)
     top_height = 6.0 if sphere else 4.2
