@@ -156,6 +156,22 @@ def test_sweep_figure_and_one_line_refusals(tmp_path, capsys):
     combine(members[0].case, members, summaries, str(tmp_path / "sweep.nc"), ["model.eps=0.1,0.3"], None)
     assert main(["plot", str(tmp_path / "sweep.nc")]) == 0
     assert (tmp_path / "sweep.png").stat().st_size > 50_000
+    # a member has one colour in every panel, the legend's; a panel's curves differ in line style
+    import matplotlib.pyplot as plt
+
+    with xr.open_dataset(tmp_path / "sweep.nc") as sweep:
+        rising = np.linspace(0.5, 0.9, sweep.sizes["time"])
+        sweep = sweep.assign(alignment_E=(("member", "time"), [rising, rising ** 2]),
+                             alignment_F=(("member", "time"), [rising ** 3, rising ** 4]))
+        figure = plt.figure()
+        _diagnostics(figure, sweep)
+        panel = next(axis for axis in figure.axes if axis.get_title() == "alignment")
+        drawn = [(line.get_color(), line.get_linestyle()) for line in panel.get_lines() if len(line.get_xdata())]
+        assert drawn == [("C0", "-"), ("C1", "-"), ("C0", "--"), ("C1", "--")]
+        assert [text.get_text() for text in panel.get_legend().get_texts()] == ["alignment_E, Eulerian",
+                                                                                 "alignment_F, Eulerian"]
+        assert [text.get_text() for text in figure.legends[0].get_texts()] == ["model.eps = 0.1", "model.eps = 0.3"]
+        plt.close(figure)
     assert main(["info", str(tmp_path / "sweep.nc")]) == 0
     table = capsys.readouterr().out.splitlines()[-3:]
     assert table[0].split() == ["member", "model_eps", "order_parameter", "status"]

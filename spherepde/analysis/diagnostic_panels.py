@@ -153,6 +153,9 @@ def _w2_bound(axis, dataset, time) -> None:
                           label=f"± {bound:.2g}: w2_quantisation_bound, on the error of W2")
 
 
+MEMBER_CURVE_STYLES = ("-", "--", ":", "-.")  # a sweep's curves of one panel (alignment_E, alignment_F)
+
+
 def _diagnostics(subfigure, dataset) -> None:
     """One panel per informative diagnostic (the checks of the numerics in a row below the physics); bands of
     +-2 standard errors where the run has them."""
@@ -171,14 +174,19 @@ def _diagnostics(subfigure, dataset) -> None:
     time = dataset["time"].values
     resolved_until = dataset.attrs.get("resolved_until", "end")
     members = _member_labels(dataset) if "member" in dataset.dims else None
+    member_lines = []  # a sweep's legend: a member's colour, the same in every panel
     for axis, (title, names, scale) in zip(axes, panels):
         # a panel of several variables names each curve by its variable (alignment_E beside alignment_F)
         curves = [(f"{name}, {label}" if len(names) > 1 else label, values, stderr)
                   for name in names for label, values, stderr in _curves(dataset, name)]
-        for label, values, stderr in curves:
-            if members is not None:
-                for i, member in enumerate(members):
-                    axis.plot(time, values.isel(member=i), lw=1.2, label=member)
+        for k, (label, values, stderr) in enumerate(curves):
+            if members is not None:  # colour by member, line style by curve (told apart in the panel's legend)
+                style = MEMBER_CURVE_STYLES[k % len(MEMBER_CURVE_STYLES)]
+                lines = [axis.plot(time, values.isel(member=i), lw=1.2, color=f"C{i % 10}", ls=style, label=member)[0]
+                         for i, member in enumerate(members)]
+                member_lines = member_lines or lines
+                if len(curves) > 1:
+                    axis.plot([], [], color="0.3", ls=style, label=label)
                 continue
             (line,) = axis.plot(time, values, lw=1.4, label=label)
             if stderr is not None:
@@ -196,12 +204,15 @@ def _diagnostics(subfigure, dataset) -> None:
         axis.grid(True, alpha=0.3)
         if members is None and len(axis.get_legend_handles_labels()[0]) > 1:
             axis.legend(fontsize=7, frameon=False)
+        elif members is not None and len(curves) > 1:
+            handles = [line for line in axis.get_lines() if line.get_label() in {label for label, _, _ in curves}]
+            axis.legend(handles=handles, fontsize=7, frameon=False)
     for axis, (title, _, draw) in zip(axes[len(panels):], training):
         draw(axis, dataset)
         axis.set_title(title, fontsize=10)
         axis.grid(True, alpha=0.3)
-    if members is not None and panels:
-        subfigure.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper", fontsize=8, frameon=False)
+    if member_lines:
+        subfigure.legend(handles=member_lines, loc="outside right upper", fontsize=8, frameon=False)
 
 
 def _controls(axis, dataset) -> None:
