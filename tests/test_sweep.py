@@ -79,6 +79,14 @@ def test_by_parameters_of_a_sweep_of_one_key(tmp_path):
                                   combined["order_parameter"].isel(member=index).values)
 
 
+def test_swept_integers_stay_integers_and_mixed_numbers_are_floats():
+    """sphere.lmax = 16, 32 is a coordinate of integers (it was stored as 16.0, 32.0); eps = 0, 0.5 of floats."""
+    _, integers, _ = sweep_module._member_coordinate("sphere.lmax", [16, 32])
+    _, mixed, _ = sweep_module._member_coordinate("model.eps", [0, 0.5])
+    assert np.asarray(integers).dtype.kind == "i" and integers == [16, 32]
+    assert np.asarray(mixed).dtype.kind == "f" and mixed == [0.0, 0.5]
+
+
 def test_sweep_refuses_existing_results_and_resumes_without_a_cluster(local_sweep, monkeypatch, capsys):
     case_path, output = local_sweep
     args = ["sweep", str(case_path), "--param", PARAMS[0], "--param", PARAMS[1], "-o", str(output)]

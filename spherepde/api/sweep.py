@@ -336,10 +336,12 @@ def _same_grid(paths: list[str]) -> bool:
 
 
 def _member_coordinate(key: str, values: list) -> tuple:
-    """A member coordinate of swept values: numbers as floats, anything else as its TOML text."""
+    """A member coordinate of swept values: integers as integers (sphere.lmax, control.iterations), other numbers
+    as floats, anything else as its TOML text."""
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if numeric:  # every number of a case is nondimensional
-        return ("member", [float(v) for v in values], {"long_name": f"swept case key {key}", "units": "1"})
+        kind = int if all(isinstance(v, int) for v in values) else float
+        return ("member", [kind(v) for v in values], {"long_name": f"swept case key {key}", "units": "1"})
     return ("member", [format_override(key, v).partition("=")[2] for v in values],
             {"long_name": f"swept case key {key}"})
 
