@@ -140,8 +140,10 @@ control.lambda_reg         real >= 0: L2 weight of int |theta_t|^2 dt  0.01
 control.layers             int in [1, 2**20): the controls piecewise   the common length of the
                            constant on equal slices of [0, t_end]      model's per-layer lists,
                            (the slice ends are step knots, like the    else 8
-                           saves); every per-layer list of [model]
-                           has this length
+                           saves, so each slice takes at least one
+                           step: layers > t_end / dt makes the steps
+                           t_end / layers, layers of them a run); every
+                           per-layer list of [model] has this length
 control.optimizer          "adam" | "gd" | "lbfgs" (solvers/training)  "adam"
 control.iterations         int >= 0 (0: the forward run of model.W)    100
 control.learning_rate      real > 0                                    0.05
