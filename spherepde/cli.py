@@ -8,6 +8,7 @@ import signal
 import sys
 import warnings
 
+from spherepde.base import interrupts
 from spherepde.base.errors import CaseError, NumericalFailure
 
 CHECKPOINT_MINUTES = 5.0  # default wall time between checkpoints of `run`
@@ -164,12 +165,15 @@ def command_run(args) -> int:
         def interrupt(signum, frame):
             STOPPED_BY[0] = signum
             checkpoint.interrupt(signum, frame)
-        previous_handlers = {number: signal.signal(number, interrupt) for number in INTERRUPTS}
+        previous_handlers = {number: signal.signal(number, interrupt) for number in interrupts.INTERRUPTS}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             dataset = run(case, progress=False if args.quiet else None, checkpoint=checkpoint)
-        write_dataset(_with_command(dataset, args, output), output)
+        with interrupts.held():  # the output and the checkpoint's removal, both before an interrupt acts
+            write_dataset(_with_command(dataset, args, output), output)
+            if checkpoint is not None:
+                checkpoint.remove()
     except NumericalFailure as failure:
         if failure.dataset is not None:
             write_dataset(_with_command(failure.dataset, args, output), output)
@@ -184,8 +188,6 @@ def command_run(args) -> int:
     finally:
         for number, handler in previous_handlers.items():
             signal.signal(number, handler)
-    if checkpoint is not None:
-        checkpoint.remove()
     for note in filter(None, dataset.attrs.get("notes", "").splitlines()):
         print(f"spherepde: warning: {note}", file=sys.stderr)
     print(f"spherepde: wrote {output}", file=sys.stderr)
@@ -334,9 +336,8 @@ def command_sweep(args) -> int:
     return 0
 
 
-# The signals a command stops on as on Ctrl-C (a batch scheduler's end of time sends SIGTERM), with its finally
-# blocks run (the lock file removed, a run checkpointed): the one received, which the exit status is 128 + of.
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+# The signal of spherepde.base.interrupts.INTERRUPTS that stopped the command, with its finally blocks run (the
+# lock file removed, a run checkpointed): the exit status is 128 + it.
 STOPPED_BY = [signal.SIGINT]
 
 

@@ -765,3 +765,28 @@ def test_info_and_compare_print_the_text_of_foreign_files_escaped(tmp_path, caps
     status, _, out = run_cli(["compare", tmp_path / "foreign.nc", tmp_path / "foreign.nc", "-o", tmp_path / "r",
                               "--no-w2"], capsys)
     assert status == 0 and "\x1b" not in out and "\\x1b[31mred\\nsecond line" in out
+
+
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_inside_a_write_acts_once_the_file_is_in_place(tmp_path, monkeypatch, number):
+    # An interrupt raised inside xarray's to_netcdf, which holds its file lock then, left the write's clean-up
+    # waiting on that lock forever (a run stopped in its final write hung, its .tmp file beside it).
+    from spherepde.cli import _stop
+
+    dataset = xr.Dataset({"x": ("t", np.arange(3.0))}, attrs={"source": "spherepde"})
+    real = xr.Dataset.to_netcdf
+
+    def interrupted(self, *args, **kwargs):
+        os.kill(os.getpid(), number)  # lands inside the write
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", interrupted)
+    previous = signal.signal(signal.SIGTERM, _stop)  # the command's handler (spherepde.cli.main)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            write_dataset(dataset, tmp_path / "out.nc")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert os.listdir(tmp_path) == ["out.nc"]
+    with xr.open_dataset(tmp_path / "out.nc") as written:
+        assert written["x"].values.tolist() == [0.0, 1.0, 2.0]

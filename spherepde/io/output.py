@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from spherepde.base import interrupts
 from spherepde.base.errors import CaseError
 from spherepde.base.version import VERSION
 from spherepde.io.locking import one_writer
@@ -350,11 +351,13 @@ def write_dataset(dataset: xr.Dataset, path: str | os.PathLike) -> None:
     handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     os.close(handle)
     try:
-        dataset.to_netcdf(temporary, engine="netcdf4", encoding=netcdf_encoding(dataset))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp made it private; give it a normal file's mode
-        os.replace(temporary, path)
+        # an interrupt inside xarray's write would hang it on its own lock: it acts once the file is in place
+        with interrupts.held():
+            dataset.to_netcdf(temporary, engine="netcdf4", encoding=netcdf_encoding(dataset))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(temporary, 0o666 & ~umask)  # mkstemp made it private; give it a normal file's mode
+            os.replace(temporary, path)
     except BaseException as error:
         if os.path.exists(temporary):
             os.remove(temporary)

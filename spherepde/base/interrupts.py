@@ -1,0 +1,36 @@
+"""The signals a command stops on as on Ctrl-C, and a block they wait for.
+
+SIGINT (Ctrl-C) and SIGTERM (`kill`, a batch scheduler's end of time) stop a command with its clean-up run
+(spherepde/cli.py).  An interrupt that lands inside a NetCDF write is raised while xarray holds its file lock, and
+the write's own clean-up then waits on that lock forever; `held` keeps such a signal until the block ends.
+"""
+
+import contextlib
+import os
+import signal
+import threading
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def held():
+    """Run the block with SIGINT and SIGTERM held, then act on the first one that came as its handler before the
+    block would have: call it (a Python handler, KeyboardInterrupt by default for SIGINT), or end the process
+    (SIG_DFL).  Outside the main thread, where no handler can be set, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = {number: signal.signal(number, lambda signum, frame: received.append(signum)) for number in INTERRUPTS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        if received:
+            handler = previous[received[0]]
+            if callable(handler):
+                handler(received[0], None)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), received[0])
