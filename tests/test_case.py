@@ -284,6 +284,7 @@ BAD_CASES = [
     ("negative beta", MINIMAL + "[model]\nbeta = -1\n", "model.beta", ">= 0"),
     ("negative dt", SPHERE + "[time]\nt_end = 1\ndt = -0.01\n", "time.dt", "> 0"),
     ("dt and cfl", SPHERE + "[time]\nt_end = 1\ndt = 0.01\ncfl = 0.5\n", "time.dt", "time.cfl"),
+    ("threads beyond any machine", MINIMAL + "[solver]\nthreads = 2147483648\n", "solver.threads", "[1, 4096)"),
     ("missing t_end", SPHERE + "[time]\ndt = 0.01\n", "time.t_end", "missing"),
     ("infinite t_end", SPHERE + "[time]\nt_end = inf\n", "time.t_end", "finite"),
     ("beta inf with unnormalized kernel", MINIMAL + "[model]\nkernel = 'unnormalized'\nbeta = 'inf'\n",

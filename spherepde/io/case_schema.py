@@ -93,9 +93,9 @@ solver.dtype               "float64" | "float32"                       "float64"
 solver.chunk               "auto" | int >= 1: rows per block of dense  "auto": a 1 MiB block on
                            attention                                   the CPU; on CUDA 4096 rows,
                                                                        at most 1 GiB
-solver.threads             "auto" | int >= 1: CPU threads of torch     absent = "auto": 1 up to
-                           during the run (spherepde/base/threads.py)       lmax 128 and 2e4 particles,
-                                                                       else torch's default
+solver.threads             "auto" | int in [1, 4096): CPU threads of   absent = "auto": 1 up to
+                           torch during the run                        lmax 128 and 2e4 particles,
+                           (spherepde/base/threads.py)                 else torch's default
 solver.filter_order        int >= 0: exponential spectral filter       0 (no filter)
                            order
 solver.kernel_tol          real in (0, 1): truncation tolerance of     1e-10
@@ -206,6 +206,7 @@ from spherepde.io.case_values import (
     Context,
     Interval,
     auto_or_count,
+    auto_or_threads,
     backend,
     beta,
     boolean,
@@ -383,7 +384,7 @@ SCHEMA = (
         _Key("device", choice("auto", "cpu", "cuda"), "auto"),
         _Key("dtype", choice("float64", "float32"), "float64"),
         _Key("chunk", auto_or_count, "auto"),
-        _Key("threads", auto_or_count, ABSENT),  # absent: "auto" (so the resolved text of earlier cases stays)
+        _Key("threads", auto_or_threads, ABSENT),  # absent: "auto" (so the resolved text of earlier cases stays)
         _Key("filter_order", integer(NONNEGATIVE), 0),
         _Key("kernel_tol", real(Interval(0, strict=True, high=1)), 1e-10),
     )),

@@ -226,14 +226,22 @@ def beta(value, ctx) -> float:
     return NONNEGATIVE.check(beta)
 
 
-def auto_or_count(value, ctx) -> str | int:
-    """"auto" or an int >= 1: rows per block of the dense kernel matrix (kernels.dense.block_rows), CPU threads
-    (spherepde.base.threads)."""
+def auto_or_count(value, ctx, high: float = math.inf) -> str | int:
+    """"auto" or an int >= 1 (below `high`): rows per block of the dense kernel matrix (kernels.dense.block_rows)."""
     if value == "auto":
         return value
     if isinstance(value, str):
         raise Invalid(f'expected "auto" or an integer >= 1, got {describe(value)}')
-    return integer(Interval(1))(value, ctx)
+    return integer(Interval(1, high=high))(value, ctx)
+
+
+# More CPU threads than any machine has cores: 1e5 exhausted the OpenMP runtime's memory, 2**31 overflowed torch.
+MAX_THREADS = 4096
+
+
+def auto_or_threads(value, ctx) -> str | int:
+    """"auto" or a count of CPU threads in [1, MAX_THREADS) (spherepde.base.threads)."""
+    return auto_or_count(value, ctx, MAX_THREADS)
 
 
 def backend(value, ctx) -> str:
