@@ -184,6 +184,8 @@ lyapunov_p = [0.1]
     assert [line.strip() for line in capsys.readouterr().out.splitlines()[1:]] == table.strip().splitlines()
     assert main(["compare", str(tmp_path / "report.nc"), str(result)]) == 2
     assert "is a comparison report, not a run" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path / "report.nc")]) == 2
+    assert "is a comparison report" in capsys.readouterr().err
 
 
 def test_cli_compare_bad_input(tmp_path, capsys):

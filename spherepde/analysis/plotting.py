@@ -49,6 +49,9 @@ def plot_result(path: str, folder: str | None = None, projection: str = "orthogr
     check_folder(folder, "plot -o")
     stem = os.path.splitext(os.path.basename(path))[0]
     with open_result(path) as dataset:
+        if "report" in dataset.attrs:
+            raise CaseError(f"plot: {path!r} is a comparison report; its figure is the .png that compare wrote "
+                            "beside it")
         if not ({"density", "particles"} & set(dataset.data_vars) or "member" in dataset.dims
                 or "time" in dataset.dims):
             raise CaseError(f"plot: {path!r} holds no density, no particles, no diagnostics over time and no sweep "
