@@ -79,6 +79,21 @@ def test_by_parameters_of_a_sweep_of_one_key(tmp_path):
                                   combined["order_parameter"].isel(member=index).values)
 
 
+def test_a_sweep_with_a_failed_member_says_so_in_its_status(local_sweep, tmp_path):
+    # the members' statuses differ, and the combined file dropped the attribute (info showed "status None")
+    with xr.open_dataset(local_sweep[1] / "sweep.nc") as combined:
+        assert combined.attrs["status"] == "completed"
+    case = tmp_path / "case.toml"
+    case.write_text(SMALL_S1.replace('kernel = "softmax"\nbeta = 2.0', 'kernel = "unnormalized"\nbeta = 1.0\n'
+                                     'V = [[5.0, 0.0], [0.0, 5.0]]').replace("eps = 0.1", "eps = 0.0"))
+    output = tmp_path / "out"
+    assert main(["sweep", str(case), "--param", "time.dt=0.01,0.2", "--workers", "1", "-o", str(output)]) == 3
+    with xr.open_dataset(output / "sweep.nc") as combined:
+        assert combined.attrs["status"] == "failed: 1 of 2 sweep members (member_status)"
+        assert combined["member_status"].values[0] == "completed"
+        assert combined["member_status"].values[1].startswith("failed")
+
+
 def test_swept_integers_stay_integers_and_mixed_numbers_are_floats():
     """sphere.lmax = 16, 32 is a coordinate of integers (it was stored as 16.0, 32.0); eps = 0, 0.5 of floats."""
     _, integers, _ = sweep_module._member_coordinate("sphere.lmax", [16, 32])

@@ -300,6 +300,9 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
             data.attrs["notes"] = "the members' grids differ: densities are in the member files only"
         finish(data, case, {"solver": data.attrs.get("solver", "mixed")})
         data.attrs["title"] = f"spherepde sweep of case '{case.name}' ({len(members)} members)"
+        failed = [m for m in members if summaries[m.index]["status"] != "completed"]  # the members' attrs differ
+        data.attrs["status"] = (f"failed: {len(failed)} of {len(members)} sweep members (member_status)" if failed
+                                else "completed")
         data.attrs["history"] += f" sweep {' '.join(params)}" + (f" --seeds {seeds}" if seeds else "")
         # One thread reads the members and writes the file: netCDF-C is not thread-safe, and with xarray 2024.1 and
         # netCDF4 1.7.3 (which releases the GIL) dask's threaded scheduler deadlocked here in 3 of 10 test runs
