@@ -58,6 +58,7 @@ from solvers.checkpoint_files import (
 )
 from solvers.checkpoint_layout import eulerian_problem, is_int
 from spherepde.base.errors import CaseError
+from spherepde.io.case_toml import toml_value
 from spherepde.io.output import make_folders, write_dataset
 
 FORMAT = 2  # version of the checkpoint layout: 2 added the manifest
@@ -362,6 +363,11 @@ def _first_line(error: Exception) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def _shown(value) -> str:
+    """A case value as the case file writes it (TOML), "absent" for a key the case does not have."""
+    return "absent" if value is None else toml_value(value)
+
+
 def _difference(stored: str, current: str) -> str:
     """The first key whose value differs between two resolved case texts."""
     try:
@@ -374,5 +380,5 @@ def _difference(stored: str, current: str) -> str:
             continue
         for key in dict.fromkeys(list(left) + list(right)):
             if left.get(key) != right.get(key):
-                return f"{section}.{key} = {left.get(key)!r} there, {right.get(key)!r} now"
+                return f"{section}.{key} = {_shown(left.get(key))} there, {_shown(right.get(key))} now"
     return "the case texts differ"

@@ -232,8 +232,11 @@ def command_compare(args) -> int:
     from spherepde.analysis.compare import compare, default_stem, load_pair, write_report
     from spherepde.io.output import check_file
 
-    if not (0 < args.k < math.inf and 0 <= args.atol < math.inf and args.atoms >= 1):
-        raise CaseError("compare: --k must be finite and > 0, --atol finite and >= 0, --atoms >= 1")
+    for option, value, valid, rule in (("--k", args.k, 0 < args.k < math.inf, "finite and > 0"),
+                                       ("--atol", args.atol, 0 <= args.atol < math.inf, "finite and >= 0"),
+                                       ("--atoms", args.atoms, args.atoms >= 1, ">= 1")):
+        if not valid:
+            raise CaseError(f"compare: {option} must be {rule}, got {value:g}")
     stem = (default_stem(args.a, args.b) if args.output is None else args.output).removesuffix(".nc")
     if not os.path.basename(stem):
         raise CaseError(f"compare -o: {args.output!r} names a folder; give a file stem such as {args.output}report")

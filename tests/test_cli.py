@@ -189,6 +189,15 @@ def test_initial_density_from_file_interpolates_spectrally(tmp_path, capsys):
     status, err = run_cli(["run", case2, "-o", tmp_path / "fourth.nc", "--set", "initial.path='no_density.nc'"],
                           capsys)
     assert status == 2 and "initial.path" in err and "holds no Eulerian density" in err
+    # a sweep's combined file, and a file that is no NetCDF at all, each named as what it is
+    with xr.open_dataset(first) as one:
+        write_dataset(xr.concat([one.load(), one.load()], dim="member"), tmp_path / "sweep.nc")
+    (tmp_path / "notes.txt").write_text("not a result")
+    for path, said in (("sweep.nc", "is a sweep (2 members); give one of its member-*.nc files"),
+                       ("notes.txt", "cannot read a density from")):
+        status, err = run_cli(["run", case2, "-o", tmp_path / "fifth.nc", "--set", f"initial.path='{path}'"], capsys)
+        assert status == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith("not a NetCDF file"), err
 
 
 @pytest.mark.parametrize("method", ["eulerian", "particles"])

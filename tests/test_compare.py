@@ -193,6 +193,11 @@ def test_cli_compare_bad_input(tmp_path, capsys):
     write_dataset(spherepde.run(case, progress=False), tmp_path / "alone.nc")
     assert main(["compare", str(tmp_path / "alone.nc")]) == 2
     assert "give two files" in capsys.readouterr().err
+    for option, value, said in (("--k", "0", "--k must be finite and > 0, got 0"),
+                                ("--atol", "-1", "--atol must be finite and >= 0, got -1"),
+                                ("--atoms", "0", "--atoms must be >= 1, got 0")):
+        assert main(["compare", str(tmp_path / "alone.nc"), str(tmp_path / "alone.nc"), option, value]) == 2
+        assert capsys.readouterr().err.strip().endswith(said)
     assert main(["compare", str(tmp_path / "alone.nc"), str(tmp_path / "missing.nc")]) == 2
     assert "cannot read result" in capsys.readouterr().err
     other = make_case(2, 8, time={"t_end": 0.3, "dt": 0.05, "save_every": 0.3})

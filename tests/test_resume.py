@@ -426,3 +426,13 @@ def test_a_journal_segment_writes_its_strings_as_text_and_reads_them_back(tmp_pa
         assert len(set(stored["digest"].values.tolist())) == 2 and len(stored["digest"].values[0]) == 64
         np.testing.assert_array_equal(stored["dW"].values[0], np.full((2, 2, 2), 0.1))
         assert stored["cost"].values[0] == 1.5 and np.isnan(stored["cost"].values[1])
+
+
+def test_a_refused_resume_names_the_key_and_both_values_as_a_case_file_writes_them():
+    from solvers.checkpoint import _difference
+
+    stored = "[solver]\nchunk = 8\n[diagnostics]\nw2 = true\n"
+    assert _difference(stored, "[solver]\nchunk = 8\nthreads = 2\n[diagnostics]\nw2 = true\n") == (
+        "solver.threads = absent there, 2 now")
+    assert _difference(stored, "[solver]\nchunk = 8\n[diagnostics]\nw2 = false\n") == (
+        "diagnostics.w2 = true there, false now")

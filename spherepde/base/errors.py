@@ -8,6 +8,12 @@ def printable(text: str) -> str:
     return "".join(char if char.isprintable() else repr(char)[1:-1] for char in str(text))
 
 
+def unreadable(error: Exception) -> str:
+    """Why a file could not be opened as a result, for a message: "not a NetCDF file" where no xarray backend
+    recognised it (xarray's own words then advise installing engines), else the error's words."""
+    return "not a NetCDF file" if "did not find a match" in str(error) else str(error)
+
+
 class CaseError(ValueError):
     """Bad input: a case key, a value, a file. The message is one line naming the problem.
 

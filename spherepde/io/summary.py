@@ -5,7 +5,7 @@ import os
 import numpy as np
 import xarray as xr
 
-from spherepde.base.errors import CaseError, printable
+from spherepde.base.errors import CaseError, printable, unreadable
 from spherepde.io.output import BOTH_PREFIX, failed_parts, failure_summary
 
 SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projection", "entropy",
@@ -19,8 +19,7 @@ def open_result(path: str) -> xr.Dataset:
     try:
         dataset = xr.open_dataset(path)
     except (OSError, ValueError) as error:
-        reason = "not a NetCDF file" if "did not find a match" in str(error) else str(error)
-        raise CaseError(f"cannot read result {path!r}: {reason}") from None
+        raise CaseError(f"cannot read result {path!r}: {unreadable(error)}") from None
     source = str(dataset.attrs.get("source", ""))
     if not source.startswith("spherepde"):
         dataset.close()

@@ -23,7 +23,7 @@ import torch
 import xarray as xr
 from scipy.special import ive
 
-from spherepde.base.errors import CaseError
+from spherepde.base.errors import CaseError, unreadable
 
 
 def vmf_log_normaliser(kappa: float, dim: int) -> float:
@@ -138,14 +138,17 @@ def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:
     """
     try:
         with xr.open_dataset(path) as dataset:
-            if "density" not in dataset or "lmax" not in dataset.attrs:
+            members = dataset.sizes.get("member")
+            if "density" not in dataset or "lmax" not in dataset.attrs or members:
                 dim = None
             else:
                 density = dataset["density"].isel(time=time_index).values
                 lmax = int(dataset.attrs["lmax"])
                 dim = 2 if "theta" in dataset["density"].dims else 3
     except (OSError, KeyError, IndexError, ValueError) as error:
-        raise CaseError(f"initial.path: cannot read a density from {path!r}: {error}") from None
+        raise CaseError(f"initial.path: cannot read a density from {path!r}: {unreadable(error)}") from None
+    if members:
+        raise CaseError(f"initial.path: {path!r} is a sweep ({members} members); give one of its member-*.nc files")
     if dim is None:
         raise CaseError(f"initial.path: {path!r} holds no Eulerian density (a particle run, or not a spherepde "
                         "result)")
