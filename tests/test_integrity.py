@@ -679,6 +679,8 @@ LIMITS = {  # name: (case file: its text, or a path; the command after `spherepd
                                           "--seeds", str(10 ** 12)], "--seeds"),
     "S^2 grid beyond memory": (SMALL_S1, ["run", "--set", "sphere.dim=3", "--set", "sphere.lmax=30000",
                                           "--set", "initial.mean=[1.0, 0.0, 0.0]"], "sphere.lmax"),
+    "particles beyond memory": (SMALL_S1, ["run", "--solver", "particles", "--set", "particles.n=4294967295"],
+                                "particles.n"),
     "nesting in the file": ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", ["run"], "nested"),
     "nesting from --set": (SMALL_S1, ["run", "--set", "model.B=" + "[" * 20_000 + "]" * 20_000], "nested"),
     "dotted keys from --set": (SMALL_S1, ["run", "--set", ".".join(["model"] * 5000) + "=1"], "nested"),

@@ -70,13 +70,27 @@ def available_memory() -> int | None:
     return min(bounds) if bounds else None
 
 
+# A particle run holds its positions (n, d) several times at once (the state, its stages' slopes, the noise draws,
+# the field's temporaries): at least this many copies (about 14 measured at n = 1e6 on S^2).
+PARTICLE_COPIES = 8
+
+
 def check_memory(case) -> None:
-    """A CaseError naming sphere.lmax when an Eulerian S^2 run of `case` on the torch transform cannot build its
-    grid's tables in the memory this machine has left (the shtns backend keeps its own, smaller tables)."""
-    if case.dim != 3 or case["solver"]["method"] == "particles" or case["solver"]["backend"] == "shtns":
+    """A CaseError naming particles.n when the particles of `case` cannot be held PARTICLE_COPIES times, or
+    sphere.lmax when an Eulerian S^2 run on the torch transform cannot build its grid's tables, in the memory this
+    machine has left (the shtns backend keeps its own, smaller tables)."""
+    solver = case["solver"]
+    available = available_memory()
+    if solver["method"] in ("particles", "both") and available is not None:
+        n = case["particles"]["n"]
+        needed = PARTICLE_COPIES * n * case.dim * (8 if solver["dtype"] == "float64" else 4)
+        if needed > available:
+            raise CaseError(f"particles.n: {n} particles need at least {_size(needed)} of memory; this machine has "
+                            f"{_size(available)} available (fewer particles)")
+    if case.dim != 3 or solver["method"] == "particles" or solver["backend"] == "shtns":
         return
     lmax = case["sphere"]["lmax"]
-    needed, available = table_bytes(lmax), available_memory()
+    needed = table_bytes(lmax)
     if available is not None and needed > available:
         raise CaseError(f"sphere.lmax: the S^2 grid of lmax {lmax} needs about {_size(needed)} of memory for its "
                         f"spherical-harmonic tables; this machine has {_size(available)} available (lower "
