@@ -126,6 +126,11 @@ def test_parameters_seeds_and_bad_members():
     for bad in ("model.eps", "eps=0.1,0.2", "model.eps="):
         with pytest.raises(CaseError, match="--param"):
             parse_param(bad)
+    # a trailing comma was one value less, silently (while "0.1,,0.2" was refused); a repeated value a repeated run
+    with pytest.raises(CaseError, match="an empty value after the last comma"):
+        parse_param("model.eps=0.1,")
+    with pytest.raises(CaseError, match=r"0\.1 given twice"):
+        parse_param("model.eps=0.1,0.2,0.10")
 
     eulerian = spherepde.load_case_text(SMALL_S1 + "[particles]\nseed = 7\n")
     with pytest.raises(CaseError, match="--seeds: sweep member 0 is an Eulerian run"):
