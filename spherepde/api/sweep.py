@@ -77,7 +77,7 @@ def parse_param(item: str) -> tuple[str, list]:
     if text.strip().endswith(","):  # TOML takes "[0.1,]" as one value; "0.1,,0.2" is refused as an empty one
         raise CaseError(f"--param {item!r}: an empty value after the last comma")
     written = [format_override(key, value) for value in values]
-    repeated = sorted({text.partition("=")[2] for text in written if written.count(text) > 1})
+    repeated = sorted({entry.partition("=")[2] for entry in written if written.count(entry) > 1})
     if repeated:
         raise CaseError(f"--param {item!r}: {', '.join(repeated)} given twice (its members would be the same run)")
     return key, values
