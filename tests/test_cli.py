@@ -333,6 +333,23 @@ w2 = false
 """
 
 
+def run_timed(tmp_path, capsys, text: str, timing: str) -> tuple[int, str]:
+    """`spherepde run` of the case `text` with the TOML lines `timing` added to its [time] section, writing
+    out.nc: (exit status, stderr)."""
+    case = write_case(tmp_path, text.replace("[time]", "[time]\n" + timing))
+    return run_cli(["run", case, "-o", tmp_path / "out.nc", "--quiet", "--overwrite"], capsys)
+
+
+def stable_then_failing(tmp_path, capsys, text: str, scheme: str, largest_dt: float) -> tuple[str, float]:
+    """Run `text` with `scheme` at 0.95 and 1.2 of the largest stable step: exit 0, then exit 3.  Returns the
+    failure's stderr and the step it took (equal steps of at most dt between saves 10 apart)."""
+    for factor, expected in ((0.95, 0), (1.2, 3)):
+        dt = factor * largest_dt
+        status, err = run_timed(tmp_path, capsys, text, f'dt = {dt!r}\nscheme = "{scheme}"')
+        assert status == expected, err
+    return err, 10 / math.ceil(10 / dt)
+
+
 @pytest.mark.parametrize("scheme", ["imex-ark436", "rk4"])
 def test_steps_beyond_the_transport_bound_fail_saying_which_step_is_stable(scheme, tmp_path, capsys):
     # W = J turns the circle at speed |v| = 1 everywhere, so the step carries the mode k by i k dt: stable while
@@ -340,20 +357,13 @@ def test_steps_beyond_the_transport_bound_fail_saying_which_step_is_stable(schem
     from spherepde.discretisation.timesteppers import stability_bound
 
     bound = stability_bound(scheme, 1j)
-    output = tmp_path / "out.nc"
-    for factor, expected in ((0.95, 0), (1.2, 3)):
-        dt = factor * bound / 16
-        case = write_case(tmp_path, ROTATION_S1.replace("[time]", f'[time]\ndt = {dt!r}\nscheme = "{scheme}"'))
-        status, err = run_cli(["run", case, "-o", output, "--quiet", "--overwrite"], capsys)
-        assert status == expected, err
-    step = 10 / math.ceil(10 / dt)  # equal steps of at most dt between saves
+    err, step = stable_then_failing(tmp_path, capsys, ROTATION_S1, scheme, bound / 16)
     stated = f"lmax max|v| dt = 16 x 1 x {step:.3g} = {16 * step:.3g} at t = "
     assert stated in err and err.strip().endswith(f"take time.dt below {bound / 16:.3g}"), err
-    with xr.open_dataset(output) as dataset:  # the last good state said in the message is the file's
+    with xr.open_dataset(tmp_path / "out.nc") as dataset:  # the last good state said in the message is the file's
         assert f"at t = {dataset['time'].values[-1]:g}, above {bound:.3g}" in err, err
     # steps by the CFL rule: the number is time.cfl itself (|v| = 1 everywhere), and the advice is about it
-    case = write_case(tmp_path, ROTATION_S1.replace("[time]", f'[time]\ncfl = {1.2 * bound!r}\nscheme = "{scheme}"'))
-    status, err = run_cli(["run", case, "-o", output, "--quiet", "--overwrite"], capsys)
+    status, err = run_timed(tmp_path, capsys, ROTATION_S1, f'cfl = {1.2 * bound!r}\nscheme = "{scheme}"')
     assert status == 3 and err.strip().endswith(f"take time.cfl below {bound:.3g}"), err
 
 
@@ -365,13 +375,7 @@ def test_explicit_diffusion_beyond_its_bound_fails_saying_which_step_is_stable(t
     bound = stability_bound("rk4", -1)
     heat = ROTATION_S1.replace("W = [[0.0, -1.0], [1.0, 0.0]]", "W = [[0.0, 0.0], [0.0, 0.0]]").replace(
         "eps = 0.0", "eps = 0.1")
-    output = tmp_path / "out.nc"
-    for factor, expected in ((0.95, 0), (1.2, 3)):
-        dt = factor * bound / 25.6
-        case = write_case(tmp_path, heat.replace("[time]", f'[time]\ndt = {dt!r}\nscheme = "rk4"'))
-        status, err = run_cli(["run", case, "-o", output, "--quiet", "--overwrite"], capsys)
-        assert status == expected, err
-    step = 10 / math.ceil(10 / dt)
+    err, step = stable_then_failing(tmp_path, capsys, heat, "rk4", bound / 25.6)
     assert f"dt max|eps lam| = {step:.3g} x 25.6 = {25.6 * step:.3g}, above {bound:.3g}" in err, err
     assert err.strip().endswith(f"take time.dt below {bound / 25.6:.3g} or an IMEX scheme"), err
 
