@@ -253,6 +253,30 @@ def test_dense_programs_agree():
         assert tracked.requires_grad and relative_difference(tracked.detach(), expected) <= 1e-14, name
 
 
+@pytest.mark.parametrize("budget", [3000, 40_000, 2 ** 40], ids=["cut twice", "cut once", "whole"])
+def test_blocked_ffts_are_numpy_ffts(monkeypatch, budget):
+    """irfft_into and rfft_into cut their work into pieces of at most FFT_BLOCK_BYTES (base.arrays.fft_blocks); in
+    the layouts of the transforms (spectrum: order, field, ring, member; grid: member, field, ring, longitude) they
+    give numpy.fft's values, every entry written (NaN before), whether cut along one axis, two, or not at all."""
+    from spherepde.base import arrays
+
+    monkeypatch.setattr(arrays, "FFT_BLOCK_BYTES", budget)
+    rng = np.random.default_rng(3)
+    members, fields, rings, points = 7, 5, 9, 20
+    spectrum = rng.standard_normal((points // 2 + 1, fields, rings, members)) * (1 + 1j)
+    spectrum[0].imag = spectrum[-1].imag = 0.0  # irfft does not read them
+    grid = np.full((members, fields, rings, points), np.nan)
+    arrays.irfft_into(grid.transpose(3, 1, 2, 0), spectrum, points, 0)
+    expected = np.fft.irfft(spectrum, n=points, axis=0, norm="forward").transpose(3, 1, 2, 0)
+    assert np.abs(grid - expected).max() <= 1e-13 * np.abs(expected).max()
+    back = np.full(spectrum.shape, np.nan, dtype=complex)
+    arrays.rfft_into(back.transpose(3, 1, 2, 0), grid, 3)
+    assert np.abs(back - np.fft.rfft(grid, axis=3).transpose(3, 1, 2, 0)).max() <= 1e-13 * np.abs(back).max()
+    pieces = list(arrays.fft_blocks(grid.transpose(3, 1, 2, 0), spectrum, 0))
+    assert all(out.nbytes + data.nbytes <= budget for out, data in pieces) or len(pieces) == 1
+    assert sum(out.size for out, _ in pieces) == grid.size
+
+
 def test_degree_filter_is_analysis_weights_synthesis(torch_sht):
     """The per-order ring operator of a multiplier of the degree (the spectral field's Funk-Hecke weights) equals
     the analysis, the multiplication and the synthesis it replaces, on a field that is not band-limited, and
