@@ -56,11 +56,18 @@ def _angle(points: np.ndarray) -> np.ndarray:
 
 
 def merge_atoms(points: np.ndarray, masses: np.ndarray, decimals: int = 12):
-    """A discrete measure with coincident atoms merged and massless atoms dropped."""
+    """A discrete measure with coincident atoms merged and massless atoms dropped, its atoms sorted lexicographically
+    (np.unique(axis=0)'s atoms and sums; its sort of rows as records took 23 ms for 5e4 points on S^1, a lexsort of
+    the columns 6 ms)."""
     keep = masses > 0
-    points, masses = points[keep], masses[keep]
-    unique, inverse = np.unique(np.round(points, decimals), axis=0, return_inverse=True)
-    return unique, np.bincount(inverse.ravel(), weights=masses, minlength=len(unique))
+    points, masses = np.round(points[keep], decimals), masses[keep]
+    order = np.lexsort(points.T[::-1])
+    ordered = points[order]
+    first = np.ones(len(ordered), dtype=bool)
+    first[1:] = (ordered[1:] != ordered[:-1]).any(1)
+    inverse = np.empty(len(order), dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return ordered[first], np.bincount(inverse, weights=masses, minlength=int(first.sum()))
 
 
 def quantise(points: np.ndarray, masses: np.ndarray, max_atoms: int):
@@ -293,9 +300,13 @@ def c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndarray, bl
                            for block_points in (points[s:s + block] for s in range(0, points.shape[0], block))])
 
 
-def circle_c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndarray) -> np.ndarray:
+def circle_c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndarray,
+                       tolerance: float = 0.0) -> np.ndarray:
     """u(x) = min_j (|x - a_j|^2 - potential_j) for points x and atoms a_j on S^1 (unit vectors), exactly as
-    `c_transform`, by branch and bound over arcs: in ~n log n where the minimiser lies near x, n m at worst.
+    `c_transform`, by branch and bound over arcs: in ~n log n where the minimiser lies near x, n m at worst.  With a
+    `tolerance` t > 0, values u'(x) in [u(x) - t, u(x)]: the blocks of atoms whose bound lies within t of the
+    minimum found are left out, and their bound caps the value (a c-transform's lower bound is still a potential
+    with u'(x) + potential_j <= |x - a_j|^2, so a dual value from it is still a lower bound on the optimal cost).
 
     Both sets are sorted by angle (the points' copies dropped) and cut into blocks of CIRCLE_BLOCK consecutive
     entries (more where there would be more than CIRCLE_BLOCKS blocks).  Over a block of points and a block of
@@ -342,18 +353,25 @@ def circle_c_transform(points: np.ndarray, atoms: np.ndarray, potential: np.ndar
 
     first = lower.argmin(1)
     search(np.arange(len(x)), first)
-    open_blocks = lower <= (x_squared + least).max(1)[:, None] + 1e-9 * (1 + np.abs(potential).max())
+    open_blocks = lower <= (x_squared + least).max(1)[:, None] + 1e-9 * (1 + np.abs(potential).max()) - tolerance
     open_blocks[np.arange(len(x)), first] = False
     search(*np.nonzero(open_blocks))
+    value = x_squared + least
+    if tolerance > 0:
+        left_out = np.where(open_blocks, np.inf, lower)
+        left_out[np.arange(len(x)), first] = np.inf
+        value = np.minimum(value, left_out.min(1)[:, None])
     result = np.empty(len(points))
-    result[order_x] = (x_squared + least).reshape(-1)[np.cumsum(distinct) - 1]
+    result[order_x] = value.reshape(-1)[np.cumsum(distinct) - 1]
     return result
 
 
-def circle_transport(points: np.ndarray, targets: np.ndarray) -> tuple[float, float, np.ndarray]:
+def circle_transport(points: np.ndarray, targets: np.ndarray, slack: float = 0.0) -> tuple[float, float, np.ndarray]:
     """The circular monotone rearrangement between the empirical measures (1/n each) of n points and n targets
     on S^1, chordal cost: (its cost, a lower bound on the optimal cost, h) with h_i = u(x_i) + v(y_i) at
-    dual-feasible Kantorovich potentials (u, v) of that coupling.
+    dual-feasible Kantorovich potentials (u, v) of that coupling.  With a `slack` s > 0, v lies within s sqrt(cost)
+    below the c-transform of u (circle_c_transform's tolerance), and so does the bound below its value at s = 0:
+    the excess over W2 that it certifies grows by about s / 2 at most.
 
     With the angles sorted, theta_(i) and phi_(j), the couplings theta_(i) -> phi_(i + k mod n) cost
         C(k) = (1/n) sum_i (2 - 2 cos(theta_(i) - phi_(i+k))) = 2 - (2/n) Re sum_i conj(z_(i)) w_(i+k),
@@ -387,10 +405,11 @@ def circle_transport(points: np.ndarray, targets: np.ndarray) -> tuple[float, fl
     width = (upper - lower).sum()
     fraction = float(np.clip(-lower.sum() / width, 0.0, 1.0)) if width > 0 else 0.0
     u = np.concatenate([[0.0], np.cumsum(lower + fraction * (upper - lower))[:-1]])
-    v = circle_c_transform(targets, sorted_points, u)
+    cost = float(paired.mean())
+    v = circle_c_transform(targets, sorted_points, u, slack * math.sqrt(max(cost, 0.0)))
     u_of = np.empty(points.shape[0])
     u_of[order_a] = u
-    return float(paired.mean()), float(u.mean() + v.mean()), u_of + v
+    return cost, float(u.mean() + v.mean()), u_of + v
 
 
 def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[float, np.ndarray, float]:
@@ -404,13 +423,41 @@ def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int) ->
     where the quantised value lay within 1e-5 of it, inside a bound 1000 times as wide."""
     if points.shape[1] == 2:
         cost, lower, h = circle_transport(points, targets)
-        excess = math.sqrt(max(cost, 0.0)) - math.sqrt(min(max(lower, 0.0), max(cost, 0.0)))
+        excess = _excess(cost, lower)
         if excess <= CERTIFIED_W2:
             return cost, h, excess
-    uniform = np.full(points.shape[0], 1 / points.shape[0])
-    (a_points, a, a_bound), (b_points, b, b_bound) = (quantise(x, uniform, max_atoms) for x in (points, targets))
+    (a_points, a, a_bound), (b_points, b, b_bound) = _quantised(points, targets, max_atoms)
     if points.shape[1] == 2 and excess <= a_bound + b_bound:
         return cost, h, excess
     cost, u, v = exact_transport(a_points, a / a.sum(), b_points, b / b.sum(), potentials=True)
     transform = circle_c_transform if points.shape[1] == 2 else c_transform
     return cost, transform(points, b_points, v) + transform(targets, a_points, u), a_bound + b_bound
+
+
+
+def _excess(cost: float, lower: float) -> float:
+    """How far above W2 a coupling's sqrt(cost) can lie, given a lower bound on the optimal cost."""
+    return math.sqrt(max(cost, 0.0)) - math.sqrt(min(max(lower, 0.0), max(cost, 0.0)))
+
+
+def _quantised(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple:
+    """`quantise` of the empirical measures (1/n each) of points and of targets."""
+    uniform = np.full(points.shape[0], 1 / points.shape[0])
+    return tuple(quantise(x, uniform, max_atoms) for x in (points, targets))
+
+
+def paired_cost(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> float:
+    """W2^2 of `paired_transport` alone: the same value, by a cheaper certificate on S^1.
+
+    paired_transport keeps the rearrangement's cost exactly where its certified excess over W2 is at most
+    max(CERTIFIED_W2, the quantisation bound of exact OT).  With circle_transport's `slack` at that threshold the
+    certified excess grows by about half of it at most; where it still lies within the threshold, the cost is the
+    one paired_transport returns, and elsewhere paired_transport decides.  Measured on the tokens of a noisy
+    Kuramoto run at t = 80 (mass moved by about a radian; the 8 half samples of n = 1e5): 3.2 s -> 0.8 s."""
+    if points.shape[1] == 2:
+        (_, _, a_bound), (_, _, b_bound) = _quantised(points, targets, max_atoms)
+        threshold = max(CERTIFIED_W2, a_bound + b_bound)
+        cost, lower, _ = circle_transport(points, targets, slack=threshold)
+        if _excess(cost, lower) <= threshold:
+            return cost
+    return paired_transport(points, targets, max_atoms)[0]

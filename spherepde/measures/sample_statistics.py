@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from spherepde.measures.optimal_transport import paired_transport
+from spherepde.measures.optimal_transport import paired_cost, paired_transport
 
 
 def mean_and_error(values: np.ndarray) -> tuple[float, float]:
@@ -74,5 +74,5 @@ def half_sample_bias(points: np.ndarray, targets: np.ndarray, max_atoms: int, sq
     halves = []
     for halving in range(halvings):
         order = np.random.default_rng(halving).permutation(points.shape[0])
-        halves += [paired_transport(points[half], targets[half], max_atoms)[0] for half in np.array_split(order, 2)]
+        halves += [paired_cost(points[half], targets[half], max_atoms) for half in np.array_split(order, 2)]
     return float(np.mean(halves)) - squared
