@@ -434,7 +434,6 @@ def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int) ->
     return cost, transform(points, b_points, v) + transform(targets, a_points, u), a_bound + b_bound
 
 
-
 def _excess(cost: float, lower: float) -> float:
     """How far above W2 a coupling's sqrt(cost) can lie, given a lower bound on the optimal cost."""
     return math.sqrt(max(cost, 0.0)) - math.sqrt(min(max(lower, 0.0), max(cost, 0.0)))
@@ -453,7 +452,9 @@ def paired_cost(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> floa
     max(CERTIFIED_W2, the quantisation bound of exact OT).  With circle_transport's `slack` at that threshold the
     certified excess grows by about half of it at most; where it still lies within the threshold, the cost is the
     one paired_transport returns, and elsewhere paired_transport decides.  Measured on the tokens of a noisy
-    Kuramoto run at t = 80 (mass moved by about a radian; the 8 half samples of n = 1e5): 3.2 s -> 0.8 s."""
+    Kuramoto run at t = 80 (n = 1e5, mass moved by about a radian): a half sample's certificate searches 29
+    blocks of atoms a block of points where the exact one searches 55, and the 8 half samples of half_sample_bias
+    take 2.3 s against 3.9 s."""
     if points.shape[1] == 2:
         (_, _, a_bound), (_, _, b_bound) = _quantised(points, targets, max_atoms)
         threshold = max(CERTIFIED_W2, a_bound + b_bound)
