@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--k", type=float, default=3.0, help="verdict: agree within k standard errors (3)")
     compare.add_argument("--atol", type=float, default=1e-9, help="verdict: absolute tolerance added (1e-9)")
     compare.add_argument("--atoms", type=int, default=4000,
-                         help="W2 above the exact size: atoms of the quantised measures (4000)")
+                         help="W2 above the exact size: atoms of the quantised measures, below 10000 (4000)")
     compare.add_argument("--no-w2", action="store_true", help="skip W2(t) between the two measures")
     compare.add_argument("--overwrite", action="store_true", help="replace existing report files")
 
@@ -230,11 +230,13 @@ def _with_command(dataset, args, output: str):
 
 def command_compare(args) -> int:
     from spherepde.analysis.compare import compare, default_stem, load_pair, write_report
+    from spherepde.io.case_schema import ATOMS_BELOW
     from spherepde.io.output import check_file
 
     for option, value, valid, rule in (("--k", args.k, 0 < args.k < math.inf, "finite and > 0"),
                                        ("--atol", args.atol, 0 <= args.atol < math.inf, "finite and >= 0"),
-                                       ("--atoms", args.atoms, args.atoms >= 1, ">= 1")):
+                                       ("--atoms", args.atoms, 1 <= args.atoms < ATOMS_BELOW,
+                                        f"in [1, {ATOMS_BELOW}) (the exact solver's cost matrix: atoms^2 float64)")):
         if not valid:
             raise CaseError(f"compare: {option} must be {rule}, got {value:g}")
     stem = (default_stem(args.a, args.b) if args.output is None else args.output).removesuffix(".nc")
@@ -242,6 +244,8 @@ def command_compare(args) -> int:
         raise CaseError(f"compare -o: {args.output!r} names a folder; give a file stem such as {args.output}report")
     for path in (f"{stem}.nc", f"{stem}.png"):
         check_file(path, "compare -o")
+        if any(os.path.realpath(path) == os.path.realpath(run) for run in (args.a, args.b) if run):
+            raise CaseError(f"compare -o: {path!r} is one of the runs compared; choose another name")
     existing = [path for path in (f"{stem}.nc", f"{stem}.png") if os.path.exists(path)]
     if existing and not args.overwrite:
         raise CaseError(f"output {existing[0]!r} exists; pass --overwrite to replace it or -o to choose another name")

@@ -62,6 +62,7 @@ BAD_CASES = {
     "grid too coarse for beta": ("beta = 2.0", "beta = 500.0", "sphere.lmax"),
     "eulerian in d = 4": ("dim = 2", "dim = 4", "sphere.dim"),
     "initial law between the nodes": ("kappa = 2.0", "kappa = 1e7", "sphere.lmax"),
+    "exact W2 of too many atoms": ("lmax = 16", "lmax = 16\n[diagnostics]\nw2_atoms = 10000", "diagnostics.w2_atoms"),
     "attention overflowing float64": ('kernel = "softmax"\nbeta = 2.0', 'kernel = "unnormalized"\nbeta = 0.0\n'
                                       'V = [[1e308, 0.0], [0.0, 1e308]]', "overflows float64"),
 }

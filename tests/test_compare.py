@@ -188,6 +188,66 @@ lyapunov_p = [0.1]
     assert "is a comparison report" in capsys.readouterr().err
 
 
+def test_cli_compare_what_a_fuzzing_round_found(tmp_path, capsys):
+    """A both file with no Lyapunov exponents (diagnostics.lyapunov_p = []) and a quarter of its particles saved
+    compares (it raised an argmax of nothing), and the report says its W2 is of the saved particles; -o naming an
+    input is refused and leaves it intact (--overwrite replaced it); a particle half with no saved particles names
+    itself and --no-w2, which then compares; a file whose Lyapunov exponents were dropped is refused (a KeyError)."""
+    from spherepde.io.output import split_both
+
+    text = """
+[sphere]
+dim = 2
+lmax = 16
+[model]
+kernel = "unnormalized"
+beta = 0.0
+V = [[1.0, 0.0], [0.0, 1.0]]
+eps = 0.25
+[initial]
+kind = "vmf"
+mean = [1.0, 0.0]
+kappa = 1.0
+[time]
+t_end = 0.2
+dt = 0.05
+save_every = 0.1
+[particles]
+n = 400
+save = 100
+[diagnostics]
+lyapunov_p = []
+"""
+    case = tmp_path / "case.toml"
+    case.write_text(text)
+    both = tmp_path / "both.nc"
+    assert main(["run", str(case), "-o", str(both), "--solver", "both", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(both), "-o", str(tmp_path / "report")]) == 0
+    table = capsys.readouterr().out
+    assert "lyapunov" not in table and "order_parameter" in table
+    assert "B's measure is its 100 saved particles of n = 400 (particles.save)" in table, table
+    size = both.stat().st_size
+    assert main(["compare", str(both), "-o", str(tmp_path / "both"), "--overwrite"]) == 2
+    assert "is one of the runs compared" in capsys.readouterr().err and both.stat().st_size == size
+    case.write_text(text.replace("save = 100", "save = 0"))
+    assert main(["run", str(case), "-o", str(both), "--solver", "both", "--quiet", "--overwrite"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(both), "-o", str(tmp_path / "r0")]) == 2
+    err = capsys.readouterr().err
+    assert "(particles) holds neither a density nor saved particles" in err and "--no-w2" in err, err
+    assert main(["compare", str(both), "-o", str(tmp_path / "r0"), "--no-w2"]) == 0
+    case.write_text(text.replace("lyapunov_p = []", "lyapunov_p = [0.25]"))
+    assert main(["run", str(case), "-o", str(both), "--solver", "both", "--quiet", "--overwrite"]) == 0
+    eulerian, particles = split_both(xr.open_dataset(both).load())
+    write_dataset(eulerian, tmp_path / "eulerian.nc")
+    write_dataset(particles.drop_vars([name for name in particles.variables if "lyapunov" in name]),
+                  tmp_path / "pruned.nc")
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "eulerian.nc"), str(tmp_path / "pruned.nc")]) == 2
+    assert "different diagnostics.lyapunov_p" in capsys.readouterr().err
+
+
 def test_cli_compare_bad_input(tmp_path, capsys):
     case = make_case(2, 8, time={"t_end": 0.1, "dt": 0.05, "save_every": 0.1})
     write_dataset(spherepde.run(case, progress=False), tmp_path / "alone.nc")
@@ -195,7 +255,9 @@ def test_cli_compare_bad_input(tmp_path, capsys):
     assert "give two files" in capsys.readouterr().err
     for option, value, said in (("--k", "0", "--k must be finite and > 0, got 0"),
                                 ("--atol", "-1", "--atol must be finite and >= 0, got -1"),
-                                ("--atoms", "0", "--atoms must be >= 1, got 0")):
+                                ("--atoms", "0", "--atoms must be in [1, 10000) (the exact solver's cost matrix: "
+                                                 "atoms^2 float64), got 0"),
+                                ("--atoms", "10000", "got 10000")):
         assert main(["compare", str(tmp_path / "alone.nc"), str(tmp_path / "alone.nc"), option, value]) == 2
         assert capsys.readouterr().err.strip().endswith(said)
     assert main(["compare", str(tmp_path / "alone.nc"), str(tmp_path / "missing.nc")]) == 2

@@ -136,6 +136,9 @@ def test_parameters_seeds_and_bad_members():
     with pytest.raises(CaseError, match="--seeds: sweep member 0 is an Eulerian run"):
         plan(eulerian, ["model.eps=0.1,0.2"], "folder", seeds=3)
     case = eulerian.with_overrides(["solver.method='particles'"])
+    # --seeds replaces particles.seed: swept seeds would have been the same runs, labelled as different
+    with pytest.raises(CaseError, match="--seeds with --param particles.seed"):
+        plan(case, ["particles.seed=1,2"], "folder", seeds=2)
     seeds = derived_seeds(7, 3)
     assert seeds == derived_seeds(7, 3) and len(set(seeds)) == 3 and seeds != derived_seeds(8, 3)
     members = plan(case, ["model.eps=0.1,0.2"], "folder", seeds=3)

@@ -224,11 +224,12 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
     for name in ("component", "lyapunov_p"):
         if name in a.coords:
             coords[name] = a[name]
-    if "lyapunov_p" in a.coords and not np.array_equal(a["lyapunov_p"].values, b["lyapunov_p"].values):
+    if ("lyapunov_p" in a.coords) != ("lyapunov_p" in b.coords) or (
+            "lyapunov_p" in a.coords and not np.array_equal(a["lyapunov_p"].values, b["lyapunov_p"].values)):
         raise CaseError("compare: the two runs use different diagnostics.lyapunov_p")
     data, verdicts, probabilities, lines, fewest = {}, {}, {}, [], math.inf
     for name in DIAGNOSTIC_ATTRS:
-        if name not in a or name not in b:
+        if name not in a or name not in b or a[name].size == 0:  # diagnostics.lyapunov_p = []: no values
             continue
         va, vb = a[name].values.astype(float), b[name].values.astype(float)
         se_a, se_b = _stderr(a, name, vb), _stderr(b, name, va)
@@ -256,6 +257,10 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         probabilities[name] = max_z_probability(z, dof)
         fewest = min(fewest, float(np.min(dof[~np.isnan(z) & (stderr > 0)], initial=math.inf)))
         lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, dof, verdicts[name]))
+    for label, run in zip(labels, (a, b)):
+        if w2 and "particles" not in run and "density" not in run:
+            raise CaseError(f"compare: {label} holds neither a density nor saved particles (particles.save = 0), "
+                            "which W2(A, B) needs; pass --no-w2 to compare the diagnostics alone")
     distances, bounds, methods = [], [], set()
     for i in range(a.sizes["time"] if w2 else 0):
         value, bound, method = w2_between(*measure(a, i), *measure(b, i), atoms)
@@ -299,9 +304,14 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         times = a["time"].values
         lines.append(f"W2(A, B): t = {times[0]:g}: {distances[0]:.4g}, t = {times[-1]:g}: {distances[-1]:.4g}, "
                      f"max {max(distances):.4g}, bound {np.max(bounds):.2g} [{attrs['w2_method']}]")
+        for label, run in zip("AB", (a, b)):
+            if "density" not in run and run.sizes["particle"] < int(run.attrs.get("n", 0)):
+                lines.append(f"W2(A, B): {label}'s measure is its {run.sizes['particle']} saved particles of n = "
+                             f"{int(run.attrs['n'])} (particles.save), and W2 carries their sampling error")
     if "w2_projection" in verdicts:
-        lines.append(f"w2_projection: differences below {attrs['w2_projection_floor']:.2g} (the runs' quantisation "
-                     "bounds + round-off) are not resolved and count as agreement")
+        lines.append(f"w2_projection: its verdict is |B - A - bias| <= {k:g} stderr + {atol:g} + "
+                     f"{attrs['w2_projection_floor']:.2g}, the last the runs' quantisation bounds + round-off, which "
+                     "W2 values do not resolve")
         bias = np.abs(data["w2_projection_bias"][1])
         if np.nanmax(bias, initial=0.0) > 0:
             lines.append(f"w2_projection: z and the verdict are of B - A - bias, bias = the expected excess of the "

@@ -16,9 +16,9 @@ gets its members' resolved case texts, writes each member's DIR/member-NNN.nc at
 file its serial run would write) and returns their paths and a few numbers, never arrays: Dask
 distributes batches, not members.  Batches hold at most ceil(members / workers) members, so that
 every worker has work.  The cluster is a LocalCluster (one single-threaded worker process per GPU
-where there are GPUs, worker k on GPU k; else one per core; each batch runs with its case's solver.threads, at most
-an even share of the cores, and glibc's thresholds of spherepde.base.memory) or, with ``--scheduler``, an existing
-one; its workers must see DIR at the same path. When all
+where there are GPUs, worker k on GPU k; else one per core; each batch runs with its case's solver.threads, "auto"
+at most an even share of the cores, and glibc's thresholds of spherepde.base.memory) or, with ``--scheduler``, an
+existing one; its workers must see DIR at the same path. When all
 members are done, DIR/sweep.nc combines them along a `member` dimension
 (xr.open_mfdataset), with the swept keys (and `seed`) as member coordinates and each
 member's case text and status. Members whose grids differ (a swept sphere.lmax) keep
@@ -94,6 +94,9 @@ def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -
     keys = [key for key, _ in swept]
     if len(set(keys)) != len(keys):
         raise CaseError(f"--param: a key is given twice: {', '.join(keys)}")
+    if seeds and "particles.seed" in keys:
+        raise CaseError("--seeds with --param particles.seed: --seeds replaces every member's particles.seed by seeds "
+                        "spawned from the case's, so the swept seeds would be identical runs; give one or the other")
     check_members([len(values) for _, values in swept], seeds)  # before the seeds are derived
     replicates = derived_seeds(case["particles"]["seed"], seeds) if seeds else [None]
     combinations = list(itertools.product(*(values for _, values in swept), replicates))

@@ -34,9 +34,10 @@ def run_threads(case) -> int:
 @contextmanager
 def threads_for(case, at_most: int | None = None):
     """Run the enclosed code with run_threads(case) torch threads and numpy BLAS threads, or `at_most` where fewer
-    (a sweep worker's share of the cores), then restore the caller's settings."""
+    and solver.threads is "auto" (a sweep worker's share of the cores; a number is the case's own, as in its serial
+    run, whose reductions it then repeats to the bit), then restore the caller's settings."""
     before, threads = torch.get_num_threads(), run_threads(case)
-    if at_most is not None:
+    if at_most is not None and case["solver"].get("threads", "auto") == "auto":
         threads = min(threads, at_most)
     torch.set_num_threads(threads)
     try:

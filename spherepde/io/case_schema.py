@@ -122,8 +122,9 @@ diagnostics.w2             bool: w2_projection at every save. Cost,    true
                            ~1 rad) beyond the quantisation bound, and
                            on S^2, POT's exact OT of <= w2_atoms atoms
                            (1000: 0.3 s a save; false skips it)
-diagnostics.w2_atoms       int >= 1: atoms above which a measure is    1000
-                           quantised before exact W2 (error bound
+diagnostics.w2_atoms       int in [1, 10000): atoms above which a      1000
+                           measure is quantised before exact W2
+                           (its cost matrix atoms^2 float64; error bound
                            stored as w2_quantisation_bound, with
                            the grid's: twice its cells' radius)
 control                    optional: absent means no training, {}      {} (empty)
@@ -239,6 +240,9 @@ from spherepde.io.case_values import (
     zeros,
 )
 
+# Atoms of a measure handed whole to POT's exact solver are fewer than this (diagnostics.w2_atoms, compare --atoms):
+# its cost matrix holds atoms^2 float64, 800 MB at 1e4, and a larger one would end in an allocation failure.
+ATOMS_BELOW = 10_000
 REQUIRED = object()  # no default: the key must be given
 ABSENT = object()  # a default meaning "leave the key out of the resolved data"
 
@@ -401,7 +405,7 @@ SCHEMA = (
         _Key("lyapunov_p", distinct(reals(POSITIVE)), lambda ctx: [0.25]),
         _Key("tail_tol", real(POSITIVE), 1e-6),
         _Key("w2", boolean, True),
-        _Key("w2_atoms", integer(POSITIVE), 1000),
+        _Key("w2_atoms", integer(Interval(1, high=ATOMS_BELOW)), 1000),
     )),
     Section("control", (
         _Key("loss", _loss_names, "align"),

@@ -286,6 +286,8 @@ def w2_between(points_a, masses_a, points_b, masses_b, atoms: int) -> tuple[floa
         value = exact_transport(points_a, _normalised(masses_a), points_b, _normalised(masses_b))[0]
         return math.sqrt(max(value, 0.0)), 0.0, "exact (POT emd)"
     value, bound = wasserstein2(points_a, masses_a, points_b, masses_b, atoms)
+    if bound == 0:  # neither measure had more than `atoms` atoms
+        return value, bound, "exact (POT emd)"
     return value, bound, f"POT emd of both measures quantised to <= {atoms} atoms (error <= w2_bound)"
 
 
