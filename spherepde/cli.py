@@ -337,8 +337,12 @@ def command_sweep(args) -> int:
     folder = f"{case.name}-sweep" if args.output is None else args.output
     check_folder(folder, "sweep -o")
     _hold(os.path.join(folder, COMBINED))
+    words = ([args.case, "-o", folder] + [word for value in args.set for word in ("--set", value)]
+             + [word for value in args.param for word in ("--param", value)]
+             + [word for flag, value in (("--seeds", args.seeds), ("--workers", args.workers),
+                                         ("--scheduler", args.scheduler)) if value for word in (flag, value)])
     path = run_sweep(case, args.param, folder, seeds=args.seeds, scheduler=args.scheduler, workers=args.workers,
-                     overwrite=args.overwrite, resume=args.resume)
+                     overwrite=args.overwrite, resume=args.resume, command="sweep " + shlex.join(map(str, words)))
     print(f"spherepde: wrote {path}", file=sys.stderr)
     return 0
 

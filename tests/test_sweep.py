@@ -70,8 +70,14 @@ def test_by_parameters_of_a_sweep_of_one_key(tmp_path):
     case = tmp_path / "case.toml"
     case.write_text(SMALL_S1)
     output = tmp_path / "out"
-    assert main(["sweep", str(case), "--param", "model.eps=0.2,0.4", "--workers", "1", "-o", str(output)]) == 0
+    assert main(["sweep", str(case), "--param", "model.eps=0.2,0.4", "--workers", "1", "-o", str(output),
+                 "--set", "time.t_end=0.4"]) == 0
     with xr.open_dataset(output / "sweep.nc") as combined:
+        # CF history: the whole command, --set too (it left out all but the params); a member names its sweep
+        assert combined.attrs["history"].endswith(f"sweep {case} -o {output} --set time.t_end=0.4 --param "
+                                                  "model.eps=0.2,0.4 --workers 1"), combined.attrs["history"]
+        with xr.open_dataset(output / "member-000.nc") as member:
+            assert member.attrs["history"].endswith(f"run (member 0 of the sweep in {output})")
         grid = sweep_module.by_parameters(combined)
         assert grid["order_parameter"].dims[0] == "model_eps"
         for index, eps in enumerate([0.2, 0.4]):

@@ -143,6 +143,7 @@ def run_batch(indices: list, case_texts: list, paths: list, threads: int | None 
                 summaries.append({"member": index, "path": None, "status": f"failed: {outcome}", "exit_status": 3})
                 continue
             exit_status, dataset = 3, outcome.dataset
+        dataset.attrs["history"] += f" (member {index} of the sweep in {os.path.dirname(path)})"
         write_dataset(dataset, path)
         summaries.append(summarise(index, path, dataset, exit_status))
     return summaries
@@ -217,8 +218,10 @@ def default_workers(members: int) -> int:
 
 
 def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = None, scheduler: str | None = None,
-              workers: int | None = None, overwrite: bool = False, resume: bool = False) -> str:
-    """Run every member (see the module docstring), write DIR/sweep.nc; returns its path.
+              workers: int | None = None, overwrite: bool = False, resume: bool = False,
+              command: str | None = None) -> str:
+    """Run every member (see the module docstring), write DIR/sweep.nc; returns its path.  `command`: the words that
+    made the sweep, for the files' CF history (default: the params and seeds; the command line gives all of its own).
 
     Members that fail are reported at the end, after sweep.nc is written from the others:
     CaseError (exit 2) if one had bad input, else NumericalFailure (exit 3).
@@ -261,13 +264,13 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
                     summaries[summary["member"]] = summary
                     print(f"spherepde: member {summary['member']} ({members[summary['member']].label()}) "
                           f"{summary['status']} [{done}/{len(pending)}]", file=sys.stderr)
-    combine(case, members, summaries, combined, params, seeds)
+    combine(case, members, summaries, combined, params, seeds, command)
     _raise_failures(members, summaries)
     return combined
 
 
 def combine(case: Case, members: list[Member], summaries: dict, target: str, params: list[str],
-            seeds: int | None) -> None:
+            seeds: int | None, command: str | None = None) -> None:
     """Write the members' files of a sweep of `case` as one Dataset along `member` (xr.open_mfdataset), atomically."""
     import dask
     import xarray as xr
@@ -312,7 +315,7 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         failed = [m for m in members if summaries[m.index]["status"] != "completed"]  # the members' attrs differ
         data.attrs["status"] = (f"failed: {len(failed)} of {len(members)} sweep members (member_status)" if failed
                                 else "completed")
-        data.attrs["history"] += f" sweep {' '.join(params)}" + (f" --seeds {seeds}" if seeds else "")
+        data.attrs["history"] += " " + (command or f"sweep {' '.join(params)}" + (f" --seeds {seeds}" if seeds else ""))
         # One thread reads the members and writes the file: netCDF-C is not thread-safe, and with xarray 2024.1 and
         # netCDF4 1.7.3 (which releases the GIL) dask's threaded scheduler deadlocked here in 3 of 10 test runs
         # (xarray's lock serialises the reads and the writes anyway)
