@@ -138,9 +138,7 @@ def test_measure_of_a_particle_and_a_sphere_dataset():
     assert points.shape == (50, 3) and np.all(masses == 1 / 50)
 
 
-def test_cli_compare_of_a_both_file(tmp_path, capsys):
-    case = tmp_path / "case.toml"
-    case.write_text("""
+BOTH_CASE = """
 [sphere]
 dim = 2
 lmax = 16
@@ -162,7 +160,12 @@ n = 4000
 save = 4000
 [diagnostics]
 lyapunov_p = [0.1]
-""")
+"""
+
+
+def test_cli_compare_of_a_both_file(tmp_path, capsys):
+    case = tmp_path / "case.toml"
+    case.write_text(BOTH_CASE)
     result = tmp_path / "both.nc"
     assert main(["run", str(case), "-o", str(result), "--solver", "both", "--quiet"]) == 0
     capsys.readouterr()
@@ -195,29 +198,8 @@ def test_cli_compare_what_a_fuzzing_round_found(tmp_path, capsys):
     itself and --no-w2, which then compares; a file whose Lyapunov exponents were dropped is refused (a KeyError)."""
     from spherepde.io.output import split_both
 
-    text = """
-[sphere]
-dim = 2
-lmax = 16
-[model]
-kernel = "unnormalized"
-beta = 0.0
-V = [[1.0, 0.0], [0.0, 1.0]]
-eps = 0.25
-[initial]
-kind = "vmf"
-mean = [1.0, 0.0]
-kappa = 1.0
-[time]
-t_end = 0.2
-dt = 0.05
-save_every = 0.1
-[particles]
-n = 400
-save = 100
-[diagnostics]
-lyapunov_p = []
-"""
+    text = BOTH_CASE.replace("t_end = 0.5", "t_end = 0.2").replace("n = 4000\nsave = 4000", "n = 400\nsave = 100")
+    text = text.replace("lyapunov_p = [0.1]", "lyapunov_p = []")
     case = tmp_path / "case.toml"
     case.write_text(text)
     both = tmp_path / "both.nc"
@@ -237,7 +219,7 @@ lyapunov_p = []
     err = capsys.readouterr().err
     assert "(particles) holds neither a density nor saved particles" in err and "--no-w2" in err, err
     assert main(["compare", str(both), "-o", str(tmp_path / "r0"), "--no-w2"]) == 0
-    case.write_text(text.replace("lyapunov_p = []", "lyapunov_p = [0.25]"))
+    case.write_text(text.replace("lyapunov_p = []", "lyapunov_p = [0.1]"))
     assert main(["run", str(case), "-o", str(both), "--solver", "both", "--quiet", "--overwrite"]) == 0
     eulerian, particles = split_both(xr.open_dataset(both).load())
     write_dataset(eulerian, tmp_path / "eulerian.nc")
