@@ -211,8 +211,8 @@ class DensityCheck:
     a density has, |c| <= ||rho||_L2 <= |S^{d-1}|^(1/2) max |rho| (Parseval).  The first failing interval of each
     member is remembered.  The peak is kept in the step's array library (Transport.namespace: numpy on the CPU's
     fourier path, where the three torch operations of `step` cost 8 us of a 150 us step at one member).  A failure
-    says when the interval's steps were too long for the explicit transport (ForwardProblem.unstable_steps at the
-    interval's start, which passed, with the layer's drive of `drives`)."""
+    says when the interval's steps were too long for the explicit transport (ForwardProblem.first_unstable_step from
+    the interval's start, which passed, with the layer's drive of `drives`)."""
 
     def __init__(self, forward: ControlledForward, states: torch.Tensor, drives: list):
         basis = forward.problem.basis
@@ -236,11 +236,10 @@ class DensityCheck:
         exceeded = ~as_tensor(self.peak <= self.limit).cpu().numpy()
         reasons = departures(densities, self.weights, self.mass_0, problem.basis.placement.real)
         failing = [m for m, reason in enumerate(reasons) if (exceeded[m] or reason is not None) and m not in self.first]
-        if failing:
-            interval = plan.interval
-            causes = problem.unstable_steps(self.start, self.drives[interval.layer], plan.dt, interval.t0, "time.dt")
-            for m in failing:
-                self.first[m], self.causes[m] = interval, causes[m]
+        for m in failing:
+            self.first[m] = plan.interval
+            self.causes[m] = problem.first_unstable_step(self.start, plan.interval.t0, [plan], self.drives,
+                                                         "time.dt", m)
         self.start = state
 
     def reasons(self) -> list:

@@ -111,21 +111,8 @@ class ForwardHooks(Hooks):
         self.since_save, self.failures = [], {}
 
     def unstable(self, member: int) -> str | None:
-        """The sentence of ForwardProblem.unstable_steps at the first state since the last save whose step was
-        beyond the bound, or None where every step from a finite state was within it.  Finiteness is checked at
-        saves only, and max|v| grows between them as the density concentrates, so the saved state alone can lie
-        well within the bound (kuramoto-s1 at beta = 4, eps = 0.05, dt = 0.05: 0.99 of it at t = 0, and non-finite
-        by t = 1).  The member's steps are taken again (all members are stepped: they are independent), on a
-        failure only."""
-        state, t = self.saved
-        for plan in self.since_save:
-            drive, factors, dt = self.drives[plan.interval.layer], self.problem.factors(plan), float(plan.dt[member])
-            for k in range(int(plan.steps[member])):
-                said = self.problem.unstable_steps(state, drive, plan.dt, t, self.step_key)[member]
-                if said is not None or not bool(torch.isfinite(state[member]).all()):
-                    return said
-                state, t = self.problem.step(state, drive, factors), plan.interval.t0 + (k + 1) * dt
-        return None
+        """ForwardProblem.first_unstable_step of the member since the last save."""
+        return self.problem.first_unstable_step(*self.saved, self.since_save, self.drives, self.step_key, member)
 
     def stop(self, member: int, reason: str, plan: Plan) -> None:
         self.failures[member] = self.recorders[member].failure(reason)

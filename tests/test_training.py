@@ -457,6 +457,25 @@ def test_a_blown_up_training_run_says_the_step_its_controls_need():
     assert "blew up" in str(failure.value) and "time.dt below" not in str(failure.value), str(failure.value)
 
 
+def test_a_training_run_names_the_step_that_passed_the_bound_inside_its_interval():
+    # The density concentrates and max|v| grows inside the interval: at its start the step is at 0.99 of the bound
+    # (kuramoto-s1 at beta = 4, eps = 0.05, dt = 0.05, one layer over [0, 1]), and the forward map's failure takes
+    # the steps again to name the first beyond it, as a plain run of the case does (tests/test_cli.py)
+    from solvers.controlled_forward import evaluate_cost
+    from spherepde.base.errors import NumericalFailure
+
+    case = spherepde.load_case("cases/kuramoto-s1.toml", [
+        "model.beta=4", "model.eps=0.05", "time.t_end=1.0", "time.save_every=1.0", "time.dt=0.05",
+        "control.loss='align'", "control.layers=1"])
+    forward = ControlledForward(case)
+    c0 = initial_density(case["initial"], forward.problem.basis)
+    problem = forward.problem
+    assert problem.unstable_steps(problem.initial(), problem.layer_drives()[0], 0.05, 0.0, "time.dt") == [None]
+    with pytest.raises(NumericalFailure) as failure:
+        evaluate_cost(forward, c0, torch.zeros(1, 2, 2, dtype=torch.float64))
+    assert "lmax max|v| dt = 32 x 3.41 x 0.05 = 5.46 at t = 0.05, above 4" in str(failure.value), str(failure.value)
+
+
 def test_a_blow_up_that_passes_is_still_a_failure():
     # A state that is no density at one step and looks like one again at T (injected here: one step scales it
     # by 1e6, the next back) must fail the forward map too: a line search accepted such a W (bow loss, reduced
