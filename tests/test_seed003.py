@@ -49,6 +49,10 @@ def test_nonsymmetric_ablation_spectrum():
     assert np.allclose(np.sort(eigenvalues.real), [-2.0, 1 - math.sqrt(2), 1 + math.sqrt(2)], atol=1e-14)
     E = principal_subspace(VBt)
     assert abs(abs(E[:, 0] @ np.array([1.0, math.sqrt(2), 0.0]) / math.sqrt(3)) - 1) < 1e-14
+    # E is the matrix's eigenspace whatever its scale (below 1e-9 it was the whole space), the zero matrix's all
+    for scale in (1e-12, 1e-300, 1e12):
+        assert np.abs(np.abs(principal_subspace(scale * VBt).T @ E) - 1).max() < 1e-12
+    assert principal_subspace(np.zeros((3, 3))).shape == (3, 3)
 
 
 def test_complex_ablation_spectrum():

@@ -216,11 +216,13 @@ def interaction_energy(model: Model, exp_kernel, basis, rho: torch.Tensor) -> fl
 def principal_subspace(matrix: np.ndarray, rtol: float = 1e-9) -> np.ndarray | None:
     """Orthonormal basis (d, k) of the eigenspace of the eigenvalue with largest real part.
 
-    None when that eigenvalue is complex (no real invariant subspace to align with).
+    None when that eigenvalue is complex (no real invariant subspace to align with).  Ties and imaginary parts are
+    judged relative to the largest |eigenvalue|, so that the space does not change with the matrix's scale (an
+    absolute floor made every eigenvalue of a V B^T below 1e-9 "largest": E the whole space).
     """
     eigenvalues, eigenvectors = np.linalg.eig(np.asarray(matrix, dtype=float))
     top = eigenvalues.real.max()
-    scale = max(1.0, np.abs(eigenvalues).max())
+    scale = np.abs(eigenvalues).max()
     chosen = np.abs(eigenvalues.real - top) <= rtol * scale
     if np.abs(eigenvalues[chosen].imag).max() > rtol * scale:
         return None
