@@ -112,6 +112,27 @@ def test_second_moments_are_exact_for_band_limited_densities():
     assert np.abs(cc.second_moments(tokens) - np.diag([2, 1, 1]) / 4).max() == 0
 
 
+def test_zero_temperature_mean_does_not_depend_on_the_scale_of_B():
+    """m = B^T x / |B^T x| is the same for s B, s > 0: at s = 1e-200 |B^T x|^2 underflowed and m was 0 (a run at
+    beta = inf then never moved); its derivative in B, homogeneous of degree -1, scales by 1 / s."""
+    import torch
+
+    from spherepde.model.attention import zero_temperature_mean
+
+    B = torch.tensor([[[-1.0, 0.3, 0.0], [0.0, -0.5, 0.2], [0.1, 0.0, 2.0]]], dtype=torch.float64)
+    x = torch.randn(50, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    x = x / x.norm(dim=1, keepdim=True)
+    reference = zero_temperature_mean(B, x)
+    weights = torch.randn(reference.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    (gradient,) = torch.autograd.grad((zero_temperature_mean(B.requires_grad_(True), x) * weights).sum(), B)
+    for s in (1e-200, 1e-10, 1e10, 1e200):
+        scaled = (s * B.detach()).requires_grad_(True)
+        m = zero_temperature_mean(scaled, x)
+        assert (m - reference).abs().max() < 1e-15
+        (scaled_gradient,) = torch.autograd.grad((m * weights).sum(), scaled)
+        assert ((s * scaled_gradient - gradient).abs().max() / gradient.abs().max()) < 1e-13
+
+
 def test_eulerian_hemisphere_masses_invariant_at_beta_inf():
     """Resolved (lmax 32 until t ~ 0.3): the exact hemisphere mass moves by 3.4e-9 (the truncation error); at
     beta = 10 it moves by > 1e-3."""

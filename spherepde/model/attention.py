@@ -106,8 +106,12 @@ def pointwise_product(points: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
 
 
 def zero_temperature_mean(B: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-    """m(x) = B^T x / |B^T x| (0 where B^T x = 0): B (M, d, d), points (P, d) or (M, P, d) -> (M, P, d)."""
-    u = pointwise_product(points, B)
+    """m(x) = B^T x / |B^T x| (0 where B^T x = 0): B (M, d, d), points (P, d) or (M, P, d) -> (M, P, d).  m does
+    not change with B's scale, so B is first divided by its largest |entry| (held constant under autograd: the
+    derivative of m is homogeneous of degree -1, and d m(B / s) / dB at s fixed is that at B): |B^T x|^2 of a B
+    of 1e-200 underflowed, and m was 0 everywhere."""
+    scale = B.detach().abs().amax((-2, -1), keepdim=True)
+    u = pointwise_product(points, B / torch.where(scale > 0, scale, 1.0))
     length = norm(u)[..., None]
     return torch.where(length > 0, u / torch.where(length > 0, length, 1.0), 0.0)
 
