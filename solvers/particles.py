@@ -73,19 +73,20 @@ NOISE_BYTES = 2 ** 26
 class Noise:
     """The members' Gaussian draws g ~ N(0, I_d) (M, n, d), one per noise step, from each member's own generator,
     drawn `count` at a time per interval in chunks of at most NOISE_BYTES per member (the chunks depend on n, d
-    and the interval only, not on the batch)."""
+    and the interval only, not on the batch).  They are drawn in float64 and cast, so that a float32 run follows
+    the float64 run's Brownian path (torch's float32 draws are another sequence: positions differed by O(1))."""
 
     def __init__(self, generators: list, shape: tuple, dtype, device):
         self.generators, self.shape, self.dtype, self.device = generators, shape, dtype, device
-        self.chunk = max(1, NOISE_BYTES // (math.prod(shape) * torch.finfo(dtype).bits // 8))
+        self.chunk = max(1, NOISE_BYTES // (math.prod(shape) * 8))
 
     def blocks(self, count: int):
         """The next `count` draws of every member, as an iterator of (size, M, n, d) tensors: the chunks."""
         done = 0
         while done < count:
             size = min(self.chunk, count - done)
-            yield torch.stack([torch.randn((size,) + self.shape, generator=g, dtype=self.dtype, device=self.device)
-                               for g in self.generators], dim=1)
+            yield torch.stack([torch.randn((size,) + self.shape, generator=g, dtype=torch.float64,
+                                           device=self.device).to(self.dtype) for g in self.generators], dim=1)
             done += size
 
     def draws(self, count: int):

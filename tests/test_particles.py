@@ -192,6 +192,18 @@ def test_the_device_attention_matches_the_cpu_dense_mean(dtype, tolerance, devic
     assert torch.abs(mean - dense).max() <= tolerance
 
 
+@pytest.mark.parametrize("dim", [2, 3])
+def test_a_float32_noisy_run_follows_the_float64_runs_brownian_path(dim):
+    """The Gaussian increments are drawn in float64 and cast: a float32 particle run with noise stays within float32
+    round-off of the float64 run of the same seed (its own float32 draws were another sequence: O(1) apart)."""
+    runs = [run_particles(particle_case(dim, 300, model={"beta": 2.0, "eps": 0.1}, particles={"save": 300},
+                                        time={"t_end": 0.5, "dt": 0.05, "save_every": 0.25},
+                                        solver={"dtype": dtype}))
+            for dtype in ("float64", "float32")]
+    positions = [run["particles"].values[-1].astype(float) for run in runs]
+    assert 0 < np.abs(positions[0] - positions[1]).max() < 1e-5
+
+
 def test_replicas_are_independent_systems_with_batch_mean_errors():
     """replicas = R: the drift of a token sees its own block of n / R tokens only, and the standard
     error of a diagnostic is the spread of the R block estimates / sqrt(R)."""
