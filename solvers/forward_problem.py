@@ -164,13 +164,7 @@ class ForwardProblem:
         """Whether member `member`'s attention is one head whose B and V are the same on every layer (and, for a
         training's run (`trained`), not trained): the model the one-head diagnostics (subspaces, interaction
         and free energy) are defined for, its head being `batch.models[member]`'s."""
-        if not self.layered:
-            return True
-        layout = self.layouts[member]
-        if len(layout.heads) != 1 or (trained and {"B", "V"} & set(layout.train)):
-            return False
-        parts = layout.unpack(self.parameters[member])
-        return all(bool((parts[name] == parts[name][:1]).all()) for name in ("B", "V"))
+        return not self.layered or self.layouts[member].one_fixed_head(self.parameters[member], trained)
 
     @property
     def model(self) -> Model:

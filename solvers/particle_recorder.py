@@ -42,15 +42,18 @@ class ParticleRecorder(RunRecord):
     with R - 1 degrees of freedom); values from all n tokens, the interaction energy as the
     mean of the R within-system U-statistics.
     entropy needs a density: NaN for particles; free_energy (spherepde.model.energy) is its interaction part U
-    when eps = 0, NaN otherwise.
+    when eps = 0, NaN otherwise.  The diagnostics of the attention (alignment_E/F, lyapunov, w2_projection,
+    interaction and free energy) are those of one head with fixed B and V (`fixed_attention`:
+    ParticleSystem.fixed_attention), `model`; beyond it they are NaN, as the Eulerian run's (they were head 0's).
     """
 
-    def __init__(self, case, model: Model, field: ParticleField, x0: torch.Tensor, controlled: bool = False):
+    def __init__(self, case, model: Model, field: ParticleField, x0: torch.Tensor, controlled: bool = False,
+                 fixed_attention: bool = True):
         super().__init__(case)
-        self.model, self.field, self.controlled = model, field, controlled
+        self.model, self.field, self.controlled, self.fixed_attention = model, field, controlled, fixed_attention
         host = lambda matrix: matrix.cpu().double().numpy()  # noqa: E731
-        self.subspace_E = principal_subspace(host(model.V @ model.B.T))
-        self.subspace_F = principal_subspace(host(model.V))
+        self.subspace_E = principal_subspace(host(model.V @ model.B.T)) if fixed_attention else None
+        self.subspace_F = principal_subspace(host(model.V)) if fixed_attention else None
         self.want_w2, self.w2_atoms = case["diagnostics"]["w2"], case["diagnostics"]["w2_atoms"]
         self.replicas = case["particles"]["replicas"]
         self.projected_0 = None
@@ -104,11 +107,11 @@ class ParticleRecorder(RunRecord):
                 row[name], errors[name] = mean_and_error(diag.projected_norm_squared(points, subspace))
         row["lyapunov"], errors["lyapunov"] = self._lyapunov(points, masses)
         row["w2_projection"], errors["w2_projection"] = self._w2_projection(points, projected_0)
-        row["interaction_energy"], errors["interaction_energy"] = (self._interaction_energy(x) if energy
-                                                                   else (math.nan, math.nan))
+        row["interaction_energy"], errors["interaction_energy"] = (self._interaction_energy(x) if energy and
+                                                                   self.fixed_attention else (math.nan, math.nan))
         row["entropy"], errors["entropy"] = math.nan, math.nan
         free_energy = FreeEnergy.of_model(self.model, self.controlled)
-        if self.model.eps == 0:
+        if self.model.eps == 0 and self.fixed_attention:
             row["free_energy"] = free_energy(math.nan, row["interaction_energy"], m)
             errors["free_energy"] = free_energy.interaction_stderr(errors["interaction_energy"], points)
         else:

@@ -259,6 +259,11 @@ class ParticleSystem:
         self.x0 = torch.stack([x for x, _ in draws])
         self.noise_seeds = [seed for _, seed in draws]
 
+    def fixed_attention(self, member: int, trained: bool = False) -> bool:
+        """Whether member `member`'s attention is one head whose B and V are the same on every layer (and, for a
+        training's run, not trained): Layout.one_fixed_head, as ForwardProblem.fixed_attention."""
+        return not self.general or self.layouts[member].one_fixed_head(self.drives[member], trained)
+
     @property
     def members(self) -> int:
         return len(self.cases)
@@ -332,7 +337,8 @@ def run_members(system: ParticleSystem, progress: bool | None = None, controls: 
     grid = grid or TimeGrid(timing["t_end"], timing["save_every"], layered.shape[1])
     x = system.x0
     # beyond the seeds the recorder's free energy of head 0 is not the flow's: flagged as a controlled run's
-    recorders = [ParticleRecorder(member, model, system.field, x[m], controls is not None or system.general)
+    recorders = [ParticleRecorder(member, model, system.field, x[m], controls is not None or system.general,
+                                  system.fixed_attention(m, controls is not None))
                  for m, (member, model) in enumerate(zip(system.cases, system.batch.models))]
     for m, recorder in enumerate(recorders):
         recorder.record(0.0, x[m])

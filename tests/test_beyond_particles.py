@@ -174,6 +174,26 @@ def test_a_second_head_of_zero_value_is_the_one_head_run(kernel, integrator):
     assert float(abs(one["order_parameter"] - two["order_parameter"]).max()) <= 1e-14
 
 
+def test_the_attentions_diagnostics_are_nan_beyond_one_fixed_head():
+    """Several heads, or V varying over the layers: the subspaces of V B^T and V and the interaction energy are not
+    defined (docs/design.md "Output"), NaN as in the Eulerian run (they were head 0's numbers); one fixed head on the
+    general path (a two-layer feed-forward) keeps them."""
+    attention = ("alignment_E", "alignment_F", "lyapunov", "w2_projection", "interaction_energy", "free_energy")
+    cases = {"two heads": seeds_case(eps=0.0, extra_heads=[{"kernel": "unnormalized", "beta": 2.0, "B": B2, "V": V2}]),
+             "V over the layers": seeds_case(eps=0.0, V=[V, V2]),
+             # B and V with real leading eigenvalues (the module's have complex ones: no subspace to align with)
+             "one head, mlp": seeds_case(eps=0.0, feed_forward="mlp", hidden=3, W=None, W1=W1, b=HIDDEN_BIAS, W2=W2,
+                                         B=[[1.0, 0.0], [0.0, 0.65]], V=[[1.0, 0.0], [0.0, 0.65]])}
+    for name, case in cases.items():
+        system = ParticleSystem(case)
+        run = run_members(system, False)[0]
+        assert system.general, name
+        fixed = name == "one head, mlp"
+        for variable in attention:  # the softmax head has no free energy (spherepde.model.energy) in any case
+            assert np.isnan(run[variable].values).all() != (fixed and variable != "free_energy"), (name, variable)
+        assert np.isfinite(run["order_parameter"].values).all(), name
+
+
 def test_per_layer_lists_of_one_matrix_are_the_plain_case():
     """B and V as lists of three identical matrices (H = 1, linear): the seeds' paths, and the run equals the plain
     case's bit for bit (every variable); in a training, J and dJ/dW equal the plain training's bit for bit."""

@@ -74,6 +74,15 @@ class Layout:
         which spherepde.model.transport's fast paths step."""
         return len(self.heads) == 1 and self.hidden == 0 and not self.layered and set(self.train) <= {"W"}
 
+    def one_fixed_head(self, theta: torch.Tensor, trained: bool = False) -> bool:
+        """Whether the attention of the parameters theta (L, p) is one head whose B and V are the same on every
+        layer (and, in a training's run (`trained`), not trained): the model the one-head diagnostics (the
+        subspaces of V B^T and V, the interaction and free energies) are defined for."""
+        if len(self.heads) != 1 or (trained and {"B", "V"} & set(self.train)):
+            return False
+        parts = self.unpack(theta)
+        return all(bool((parts[name] == parts[name][:1]).all()) for name in ("B", "V"))
+
     def members_of(self, group: str) -> tuple:
         """The groups of theta_l a name of control.train stands for."""
         return tuple(name for name, _ in self.feed_forward_groups) if group == "W" else (group,)
