@@ -76,6 +76,10 @@ class ForwardProblem:
                 check_resolution(model, self.basis, solver["kernel_tol"])
         self.batch = ModelBatch.of(models)
         field = solver["field"]
+        if field == "spectral" and not all(layout.seeds_model for layout in self.layouts):
+            raise CaseError("solver.field: 'spectral' is available for the seeds' model only (one head, a linear W, B "
+                            "and V constant and not trained); beyond it the attention is computed dense: use 'dense' "
+                            "or 'auto'")
         if field == "auto" and not self.layered:
             field = auto_fields(self.basis, models, solver["kernel_tol"], solver["chunk"])
         self.kernels = MemberKernels(self.basis, self.batch.B, [m.beta for m in models], field, solver["kernel_tol"],

@@ -13,6 +13,7 @@ from solvers.controlled_forward import ControlledForward, central_differences_of
 from solvers.eulerian import only, run_members
 from solvers.forward_problem import ForwardProblem
 from solvers.training import run_training
+from spherepde.base.errors import CaseError
 from spherepde.io.case import load_case_text
 from spherepde.io.output import write_dataset
 
@@ -158,6 +159,11 @@ def test_two_heads_conserve_mass_and_a_second_head_without_values_is_one_head():
     run = only(run_members(two))
     assert np.abs(run["mass"].values - run["mass"].values[0]).max() <= 1e-12
     assert np.abs(run["density"].values[-1] - one["density"].values[-1]).max() > 1e-3  # the second head acts
+    # the layered transport computes the attention dense: a spectral field asked for is refused (it was ignored)
+    spectral = load_case_text(case_text(S1, 2, 32, "softmax", second_head=S1["V2"], time=timing)).with_overrides(
+        ["solver.field='spectral'"])
+    with pytest.raises(CaseError, match="solver.field: 'spectral' is available for the seeds' model only"):
+        ForwardProblem(spectral)
 
 
 def test_members_beyond_the_seeds_run_together_as_alone():
