@@ -30,7 +30,7 @@ from spherepde.base.real_view import complex_state, real_diagonal, real_state
 from spherepde.discretisation.bases import make_basis
 from spherepde.discretisation.timesteppers import SCHEMES, RungeKutta, choose_scheme, stability_bound
 from spherepde.kernels.choice import MemberKernels
-from spherepde.kernels.funk_hecke import check_resolution
+from spherepde.kernels.funk_hecke import check_resolution, check_resolutions
 from spherepde.model.attention import Model, ModelBatch
 from spherepde.model.initial import initial_density
 from spherepde.model.layered_transport import LayeredTransport
@@ -67,9 +67,13 @@ class ForwardProblem:
             layer_models = [head_models(self.layout, theta, float(member["model"]["eps"]))
                             for member, theta in zip(cases, self.parameters)]
             models = [each[0] for each in layer_models]
+            # head_models' order: head h of layer l at l H + h; head 0 is the [model] table's, the others extra_heads
+            heads = len(self.layout.heads)
+            keys = ["model.beta"] + [f"model.extra_heads[{h - 1}].beta" for h in range(1, heads)]
             for each in layer_models:
-                for model in each:
-                    check_resolution(model, self.basis, solver["kernel_tol"])
+                check_resolutions([(model, keys[k % heads],
+                                    f" with layer {k // heads + 1}'s model.B" if self.layout.layered else "")
+                                   for k, model in enumerate(each)], self.basis, solver["kernel_tol"])
         else:
             models = [Model.from_case(member, self.placement) for member in cases]
             for model in models:

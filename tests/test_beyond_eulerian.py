@@ -166,6 +166,25 @@ def test_two_heads_conserve_mass_and_a_second_head_without_values_is_one_head():
         ForwardProblem(spectral)
 
 
+@pytest.mark.parametrize("overrides, named", [
+    (["model.extra_heads=[{beta=300.0}]"], "model.extra_heads[0].beta = 300"),
+    (["model.kernel='softmax'", "model.beta=2.0", "model.B=[[[1,0],[0,1]],[[100,0],[0,100]]]"],
+     "model.beta = 2 with layer 2's model.B")])
+def test_a_grid_too_coarse_for_a_later_head_or_layer_names_it_and_the_lmax_for_all(overrides, named):
+    # head by head the check named head 0's beta, or the first layer's lmax, and the next run asked for more
+    import re
+
+    import spherepde
+
+    case = spherepde.load_case("cases/kuramoto-s1.toml", ["sphere.lmax=4"] + overrides)
+    with pytest.raises(CaseError, match=f"sphere.lmax: 4 is too coarse for {re.escape(named)}") as refused:
+        ForwardProblem(case)
+    lmax = int(re.search(r"use lmax >= (\d+)", str(refused.value)).group(1))
+    ForwardProblem(case.with_overrides([f"sphere.lmax={lmax}"]))  # carries every head and layer
+    with pytest.raises(CaseError, match=f"use lmax >= {lmax}"):
+        ForwardProblem(case.with_overrides([f"sphere.lmax={lmax - 1}"]))
+
+
 def test_members_beyond_the_seeds_run_together_as_alone():
     """Two members differing in head 0's V, in one batch: each the run of its case alone (to 1e-13)."""
     timing = "t_end = 0.5\ndt = 0.05\nsave_every = 0.25\n"

@@ -86,19 +86,30 @@ def check_resolution(model, basis, tol: float) -> None:
     spectral transform, exact at any lmax for band-limited rho, yields an attention field that
     varies on the kernel width, which a coarser grid cannot carry through the product rho v.
     """
-    if model.zero_temperature or model.beta == 0:
-        return
-    sigma_max = float(torch.linalg.matrix_norm(model.B.double(), ord=2))
-    try:
-        needed = kernel_degree(model.beta * sigma_max, basis.dim, tol)
-    except ValueError:
-        raise CaseError(f"model.beta: beta |B| = {model.beta * sigma_max:g} makes the kernel narrower than any "
-                        f"grid can carry; lower model.beta or model.B, or use beta = \"inf\"") from None
-    if needed + basis.lmax <= basis.quadrature_degree(basis.lmax):
+    check_resolutions([(model, "model.beta", "")], basis, tol)
+
+
+def check_resolutions(models: list, basis, tol: float) -> None:
+    """`check_resolution` of every (model, key of its beta, where it sits: "" or a phrase) of `models` (the heads
+    of every layer) at once: the message names the model that needs the finest grid and the lmax that carries
+    them all (head by head it named the first failing one's, and the next run asked for more)."""
+    worst, label_of_worst, needed_by_worst = None, None, 0
+    for model, name, where in models:
+        if model.zero_temperature or model.beta == 0:
+            continue
+        sigma_max = float(torch.linalg.matrix_norm(model.B.double(), ord=2))
+        try:
+            needed = kernel_degree(model.beta * sigma_max, basis.dim, tol)
+        except ValueError:
+            raise CaseError(f"{name}: beta |B| = {model.beta * sigma_max:g} makes the kernel narrower than any grid "
+                            f"can carry; lower model.beta or model.B, or use beta = \"inf\"") from None
+        if needed > needed_by_worst:
+            worst, label_of_worst, needed_by_worst = model, f"{name} = {model.beta:g}{where}", needed
+    if worst is None or needed_by_worst + basis.lmax <= basis.quadrature_degree(basis.lmax):
         return
     lmax = basis.lmax
-    while needed + lmax > basis.quadrature_degree(lmax):
+    while needed_by_worst + lmax > basis.quadrature_degree(lmax):
         lmax += 1
     raise CaseError(
-        f"sphere.lmax: {basis.lmax} is too coarse for model.beta = {model.beta:g} "
-        f"(kernel needs degree {needed} at solver.kernel_tol = {tol:g}); use lmax >= {lmax}")
+        f"sphere.lmax: {basis.lmax} is too coarse for {label_of_worst} (kernel needs degree {needed_by_worst} at "
+        f"solver.kernel_tol = {tol:g}); use lmax >= {lmax}")
