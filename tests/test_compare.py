@@ -128,6 +128,24 @@ def test_compare_an_eulerian_run_with_itself_and_a_coarser_one(tmp_path):
     assert 0 < float(report["w2"].max()) < 0.2
 
 
+def test_a_float32_run_agrees_with_its_float64_run_to_its_round_off():
+    """Both exact (standard errors 0): a float32 run's differences from the float64 run (up to 2e-6 relative) read
+    as |z| = inf against atol = 1e-9 alone; within 64 float32 epsilons of max |A| they agree (a mean's component
+    near 0 has the round-off of the mean), and the header says so.
+    A real difference (the coarser grid's min rho) still disagrees."""
+    case = make_case(3, 12, model={"beta": 2.0, "eps": 0.1}, time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1})
+    double = spherepde.run(case, progress=False)
+    single = spherepde.run(case.with_overrides(["solver.dtype='float32'"]), progress=False)
+    report = compare(double, single, w2=False)
+    differences = [float(np.abs(report[f"{name}_difference"]).max()) for name in ("mass", "entropy", "order_parameter")]
+    assert max(differences) > 1e-9 and report.attrs["rtol"] == 64 * float(np.finfo(np.float32).eps)
+    assert all(report.attrs[f"verdict_{name}"] == "agrees" for name in ("mass", "mean", "entropy", "order_parameter"))
+    assert "+ 7.6e-06 max|A|: float32 round-off)" in report.attrs["report"]
+    assert compare(double, double, w2=False).attrs["rtol"] == 0.0
+    coarse = spherepde.run(case.with_overrides(["solver.dtype='float32'", "sphere.lmax=6"]), progress=False)
+    assert compare(double, coarse, w2=False).attrs["verdict_min_density"] == "disagrees"
+
+
 def test_measure_of_a_particle_and_a_sphere_dataset():
     case = make_case(3, 8, time={"t_end": 0.1, "dt": 0.05, "save_every": 0.1}, solver={"method": "both"})
     eulerian, particles = split_both(spherepde.run(case.with_overrides(["particles.n=50"]), progress=False))
