@@ -138,11 +138,10 @@ class ForwardProblem:
         sentences = []
         for speed, rate, step in zip(speeds, stiffness, np.broadcast_to(dt, speeds.shape)):
             parts = []
-            number = lmax * speed * step
-            within = transport / (lmax * speed) if key == "time.dt" else transport
-            product = f"lmax max|v| dt = {lmax} x {speed:.3g} x {step:.3g} = {number:.3g} at t = {t:.6g}"
-            if math.isfinite(speed) and number > transport:
-                parts.append(f"{product}, above {transport:.3g}, beyond which {scheme}'s explicit stages amplify "
+            if math.isfinite(speed) and lmax * speed * step > transport:
+                within = transport / (lmax * speed) if key == "time.dt" else transport
+                parts.append(f"lmax max|v| dt = {lmax} x {speed:.3g} x {step:.3g} = {lmax * speed * step:.3g} at "
+                             f"t = {t:.6g}, above {transport:.3g}, beyond which {scheme}'s explicit stages amplify "
                              f"a transport's modes: take {key} below {within:.3g}")
             if math.isfinite(rate) and rate * step > diffusion:
                 parts.append(f"dt max|eps lam| = {step:.3g} x {rate:.3g} = {rate * step:.3g}, above {diffusion:.3g}, "
