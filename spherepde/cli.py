@@ -371,6 +371,15 @@ def main(argv=None) -> int:
         release_all()
         if "spherepde.io.output" in sys.modules:  # only it makes folders
             sys.modules["spherepde.io.output"].settle_made_folders(failed=status != 0)
+        _forget_escaped_interrupt()
+
+
+def _forget_escaped_interrupt() -> None:
+    """Let the exit status stand.  CPython ends its process by SIGINT (status 130), whatever the status it was
+    given, once a KeyboardInterrupt has escaped the code of an exec'd string (run_eval_code_obj sets the runtime's
+    unhandled_keyboard_interrupt), even one caught further out: scipy's imports exec strings, so a SIGTERM landing
+    there (our KeyboardInterrupt) ended the command with 130 instead of 143.  Every exec of a string clears it."""
+    exec("pass")
 
 
 def _dispatch(argv) -> int:

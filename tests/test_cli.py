@@ -541,3 +541,17 @@ def test_a_missing_optional_extra_is_one_line_and_exit_2(tmp_path, module, comma
                              env=os.environ | {"PYTHONPATH": os.getcwd()})
     assert process.returncode == 2
     assert len(process.stderr.strip().splitlines()) == 1 and expected in process.stderr
+
+
+def test_a_sigterm_landing_in_an_execd_string_still_exits_143(tmp_path):
+    """SIGTERM stops a command with status 143 wherever it lands, also inside code that exec'd a string (scipy's
+    imports do), after which CPython would otherwise end a `python -m` process by SIGINT (130) whatever its status."""
+    (tmp_path / "stopped.py").write_text(
+        "import sys\nimport spherepde.cli as cli\n"
+        "def info(args):\n"
+        "    exec('import os, signal\\nos.kill(os.getpid(), signal.SIGTERM)\\nfor i in range(1000): pass')\n"
+        "cli.command_info = info\n"
+        "sys.exit(cli.main(['info', 'any.nc']))\n")
+    result = subprocess.run([sys.executable, "-m", "stopped"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=120)
+    assert (result.returncode, result.stderr.strip()) == (143, "spherepde: terminated")
