@@ -153,7 +153,8 @@ def command_run(args) -> int:
     case = load_case(args.case, overrides)
     output = f"{case.name}.nc" if args.output is None else args.output
     check_file(output, "-o")
-    check_memory(case)
+    with case.naming_errors():
+        check_memory(case)
     _hold(output)
     for role, source in (("the case file", args.case), ("initial.path", case["initial"].get("path"))):
         if source and os.path.exists(output) and os.path.samefile(source, output):

@@ -78,6 +78,7 @@ def test_bad_input_exits_2_with_one_line_and_no_file(tmp_path, capsys, problem):
     assert status == 2
     assert len(err.strip().splitlines()) == 1, err
     assert named in err
+    assert f"error: {case}: " in err  # the case file named, also where the check needs the grid or the model
     assert "Traceback" not in err
     assert not output.exists() and os.listdir(tmp_path) == ["case.toml"]
 

@@ -32,9 +32,10 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     from spherepde.api.limits import check_memory
     from spherepde.base.threads import threads_for  # torch is imported by the run, not by `import spherepde`
 
-    check_memory(case)  # for the API: the command line has checked it already, before taking the lock
-    with threads_for(case):
-        return _run(case, progress, checkpoint)
+    with case.naming_errors():
+        check_memory(case)  # for the API: the command line has checked it already, before taking the lock
+        with threads_for(case):
+            return _run(case, progress, checkpoint)
 
 
 def _run(case: "Case", progress: bool | None, checkpoint):

@@ -18,6 +18,7 @@ spherepde.io.case_toml writes ``Case.text``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import os
@@ -66,6 +67,16 @@ class Case:
 
     def __getitem__(self, section: str) -> dict:
         return self.data[section]
+
+    @contextlib.contextmanager
+    def naming_errors(self):
+        """A CaseError raised in the block about this case (a check that needs the grid or the model built: the
+        resolution, the memory) prefixed by its origin, as the loaders prefix their own."""
+        try:
+            yield
+        except CaseError as error:
+            prefix = f"{self.origin}: "
+            raise (error if str(error).startswith(prefix) else CaseError(prefix + str(error))) from None
 
     def with_overrides(self, overrides: Iterable[str]) -> Case:
         """A new validated case with "section.key=value" overrides applied on top of this one."""
