@@ -101,6 +101,9 @@ class Checkpoint:
         self.interrupted = False  # an interrupt asked for a checkpoint and then a stop
         self.stepping = False  # the solver is inside its step loop, where it checks `due` after every step
         self.unit = "step"  # what the solver checks `due` after: a time step, or a training's evaluation
+        # also due at the run's last step: a "both" run's Eulerian half, which an interrupt in the particle half
+        # then keeps whole (the resumed run goes straight to the particles)
+        self.at_end = False
 
     def interrupt(self, signum=None, frame=None) -> None:
         """A SIGINT handler: while the solver steps, the first interrupt asks it to checkpoint at the end of its
@@ -126,9 +129,9 @@ class Checkpoint:
             return False
         return any(name in (MANIFEST, _LEGACY_STATE) or _STATE.fullmatch(name) for name in names)
 
-    def due(self, steps: int) -> bool:
-        """Whether a checkpoint should be written now, `steps` steps into the run."""
-        if self.interrupted:
+    def due(self, steps: int, last: bool = False) -> bool:
+        """Whether a checkpoint should be written now, `steps` steps into the run (`last`: its last step)."""
+        if self.interrupted or (last and self.at_end):
             return True
         if self.every_steps is not None and steps - self.last_steps >= self.every_steps:
             return True

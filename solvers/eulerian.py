@@ -102,11 +102,13 @@ class ForwardHooks(Hooks):
     A failure says when the steps were too long for the explicit transport (ForwardProblem.unstable_steps), found
     by taking the steps again from the last save every running member passed (`saved`: (state, t), the run's
     start at first; `since_save`: the plans of the intervals after it) with each layer's drive (`drives`);
-    `step_key` is the case key that set the steps ("time.dt" or "time.cfl")."""
+    `step_key` is the case key that set the steps ("time.dt" or "time.cfl"); `last_interval` the index of the
+    run's last interval (where a checkpoint marked `at_end` is due at the last step)."""
 
     def __init__(self, problem: ForwardProblem, recorders: list, bar: Progress, saved: tuple, drives: list,
-                 step_key: str, checkpoint=None):
+                 step_key: str, checkpoint=None, last_interval: int = -1):
         self.problem, self.recorders, self.bar, self.checkpoint = problem, recorders, bar, checkpoint
+        self.last_interval = last_interval
         self.saved, self.drives, self.step_key = saved, drives, step_key
         self.since_save, self.failures = [], {}
 
@@ -121,7 +123,8 @@ class ForwardHooks(Hooks):
         t = plan.interval.t0 + done * float(plan.dt.max())
         self.bar.update(min(t, plan.interval.t1), dt=float(plan.dt.min()))
         checkpoint, recorder = self.checkpoint, self.recorders[0]
-        if checkpoint is not None and checkpoint.due(recorder.steps + done):
+        last = plan.interval.index == self.last_interval and done == int(plan.steps[0])
+        if checkpoint is not None and checkpoint.due(recorder.steps + done, last):
             if not bool(torch.isfinite(state).all()):
                 raise recorder.failure(f"the density became non-finite between t = {plan.interval.t0:.6g} and "
                                         f"{t:.6g} (dt = {float(plan.dt[0]):.3g})")
@@ -188,7 +191,7 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
         t_start = 0.0
     bar = Progress(timing["t_end"], enabled=progress, start=t_start)
     hooks = ForwardHooks(problem, recorders, bar, (c, t_start), drives, "time.dt" if "dt" in timing else "time.cfl",
-                         checkpoint)
+                         checkpoint, len(grid.intervals) - 1)
 
     def plan_of(interval, state):
         plan, speeds = step_plan(problem, interval, state, drives[interval.layer], timing)

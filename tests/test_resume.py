@@ -217,6 +217,29 @@ def test_an_interrupt_checkpoints_the_step_it_lands_in_and_the_resumed_run_is_bi
     assert_same_result(output, reference)
 
 
+def test_an_interrupt_in_the_particle_half_of_a_both_run_keeps_its_eulerian_half_whole(tmp_path, capsys):
+    """A "both" run checkpoints its Eulerian half at its last step, so that an interrupt in the particle half
+    (which stops at once) loses none of it: the resumed run goes straight to the particles and ends as an
+    uninterrupted one (the particles reproduced by their seed)."""
+    case = write_case(tmp_path, CASE.replace("[solver]", '[particles]\nn = 1000\n[solver]\nmethod = "both"'))
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    process = subprocess.Popen([sys.executable, "-m", "spherepde", "run", str(case), "-o", str(output), "--quiet"],
+                               stderr=subprocess.PIPE, text=True)
+    state, deadline = None, time.monotonic() + 120
+    while process.poll() is None and (state is None or state["steps"] < STEPS) and time.monotonic() < deadline:
+        state = state_of(output)
+        time.sleep(0.001)
+    assert process.poll() is None, f"no checkpoint of the whole Eulerian half: {process.stderr.read()}"
+    process.send_signal(signal.SIGINT)
+    err = process.communicate(timeout=120)[1]
+    assert process.returncode == 130 and f"step {STEPS})" in err, err
+    assert not output.exists()
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 0 and f"step {STEPS})" in err, err
+    assert_same_result(output, reference, VOLATILE | {"particles_wall_seconds"})
+
+
 def test_a_second_interrupt_or_one_outside_the_steps_stops_at_once(tmp_path, capsys):
     checkpoint = Checkpoint(tmp_path / "out.nc")
     with pytest.raises(KeyboardInterrupt):  # setting up, writing, or the particle half of a "both" run

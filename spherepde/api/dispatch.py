@@ -63,7 +63,11 @@ def _run(case: "Case", progress: bool | None, checkpoint):
     from spherepde.io.output import both_dataset
 
     # each solver's failure keeps its last good state, and the other solver still runs
+    if checkpoint is not None:
+        checkpoint.at_end = True  # an interrupt in the particle half keeps the Eulerian half whole
     eulerian, eulerian_failure = _kept_on_failure(lambda: run_eulerian(case, progress=progress, checkpoint=checkpoint))
+    if checkpoint is not None and checkpoint.interrupted:  # it came after the last step, its checkpoint written
+        raise KeyboardInterrupt
     particles, particle_failure = _kept_on_failure(lambda: run_particles(case, progress=progress))
     combined = both_dataset(eulerian, particles)
     failure = eulerian_failure or particle_failure
