@@ -637,3 +637,20 @@ def test_freed_temporaries_are_kept_for_the_next_stage_not_faulted_back():
     left = subprocess.run([sys.executable, "-c", FAULTS_SCRIPT], env=environment | {"MALLOC_TOP_PAD_": "0"},
                           capture_output=True, text=True, check=True).stdout.split()
     assert left[0] == "False"
+
+
+def test_a_stored_training_case_reruns_with_the_other_solver_and_a_key_set_where_it_does_not_apply_is_refused():
+    """A resolved case writes every key, the Eulerian adjoint's and the particle noise's among them: switched to
+    the other solver.method they hold their defaults and stay out of the way (the round trip gives the case back),
+    while one set to another value still names itself."""
+    case = load_case_text(TRAIN + "loss = 'align'\ntarget = [0.0, 1.0]\n")
+    assert case["control"]["gradient"] == "discrete" and "noise" not in case["control"]
+    particles = load_case_text(case.text, ["solver.method='particles'"])
+    assert "gradient" not in particles["control"] and particles["control"]["noise"] == "common"
+    assert load_case_text(particles.text, ["solver.method='eulerian'"]).data == case.data
+    for key, value in (("control.gradient", "'continuous'"), ("control.checkpoint_every", "5"),
+                       ("control.save_adjoint", "true")):
+        with pytest.raises(CaseError, match=rf"{key}: not used when solver.method = 'particles'"):
+            load_case_text(case.text, [f"{key}={value}", "solver.method='particles'"])
+    with pytest.raises(CaseError, match="control.noise: not used when solver.method is not 'particles'"):
+        load_case_text(particles.text, ["control.noise='fresh'", "solver.method='eulerian'"])
