@@ -265,12 +265,15 @@ def _only_for(section: str, key: str, *values: str):
 @dataclass(frozen=True)
 class _Key:
     """One key: how to parse it, its default (an immutable value, a function of the context,
-    REQUIRED or ABSENT), and when it does not apply."""
+    REQUIRED or ABSENT), and when it does not apply; `default_passes`: where it does not apply, its default
+    value is let through instead of refused (the keys of one solver.method, which a stored case writes: it then
+    reruns with the other)."""
 
     name: str
     parse: Callable[[Any, Context], Any]
     default: Any = REQUIRED
     unused: Callable[[Context], str | None] = _always_used
+    default_passes: bool = False
 
 
 @dataclass(frozen=True)
@@ -417,10 +420,11 @@ SCHEMA = (
         _Key("iterations", integer(NONNEGATIVE), 100),
         _Key("learning_rate", real(POSITIVE), 0.05),
         _Key("tol", real(NONNEGATIVE), 0.0),
-        _Key("gradient", choice("discrete", "continuous"), "discrete", unused=_eulerian_training_only),
-        _Key("checkpoint_every", integer(NONNEGATIVE), 0, unused=_eulerian_training_only),
-        _Key("save_adjoint", boolean, False, unused=_eulerian_training_only),
-        _Key("noise", choice("common", "fresh"), "common", unused=_particle_training_only),
+        _Key("gradient", choice("discrete", "continuous"), "discrete", unused=_eulerian_training_only,
+             default_passes=True),
+        _Key("checkpoint_every", integer(NONNEGATIVE), 0, unused=_eulerian_training_only, default_passes=True),
+        _Key("save_adjoint", boolean, False, unused=_eulerian_training_only, default_passes=True),
+        _Key("noise", choice("common", "fresh"), "common", unused=_particle_training_only, default_passes=True),
         _Key("kappa_cand", real(NONNEGATIVE), 2.0, unused=_only_for("control", "loss", "bow")),
         _Key("tau", real(POSITIVE), 1.0, unused=_only_for("control", "loss", "bow")),
         _Key("K", integer(Interval(2, high=2 ** 20)), 16, unused=_only_for("control", "loss", "bow")),
