@@ -39,8 +39,10 @@ class ParticleRecorder(RunRecord):
     interaction builds: where the dynamics amplifies fluctuations they are too small.
     particles.replicas = R > 1 (R independent systems of n / R tokens): batch means, SE =
     std over the R systems of their estimates / sqrt(R), honest at every time (Student t
-    with R - 1 degrees of freedom); values from all n tokens, the interaction energy as the
-    mean of the R within-system U-statistics.
+    with R - 1 degrees of freedom), the value the mean of the R estimates (for the averages
+    over tokens the value of all n tokens; the order parameter the mean of the systems' |m|,
+    the interaction energy of their U-statistics); w2_projection is that of all n tokens, the
+    systems' spread its error to first order (the linearisation at the potentials).
     entropy needs a density: NaN for particles; free_energy (spherepde.model.energy) is its interaction part U
     when eps = 0, NaN otherwise.  The diagnostics of the attention (alignment_E/F, lyapunov, w2_projection,
     interaction and free energy) are those of one head with fixed B and V (`fixed_attention`:
@@ -72,7 +74,11 @@ class ParticleRecorder(RunRecord):
             projected = [None] * replicas if self.projected_0 is None else np.split(self.projected_0, replicas)
             systems = [self.estimates(*block, energy=True)[0]
                        for block in zip(np.split(points, replicas), x.split(len(x) // replicas), projected)]
-            for name in ("interaction_energy", "free_energy"):
+            # the batch means: the mean of the systems' estimates, the value their spread is the error of (for the
+            # averages over tokens, the value of all n tokens); for |m| they differ where the systems' directions
+            # spread (a rotation-invariant model lets each drift): |m| of all n tokens then falls below every
+            # system's (0.70 against 0.82 on kuramoto-s1, n = 1000, R = 10, t = 80; Eulerian 0.83)
+            for name in ("order_parameter", "interaction_energy", "free_energy"):
                 row[name] = np.mean([system[name] for system in systems])
             with np.errstate(invalid="ignore"):
                 spread = {name: np.std([system[name] for system in systems], axis=0, ddof=1) / math.sqrt(replicas)

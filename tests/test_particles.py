@@ -220,6 +220,12 @@ def test_replicas_are_independent_systems_with_batch_mean_errors():
     block_means = blocks.mean(1)
     assert np.allclose(dataset["mean"].values[-1], block_means.mean(0), atol=1e-15)
     assert np.allclose(dataset["mean_stderr"].values[-1], block_means.std(0, ddof=1) / math.sqrt(3), atol=1e-15)
+    # |m| of each system, averaged: the value its spread is the error of (not |m| of all 600 tokens)
+    block_radii = np.linalg.norm(block_means, axis=1)
+    assert np.allclose(dataset["order_parameter"].values[-1], block_radii.mean(), atol=1e-15)
+    assert np.allclose(dataset["order_parameter_stderr"].values[-1], block_radii.std(ddof=1) / math.sqrt(3),
+                       atol=1e-15)
+    assert abs(dataset["order_parameter"].values[-1] - np.linalg.norm(block_means.mean(0))) > 1e-3
     assert "batch means over 3 independent systems" in dataset.attrs["stderr"]
     with pytest.raises(CaseError, match=r"particles.replicas: must divide particles.n = 600"):
         case.with_overrides(["particles.replicas=7"])

@@ -135,8 +135,12 @@ def _stderr(run: xr.Dataset, name: str, other: np.ndarray) -> np.ndarray:
     |m_n| = |m + xi| (xi ~ N(0, S / n), S = Cov(x)) exceeds |m| on average by (tr S - u^T S u) / (2 n |m|), which
     the stored delta-method error sqrt(u^T S u / n) misses and which dominates as |m| -> 0: there |m_n| is about
     sqrt(tr S / n), and a disordered phase would fail at the rate P(chi_d > k) per save (3% on S^2 at k = 3).
-    tr S / n is the sum of the squared mean_stderr components.  The widened error sqrt(delta^2 + bias^2) is
-    capped at sqrt(tr S / n), the RMS of |m_n - m|, which bounds that of |m_n| - |m| at every |m|.
+    For unit vectors tr S = 1 - |m|^2, taken at `other` (a run that does not state its n: the sum of its squared
+    mean_stderr components).  The widened error sqrt(delta^2 + bias^2) is capped at sqrt(tr S / n), the RMS of
+    |m_n - m|, which bounds that of |m_n| - |m| at every |m|.  With particles.replicas = R the value is the mean of
+    R systems' |m| of n / R tokens each: the bias and the cap are those of n / R tokens (u^T S u / (n / R) is R
+    delta^2), the mean over the systems removing none of the bias; their mean_stderr would count the drift of the
+    systems' directions, to which |m| is blind.
     """
     values = run[name].values
     if f"{name}_stderr" not in run:
@@ -144,9 +148,13 @@ def _stderr(run: xr.Dataset, name: str, other: np.ndarray) -> np.ndarray:
     delta = run[f"{name}_stderr"].values
     if name != "order_parameter" or "mean_stderr" not in run:
         return delta
-    total = (run["mean_stderr"].values ** 2).sum(-1)
+    replicas = int(run.attrs.get("replicas", 1))
+    if "n" in run.attrs:
+        total = (1.0 - np.minimum(np.abs(other), 1.0) ** 2) * replicas / float(run.attrs["n"])
+    else:
+        total = (run["mean_stderr"].values ** 2).sum(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        bias = np.where(other != 0, np.maximum(total - delta ** 2, 0.0) / (2 * np.abs(other)), np.inf)
+        bias = np.where(other != 0, np.maximum(total - replicas * delta ** 2, 0.0) / (2 * np.abs(other)), np.inf)
     return np.minimum(np.sqrt(total), np.sqrt(delta ** 2 + bias ** 2))
 
 
