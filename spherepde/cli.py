@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", help="folder for the figures (default: beside the result)")
     plot.add_argument("--projection", default="orthographic",
                       help="S^2 maps: 'orthographic' (both hemispheres, the default) or 'mollweide'")
-    plot.add_argument("--snapshots", type=_positive(int), default=4, metavar="N", help="density snapshots drawn")
+    plot.add_argument("--snapshots", type=_positive(int), default=4, metavar="N",
+                      help="saves drawn: S^2 density snapshots, S^1 profiles")
     plot.add_argument("--animate", action="store_true", help="also write <result>.gif, one frame per save")
 
     sweep = _command(commands, "sweep", "run a case for every combination of parameter values (Dask)")
@@ -153,6 +154,10 @@ def command_run(args) -> int:
     case = load_case(args.case, overrides)
     output = f"{case.name}.nc" if args.output is None else args.output
     check_file(output, "-o")
+    if args.plot:
+        from spherepde.analysis.plotting import figure_paths
+
+        figure_paths(output)  # the figure must not replace the result
     with case.naming_errors():
         check_memory(case)
     _hold(output)

@@ -9,7 +9,7 @@ from test_cli import SMALL_S1
 
 import spherepde
 from spherepde.analysis.diagnostic_panels import _controls, _curves, _diagnostics
-from spherepde.analysis.plotting import _circle_centre, _circle_window
+from spherepde.analysis.plotting import _circle_centre, _circle_density, _circle_picture, _circle_window
 from spherepde.analysis.sphere_view import PIXELS, SphereDensity, SphereView, _disk_points, _view_frame
 from spherepde.api.sweep import combine, plan, run_batch
 from spherepde.cli import main
@@ -80,7 +80,27 @@ def test_circle_window_puts_the_cluster_in_the_middle(results):
         assert np.isclose(centre, np.pi) and np.isclose(theta[-1] - theta[0], 2 * np.pi)
         assert np.allclose(np.diff(theta), theta[1] - theta[0])
         assert np.isclose(theta[np.argmax(density[-1])], np.pi, atol=theta[1] - theta[0])
-        assert np.allclose(np.sort(density[:, :-1], axis=1), np.sort(dataset["density"].values, axis=1))
+        # re-synthesised on a multiple of the stored grid's points: at those, its values
+        stored = dataset["density"].values
+        gaps = np.angle(np.exp(1j * (theta[:-1, None] - dataset["theta"].values[None])))
+        at_nodes = (np.abs(gaps) < 1e-9).any(1)
+        assert at_nodes.sum() == stored.shape[1]
+        assert np.allclose(np.sort(density[:, :-1][:, at_nodes], axis=1), np.sort(stored, axis=1), atol=1e-14)
+
+
+def test_circle_densities_are_drawn_from_their_fourier_series():
+    """A trigonometric polynomial of degree 7 on 20 (even) and 21 (odd) points is re-synthesised on 720 and 735
+    points to round-off, where the polyline through its nodes misses by a tenth of its size."""
+    for points in (20, 21):
+        theta = 2 * np.pi * np.arange(points) / points
+
+        def rho(angle):
+            return 1 / (2 * np.pi) + 0.1 * np.cos(3 * angle) + 0.05 * np.sin(7 * angle - 0.3)
+        dataset = xr.Dataset({"density": (("time", "theta"), rho(theta)[None])}, coords={"theta": theta})
+        fine, values = _circle_density(dataset)
+        assert len(fine) == {20: 720, 21: 735}[points] and np.abs(values[0] - rho(fine)).max() < 1e-15
+        assert np.abs(np.interp(fine, np.append(theta, 2 * np.pi), np.append(rho(theta), rho(0.0)))
+                      - rho(fine)).max() > 0.01
 
 
 def test_error_bands_come_from_standard_errors(results):
@@ -180,3 +200,55 @@ def test_sweep_figure_and_one_line_refusals(tmp_path, capsys):
         assert main(["plot", str(tmp_path / "sweep.nc")] + args) == 2
         err = capsys.readouterr().err
         assert named in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_figure_never_replaces_its_result_and_odd_files_are_one_line_refusals(results, tmp_path, capsys):
+    """A result named RUN.png is refused by plot (its figure would be RUN.png) and by run --plot before the run;
+    a save cut with time as a number, a file without lmax, and --animate of an S^2 run with neither density nor
+    particles are one-line refusals (they were tracebacks, or a GIF of empty spheres)."""
+    import shutil
+
+    disguised = tmp_path / "run.png"
+    shutil.copy(results["s1"], disguised)
+    before = disguised.read_bytes()
+    assert main(["plot", str(disguised)]) == 2 and disguised.read_bytes() == before
+    assert "would replace the result" in capsys.readouterr().err
+    case = tmp_path / "case.toml"
+    case.write_text(SMALL_S1)
+    assert main(["run", str(case), "-o", str(tmp_path / "out.png"), "--plot", "--quiet"]) == 2
+    assert not (tmp_path / "out.png").exists() and "would replace the result" in capsys.readouterr().err
+    with xr.open_dataset(results["s2"]) as dataset:
+        dataset.isel(time=-1).to_netcdf(tmp_path / "one_save.nc")
+        dataset.drop_attrs().assign_attrs({k: v for k, v in dataset.attrs.items() if k != "lmax"}).to_netcdf(
+            tmp_path / "no_lmax.nc")
+        dataset.drop_vars(["density", "cell_area"]).to_netcdf(tmp_path / "diagnostics_only_s2.nc")
+    for args, named in ((["info", "one_save.nc"], "time as a number"), (["plot", "one_save.nc"], "time as a number"),
+                        (["plot", "no_lmax.nc"], "no lmax attribute"),
+                        (["plot", "diagnostics_only_s2.nc", "--animate"], "has neither")):
+        assert main([args[0], str(tmp_path / args[1])] + args[2:]) == 2
+        err = capsys.readouterr().err
+        assert named in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_s1_profiles_follow_snapshots_and_views_face_the_density_where_the_mean_vanishes(results):
+    """--snapshots sets the S^1 profiles drawn too (they were always 5); an S^2 run whose mean vanishes (antipodal
+    clusters) is viewed from its density's maximum, and says so (it said "the final mean" of the north pole)."""
+    import matplotlib.pyplot as plt
+
+    with xr.open_dataset(results["s1"]) as dataset:
+        for count in (2, 3):
+            figure = plt.figure()
+            _circle_picture(figure, dataset, count)
+            profiles = figure.axes[1]
+            assert len(profiles.get_lines()) == count
+            plt.close(figure)
+    with xr.open_dataset(results["s2"]) as dataset:
+        still = dataset.assign(mean=dataset["mean"] * 0)
+        view = SphereView(still, str(results["s2"]), "orthographic")
+        last = dataset["density"].isel(time=-1)
+        j, k = np.unravel_index(int(np.argmax(last.values)), last.shape)
+        lat, lon = np.radians(float(last["lat"][j])), np.radians(float(last["lon"][k]))
+        assert np.allclose(view.centre, [np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)])
+        assert view.labels()[0].startswith("centred on the density's maximum")
+        assert SphereView(dataset, str(results["s2"]), "orthographic").labels()[0].startswith(
+            "centred on the final mean")

@@ -5,7 +5,8 @@
 - S^2: density snapshots in orthographic views of both hemispheres (centred on the final
   mean direction and its antipode, graticule every 30 degrees) or in the Mollweide
   projection, on one colour scale;
-- S^1: the angle-depth picture (density over angle and time) and density profiles;
+- S^1: the angle-depth picture (density over angle and time) and density profiles (as many as the S^2
+  snapshots);
 - the diagnostics of docs/design.md "Diagnostics" as time series, the under-resolved stretch (after
   `resolved_until`) shaded;
 - a training (controls `W`, a cost per `iteration`): also the energy gap, the angle of the mean
@@ -19,6 +20,7 @@ function the solver represents, not a faceted grid).  The S^2 views are those of
 the diagnostics panels those of spherepde.analysis.diagnostic_panels.
 """
 
+import numbers
 import os
 import textwrap
 import uuid
@@ -38,16 +40,33 @@ from spherepde.io.output import check_folder, failed_parts, failure_summary, mak
 from spherepde.io.summary import open_result  # noqa: E402
 
 PROJECTIONS = ("orthographic", "mollweide")
+FINE_CIRCLE_POINTS = 720  # S^1 densities are drawn on at least this many points (half a degree)
+
+
+def figure_paths(path: str, folder: str | None = None, animate: bool = False) -> list[str]:
+    """The figures `plot_result` writes for the result `path`: <stem>.png (and <stem>.gif) in `folder`, by default
+    beside the result; a CaseError where one of them is the result itself (a result named RUN.png)."""
+    folder = os.path.dirname(os.path.abspath(path)) if folder is None else folder
+    stem = os.path.splitext(os.path.basename(path))[0]
+    targets = [os.path.join(folder, f"{stem}.{kind}") for kind in (("png", "gif") if animate else ("png",))]
+    for target in targets:
+        if os.path.realpath(target) == os.path.realpath(path):
+            raise CaseError(f"plot: the figure {target!r} would replace the result it draws; give the result "
+                            "another suffix (.nc) or the figures another folder (plot -o)")
+    return targets
 
 
 def plot_result(path: str, folder: str | None = None, projection: str = "orthographic", animate: bool = False,
                 snapshots: int = 4) -> list[str]:
-    """Write <stem>.png (and <stem>.gif when `animate`); returns the paths written."""
+    """Write <stem>.png (and <stem>.gif when `animate`, a frame a save) with `snapshots` saves drawn (S^2 views,
+    S^1 profiles); returns the paths written."""
     if projection not in PROJECTIONS:
         raise CaseError(f"plot: projection must be one of {', '.join(PROJECTIONS)}, got {projection!r}")
-    folder = os.path.dirname(os.path.abspath(path)) if folder is None else folder
+    if isinstance(snapshots, bool) or not isinstance(snapshots, numbers.Integral) or snapshots < 1:
+        raise CaseError(f"plot: snapshots must be an integer >= 1, got {snapshots!r}")
+    targets = figure_paths(path, folder, animate)
+    folder = os.path.dirname(targets[0])
     check_folder(folder, "plot -o")
-    stem = os.path.splitext(os.path.basename(path))[0]
     with open_result(path) as dataset:
         if "report" in dataset.attrs:
             raise CaseError(f"plot: {path!r} is a comparison report; its figure is the .png that compare wrote "
@@ -56,13 +75,14 @@ def plot_result(path: str, folder: str | None = None, projection: str = "orthogr
                 or "time" in dataset.dims):
             raise CaseError(f"plot: {path!r} holds no density, no particles, no diagnostics over time and no sweep "
                             "members")
-        if animate and ("member" in dataset.dims or not ("density" in dataset or _on_sphere(dataset))):
+        if animate and ("member" in dataset.dims or not ("density" in dataset
+                                                          or (_on_sphere(dataset) and "particles" in dataset))):
             raise CaseError(f"plot: --animate draws a single run's density, or its particles on S^2; {path!r} "
                             "has neither")
         make_folders(folder)
-        written = [_save(_overview(dataset, path, projection, snapshots), os.path.join(folder, f"{stem}.png"))]
+        written = [_save(_overview(dataset, path, projection, snapshots), targets[0])]
         if animate:
-            written.append(_animate(dataset, path, projection, os.path.join(folder, f"{stem}.gif")))
+            written.append(_animate(dataset, path, projection, targets[1]))
     return written
 
 
@@ -96,7 +116,7 @@ def _overview(dataset, path: str, projection: str, snapshots: int):
     if sphere:
         _sphere_snapshots(top, dataset, path, projection, snapshots)
     else:
-        _circle_picture(top, dataset)
+        _circle_picture(top, dataset, snapshots)
     _diagnostics(bottom, dataset)
     figure.suptitle(_title(dataset, path))
     return figure
@@ -178,9 +198,24 @@ def _circle_centre(dataset) -> float:
     return float(np.pi / 2 * np.round(np.arctan2(mean[1], mean[0]) / (np.pi / 2)))
 
 
+def _circle_density(dataset) -> tuple[np.ndarray, np.ndarray]:
+    """The angles and densities (time, angle) of an S^1 run re-synthesised from their Fourier series on a multiple
+    of its n equispaced points, at least FINE_CIRCLE_POINTS: the zero-padded DFT of the values, exact for the
+    trigonometric polynomial of degree below n / 2 that they hold (the solver's n > 2 lmax)."""
+    theta, values = dataset["theta"].values, dataset["density"].values
+    points = len(theta)
+    fine = points * -(-FINE_CIRCLE_POINTS // points)
+    spectrum = np.fft.rfft(values, axis=-1)
+    if points % 2 == 0:  # the Nyquist term, shared by two frequencies on the finer grid
+        spectrum[..., -1] /= 2
+    padded = np.zeros(values.shape[:-1] + (fine // 2 + 1,), complex)
+    padded[..., :spectrum.shape[-1]] = spectrum
+    return theta[0] + 2 * np.pi * np.arange(fine) / fine, np.fft.irfft(padded, fine, axis=-1) * (fine / points)
+
+
 def _circle_window(dataset, centre: float) -> tuple[np.ndarray, np.ndarray]:
-    """Angles and densities over one closed period [centre - pi, centre + pi]."""
-    theta, density = dataset["theta"].values, dataset["density"].values
+    """Angles and densities (re-synthesised: `_circle_density`) over one closed period [centre - pi, centre + pi]."""
+    theta, density = _circle_density(dataset)
     shift = np.searchsorted(theta, np.mod(centre - np.pi, 2 * np.pi))
     angles = np.mod(np.roll(theta, -shift) - (centre - np.pi), 2 * np.pi) + centre - np.pi
     rolled = np.roll(density, -shift, axis=-1)
@@ -193,9 +228,9 @@ def _particle_angles(dataset, centre: float) -> np.ndarray:
     return np.mod(np.arctan2(x[..., 1], x[..., 0]) - (centre - np.pi), 2 * np.pi) + centre - np.pi
 
 
-def _circle_picture(subfigure, dataset) -> None:
-    """The angle-depth picture (density over angle and time, particles as dots) and a few
-    profiles (particle histograms beside the density where both exist)."""
+def _circle_picture(subfigure, dataset, count: int) -> None:
+    """The angle-depth picture (density over angle and time, particles as dots) and `count`
+    profiles, evenly spread from first to last save (particle histograms beside the density where both exist)."""
     heat, profiles = subfigure.subplots(1, 2, width_ratios=[1.6, 1])
     centre, times = _circle_centre(dataset), dataset["time"].values
     has_density, has_particles = "density" in dataset, "particles" in dataset
@@ -216,7 +251,7 @@ def _circle_picture(subfigure, dataset) -> None:
     heat.set_ylabel("time (depth)")
     if times[-1] > times[0]:  # a single save (a run failed at its first interval) keeps matplotlib's range
         heat.set_ylim(times[0], times[-1])
-    picks = np.unique(np.linspace(0, len(times) - 1, min(5, len(times))).round().astype(int))
+    picks = np.unique(np.linspace(0, len(times) - 1, min(count, len(times))).round().astype(int))
     colours = plt.cm.viridis(np.linspace(0, 0.9, len(picks)))
     for colour, index in zip(colours, picks):
         label = f"t = {times[index]:.3g}"

@@ -19,6 +19,7 @@ from matplotlib.colors import PowerNorm  # noqa: E402
 from scipy.interpolate import RegularGridInterpolator  # noqa: E402
 
 from spherepde.base.device import placement  # noqa: E402
+from spherepde.base.errors import CaseError  # noqa: E402
 from spherepde.discretisation.bases import make_basis  # noqa: E402
 from spherepde.io.output import BOTH_PREFIX  # noqa: E402
 from spherepde.model.initial import density_from_file  # noqa: E402
@@ -41,6 +42,22 @@ def _final_mean(dataset, dim: int) -> np.ndarray:
     return np.zeros(dim)
 
 
+def _view_centre(dataset) -> tuple[np.ndarray, str]:
+    """(the unit vector the views centre on, what it is): the final mean direction; where the mean vanishes (a
+    symmetric law, antipodal clusters) the grid point of the last saved density's maximum, so that a cluster faces
+    the viewer; without a density the north pole."""
+    mean = _final_mean(dataset, 3)
+    if np.linalg.norm(mean) > 1e-6:
+        return mean / np.linalg.norm(mean), "the final mean"
+    saved = [index for index in range(dataset.sizes["time"]) if _has_density(dataset, index)]
+    if saved:
+        values = dataset["density"].isel(time=saved[-1])
+        lat, lon = (np.radians(float(values[name][index])) for name, index in
+                    zip(("lat", "lon"), np.unravel_index(int(np.argmax(values.values)), values.shape)))
+        return np.array([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)]), "the density's maximum"
+    return np.array([0.0, 0.0, 1.0]), "the north pole"
+
+
 def _has_density(dataset, index: int) -> bool:
     """Whether save `index` has a density (not the NaN padding after a failed Eulerian run of a "both" file)."""
     return "density" in dataset and bool(np.isfinite(dataset["density"].isel(time=index).values).all())
@@ -51,6 +68,8 @@ class SphereDensity:
 
     def __init__(self, dataset, path: str):
         self.path = path
+        if "lmax" not in dataset.attrs:
+            raise CaseError(f"plot: {path!r} has no lmax attribute: its density cannot be re-synthesised")
         fine_lmax = max(int(dataset.attrs["lmax"]), math.ceil(2 * FINE_NLAT / 3))
         self.basis = make_basis(3, fine_lmax, placement("cpu", "float64"))
         lat = self.basis.latitude.numpy()
@@ -62,7 +81,10 @@ class SphereDensity:
 
     def grid(self, index: int) -> np.ndarray:
         """(lat, lon) values on the fine grid, poles and the 360-degree column added."""
-        c = density_from_file(self.path, int(index), self.basis)
+        try:
+            c = density_from_file(self.path, int(index), self.basis)
+        except CaseError as error:  # the reader of initial densities: its words, but not its case key
+            raise CaseError(f"plot: {str(error).removeprefix('initial.path: ')}") from None
         values = self.basis.synthesis(c).numpy()[self.order]
         poles = self.basis.evaluate(c, self.poles).numpy()
         values = np.concatenate([np.full((1, values.shape[1]), poles[0]), values,
@@ -130,9 +152,7 @@ class SphereView:
         self.saved = [_has_density(dataset, index) for index in range(dataset.sizes["time"])]
         self.projection = projection
         self.particles = dataset["particles"].values if "particles" in dataset else None
-        mean = _final_mean(dataset, 3)
-        centre = mean if np.linalg.norm(mean) > 1e-6 else np.array([0.0, 0.0, 1.0])
-        self.centre = centre / np.linalg.norm(centre)
+        self.centre, self.centred_on = _view_centre(dataset)
         self.frames = [_view_frame(self.centre), _view_frame(-self.centre)]
         # one square-root scale for the whole run (animations), or each save's own (snapshots: a broad initial law
         # is invisible on the scale of the cluster it becomes)
@@ -201,6 +221,6 @@ class SphereView:
     def labels(self) -> list[str]:
         """What each of the `panels` axes shows."""
         if self.projection == "orthographic":
-            return [f"centred on the final mean {_lat_lon_label(self.centre)}",
+            return [f"centred on {self.centred_on} {_lat_lon_label(self.centre)}",
                     f"opposite side {_lat_lon_label(-self.centre)}"]
         return ["Mollweide"]

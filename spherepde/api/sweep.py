@@ -275,7 +275,7 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
     import dask
     import xarray as xr
 
-    from spherepde.io.output import finish, write_dataset
+    from spherepde.io.output import finish, history, write_dataset
 
     present = [m for m in members if summaries[m.index]["path"] is not None]
     if not present:
@@ -315,7 +315,7 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         failed = [m for m in members if summaries[m.index]["status"] != "completed"]  # the members' attrs differ
         data.attrs["status"] = (f"failed: {len(failed)} of {len(members)} sweep members (member_status)" if failed
                                 else "completed")
-        data.attrs["history"] += " " + (command or f"sweep {' '.join(params)}" + (f" --seeds {seeds}" if seeds else ""))
+        data.attrs["history"] = history(command or f"sweep {' '.join(params)}" + (f" --seeds {seeds}" if seeds else ""))
         # One thread reads the members and writes the file: netCDF-C is not thread-safe, and with xarray 2024.1 and
         # netCDF4 1.7.3 (which releases the GIL) dask's threaded scheduler deadlocked here in 3 of 10 test runs
         # (xarray's lock serialises the reads and the writes anyway)

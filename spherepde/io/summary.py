@@ -24,6 +24,10 @@ def open_result(path: str) -> xr.Dataset:
     if not source.startswith("spherepde"):
         dataset.close()
         raise CaseError(f"{path!r} is not a spherepde result (its 'source' attribute is {source or 'missing'!r})")
+    if "time" in dataset.coords and "time" not in dataset.dims:
+        dataset.close()
+        raise CaseError(f"{path!r} holds one save with time as a number, not an axis (a selection such as "
+                        "ds.sel(time=2.0)); keep the axis: ds.sel(time=[2.0])")
     return dataset
 
 
