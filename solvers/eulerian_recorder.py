@@ -98,9 +98,10 @@ class Recorder(RunRecord):
         """Append a measured state to the saves, noting when the resolution is first lost."""
         if row["spectral_tail"] > self.tail_tol and self.resolved_until is None:
             self.resolved_until = self.times[-1] if self.times else 0.0
+            which = f"after t = {self.resolved_until:.4g}" if self.times else "from the start"
             message = (f"resolution lost at t = {t:.4g}: spectral tail {row['spectral_tail']:.2e} > "
-                       f"diagnostics.tail_tol = {self.tail_tol:.0e}; results after t = {self.resolved_until:.4g} "
-                       f"are under-resolved (increase sphere.lmax or add eps)")
+                       f"diagnostics.tail_tol = {self.tail_tol:.0e}; results {which} are under-resolved (increase "
+                       "sphere.lmax or add eps)")
             warnings.warn(message, RuntimeWarning, stacklevel=2)
             self.notes.append(message)
         self.times.append(t)

@@ -235,16 +235,10 @@ def _with_command(dataset, args, output: str):
 
 
 def command_compare(args) -> int:
-    from spherepde.analysis.compare import compare, default_stem, load_pair, write_report
-    from spherepde.io.case_schema import ATOMS_BELOW
+    from spherepde.analysis.compare import check_options, compare, default_stem, load_pair, write_report
     from spherepde.io.output import check_file
 
-    for option, value, valid, rule in (("--k", args.k, 0 < args.k < math.inf, "finite and > 0"),
-                                       ("--atol", args.atol, 0 <= args.atol < math.inf, "finite and >= 0"),
-                                       ("--atoms", args.atoms, 1 <= args.atoms < ATOMS_BELOW,
-                                        f"in [1, {ATOMS_BELOW}) (the exact solver's cost matrix: atoms^2 float64)")):
-        if not valid:
-            raise CaseError(f"compare: {option} must be {rule}, got {value:g}")
+    check_options(args.k, args.atol, args.atoms)  # before the files are read
     stem = (default_stem(args.a, args.b) if args.output is None else args.output).removesuffix(".nc")
     if not os.path.basename(stem):
         raise CaseError(f"compare -o: {args.output!r} names a folder; give a file stem such as {args.output}report")

@@ -156,6 +156,26 @@ def test_measure_of_a_particle_and_a_sphere_dataset():
     assert points.shape == (50, 3) and np.all(masses == 1 / 50)
 
 
+def test_the_python_api_refuses_what_the_command_line_refuses():
+    """compare() checks its options and its inputs as `spherepde compare` does (a sweep was an IndexError, k = -1
+    and atoms = 0 ran); split_both refuses a file that is not of --solver both (it returned wrong halves);
+    spherepde.run names the Case it wants (a path gave "string indices must be integers")."""
+    case = make_case(2, 8, time={"t_end": 0.1, "dt": 0.05, "save_every": 0.1}, solver={"method": "both"})
+    both = spherepde.run(case.with_overrides(["particles.n=50"]), progress=False)
+    eulerian, particles = split_both(both)
+    for options, named in (({"k": -1.0}, "--k"), ({"atol": math.inf}, "--atol"), ({"atoms": 0}, "--atoms")):
+        with pytest.raises(spherepde.CaseError, match=f"compare: {named} must be"):
+            compare(eulerian, particles, **options)
+    sweep = xr.concat([eulerian, eulerian], "member")
+    with pytest.raises(spherepde.CaseError, match="compare: A is a sweep"):
+        compare(sweep, particles)
+    for single in (eulerian, particles):
+        with pytest.raises(spherepde.CaseError, match="not one of --solver both"):
+            split_both(single)
+    with pytest.raises(TypeError, match="spherepde.run takes a Case"):
+        spherepde.run("cases/quickstart.toml")
+
+
 BOTH_CASE = """
 [sphere]
 dim = 2

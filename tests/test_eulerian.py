@@ -157,8 +157,21 @@ def test_zero_temperature_hemisphere_masses_and_resolution_report():
     drift = np.abs(np.array(masses) - masses[0])[resolved]
     assert drift.max() <= 1e-6
     assert 0.55 < masses[0] < 0.75  # the initial law charges both hemispheres unequally
-    assert dataset.attrs["resolved_until"] != "end"
-    assert "resolution lost" in dataset.attrs["notes"]
+    last_resolved = dataset["time"].values[np.flatnonzero(~resolved)[0] - 1]
+    assert float(dataset.attrs["resolved_until"]) == last_resolved
+    assert f"results after t = {last_resolved:.4g} are under-resolved" in dataset.attrs["notes"]
+
+
+def test_a_run_under_resolved_from_its_start_says_so():
+    """A tail above the tolerance at t = 0 already: the note says the results from the start are under-resolved
+    (it said "after t = 0", as if the first save were resolved)."""
+    from test_cli import SMALL_S1
+
+    with pytest.warns(RuntimeWarning, match="from the start"):
+        dataset = spherepde.run(spherepde.load_case_text(SMALL_S1, ["sphere.lmax=6", "initial.kappa=8.0"]),
+                                progress=False)
+    assert dataset["spectral_tail"].values[0] > 1e-6  # diagnostics.tail_tol's default
+    assert "results from the start are under-resolved" in dataset.attrs["notes"]
 
 
 @pytest.mark.parametrize("scheme, order", [("imex-ark436", 4), ("imex-ars443", 3)])

@@ -204,8 +204,9 @@ def test_sweep_figure_and_one_line_refusals(tmp_path, capsys):
 
 def test_a_figure_never_replaces_its_result_and_odd_files_are_one_line_refusals(results, tmp_path, capsys):
     """A result named RUN.png is refused by plot (its figure would be RUN.png) and by run --plot before the run;
-    a save cut with time as a number, a file without lmax, and --animate of an S^2 run with neither density nor
-    particles are one-line refusals (they were tracebacks, or a GIF of empty spheres)."""
+    a save cut with time as a number, a file without lmax, a figure's path taken by a folder and --animate of an
+    S^2 run with neither density nor particles are one-line refusals (they were tracebacks, an error naming a
+    temporary file, or a GIF of empty spheres)."""
     import shutil
 
     disguised = tmp_path / "run.png"
@@ -222,7 +223,10 @@ def test_a_figure_never_replaces_its_result_and_odd_files_are_one_line_refusals(
         dataset.drop_attrs().assign_attrs({k: v for k, v in dataset.attrs.items() if k != "lmax"}).to_netcdf(
             tmp_path / "no_lmax.nc")
         dataset.drop_vars(["density", "cell_area"]).to_netcdf(tmp_path / "diagnostics_only_s2.nc")
+    (tmp_path / "folder.png").mkdir()
+    shutil.copy(results["s1"], tmp_path / "folder.nc")
     for args, named in ((["info", "one_save.nc"], "time as a number"), (["plot", "one_save.nc"], "time as a number"),
+                        (["plot", "folder.nc"], "is a folder"),
                         (["plot", "no_lmax.nc"], "no lmax attribute"),
                         (["plot", "diagnostics_only_s2.nc", "--animate"], "has neither")):
         assert main([args[0], str(tmp_path / args[1])] + args[2:]) == 2

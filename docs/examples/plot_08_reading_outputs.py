@@ -39,7 +39,7 @@ for name in ("density", "cell_area", "order_parameter", "spectral_tail"):
     print(f"{name}: {ds[name].attrs['long_name']} [{ds[name].attrs.get('units', '')}]")
 mass = (ds["density"] * ds["cell_area"]).sum(("lat", "lon"))
 print("max |int rho dsigma - mass| =", float(np.abs(mass - ds["mass"]).max()))
-print("mean direction at t = 2:", ds["mean"].sel(time=2.0).values)
+print("mean position (the mean of x over rho) at t = 2:", ds["mean"].sel(time=2.0).values)
 
 # %%
 # The attribute ``case`` is the full resolved case as TOML: ``load_case_text`` reads it back, and

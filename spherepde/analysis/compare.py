@@ -227,9 +227,26 @@ def _verdict(a, b, stderr, k: float, atol: float) -> str:
 ROUND_OFF_EPS = 64
 
 
+def check_options(k: float, atol: float, atoms: int) -> None:
+    """A one-line CaseError naming the first of compare's options out of its range."""
+    from spherepde.io.case_schema import ATOMS_BELOW
+
+    for option, value, valid, rule in (("k", k, 0 < k < math.inf, "finite and > 0"),
+                                       ("atol", atol, 0 <= atol < math.inf, "finite and >= 0"),
+                                       ("atoms", atoms, 1 <= atoms < ATOMS_BELOW,
+                                        f"in [1, {ATOMS_BELOW}) (the exact solver's cost matrix: atoms^2 float64)")):
+        if not valid:
+            raise CaseError(f"compare: --{option} must be {rule}, got {value:g}")
+
+
 def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, atoms: int = 4000,
             labels: tuple[str, str] = ("A", "B"), w2: bool = True) -> xr.Dataset:
-    """The comparison Dataset: both series, difference, stderr, z, W2(t) (unless `w2` is false), verdicts."""
+    """The comparison Dataset of two runs (not sweeps: compare their members): both series, difference, stderr, z,
+    W2(t) (unless `w2` is false), verdicts; `k`, `atol`, `atoms` as compare's --k, --atol, --atoms."""
+    check_options(k, atol, atoms)
+    for label, run in zip(labels, (a, b)):
+        if "member" in run.dims:
+            raise CaseError(f"compare: {label} is a sweep ({run.sizes['member']} members); compare its members")
     if a.sizes.get("component") != b.sizes.get("component"):
         raise CaseError("compare: the two runs are on spheres of different dimensions")
     ia, ib = common_times(a, b)

@@ -50,6 +50,8 @@ def figure_paths(path: str, folder: str | None = None, animate: bool = False) ->
     stem = os.path.splitext(os.path.basename(path))[0]
     targets = [os.path.join(folder, f"{stem}.{kind}") for kind in (("png", "gif") if animate else ("png",))]
     for target in targets:
+        if os.path.isdir(target):
+            raise CaseError(f"plot: {target!r} is a folder; the figure goes there: move it or give plot -o")
         if os.path.realpath(target) == os.path.realpath(path):
             raise CaseError(f"plot: the figure {target!r} would replace the result it draws; give the result "
                             "another suffix (.nc) or the figures another folder (plot -o)")

@@ -31,7 +31,11 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     """
     from spherepde.api.limits import check_memory
     from spherepde.base.threads import threads_for  # torch is imported by the run, not by `import spherepde`
+    from spherepde.io.case import Case
 
+    if not isinstance(case, Case):
+        raise TypeError(f"spherepde.run takes a Case (spherepde.load_case(path), load_case_text or case_from_dict), "
+                        f"got {type(case).__name__}")
     with case.naming_errors():
         check_memory(case)  # for the API: the command line has checked it already, before taking the lock
         with threads_for(case):

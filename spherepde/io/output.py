@@ -158,6 +158,9 @@ def both_dataset(eulerian: xr.Dataset, particles: xr.Dataset) -> xr.Dataset:
 
 def split_both(dataset: xr.Dataset) -> tuple[xr.Dataset, xr.Dataset]:
     """The (Eulerian, particles) Datasets of a "both" Dataset, each as its solver alone writes it."""
+    if dataset.attrs.get("solver") != "both":
+        raise CaseError(f"split_both: the Dataset is a {dataset.attrs.get('solver')!r} run, not one of "
+                        "--solver both")
     particle_names = [name for name in dataset.data_vars if name.startswith(BOTH_PREFIX) or name == "particles"]
     particles = dataset[particle_names].rename({name: name.removeprefix(BOTH_PREFIX) for name in particle_names})
     particles = particles.drop_dims([dim for dim in ("theta", "lat", "lon") if dim in particles.dims])
