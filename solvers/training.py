@@ -69,8 +69,10 @@ from solvers.journal import Journal
 from solvers.optimizers import TrainingResult, optimise
 from solvers.timegrid import integrate
 from solvers.training_output import adjoint_variables, control_variables, finished, kept_at_start, turnpike_variables
+from spherepde.base import interrupts
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
+from spherepde.model.parameters import is_layered
 
 
 class Stopped(Exception):
@@ -237,15 +239,20 @@ def journaled_optimise(case, W: torch.Tensor, layers: int, gradient_of, progress
     finally:
         if checkpoint is not None:
             checkpoint.stepping = False
-        journal.flush()
+        with interrupts.held():  # an interrupt now stops the command once the evaluations are stored, not amid them
+            journal.flush()
     result.notes += journal.notes
     return result
 
 
 def starting_W(forward: ControlledForward, member: int, start: torch.Tensor | None) -> torch.Tensor:
-    """The W member `member` starts from on every layer: its model.W, or the controls `start` (layers, d, d)."""
+    """The W member `member` starts from: its model.W (d, d) on every layer or its list of one per layer
+    (layers, d, d), or the controls `start` (layers, d, d)."""
     problem = forward.problem
-    return problem.batch.models[member].W if start is None else problem.placement.tensor(start)
+    if start is not None:
+        return problem.placement.tensor(start)
+    W = forward.cases[member]["model"]["W"]
+    return problem.placement.tensor(W) if is_layered(W) else problem.batch.models[member].W
 
 
 def starting_controls(forward: ControlledForward, member: int, start: torch.Tensor | None) -> torch.Tensor:

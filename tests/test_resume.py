@@ -413,6 +413,31 @@ def test_an_interrupt_during_the_replay_stops_the_resumed_training(tmp_path, cap
     assert_same_result(output, reference, VOLATILE | {"training_seconds"})
 
 
+def test_an_interrupt_during_a_trainings_last_checkpoint_acts_once_it_is_stored(tmp_path, capsys, counted_gradients,
+                                                                               monkeypatch):
+    """Ctrl-C landing while a training stores its evaluations after the optimizer returned (where an interrupt
+    stops at once) acts once they are stored: the resumed training replays them all, computes none, and ends as
+    the uninterrupted one.  It cut the write, leaving no checkpoint: every evaluation was lost."""
+    calls, _ = counted_gradients
+    case = write_case(tmp_path, TRAINING_CASE + 'optimizer = "adam"\n')
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    total, write = len(calls), Checkpoint.write
+
+    def interrupted(self, *args):
+        if not self.stepping:  # the evaluations stored after the optimizer returned
+            os.kill(os.getpid(), signal.SIGINT)
+        return write(self, *args)
+    monkeypatch.setattr(Checkpoint, "write", interrupted)
+    status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
+    assert status == 130 and f"checkpointed ({total} evaluations of J and dJ/dW)" in err, err
+    monkeypatch.setattr(Checkpoint, "write", write)
+    calls.clear()
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 0 and calls == [], err
+    assert_same_result(output, reference, VOLATILE | {"training_seconds"})
+
+
 def test_a_checkpoint_that_holds_no_training_is_one_line(tmp_path, capsys, counted_gradients):
     """A segment of another run in a training's checkpoint (an Eulerian run's saves): exit 2, one line."""
     case, _, output, _, _ = interrupted_training(

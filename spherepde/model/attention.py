@@ -17,6 +17,7 @@ import torch
 from spherepde.base.arrays import amax, as_namespace, as_tensor, program_namespace, quiet
 from spherepde.base.device import Placement
 from spherepde.geometry.ambient import norm, tangent_projection
+from spherepde.model.parameters import layer_values
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,8 @@ class Model:
             beta=float(section["beta"]),
             B=placement.tensor(section["B"]),
             V=placement.tensor(section["V"]),
-            W=placement.tensor(section["W"]),
+            # a training's per-layer W is where its controls start (solvers.training.starting_W): here the first
+            W=placement.tensor(layer_values(section["W"], 1)[0]),
             eps=float(section["eps"]),
         )
 
