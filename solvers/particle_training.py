@@ -96,6 +96,7 @@ from spherepde.analysis import turnpike
 from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.model.attention import interaction_energy
 from spherepde.model.losses import make_loss
+from spherepde.model.parameters import per_layer_W
 
 
 class ParticleControl:
@@ -351,11 +352,14 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
 
 
 def starting_point(forward: ParticleControl, member: int, start) -> torch.Tensor:
-    """Where member `member`'s optimizer starts: `start` (controls), else its model.W (d, d) on the seeds' paths,
-    its theta (L, p) of parameters_of beyond them."""
+    """Where member `member`'s optimizer starts: `start` (controls), else on the seeds' paths its model.W (d, d) or
+    its list of one per layer (layers, d, d), beyond them its theta (L, p) of parameters_of."""
     if start is not None:
         return forward.placement.tensor(start)
-    return forward.system.drives[member] if forward.system.general else forward.system.batch.models[member].W
+    if forward.system.general:
+        return forward.system.drives[member]
+    listed = per_layer_W(forward.cases[member], forward.placement)
+    return forward.system.batch.models[member].W if listed is None else listed
 
 
 def optimizer_view(gradient):

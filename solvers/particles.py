@@ -212,11 +212,14 @@ def head_model(case, layout: Layout, theta: torch.Tensor) -> Model:
 
 def on_seeds_paths(layout: Layout, theta: torch.Tensor) -> bool:
     """Whether a member is the seeds' model (one head, a linear feed-forward, B and V not trained) with the same
-    parameters on every layer (theta (L, p)): Layout.seeds_model, or a case whose per-layer lists repeat one
-    matrix.  Such a member takes the seeds' paths (ParticleField, the direct step and its by-hand transpose) with
-    one layer, so that its run is the plain case's bit for bit."""
+    parameters on every layer (theta (L, p)) but a training's W, its control (which may start per layer):
+    Layout.seeds_model, or a case whose per-layer lists repeat one matrix.  Such a member takes the seeds' paths
+    (ParticleField, the direct step and its by-hand transpose) with one layer, so that its run is the plain case's
+    bit for bit."""
+    parts = layout.unpack(theta)
+    fixed = [name for name, _ in layout.groups if name in ("B", "V") or "W" not in layout.train]
     return (len(layout.heads) == 1 and layout.hidden == 0 and set(layout.train) <= {"W"}
-            and bool((theta == theta[:1]).all()))
+            and all(bool((parts[name] == parts[name][:1]).all()) for name in fixed))
 
 
 class ParticleSystem:

@@ -166,3 +166,17 @@ def test_batches_group_what_can_run_together():
     # Particles take no time scheme: eps = 1e-4 and 0.1 (two schemes under "auto") run together, eps = 0 not.
     particles = [case(solver={"method": "particles"}, model={"eps": eps}) for eps in (1e-4, 0.1, 0.0)]
     assert batches(particles) == [[0, 1], [2]]
+
+
+def test_a_bad_member_fails_alone_naming_its_case_file():
+    """A batch whose setup one member fails (beta = 50 needs more than lmax 8) runs its members alone: the good
+    member gives its serial run's file, the bad one its own error, prefixed by its case file (every member was
+    reported bad with the other's message)."""
+    base = {"sphere": {"dim": 2, "lmax": 8}, "model": {"kernel": "softmax", "eps": 0.1},
+            "time": {"t_end": 0.2, "dt": 0.1}, "solver": {"device": "cpu"}}
+    cases = [case_from_dict(base | {"model": base["model"] | {"beta": beta}}, origin="sweep.toml")
+             for beta in (0.0, 50.0)]
+    assert batches(cases) == [[0, 1]]
+    good, bad = run_batch(cases, progress=False)
+    assert_same_file(good, run(cases[0], progress=False), 0)
+    assert str(bad).startswith("sweep.toml: sphere.lmax: 8 is too coarse for model.beta = 50")

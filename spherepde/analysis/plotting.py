@@ -208,7 +208,7 @@ def _circle_density(dataset) -> tuple[np.ndarray, np.ndarray]:
     points = len(theta)
     fine = points * -(-FINE_CIRCLE_POINTS // points)
     spectrum = np.fft.rfft(values, axis=-1)
-    if points % 2 == 0:  # the Nyquist term, shared by two frequencies on the finer grid
+    if points % 2 == 0 and fine > points:  # the Nyquist term, shared by two frequencies on the finer grid
         spectrum[..., -1] /= 2
     padded = np.zeros(values.shape[:-1] + (fine // 2 + 1,), complex)
     padded[..., :spectrum.shape[-1]] = spectrum

@@ -69,7 +69,8 @@ def batches(cases: list, largest: int | None = None) -> list:
 
 def run_batch(cases: list, progress: bool | None = None) -> list:
     """Run the members `cases` (one batch of `batches`) together; per member its Dataset, or the NumericalFailure
-    or CaseError that ended it (a CaseError of the batch's setup ends every member)."""
+    or CaseError that ended it (a CaseError of the batch's setup: each member then alone, so that it is the bad
+    members' own, naming the case file)."""
     case = cases[0]
     method = case["solver"]["method"]
     try:
@@ -94,7 +95,9 @@ def run_batch(cases: list, progress: bool | None = None) -> list:
 
         return [_outcome(lambda member=member: run(member, progress=progress)) for member in cases]
     except CaseError as error:
-        return [error] * len(cases)
+        if len(cases) > 1:  # one bad member fails the batch's setup: which one(s)
+            return [outcome for member in cases for outcome in run_batch([member], progress)]
+        return [case.named(error)]
 
 
 def _outcome(solve):

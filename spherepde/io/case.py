@@ -68,15 +68,19 @@ class Case:
     def __getitem__(self, section: str) -> dict:
         return self.data[section]
 
+    def named(self, error: CaseError) -> CaseError:
+        """`error`, about this case, prefixed by its origin as the loaders prefix their own (unless it is)."""
+        prefix = f"{self.origin}: "
+        return error if str(error).startswith(prefix) else CaseError(prefix + str(error))
+
     @contextlib.contextmanager
     def naming_errors(self):
         """A CaseError raised in the block about this case (a check that needs the grid or the model built: the
-        resolution, the memory) prefixed by its origin, as the loaders prefix their own."""
+        resolution, the memory) `named`."""
         try:
             yield
         except CaseError as error:
-            prefix = f"{self.origin}: "
-            raise (error if str(error).startswith(prefix) else CaseError(prefix + str(error))) from None
+            raise self.named(error) from None
 
     def with_overrides(self, overrides: Iterable[str]) -> Case:
         """A new validated case with "section.key=value" overrides applied on top of this one."""

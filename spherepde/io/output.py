@@ -23,7 +23,7 @@ from spherepde.model.energy import LABEL as FREE_ENERGY_LABEL
 DIAGNOSTIC_ATTRS = {
     "mass": ("total mass: int rho dsigma", "1"),
     "mean": ("mean position: int x drho", "1"),
-    "order_parameter": ("norm of the mean position", "1"),
+    "order_parameter": ("norm of the mean position (particles.replicas > 1: the mean of the systems' norms)", "1"),
     "alignment_E": ("int |P_E x|^2 drho, E = leading eigenspace of V B^T", "1"),
     "alignment_F": ("int |P_F x|^2 drho, F = leading eigenspace of V", "1"),
     "lyapunov": ("V_p = int (|(I - P_E) x|^2 / |P_E x|^2)^p drho", "1"),

@@ -130,6 +130,13 @@ def layer_values(value, layers: int, rank: int = 2) -> list:
     return list(value) if is_layered(value, rank) else [value] * layers
 
 
+def per_layer_W(case, placement):
+    """A training's start of one W per layer (layers, d, d) where its model.W lists them, else None (model.W on
+    every layer)."""
+    W = case["model"]["W"]
+    return placement.tensor(W) if case["control"] and is_layered(W) else None
+
+
 def is_layered(value, rank: int = 2) -> bool:
     """Whether a matrix (rank 2) or vector (rank 1) key's value is a list of per-layer values."""
     depth, entry = 0, value
@@ -166,8 +173,9 @@ def layout_of(case) -> Layout:
     lambda_reg = control.get("lambda_reg", 0.0) if control else 0.0
     weights = tuple((group, float(lambda_reg[group] if isinstance(lambda_reg, dict) else lambda_reg))
                     for group in train)
-    # a training's linear W is its control, one per layer anyway: a list of them is where it starts, not a model
-    # beyond the seeds' (the seeds' paths step it: 17 times faster than the layered transport on seed 004's A)
+    # a training's linear W is per layer anyway (its control, or with control.train = ["B"] fixed, as parameters_of
+    # keeps it): a list of them is where it starts, not a model beyond the seeds' (the seeds' paths step it: 17
+    # times faster than the layered transport on seed 004's A)
     feed_forward = not (control and not mlp)
     return Layout(dim=case.dim, heads=heads, hidden=model["hidden"] if mlp else 0,
                   activation=model.get("activation", "tanh"), layers=model_layers(case),
