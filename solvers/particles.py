@@ -174,8 +174,11 @@ def step_plan(case, field: ParticleField, interval, x: torch.Tensor, W: torch.Te
     speeds = torch.linalg.vector_norm(field(x, W), dim=-1).flatten(1).amax(1).cpu().double().numpy()
     steps, stopped = np.ones(members, dtype=np.int64), {}
     for m, speed in enumerate(speeds):
-        bound = interval.length if speed == 0 else min(interval.length, case["time"]["cfl"] / (case["sphere"]["lmax"]
-                                                                                              * speed))
+        # the rule reads the drift only: a step the noise step cannot take (its drift spent, a whole save interval)
+        # is halved below that step's bound
+        bound = min(interval.length, noise_step_limit(case, field.batch.models[m].eps) / 2)
+        if speed > 0:
+            bound = min(bound, case["time"]["cfl"] / (case["sphere"]["lmax"] * speed))
         if not interval.length / bound <= MAX_STEPS_PER_SAVE:
             stopped[m] = (f"the CFL rule asks for steps of {bound:.3g} at t = {interval.t0:.6g}: too many (more than "
                           f"{MAX_STEPS_PER_SAVE:.0e}) before the next save")
@@ -193,11 +196,20 @@ def initial_state(case, placement, seed: int | None = None) -> tuple[torch.Tenso
     return x, int(torch.randint(2 ** 62, (1,), generator=sampler))
 
 
+def noise_step_limit(case, eps: float) -> float:
+    """The steps the weak-order-2 noise step takes are shorter than this: (d - 2) eps dt / 3 < 1/2 (inf without
+    noise, on S^1, or with the Euler-Maruyama step)."""
+    if eps > 0 and case["particles"]["integrator"] != "euler" and case.dim > 2:
+        return 1.5 / ((case.dim - 2) * eps)
+    return math.inf
+
+
 def check_noise_step(case, eps: float, dt: float) -> None:
-    """Refuse a step beyond the expansion of the weak-order-2 noise step: (d - 2) eps dt / 3 >= 1/2."""
-    if eps > 0 and case["particles"]["integrator"] != "euler" and (case.dim - 2) * eps * dt / 3 >= 0.5:
+    """Refuse a step beyond the expansion of the weak-order-2 noise step (`noise_step_limit`)."""
+    limit = noise_step_limit(case, eps)
+    if dt >= limit:
         raise CaseError(f"particles.dt: a step of {dt:.3g} is too long for the weak-order-2 noise step "
-                        f"(needs (d - 2) eps dt / 3 < 1/2, i.e. dt < {1.5 / ((case.dim - 2) * eps):.3g})")
+                        f"(needs (d - 2) eps dt / 3 < 1/2, i.e. dt < {limit:.3g})")
 
 
 def head_model(case, layout: Layout, theta: torch.Tensor) -> Model:

@@ -613,3 +613,41 @@ def test_circle_rearrangement_is_bracketed_by_its_dual_and_exact_where_certified
     h = c_transform(x, y, v) + c_transform(y, x, u)
     assert bound <= CERTIFIED_W2 and abs(w2 - math.sqrt(cost)) <= 1e-12
     assert error == pytest.approx(h.std(ddof=1) / math.sqrt(2000) / (2 * w2), rel=0.1)
+
+
+def test_w2_standard_error_stays_bounded_where_w2_is_round_off():
+    """At t = 0 a particle run's W2 to its projected start is round-off (1e-8); quantised (n above w2_atoms) the
+    potentials' error std(h) / sqrt(n) is not (6e-5), and SE(W2^2) / (2 W2) read 4e3 (W2 is at most 2).  The error
+    is capped at sqrt(SE(W2^2)), a bound on |W2_n - W2| since |a - b| <= sqrt(|a^2 - b^2|)."""
+    from spherepde.measures.optimal_transport import paired_transport
+    from spherepde.measures.sample_statistics import mean_and_error, paired_w2
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3000, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = x + 1e-12 * rng.normal(size=x.shape)
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    cost, h, _ = paired_transport(x, y, 1000)
+    squared_error = mean_and_error(h)[1]
+    assert cost < 1e-14 and squared_error / (2 * np.sqrt(cost)) > 1e3
+    w2, error, _ = paired_w2(x, y, 1000)
+    assert w2 < 1e-7 and error == pytest.approx(np.sqrt(squared_error), rel=1e-12)
+
+
+def test_cfl_steps_stay_within_the_noise_steps_bound():
+    """The CFL rule reads the drift: where it vanishes (V = 0, W = 0) it asked for a step of the whole save
+    interval, which the weak-order-2 noise step cannot take at eps = 1 on S^2 ((d - 2) eps dt / 3 < 1/2), and the
+    run was refused midway naming particles.dt, which it does not set.  Halved below that bound, the steps give the
+    heat flow: |m(t)| = |m(0)| exp(-2 eps t) within 4 standard errors."""
+    from spherepde.io.case import case_from_dict
+
+    case = case_from_dict({"sphere": {"dim": 3, "lmax": 16}, "model": {"kernel": "softmax", "beta": 0.0, "eps": 1.0,
+                                                                      "V": [[0.0] * 3] * 3},
+                           "initial": {"kind": "vmf", "mean": [0, 0, 1], "kappa": 4.0},
+                           "time": {"t_end": 2.0, "save_every": 2.0, "cfl": 0.5},
+                           "solver": {"method": "particles", "device": "cpu"},
+                           "particles": {"n": 4000, "replicas": 10}})
+    dataset = run_particles(case)
+    assert dataset.attrs["dt"] <= 0.75
+    start, end = dataset["mean"].values[0, 2], dataset["mean"].values[-1, 2]
+    assert abs(end - start * math.exp(-4.0)) <= 4 * dataset["mean_stderr"].values[-1, 2]

@@ -35,13 +35,14 @@ def paired_w2(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[
     optimal_transport.quantise above `max_atoms` (`optimal_transport.paired_transport`).
     Standard error by linearisation at the Kantorovich potentials (u, v): W2^2 ~ (1/n) sum_i h_i with
     h_i = u(x_i) + v(y_i) (u, v extended off the atoms by c-transforms), so SE(W2^2) = std(h) / sqrt(n) and
-    SE(W2) = SE(W2^2) / (2 W2).  Returns (W2, SE, error bound: quantisation, or the rearrangement's certified
-    excess).
+    SE(W2) = SE(W2^2) / (2 W2), at most sqrt(SE(W2^2)) (|a - b| <= sqrt(|a^2 - b^2|) for a, b >= 0): the delta
+    method fails as W2 -> 0, where a W2 of round-off (t = 0) made it thousands.  Returns (W2, SE, error bound:
+    quantisation, or the rearrangement's certified excess).
     """
     cost, h, bound = paired_transport(points, targets, max_atoms)
     w2 = math.sqrt(max(cost, 0.0))
     _, error = mean_and_error(h)
-    return w2, (error / (2 * w2) if w2 > 0 else math.nan), bound
+    return w2, min(error / (2 * w2) if w2 > 0 else math.inf, math.sqrt(error)), bound
 
 
 # Halvings averaged by `half_sample_bias` (8 half samples, about the cost of paired_w2 once more): across 40 runs of
