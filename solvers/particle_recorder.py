@@ -117,8 +117,8 @@ class ParticleRecorder(RunRecord):
                                                                    self.fixed_attention else (math.nan, math.nan))
         row["entropy"], errors["entropy"] = math.nan, math.nan
         free_energy = FreeEnergy.of_model(self.model, self.controlled)
-        if self.model.eps == 0 and self.fixed_attention:
-            row["free_energy"] = free_energy(math.nan, row["interaction_energy"], m)
+        if self.model.eps == 0 and self.fixed_attention:  # F = U
+            row["free_energy"] = free_energy.sample_interaction(row["interaction_energy"], points)
             errors["free_energy"] = free_energy.interaction_stderr(errors["interaction_energy"], points)
         else:
             row["free_energy"], errors["free_energy"] = math.nan, math.nan
