@@ -96,7 +96,7 @@ from spherepde.analysis import turnpike
 from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.model.attention import interaction_energy
 from spherepde.model.losses import make_loss
-from spherepde.model.parameters import per_layer_W
+from spherepde.model.parameters import start_of_W
 
 
 class ParticleControl:
@@ -358,8 +358,7 @@ def starting_point(forward: ParticleControl, member: int, start) -> torch.Tensor
         return forward.placement.tensor(start)
     if forward.system.general:
         return forward.system.drives[member]
-    listed = per_layer_W(forward.cases[member], forward.placement)
-    return forward.system.batch.models[member].W if listed is None else listed
+    return start_of_W(forward.cases[member], forward.system.batch.models[member].W, forward.placement)
 
 
 def optimizer_view(gradient):

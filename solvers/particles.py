@@ -228,10 +228,10 @@ def on_seeds_paths(layout: Layout, theta: torch.Tensor) -> bool:
     Layout.seeds_model, or a case whose per-layer lists repeat one matrix.  Such a member takes the seeds' paths
     (ParticleField, the direct step and its by-hand transpose) with one layer, so that its run is the plain case's
     bit for bit."""
-    parts = layout.unpack(theta)
-    fixed = [name for name, _ in layout.groups if name in ("B", "V") or "W" not in layout.train]
-    return (len(layout.heads) == 1 and layout.hidden == 0 and set(layout.train) <= {"W"}
-            and all(bool((parts[name] == parts[name][:1]).all()) for name in fixed))
+    if layout.hidden or not set(layout.train) <= {"W"} or not layout.one_fixed_head(theta):
+        return False
+    W = layout.unpack(theta)["W"]
+    return "W" in layout.train or bool((W == W[:1]).all())
 
 
 class ParticleSystem:

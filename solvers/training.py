@@ -72,7 +72,7 @@ from solvers.training_output import adjoint_variables, control_variables, finish
 from spherepde.base import interrupts
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
-from spherepde.model.parameters import per_layer_W
+from spherepde.model.parameters import start_of_W
 
 
 class Stopped(Exception):
@@ -251,8 +251,7 @@ def starting_W(forward: ControlledForward, member: int, start: torch.Tensor | No
     problem = forward.problem
     if start is not None:
         return problem.placement.tensor(start)
-    listed = per_layer_W(forward.cases[member], problem.placement)
-    return problem.batch.models[member].W if listed is None else listed
+    return start_of_W(forward.cases[member], problem.batch.models[member].W, problem.placement)
 
 
 def starting_controls(forward: ControlledForward, member: int, start: torch.Tensor | None) -> torch.Tensor:

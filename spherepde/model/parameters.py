@@ -130,11 +130,11 @@ def layer_values(value, layers: int, rank: int = 2) -> list:
     return list(value) if is_layered(value, rank) else [value] * layers
 
 
-def per_layer_W(case, placement):
-    """A training's start of one W per layer (layers, d, d) where its model.W lists them, else None (model.W on
-    every layer)."""
-    W = case["model"]["W"]
-    return placement.tensor(W) if case["control"] and is_layered(W) else None
+def start_of_W(case, W: torch.Tensor, placement) -> torch.Tensor:
+    """Where a training's W starts: its model.W's list of one per layer (layers, d, d), else `W` (d, d), the
+    model's, on every layer."""
+    listed = case["model"]["W"]
+    return placement.tensor(listed) if is_layered(listed) else W
 
 
 def is_layered(value, rank: int = 2) -> bool:
