@@ -7,10 +7,10 @@ A measure is given as weighted points (points (n, d), masses (n,), numpy float64
 points with masses w_j rho(x_j) (quadrature weights times density; negative masses floored at DENSITY_FLOOR),
 particles as their positions with masses 1/n.  The computations:
   * exact OT (POT emd, `exact_transport`).  A measure of more than `max_atoms` atoms is first quantised onto the
-    cells of an angle grid (`quantise`), each cell's mass at its normalised mass-weighted mean; the largest chordal
-    cell diameter bounds W2(mu, quantised mu), so by the triangle inequality a W2 between quantised measures is
-    within the sum of both bounds of the W2 between the originals (`wasserstein2`).  No Sinkhorn: its entropic bias
-    is of the order of the regularisation and has no computable bound, while quantisation has one.
+    cells of an angle grid (`quantise`), each cell's mass at its normalised mass-weighted mean; the cost of moving
+    every atom to its cell's atom bounds W2(mu, quantised mu), so by the triangle inequality a W2 between quantised
+    measures is within the sum of both bounds of the W2 between the originals (`wasserstein2`).  No Sinkhorn: its
+    entropic bias is of the order of the regularisation and has no computable bound, while quantisation has one.
   * W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x| (diagnostics.projection; `pushforward`, `w2_projection`), and
     how far the W2 between grid measures can lie from the one between their densities (`grid_w2_bound`).
   * S^1, weighted measures of any sizes (`circle_w2`, `w2_between`): the circular monotone rearrangement with
@@ -73,10 +73,14 @@ def merge_atoms(points: np.ndarray, masses: np.ndarray, decimals: int = 12):
 def quantise(points: np.ndarray, masses: np.ndarray, max_atoms: int):
     """Aggregate a measure on S^1 / S^2 into at most ~max_atoms cells of an angle grid.
 
-    Each cell's mass sits at the normalised mass-weighted mean of its points.  Returns
-    (points, masses, bound) where bound >= W2(mu, quantised mu): the largest chordal cell
-    diameter (0 when nothing was aggregated).  By the triangle inequality a W2 between two
-    quantised measures is within the sum of their bounds of the W2 between the originals.
+    Each cell's mass sits at the normalised mass-weighted mean c of its points.  Returns
+    (points, masses, bound) where bound >= W2(mu, quantised mu): the root mean square chordal
+    distance sum_i m_i |x_i - c_cell(i)|^2 / sum_i m_i of the coupling that moves each atom to its
+    cell's (0 when nothing was aggregated).  By the triangle inequality a W2 between two quantised
+    measures is within the sum of their bounds of the W2 between the originals.  The largest cell
+    diameter, the bound this replaced, is about 4 times as large: 4000 or 20000 uniform or vMF
+    points, 1000 cells on S^2, 0.202 against 0.047-0.056, where exact OT gives W2(mu, quantised mu)
+    within 0.0003 below it; on S^1 0.0063 against 0.0016-0.0017.
     """
     points, masses = merge_atoms(points, masses)
     if len(masses) <= max_atoms:
@@ -85,21 +89,20 @@ def quantise(points: np.ndarray, masses: np.ndarray, max_atoms: int):
     if dim == 2:
         bins = max_atoms
         cell = np.floor((_angle(points) + np.pi) / (2 * np.pi) * bins).astype(int) % bins
-        angle = 2 * np.pi / bins
     elif dim == 3:
         rows = max(1, int(np.sqrt(max_atoms / 2)))
         colatitude = np.arccos(np.clip(points[:, 2], -1, 1))
         row = np.minimum((colatitude / np.pi * rows).astype(int), rows - 1)
         column = np.floor((_angle(points) + np.pi) / (2 * np.pi) * 2 * rows).astype(int)
         cell = row * 2 * rows + column % (2 * rows)
-        angle = np.sqrt(2) * np.pi / rows
     else:
         raise ValueError(f"cannot quantise a measure on S^{dim - 1} for exact transport")
     label, cell = np.unique(cell, return_inverse=True)
     cell_mass = np.bincount(cell, weights=masses)
     centre = np.stack([np.bincount(cell, weights=masses * points[:, k]) for k in range(dim)], axis=1)
     centre /= np.linalg.norm(centre, axis=1, keepdims=True)
-    return centre, cell_mass, float(2 * np.sin(min(angle, np.pi) / 2))
+    moved = masses @ np.square(points - centre[cell]).sum(1)
+    return centre, cell_mass, float(math.sqrt(max(moved, 0.0) / masses.sum()))
 
 
 def exact_transport(a_points: np.ndarray, a: np.ndarray, b_points: np.ndarray, b: np.ndarray,
