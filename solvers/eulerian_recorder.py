@@ -18,6 +18,7 @@ from spherepde.measures import diagnostics as diag
 from spherepde.measures.optimal_transport import grid_w2_bound, w2_projection
 from spherepde.model.attention import interaction_energy, principal_subspace
 from spherepde.model.energy import FreeEnergy
+from spherepde.model.parameters import layer_values
 
 
 class Recorder(RunRecord):
@@ -55,7 +56,9 @@ class Recorder(RunRecord):
         self.resolved_until = None
         self.steps = 0
         if self.fixed_attention:
-            self.free_energy = FreeEnergy.of_model(model, controlled or not problem.layouts[member].seeds_model)
+            seeds = problem.layouts[member].seeds_model
+            self.free_energy = FreeEnergy.of_model(model, controlled or not seeds,
+                                                   layer_values(self.case["model"]["W"], 1) if seeds else None)
         else:
             self.free_energy = FreeEnergy(model.eps, None, None, False, False, "several heads, or B and V vary")
         self.field = "dense" if problem.layered else self.exp_kernel.name

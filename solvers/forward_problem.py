@@ -6,7 +6,8 @@ the basis, the models, the attention transforms, the transport operator, the dif
 spectral filter and the IMEX scheme (the rules that pick them from the case: solvers/eulerian.py).
 
 The seeds' model (spherepde.model.parameters.Layout.seeds_model: one head, a linear feed-forward, B and V
-constant) runs on spherepde.model.transport's fast paths, its drive built from W.  Any other model runs on
+constant) runs on spherepde.model.transport's fast paths, its drive built from W (each layer's, where model.W
+is a list of one per layer).  Any other model runs on
 spherepde.model.layered_transport, whose drive of layer l is the members' parameters theta_l (M, p)
 (`parameters`, (M, L, p), from spherepde.model.parameters.parameters_of), L = model_layers(case) layers of
 [0, t_end] even without a [control] section.  Head 0 on layer 0 stands in `batch` for what is read member by
@@ -34,7 +35,7 @@ from spherepde.kernels.funk_hecke import check_resolution, check_resolutions
 from spherepde.model.attention import Model, ModelBatch
 from spherepde.model.initial import initial_density
 from spherepde.model.layered_transport import LayeredTransport
-from spherepde.model.parameters import Layout, layout_of, parameters_of
+from spherepde.model.parameters import Layout, layer_values, layout_of, model_layers, parameters_of
 from spherepde.model.transport import Transport, auto_fields
 
 
@@ -116,11 +117,14 @@ class ForwardProblem:
         return chosen
 
     def layer_drives(self) -> list:
-        """The drive of every layer of the members' own models (a plain run): the seeds' Transport.feed_forward(W)
-        on its one layer, else the parameters theta_l (M, p) of each of the L layers."""
+        """The drive of every layer of the members' own models (a plain run): the seeds' Transport.feed_forward(W_l)
+        of each layer's W (model.W, or its list of one per layer: the members share their number, as
+        spherepde.api.ensemble batches them), else the parameters theta_l (M, p) of each of the L layers."""
         if self.layered:
             return [self.parameters[:, layer] for layer in range(self.parameters.shape[1])]
-        return [self.transport.feed_forward(self.batch.W)]
+        layers = model_layers(self.cases[0])
+        W = torch.stack([self.placement.tensor(layer_values(case["model"]["W"], layers)) for case in self.cases])
+        return [self.transport.feed_forward(W[:, layer]) for layer in range(layers)]
 
     def unstable_steps(self, state: torch.Tensor, drive: torch.Tensor, dt, t: float, key: str) -> list:
         """Per member, where its steps were too long for the scheme's explicit stages: the sentence that says so,

@@ -62,6 +62,25 @@ def test_free_energy_decreases_on_the_seed004_flow_with_W_zero(beta):
     assert old.max() < 0 if beta == 1 else old.max() > 1e-4
 
 
+def test_a_W_per_layer_keeps_F_dissipated_only_where_every_layer_is_a_multiple_of_I():
+    """seed 004's flow (B = V = A) with model.W a list of 3: with 0, 0.3 I, -0.2 I (no tangential part on any
+    layer) the run is that of W = 0 to round-off, F decreases at every save, and the figure's panel says F is
+    dissipated; with a rotation on the middle layer it says W may raise it (the free energy read a list of W as
+    one matrix: no title at all)."""
+    from spherepde.analysis.diagnostic_panels import _free_energy_title
+
+    zero, I = [[0.0, 0.0], [0.0, 0.0]], np.eye(2)
+    plain = spherepde.run(seed004_without_training(["time.t_end=3.0"]), progress=False)
+    still = seed004_without_training(["time.t_end=3.0", f"model.W={[zero, (0.3 * I).tolist(), (-0.2 * I).tolist()]}"])
+    dataset = spherepde.run(still, progress=False)
+    F = dataset["free_energy"].values
+    assert np.diff(F).max() < 0 and np.abs(F - plain["free_energy"].values).max() <= 1e-13
+    assert _free_energy_title(dataset) == "free energy F (dissipated by this flow)"
+    turned = seed004_without_training(["time.t_end=3.0", f"model.W={[zero, [[0.0, -0.2], [0.2, 0.0]], zero]}"])
+    assert _free_energy_title(spherepde.run(turned, progress=False)) == "free energy F (W may raise it)"
+    assert FreeEnergy.of("unnormalized", 1.0, I, I, [zero, (0.3 * I).tolist()], 0.1).dissipated
+
+
 def test_which_models_have_a_free_energy():
     """F exists for V symmetric at beta B = 0 and for the unnormalized kernel with V = c B, B symmetric; it is
     dissipated only without a drift from W; elsewhere it is NaN."""

@@ -81,12 +81,30 @@ def test_batched_eulerian_members_are_their_serial_runs(dim, kernel, beta, field
         monkeypatch.setattr(transport, "NUMPY_OPERATION_COST", transport.OPERATION_COST)
     cases = eulerian_members(dim, kernel, beta, field, lmax, extra)
     assert batches(cases) == [[0, 1, 2]]
+    assert_batch_is_serial(cases)
+
+
+def assert_batch_is_serial(cases):
+    """The members batched in one program, each its serial run's file to 1e-13 (CFL: their own steps)."""
     batched = run_batch(cases, progress=False)
-    if extra:  # the CFL rule gave the members their own steps
+    if "cfl" in cases[0]["time"]:  # the CFL rule gave the members their own steps
         assert len({dataset.attrs["steps"] for dataset in batched}) > 1
     for case, dataset in zip(cases, batched):
-        assert dataset.attrs["batch_members"] == 3
+        assert dataset.attrs["batch_members"] == len(cases)
         assert_same_file(dataset, run(case, progress=False), 1e-13)
+
+
+@pytest.mark.parametrize("dim, kernel, field", [(2, "unnormalized", "dense"), (3, "softmax", "spectral")])
+def test_members_with_a_W_per_layer_batch_by_their_number_of_layers(dim, kernel, field):
+    """model.W as lists of one per layer (a trained W run again) on the seeds' transport: members with 2 layers
+    batch together and are their serial runs, apart from those with 3 layers and with one W (whose time grids
+    differ), which also are."""
+    rng = np.random.default_rng(7)
+    members = eulerian_members(dim, kernel, 1.0, field, 24 if dim == 2 else 8)
+    layered = [[(0.3 * rng.standard_normal((dim, dim))).tolist() for _ in range(layers)] for layers in (2, 3, 2)]
+    cases = [case.with_overrides([f"model.W={W}"]) for case, W in zip(members, layered)] + [members[0]]
+    assert batches(cases) == [[0, 2], [1], [3]]
+    assert_batch_is_serial([cases[0], cases[2]])
 
 
 def training_members(optimizers, method="eulerian"):

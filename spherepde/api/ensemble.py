@@ -44,8 +44,9 @@ def batch_key(case: Case, index: int) -> tuple:
     model, method = case["model"], case["solver"]["method"]
     scheme = choose_scheme(case["time"]["scheme"], model["eps"]) if method != "particles" else None
     layout = layout_of(case)
-    implied = (scheme, math.isinf(model["beta"]), model["eps"] > 0, "seeds" if layout.seeds_model else (
-        layout.heads, layout.hidden, layout.activation, layout.layers))  # a layered transport's shared layout
+    # the seeds' paths share the layers of their W_l (their time grid), a layered transport its whole layout
+    implied = (scheme, math.isinf(model["beta"]), model["eps"] > 0, ("seeds", layout.layers) if layout.seeds_model
+               else (layout.heads, layout.hidden, layout.activation, layout.layers))
     if method != "eulerian" and "dt" not in case["particles"] and "dt" not in case["time"]:
         implied += (index,)  # CFL-stepped particles run alone
     if method == "both":

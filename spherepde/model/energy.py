@@ -56,23 +56,25 @@ class FreeEnergy:
 
     @classmethod
     def of(cls, kernel: str, beta: float, B, V, W, eps: float, controlled: bool = False) -> "FreeEnergy":
-        """The free energy of the model with these parameters; `controlled`: W_t is a trained control."""
+        """The free energy of the model with these parameters, W (d, d) or every layer's (L, d, d) (W x has no
+        tangential part, whatever the layer, where each is a multiple of the identity); `controlled`: W_t is a
+        trained control."""
         B, V, W = (np.asarray(matrix, dtype=float) for matrix in (B, V, W))
         weight, mean_field, reason = _interaction_weight(kernel, beta, B, V)
-        d = W.shape[0]
-        still = not controlled and _close(W, np.trace(W) / d * np.eye(d))
+        d = W.shape[-1]
+        still = not controlled and all(_close(layer, np.trace(layer) / d * np.eye(d)) for layer in W.reshape(-1, d, d))
         if weight is not None and not still:
             reason = ("W_t is a trained control: F is the attention part's energy, which W_t may raise" if controlled
                       else "W is not a multiple of the identity: F is the attention part's energy, which W may raise")
         return cls(eps, V, weight, mean_field, weight is not None and still, reason)
 
     @classmethod
-    def of_model(cls, model, controlled: bool = False) -> "FreeEnergy":
+    def of_model(cls, model, controlled: bool = False, W=None) -> "FreeEnergy":
         """FreeEnergy.of for a spherepde.model.attention.Model (its tensors brought to the host); `controlled`: the
-        run's W_t is a trained control, not model.W."""
+        run's W_t is a trained control, not model.W; W: every layer's W (L, d, d) where model.W is the first's."""
         host = lambda matrix: matrix.cpu().double().numpy()  # noqa: E731
-        return cls.of(model.kernel, model.beta, host(model.B), host(model.V), host(model.W), model.eps,
-                      controlled=controlled)
+        return cls.of(model.kernel, model.beta, host(model.B), host(model.V), host(model.W) if W is None else W,
+                      model.eps, controlled=controlled)
 
     def interaction(self, interaction_energy: float, mean: np.ndarray) -> float:
         """U from the run's interaction_energy and mean M = int x drho (NaN where no U exists)."""
