@@ -52,6 +52,10 @@ from spherepde.measures.optimal_transport import w2_between
 
 REFINED_CIRCLE = 2 ** 13
 STUDENT_NOTE_BELOW = 30  # degrees of freedom under which the report says that z is not close to normal
+# How far one system's i.i.d. standard errors fall short, for the report's note: the spread over 40 seeds of the
+# mean of cases/kuramoto-s1.toml's tokens (n = 200 and 1000, t = 10 and 40) against its mean i.i.d. error, the
+# component along the cluster and across it (tests/test_compare.py measures it again).
+IID_SPREAD = "1.5 to 9"
 
 
 # ---------------------------------------------------------------------------------------
@@ -332,6 +336,12 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
                   f"(t <= {run['time'].values[-1]:g})"
                   for label, run in (("A", a), ("B", b)) if run.attrs.get("status", "completed") != "completed"]
     attrs["failed"] = "\n".join(unfinished)  # shown in the report's figure too
+    for label, run in zip("AB", (a, b)):
+        if int(run.attrs.get("replicas", 0)) == 1 and int(run.attrs.get("n", 0)) > 1:
+            lines.append(f"{label}: its standard errors are the i.i.d. formulas of one system of n = "
+                         f"{int(run.attrs['n'])} tokens, which leave out the correlations the interaction builds "
+                         f"(the spread of the mean over seeds: {IID_SPREAD} times them), so a \"disagrees\" may be "
+                         "theirs; particles.replicas = R (10 or more) gives batch-means errors, which hold them")
     if fewest < STUDENT_NOTE_BELOW:
         lines.append(f"z: Student t with as few as {fewest:.3g} degrees of freedom (standard errors from few systems): "
                      f"|z| > {k:g} by chance {float(two_sided_tail(k, fewest)):.2g} per value, against "
