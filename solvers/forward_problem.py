@@ -17,6 +17,7 @@ fixed head or NaN: `fixed_attention`).
 
 import copy
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from spherepde.base.errors import CaseError
 from spherepde.base.garbage import freeze_setup
 from spherepde.base.memory import keep_freed_memory
 from spherepde.base.real_view import complex_state, real_diagonal, real_state
-from spherepde.discretisation.bases import make_basis
+from spherepde.discretisation.bases import basis_class, make_basis
 from spherepde.discretisation.timesteppers import SCHEMES, RungeKutta, choose_scheme, stability_bound
 from spherepde.kernels.choice import MemberKernels
 from spherepde.kernels.funk_hecke import check_resolution, check_resolutions
@@ -68,13 +69,8 @@ class ForwardProblem:
             layer_models = [head_models(self.layout, theta, float(member["model"]["eps"]))
                             for member, theta in zip(cases, self.parameters)]
             models = [each[0] for each in layer_models]
-            # head_models' order: head h of layer l at l H + h; head 0 is the [model] table's, the others extra_heads
-            heads = len(self.layout.heads)
-            keys = ["model.beta"] + [f"model.extra_heads[{h - 1}].beta" for h in range(1, heads)]
             for each in layer_models:
-                check_resolutions([(model, keys[k % heads],
-                                    f" with layer {k // heads + 1}'s model.B" if self.layout.layered else "")
-                                   for k, model in enumerate(each)], self.basis, solver["kernel_tol"])
+                check_resolutions(resolution_entries(self.layout, each), self.basis, solver["kernel_tol"])
         else:
             models = [Model.from_case(member, self.placement) for member in cases]
             for model in models:
@@ -268,6 +264,32 @@ def head_models(layout: Layout, theta: torch.Tensor, eps: float) -> list:
         models += [Model(head.kernel, head.beta, parts["B"][layer, h], parts["V"][layer, h], W, eps)
                    for h, head in enumerate(layout.heads)]
     return models
+
+
+def resolution_entries(layout: Layout, models: list) -> list:
+    """(model, the case key of its beta, where it sits) of head_models' list, for check_resolutions: head h of
+    layer l at l H + h, head 0 the [model] table's, the others extra_heads."""
+    heads = len(layout.heads)
+    keys = ["model.beta"] + [f"model.extra_heads[{h - 1}].beta" for h in range(1, heads)]
+    return [(model, keys[k % heads], f" with layer {k // heads + 1}'s model.B" if layout.layered else "")
+            for k, model in enumerate(models)]
+
+
+def check_kernel_resolution(case) -> None:
+    """ForwardProblem's refusal of a grid too coarse for the kernels of a member (every head on every layer), from
+    its case alone, no grid built: a sweep checks every member so before any runs.  Particle runs have no grid."""
+    if case["solver"]["method"] == "particles":
+        return
+    host, layout = make_placement("cpu", "float64"), layout_of(case)
+    if layout.seeds_model:
+        entries = [(Model.from_case(case, host), "model.beta", "")]
+    else:
+        entries = resolution_entries(layout, head_models(layout, parameters_of(case, layout, host),
+                                                         float(case["model"]["eps"])))
+    lmax = case["sphere"]["lmax"]
+    # what check_resolutions reads of a basis: its sphere, lmax and the degree its grid integrates exactly
+    grid = SimpleNamespace(dim=case.dim, lmax=lmax, quadrature_degree=basis_class(case.dim).quadrature_degree)
+    check_resolutions(entries, grid, case["solver"]["kernel_tol"])
 
 
 def spectral_filter(basis, order: int) -> torch.Tensor | None:

@@ -15,6 +15,7 @@ every knot (saves, finiteness checks, which may stop a member).  The solver supp
 
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 
 import numpy as np
 import torch
@@ -23,11 +24,17 @@ from spherepde.model.parameters import model_layers
 
 
 def save_times(t_end: float, save_every: float) -> np.ndarray:
-    """0, save_every, 2 save_every, ..., t_end (the last interval may be shorter)."""
+    """0, save_every, 2 save_every, ..., t_end (the last interval may be shorter).  Each k save_every is the decimal
+    product of the numbers as written (the float nearest to k times repr(save_every)), and a last save within
+    round-off of t_end is t_end: in floats 3 x 0.3 is 0.8999999999999999 and 9 x 0.1 is 0.9000000000000001, so
+    runs saving every 0.3 and every 0.1 to t_end = 0.9 shared no save time but 0, and the last was not t_end."""
     count = int(math.floor(t_end / save_every + 1e-9))
-    times = [k * save_every for k in range(count + 1)]
+    step = Decimal(repr(float(save_every)))
+    times = [float(k * step) for k in range(count + 1)]
     if t_end - times[-1] > 1e-12 * max(1.0, t_end):
         times.append(t_end)
+    elif count:
+        times[-1] = t_end
     return np.array(times)
 
 

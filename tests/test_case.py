@@ -91,6 +91,13 @@ def test_vmf_mean_normalised_to_unit_length():
     assert case["initial"] == {"kind": "vmf", "mean": [0.6, 0.8], "kappa": 2.0}
 
 
+def test_a_subnormal_mean_is_normalised_to_unit_length():
+    """[1e-320, 1e-320] / its norm (a subnormal, few digits) was 1e-4 off unit length; [3e-320, 4e-320] too."""
+    for mean, expected in (("[1e-320, 1e-320]", [math.sqrt(0.5)] * 2), ("[3e-320, 4e-320]", [0.6, 0.8])):
+        normalised = load_case_text(MINIMAL + f"[initial]\nkind = 'vmf'\nmean = {mean}\nkappa = 2\n")["initial"]["mean"]
+        assert all(abs(a - b) <= 1e-15 for a, b in zip(normalised, expected)), normalised
+
+
 def test_mixture_weights_normalised_and_default_equal():
     text = MINIMAL + "[initial]\nkind = 'vmf_mixture'\nmeans = [[1, 0], [0, 2]]\nkappas = [1, 5]\n"
     assert load_case_text(text + "weights = [1, 3]\n")["initial"]["weights"] == [0.25, 0.75]

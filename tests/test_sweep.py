@@ -164,9 +164,11 @@ def test_parameters_seeds_and_bad_members():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs workers without CUDA")
 def test_sweep_on_a_separately_started_scheduler(tmp_path):
-    """`dask scheduler` + `dask worker` on loopback; a member with bad input is reported (exit 2)
-    after the others are written and combined."""
+    """`dask scheduler` + `dask worker` on loopback; a member with bad input that only a worker can see (a device it
+    lacks: a remote cluster's devices are its own) is reported (exit 2) after the others are written and
+    combined."""
     dask = shutil.which("dask") or pytest.skip("the dask command is not installed")
     scheduler_file = tmp_path / "scheduler.json"
     processes = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
@@ -183,14 +185,15 @@ def test_sweep_on_a_separately_started_scheduler(tmp_path):
         processes.append(subprocess.Popen([dask, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "2",
                                            "--nthreads", "1", "--no-dashboard"], stderr=subprocess.DEVNULL))
         case = spherepde.load_case_text(SMALL_S1)
-        with pytest.raises(CaseError, match=r"1 of 3 sweep members failed; member 2 .*sphere.lmax"):
-            run_sweep(case, ["model.beta=1.0,2.0,500.0"], str(tmp_path / "out"), scheduler=address)
+        with pytest.raises(CaseError, match=r"2 of 4 sweep members failed; member 1 .*solver.device"):
+            run_sweep(case, ["model.beta=1.0,2.0", "solver.device='cpu','cuda'"], str(tmp_path / "out"),
+                      scheduler=address)
         with xr.open_dataset(tmp_path / "out" / "sweep.nc") as combined:
-            assert list(combined["member"].values) == [0, 1]
-            for index, beta in enumerate([1.0, 2.0]):
+            assert list(combined["member"].values) == [0, 2]
+            for index, beta in ((0, 1.0), (2, 2.0)):
                 serial = spherepde.run(case.with_overrides([f"model.beta={beta}"]), progress=False)
                 assert np.array_equal(combined["density"].sel(member=index).values, serial["density"].values)
-        assert not (tmp_path / "out" / "member-002.nc").exists()
+        assert not (tmp_path / "out" / "member-001.nc").exists()
     finally:
         for process in reversed(processes):
             process.terminate()
@@ -242,3 +245,73 @@ def test_local_workers_keep_freed_memory_where_dask_would_trim_it():
     with sweep_module._cluster(None, 1) as client:
         (count,) = client.run(faults).values()
     assert count < 12288 / 4
+
+
+def test_every_member_is_checked_before_any_runs(tmp_path):
+    """What a serial run refuses before it starts, a sweep refuses of every member before any runs (nothing
+    written): a grid too coarse for one member's kernel, one member's particles beyond the memory; and members
+    that are one run: the same resolved case (eps 1 and 1.0), or Eulerian members that differ in [particles] only."""
+    from spherepde.api.limits import available_memory
+
+    case, folder = spherepde.load_case_text(SMALL_S1), tmp_path / "out"
+    with pytest.raises(CaseError, match=r"sweep member 1 \(model.beta=500.0\): sphere.lmax: 16 is too coarse"):
+        run_sweep(case, ["model.beta=1.0,500.0"], str(folder))
+    assert not folder.exists() or not os.listdir(folder)
+    if available_memory() is not None:
+        particles = case.with_overrides(["solver.method='particles'"])
+        with pytest.raises(CaseError, match=r"sweep member 1 \(particles.n=4000000000\): particles.n: .* memory"):
+            run_sweep(particles, ["particles.n=100,4000000000"], str(folder))
+    with pytest.raises(CaseError, match=r"members 0 \(model.eps=1\) and 1 \(model.eps=1.0\) are the same run$"):
+        run_sweep(case, ["model.eps=1,1.0"], str(folder))
+    with pytest.raises(CaseError, match=r"members 0 \(particles.seed=1\) and 1 \(particles.seed=2\) are the same run "
+                                        r"\(an Eulerian run draws nothing"):
+        run_sweep(case, ["particles.seed=1,2"], str(folder))
+    assert not folder.exists() or not os.listdir(folder)
+
+
+def test_a_sweep_tells_lost_resolution_and_other_save_times(tmp_path, capsys):
+    """Members that lose their resolution (eps 0.001 at lmax 16) say so as they end and in sweep.nc (where the
+    members' differing resolved_until was dropped: member_resolved_until, the sweep's first loss, their notes);
+    members saving every 0.1 and every 0.3 share the save times 0.3, 0.6, 0.9 = t_end exactly (3 x 0.3 was
+    0.8999999999999999, 9 x 0.1 0.9000000000000001: a time axis with near-duplicates), and the figure draws each
+    member through its own saves.  --overwrite with fewer members removes the earlier sweep's other files."""
+    from spherepde.analysis.diagnostic_panels import _member_curve
+
+    case = tmp_path / "case.toml"  # noisy Kuramoto, lmax 16
+    case.write_text(SMALL_S1.replace('kernel = "softmax"\nbeta = 2.0\neps = 0.1',
+                                     'kernel = "unnormalized"\nbeta = 0.0\nV = [[1.0, 0.0], [0.0, 1.0]]\neps = 0.25')
+                    .replace("kappa = 2.0", "kappa = 1.0"))
+    assert main(["sweep", str(case), "--set", "time.t_end=0.9", "--param", "model.eps=0.25,0.001", "--param",
+                 "time.save_every=0.1,0.3", "--workers", "1", "-o", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    lost = [line for line in err.splitlines() if "under-resolved from t = " in line]
+    assert len(lost) == 2 and all("model.eps=0.001" in line for line in lost), err
+    with xr.open_dataset(tmp_path / "out" / "sweep.nc") as combined:
+        times = combined["time"].values
+        assert np.array_equal(times, np.round(np.arange(10) * 0.1, 12)) and times[-1] == 0.9
+        until = combined["member_resolved_until"].values
+        assert np.isinf(until[:2]).all() and np.isfinite(until[2:]).all()
+        assert combined.attrs["resolved_until"] == until.min()
+        for member in (2, 3):
+            with xr.open_dataset(tmp_path / "out" / f"member-{member:03d}.nc") as own:
+                assert own.attrs["resolved_until"] == until[member] and own["time"].values[-1] == 0.9
+                assert f"member {member}: {own.attrs['notes']}" in combined.attrs["notes"]
+        import matplotlib.pyplot as plt
+        axis = plt.figure().subplots()
+        line = _member_curve(axis, times, combined["order_parameter"].isel(member=3).values, "C0", "-", "m")
+        assert np.array_equal(line.get_xdata(), [0.0, 0.3, 0.6, 0.9])
+        plt.close("all")
+    assert main(["sweep", str(case), "--set", "time.t_end=0.9", "--param", "model.eps=0.25", "--param",
+                 "time.save_every=0.1,0.3", "--workers", "1", "-o", str(tmp_path / "out"), "--overwrite"]) == 0
+    assert sorted(os.listdir(tmp_path / "out")) == ["member-000.nc", "member-001.nc", "sweep.nc"]
+
+
+def test_the_failure_a_sweep_names_is_of_the_status_it_exits_with():
+    """A numerical failure (exit 3) and bad input (exit 2) among the members: the sweep exits 2, naming the member
+    with bad input (it named the first failure, whatever its kind)."""
+    members = plan(spherepde.load_case_text(SMALL_S1), ["model.eps=0.1,0.2,0.3"], "folder")
+    summaries = {0: {"member": 0, "exit_status": 0, "status": "completed"},
+                 1: {"member": 1, "exit_status": 3, "status": "failed: the density became non-finite"},
+                 2: {"member": 2, "exit_status": 2, "status": "bad input: sphere.lmax: too coarse"}}
+    with pytest.raises(CaseError, match=r"^2 of 3 sweep members failed; member 2 \(model.eps=0.3\): bad input"):
+        sweep_module._raise_failures(members, summaries)

@@ -111,11 +111,21 @@ def _limits(axis, curves: list, scale: str) -> None:
         axis.set_ylim(low - margin, high + margin)
 
 
+def _member_curve(axis, time: np.ndarray, values: np.ndarray, colour: str, style: str, label: str):
+    """A sweep member's curve through its own saves: the combined time axis is every member's save times, a
+    member's values NaN at the others' (another time.save_every) and after a failure; a lone save is a dot."""
+    kept = np.isfinite(values)
+    return axis.plot(time[kept], values[kept], lw=1.2, color=colour, ls=style, label=label,
+                     marker="o" if kept.sum() == 1 else None, ms=3)[0]
+
+
 def _member_labels(dataset) -> list[str]:
-    """One label per sweep member from its swept coordinates."""
+    """One label per sweep member from its swept coordinates, and "failed" where its run did (member_status)."""
     names = [name for name in dataset.coords if dataset[name].dims == ("member",) and name != "member"]
-    return [", ".join(f"{dataset[name].attrs.get('long_name', name).split()[-1]} = {dataset[name].values[i]}"
-                      for name in names) or f"member {i}" for i in range(dataset.sizes["member"])]
+    status = dataset["member_status"].values if "member_status" in dataset else ["completed"] * dataset.sizes["member"]
+    return [(", ".join(f"{dataset[name].attrs.get('long_name', name).split()[-1]} = {dataset[name].values[i]}"
+                       for name in names) or f"member {i}") + ("" if status[i] == "completed" else " (failed)")
+            for i in range(dataset.sizes["member"])]
 
 
 def _filled_axes(subfigure, count: int, per_row: int = 4, **subplot_kw) -> list:
@@ -182,7 +192,7 @@ def _diagnostics(subfigure, dataset) -> None:
         for k, (label, values, stderr) in enumerate(curves):
             if members is not None:  # colour by member, line style by curve (told apart in the panel's legend)
                 style = MEMBER_CURVE_STYLES[k % len(MEMBER_CURVE_STYLES)]
-                lines = [axis.plot(time, values.isel(member=i), lw=1.2, color=f"C{i % 10}", ls=style, label=member)[0]
+                lines = [_member_curve(axis, time, np.asarray(values.isel(member=i)), f"C{i % 10}", style, member)
                          for i, member in enumerate(members)]
                 member_lines = member_lines or lines
                 if len(curves) > 1:

@@ -108,8 +108,7 @@ def _overview(dataset, path: str, projection: str, snapshots: int):
     if "member" in dataset.dims or not {"density", "particles"} & set(dataset.data_vars):
         figure = plt.figure(figsize=(13, 5.6), layout="constrained")
         _diagnostics(figure, dataset)
-        figure.suptitle(dataset.attrs.get("title", os.path.basename(path)) if "member" in dataset.dims
-                        else _title(dataset, path))
+        figure.suptitle(_sweep_title(dataset, path) if "member" in dataset.dims else _title(dataset, path))
         return figure
     sphere = _on_sphere(dataset)
     top_height = 6.0 if sphere else 4.2
@@ -122,6 +121,14 @@ def _overview(dataset, path: str, projection: str, snapshots: int):
     _diagnostics(bottom, dataset)
     figure.suptitle(_title(dataset, path))
     return figure
+
+
+def _sweep_title(dataset, path: str) -> str:
+    """A sweep's title, and how many of its members failed (member_status)."""
+    title = dataset.attrs.get("title", os.path.basename(path))
+    status = dataset["member_status"].values if "member_status" in dataset else []
+    failed = sum(value != "completed" for value in status)
+    return f"{title}: {failed} of {len(status)} members failed" if failed else title
 
 
 def _on_sphere(dataset) -> bool:

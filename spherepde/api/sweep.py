@@ -28,7 +28,9 @@ their densities in their own files only.
 import contextlib
 import itertools
 import logging
+import math
 import os
+import re
 import sys
 import tomllib
 import warnings
@@ -45,6 +47,7 @@ from spherepde.io.output import check_folder
 
 GRID_DIMS = ("theta", "lat", "lon")
 COMBINED = "sweep.nc"
+MEMBER_FILE = re.compile(r"member-\d{3,}\.nc")  # Member.path's names
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,39 @@ def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -
     return members
 
 
+def check_members_run(members: list[Member], local: bool) -> None:
+    """What a serial run refuses before it starts, for every member before any runs (a CaseError naming the
+    member): its memory (spherepde.api.limits.check_memory), a grid too coarse for its kernels, and (`local`: the
+    local workers see this machine's devices, a remote cluster's may differ) its solver.device.  Members that would
+    be one run are refused too: the same resolved case, or for an Eulerian run one that differs in [particles]
+    only (it draws nothing)."""
+    from solvers.forward_problem import check_kernel_resolution
+    from spherepde.api.limits import check_memory
+
+    checked, runs = set(), {}
+    for member in members:
+        sections = member.case.data
+        if member.case["solver"]["method"] == "eulerian":
+            sections = {name: values for name, values in sections.items() if name != "particles"}
+        run = repr(sorted((name, sorted(values.items())) for name, values in sections.items()))
+        if run in runs:
+            raise CaseError(f"sweep members {runs[run].index} ({runs[run].label()}) and {member.index} "
+                            f"({member.label()}) are the same run"
+                            + (" (an Eulerian run draws nothing: [particles] keys do not change it)"
+                               if member.case.text != runs[run].case.text else ""))
+        runs[run] = member
+        try:
+            check_memory(member.case)
+            key = repr([sorted(member.case[name].items()) for name in ("sphere", "model", "solver")])
+            if key not in checked:
+                check_kernel_resolution(member.case)
+                checked.add(key)
+            if local:
+                placement(member.case["solver"]["device"], member.case["solver"]["dtype"])
+        except CaseError as error:
+            raise CaseError(f"sweep member {member.index} ({member.label()}): {error}") from None
+
+
 def run_batch(indices: list, case_texts: list, paths: list, threads: int | None = None) -> list:
     """Run one batch of members together (in a Dask task; spherepde.api.ensemble.run_batch) and write each member's
     file; returns their summaries.  `threads`: at most this many threads (an even share of the local cores)."""
@@ -150,11 +186,26 @@ def run_batch(indices: list, case_texts: list, paths: list, threads: int | None 
 
 
 def summarise(index: int, path: str, dataset, exit_status: int) -> dict:
-    """The few numbers a member reports: status, steps, wall time, final order parameter."""
+    """The few numbers a member reports: status, steps, wall time, final order parameter, and from when its results
+    are under-resolved (`resolved_until`: "end" where they are not, and for particles)."""
     final = dataset["order_parameter"].values[-1] if "order_parameter" in dataset else float("nan")
     return {"member": index, "path": path, "status": dataset.attrs.get("status", "?"), "exit_status": exit_status,
             "steps": int(dataset.attrs.get("steps", 0)), "wall_seconds": float(dataset.attrs.get("wall_seconds", 0)),
-            "t": float(dataset["time"].values[-1]), "order_parameter": float(final)}
+            "t": float(dataset["time"].values[-1]), "order_parameter": float(final),
+            "resolved_until": dataset.attrs.get("resolved_until", "end")}
+
+
+def _resolved_until(summary: dict) -> float:
+    """The time from which a member's results are under-resolved; inf where they are not (or it has no file)."""
+    value = summary.get("resolved_until", "end")
+    return math.inf if isinstance(value, str) else float(value)
+
+
+def _progress_line(member: "Member", summary: dict) -> str:
+    """What the sweep prints as a member ends: its status, and where its resolution was lost (a serial run warns)."""
+    lost = _resolved_until(summary)
+    note = f"; under-resolved from t = {lost:g} (see its notes)" if math.isfinite(lost) else ""
+    return f"member {summary['member']} ({member.label()}) {summary['status']}{note}"
 
 
 def _use_worker_gpu() -> None:
@@ -228,17 +279,18 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
     """
     check_folder(folder, "sweep -o")
     members = plan(case, params, folder, seeds)
-    if scheduler is None:  # the local workers see this machine's devices; a remote cluster's may differ
-        for member in members:
-            try:
-                placement(member.case["solver"]["device"], member.case["solver"]["dtype"])
-            except CaseError as error:
-                raise CaseError(f"sweep member {member.index} ({member.label()}): {error}") from None
+    check_members_run(members, local=scheduler is None)
     combined = os.path.join(folder, COMBINED)
     existing = [path for path in [m.path for m in members] + [combined] if os.path.exists(path)]
     if existing and not (overwrite or resume):
         raise CaseError(f"sweep folder {folder!r} holds an earlier sweep ({os.path.basename(existing[0])}); pass "
                         "--resume to keep its completed members or --overwrite to run them all again")
+    if overwrite:  # an earlier, larger sweep's members would stay beside this one's, read as its own
+        planned = {m.path for m in members}
+        for name in os.listdir(folder) if os.path.isdir(folder) else ():
+            path = os.path.abspath(os.path.join(folder, name))
+            if MEMBER_FILE.fullmatch(name) and path not in planned and os.path.isfile(path):
+                os.remove(path)
     summaries = {}
     if resume:
         summaries = {m.index: s for m in members if (s := _completed(m)) is not None}
@@ -262,8 +314,8 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
                 for summary in future.result():
                     done += 1
                     summaries[summary["member"]] = summary
-                    print(f"spherepde: member {summary['member']} ({members[summary['member']].label()}) "
-                          f"{summary['status']} [{done}/{len(pending)}]", file=sys.stderr)
+                    print(f"spherepde: {_progress_line(members[summary['member']], summary)} "
+                          f"[{done}/{len(pending)}]", file=sys.stderr)
     combine(case, members, summaries, combined, params, seeds, command)
     _raise_failures(members, summaries)
     return combined
@@ -286,9 +338,11 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         dataset = dataset.drop_vars("cell_area", errors="ignore")
         return dataset if same_grid else dataset.drop_dims([dim for dim in GRID_DIMS if dim in dataset.dims])
 
+    shared = _shared_attrs([m.path for m in present])
     with xr.open_mfdataset([m.path for m in present], combine="nested", concat_dim="member", preprocess=preprocess,
                            data_vars="all", coords="different", compat="no_conflicts", join="outer",
                            combine_attrs="drop_conflicts") as data:
+        data.attrs = shared  # an attribute of some members only (a mixed-solver sweep's scheme) is not the sweep's
         data = data.assign_coords(member=("member", [m.index for m in present], {"long_name": "sweep member index"}))
         swept = []
         for key in present[0].values:
@@ -304,12 +358,20 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
                                  {"long_name": "status of the member's run"})
         data["member_case"] = ("member", [m.case.text for m in present],
                                {"long_name": "resolved case of the member (TOML)"})
+        lost = [_resolved_until(summaries[m.index]) for m in present]
+        data["member_resolved_until"] = ("member", np.array(lost), {
+            "long_name": "time from which the member's results are under-resolved (inf: resolved to the end)",
+            "units": "1"})
+        # the sweep is resolved until its first member's loss (a member's own is in member_resolved_until)
+        data.attrs["resolved_until"] = "end" if all(map(math.isinf, lost)) else float(min(lost))
+        notes = [] if same_grid else ["the members' grids differ: densities are in the member files only"]
+        for member, text in zip(present, _member_notes([m.path for m in present])):
+            notes += [f"member {member.index}: {line}" for line in text.splitlines() if line]
+        data.attrs["notes"] = "\n".join(notes)
         if same_grid:
             with xr.open_dataset(present[0].path) as first:
                 if "cell_area" in first:
                     data["cell_area"] = first["cell_area"].load()
-        else:
-            data.attrs["notes"] = "the members' grids differ: densities are in the member files only"
         finish(data, case, {"solver": data.attrs.get("solver", "mixed")})
         data.attrs["title"] = f"spherepde sweep of case '{case.name}' ({len(members)} members)"
         failed = [m for m in members if summaries[m.index]["status"] != "completed"]  # the members' attrs differ
@@ -336,6 +398,36 @@ def by_parameters(dataset):
     if len(names) == 1:  # one index, not a multi-index: the member axis becomes the key's own
         return dataset.swap_dims(member=names[0]).drop_vars("member", errors="ignore")
     return dataset.set_index(member=names).unstack("member")
+
+
+def _shared_attrs(paths: list[str]) -> dict:
+    """The global attributes every member file has, with the same value in each."""
+    import xarray as xr
+
+    shared = None
+    for path in paths:
+        with xr.open_dataset(path) as dataset:
+            attrs = dict(dataset.attrs)
+        shared = attrs if shared is None else {key: value for key, value in shared.items()
+                                               if key in attrs and _equal(attrs[key], value)}
+    return shared or {}
+
+
+def _equal(a, b) -> bool:
+    """Attribute values equal (NaN equal to NaN, as xarray's drop_conflicts has them)."""
+    a, b = np.asarray(a), np.asarray(b)
+    return bool(np.array_equal(a, b, equal_nan=a.dtype.kind == b.dtype.kind == "f"))
+
+
+def _member_notes(paths: list[str]) -> list[str]:
+    """Each member file's `notes` attribute (what its run noted: lost resolution, the attention's fallback)."""
+    import xarray as xr
+
+    notes = []
+    for path in paths:
+        with xr.open_dataset(path) as dataset:
+            notes.append(str(dataset.attrs.get("notes", "")))
+    return notes
 
 
 def _same_grid(paths: list[str]) -> bool:
@@ -365,9 +457,8 @@ def _raise_failures(members: list[Member], summaries: dict) -> None:
     failed = [summaries[m.index] for m in members if summaries[m.index]["exit_status"]]
     if not failed:
         return
-    first = failed[0]
+    bad_input = [s for s in failed if s["exit_status"] == 2]  # exit 2 wins: the message names such a member
+    first = (bad_input or failed)[0]
     message = (f"{len(failed)} of {len(members)} sweep members failed; member {first['member']} "
                f"({members[first['member']].label()}): {first['status']}")
-    if any(s["exit_status"] == 2 for s in failed):
-        raise CaseError(message)
-    raise NumericalFailure(message)
+    raise CaseError(message) if bad_input else NumericalFailure(message)

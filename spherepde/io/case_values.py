@@ -77,6 +77,7 @@ POSITIVE = Interval(0, strict=True)
 _INT64 = Interval(-2 ** 63, high=2 ** 63)  # TOML's integers; torch and NetCDF attributes take no more
 SEED = Interval(0, high=2 ** 63)  # numpy's SeedSequence and torch's manual_seed take [0, 2**64); int64 to store
 _UNIT_TOLERANCE = 1e-12  # a norm or a sum this close to 1 is already normalised
+_TINY_NORM = 1e-150  # below it `direction` scales a vector by its largest entry before normalising
 
 
 def describe(value) -> str:
@@ -295,7 +296,13 @@ def direction(value, ctx) -> list[float]:
     if norm == math.inf:  # x / inf would make it the zero vector
         raise Invalid(f"its norm overflows a float (largest entry {max(map(abs, vector)):.3g}); a direction "
                        "needs only its ratios: divide it by its largest entry")
-    return vector if abs(norm - 1) <= _UNIT_TOLERANCE else [x / norm for x in vector]
+    if abs(norm - 1) <= _UNIT_TOLERANCE:
+        return vector
+    if norm < _TINY_NORM:  # subnormal entries carry few digits: [1e-320, 1e-320] / its norm was 1e-4 off unit length
+        largest = max(map(abs, vector))
+        vector = [x / largest for x in vector]
+        norm = math.hypot(*vector)
+    return [x / norm for x in vector]
 
 
 def directions(value, ctx) -> list[list[float]]:
