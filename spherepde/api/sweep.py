@@ -61,7 +61,8 @@ class Member:
     path: str
 
     def label(self) -> str:
-        items = [f"{key}={value}" for key, value in self.values.items()]
+        """The member's swept values as --set would take them (TOML: true, not True), and its seed."""
+        items = [format_override(key, value) for key, value in self.values.items()]
         return ", ".join(items + ([f"seed={self.seed}"] if self.seed is not None else []))
 
 
@@ -278,6 +279,8 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
     CaseError (exit 2) if one had bad input, else NumericalFailure (exit 3).
     """
     check_folder(folder, "sweep -o")
+    if scheduler is not None and not scheduler.strip():
+        raise CaseError("--scheduler: an empty address (leave it out for a local cluster)")
     members = plan(case, params, folder, seeds)
     check_members_run(members, local=scheduler is None)
     combined = os.path.join(folder, COMBINED)
@@ -459,6 +462,7 @@ def _raise_failures(members: list[Member], summaries: dict) -> None:
         return
     bad_input = [s for s in failed if s["exit_status"] == 2]  # exit 2 wins: the message names such a member
     first = (bad_input or failed)[0]
+    status = first["status"].replace(f"sweep member {first['member']}: ", "")  # its case's errors name it too
     message = (f"{len(failed)} of {len(members)} sweep members failed; member {first['member']} "
-               f"({members[first['member']].label()}): {first['status']}")
+               f"({members[first['member']].label()}): {status}")
     raise CaseError(message) if bad_input else NumericalFailure(message)
