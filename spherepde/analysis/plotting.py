@@ -251,8 +251,9 @@ def _circle_picture(subfigure, dataset, count: int) -> None:
     if has_particles:
         angles = _particle_angles(dataset, centre)
         drawn = angles[:, :MAX_PARTICLES_DRAWN]
+        # not clipped: the first and last saves' dots sit on the time limits, and were drawn half
         heat.scatter(drawn.ravel(), np.repeat(times, drawn.shape[1]), s=1, c="cyan" if has_density else "C0",
-                     lw=0, alpha=0.6)
+                     lw=0, alpha=0.6, clip_on=False)
     _mark_failures(heat, dataset, vertical=False)
     if failed_parts(dataset):
         heat.legend(fontsize=8, loc="upper right")
