@@ -8,6 +8,7 @@ import math
 import torch
 import xarray as xr
 
+from solvers.timegrid import TimeGrid, save_times
 from spherepde.base.device import placement
 from spherepde.io.output import DIAGNOSTIC_ATTRS
 
@@ -16,12 +17,14 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
                      case) -> tuple[str, str] | None:
     """(file, why) when the state or the segments are not what an Eulerian run of `case` writes, else None: the
     segments' save times in order and continuous on the case's save schedule from t = 0, each segment of this
-    case and grid with every diagnostic, the state inside the save interval after the last save, its
-    coefficients of the case's shape and dtype and finite."""
+    case and grid with every diagnostic, the state inside an interval of the run's time grid (solvers.timegrid: saves
+    and layer boundaries) after the last save and before the next, its coefficients of the case's shape and dtype and
+    finite."""
     from spherepde.discretisation.bases import basis_class
 
     timing = case["time"]
     t_end, save_every = timing["t_end"], timing["save_every"]
+    saves = save_times(t_end, save_every)
     tolerance = 1e-9 * max(1.0, t_end)
     grid = basis_class(case.dim).grid_dims
     times, shapes = [], set()
@@ -36,32 +39,35 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
         shapes.add(segment["density"].shape[1:])
         for t in segment["time"].values.astype(float):
             k = len(times)
-            on_schedule = abs(t - k * save_every) <= tolerance or (abs(t - t_end) <= tolerance and k > 0 and
-                                                                  (k - 1) * save_every < t_end - tolerance)
-            if not on_schedule:
+            if not (k < len(saves) and abs(t - saves[k]) <= tolerance):
                 previous = f"after t = {times[-1]:.6g}" if times else "as the first save"
                 return path, (f"holds the save t = {t:.6g} {previous}: the segments' saves are not in order and "
                               f"continuous from t = 0 every {save_every:g} (time.save_every)")
             times.append(float(t))
     if len(shapes) > 1:
         return segments[-1][0], "holds densities on another grid than the segments before it"
-    t0 = times[-1]
-    t1 = min(t0 + save_every, t_end)
     interval, substep, substeps, dt, t, c = (state.get(key) for key in ("interval", "substep", "substeps", "dt", "t",
                                                                       "c"))
+    # the run's intervals end at saves and at layer boundaries (a model.W per layer): the state's lies after the
+    # segments' last save and before the next
+    intervals = TimeGrid.from_case(case).intervals
+    known = is_int(interval) and 0 <= interval < len(intervals)
+    t0, t1 = (intervals[interval].t0, intervals[interval].t1) if known else (times[-1], min(times[-1] + save_every,
+                                                                                            t_end))
     expected = (placement("cpu", case["solver"]["dtype"]).complex,
                 basis_class(case.dim).coefficient_shape(case["sphere"]["lmax"]))
     # in order: each check may take the ones before it as passed
     checks = [
         (lambda: state.get("t_end") == t_end, f"holds t_end = {state.get('t_end')!r}, not the case's {t_end:g}"),
-        (lambda: is_int(interval) and interval == len(times) - 1,
-         f"is in save interval {interval!r}, not in the one after the segments' last save ({len(times) - 1})"),
+        (lambda: known and times[-1] - tolerance <= t0 and (len(times) == len(saves) or t0 < saves[len(times)]),
+         f"is in interval {interval!r} of the run, not in one after the segments' last save t = {times[-1]:.6g} "
+         "and before the next"),
         (lambda: is_int(substeps) and substeps >= 1 and is_int(substep) and 0 <= substep <= substeps,
-         f"is at step {substep!r} of {substeps!r}, which is no step of a save interval"),
+         f"is at step {substep!r} of {substeps!r}, which is no step of an interval"),
         (lambda: _is_real(dt) and dt > 0 and abs(substeps * dt - (t1 - t0)) <= tolerance,
-         f"takes steps of dt = {dt!r}, which do not divide its save interval [{t0:.6g}, {t1:.6g}] in {substeps!r}"),
+         f"takes steps of dt = {dt!r}, which do not divide its interval [{t0:.6g}, {t1:.6g}] in {substeps!r}"),
         (lambda: _is_real(t) and abs(t - (t0 + substep * dt)) <= tolerance,
-         f"is at t = {t!r}, not at step {substep!r} of dt after the last save t = {t0:.6g}"),
+         f"is at t = {t!r}, not at step {substep!r} of dt after its interval's start t = {t0:.6g}"),
         (lambda: isinstance(c, torch.Tensor) and (c.dtype, tuple(c.shape)) == expected,
          f"holds coefficients of {_describe_tensor(c)}, not {expected[0]} of shape {expected[1]} "
          "(sphere.lmax, solver.dtype)"),

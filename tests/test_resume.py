@@ -484,3 +484,24 @@ def test_a_refused_resume_names_the_key_and_both_values_as_a_case_file_writes_th
         "solver.threads = absent there, 2 now")
     assert _difference(stored, "[solver]\nchunk = 8\n[diagnostics]\nw2 = false\n") == (
         "diagnostics.w2 = true there, false now")
+
+
+def test_a_run_with_a_W_per_layer_resumes_from_a_checkpoint_after_a_layer_boundary(tmp_path, capsys):
+    """Three layers' W over t_end = 1.5, saves every 0.4: the run's intervals end at the layer boundaries 0.5 and
+    1.0 too, and a checkpoint in an interval that one bounds was refused (at t = 0.45: "takes steps of dt = 0.05,
+    which do not divide its save interval [0.4, 0.8] in 2"; after 0.5: "is in save interval 2, not in the one after
+    the segments' last save (1)").  Interrupted at each of its checkpoints in turn (every 3 steps of 0.05), the
+    resumed run is the uninterrupted one bit for bit."""
+    layers = "W = [[[0.0, -1.0], [1.0, 0.0]], [[0.0, 0.5], [-0.5, 0.0]], [[0.2, 0.0], [0.0, -0.2]]]\n"
+    text = SMALL_S1.replace("eps = 0.1\n", "eps = 0.1\n" + layers).replace("t_end = 0.5", "t_end = 1.5").replace(
+        "save_every = 0.25", "save_every = 0.4")
+    case = write_case(tmp_path, text)
+    reference = tmp_path / "reference.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    for checkpoints in range(1, 11):
+        output = tmp_path / f"out-{checkpoints}.nc"
+        interrupt(case, output, checkpoints=checkpoints, every_steps=3)
+        state = state_of(output)
+        status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+        assert status == 0, (checkpoints, state["t"], err)
+        assert_same_result(output, reference)
