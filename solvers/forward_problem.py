@@ -55,9 +55,7 @@ class ForwardProblem:
         freeze_setup()  # full garbage collections skip what exists now (spherepde/base/garbage.py)
         solver = case["solver"]
         self.placement = make_placement(solver["device"], solver["dtype"])
-        if case.dim not in (2, 3):
-            raise CaseError(f"sphere.dim: the Eulerian solver handles d = 2 or 3, got {case.dim}; "
-                            "use solver.method = 'particles'")
+        check_dimension(case)
         if solver["backend"] == "shtns" and (self.placement.device.type != "cpu" or self.placement.name != "float64"):
             raise CaseError("solver.backend: 'shtns' runs on the CPU in float64 only")
         self.basis = make_basis(case.dim, case["sphere"]["lmax"], self.placement, solver["backend"])
@@ -275,11 +273,20 @@ def resolution_entries(layout: Layout, models: list) -> list:
             for k, model in enumerate(models)]
 
 
+def check_dimension(case) -> None:
+    """The Eulerian solver's spheres: S^1 and S^2 (a CaseError naming sphere.dim else)."""
+    if case.dim not in (2, 3):
+        raise CaseError(f"sphere.dim: the Eulerian solver handles d = 2 or 3, got {case.dim}; "
+                        "use solver.method = 'particles'")
+
+
 def check_kernel_resolution(case) -> None:
     """ForwardProblem's refusal of a grid too coarse for the kernels of a member (every head on every layer), from
-    its case alone, no grid built: a sweep checks every member so before any runs.  Particle runs have no grid."""
+    its case alone, no grid built: a sweep checks every member so before any runs (its sphere first).  Particle
+    runs have no grid."""
     if case["solver"]["method"] == "particles":
         return
+    check_dimension(case)
     host, layout = make_placement("cpu", "float64"), layout_of(case)
     if layout.seeds_model:
         entries = [(Model.from_case(case, host), "model.beta", "")]

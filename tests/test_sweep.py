@@ -249,8 +249,9 @@ def test_local_workers_keep_freed_memory_where_dask_would_trim_it():
 
 def test_every_member_is_checked_before_any_runs(tmp_path):
     """What a serial run refuses before it starts, a sweep refuses of every member before any runs (nothing
-    written): a grid too coarse for one member's kernel, one member's particles beyond the memory; and members
-    that are one run: the same resolved case (eps 1 and 1.0), or Eulerian members that differ in [particles] only."""
+    written): a grid too coarse for one member's kernel, one member's particles beyond the memory, an Eulerian
+    member on S^3; and members that are one run: the same resolved case (eps 1 and 1.0), or Eulerian members that
+    differ in [particles] only."""
     from spherepde.api.limits import available_memory
 
     case, folder = spherepde.load_case_text(SMALL_S1), tmp_path / "out"
@@ -261,6 +262,9 @@ def test_every_member_is_checked_before_any_runs(tmp_path):
         particles = case.with_overrides(["solver.method='particles'"])
         with pytest.raises(CaseError, match=r"sweep member 1 \(particles.n=4000000000\): particles.n: .* memory"):
             run_sweep(particles, ["particles.n=100,4000000000"], str(folder))
+    with pytest.raises(CaseError, match=r"sweep member 0 \(model.eps=0.1\): sphere.dim: the Eulerian solver handles"):
+        run_sweep(case.with_overrides(["sphere.dim=4", "initial.mean=[1.0, 0.0, 0.0, 0.0]"]), ["model.eps=0.1,0.2"],
+                  str(folder))  # a ValueError's traceback, exit 1
     with pytest.raises(CaseError, match=r"members 0 \(model.eps=1\) and 1 \(model.eps=1.0\) are the same run$"):
         run_sweep(case, ["model.eps=1,1.0"], str(folder))
     with pytest.raises(CaseError, match=r"members 0 \(particles.seed=1\) and 1 \(particles.seed=2\) are the same run "
@@ -315,3 +319,28 @@ def test_the_failure_a_sweep_names_is_of_the_status_it_exits_with():
                  2: {"member": 2, "exit_status": 2, "status": "bad input: sphere.lmax: too coarse"}}
     with pytest.raises(CaseError, match=r"^2 of 3 sweep members failed; member 2 \(model.eps=0.3\): bad input"):
         sweep_module._raise_failures(members, summaries)
+
+
+def test_resume_reruns_members_saved_at_other_times_and_overwrite_leaves_no_earlier_file(tmp_path, capsys):
+    """--resume keeps a completed member only where its save times are today's (an earlier version's could lie an
+    ulp apart, and sweep.nc's time axis held both); --overwrite removes every earlier member file, also of a member
+    that now fails before writing one (its old file stayed, of another case, under its name)."""
+    from spherepde.io.output import write_dataset
+
+    case, output = tmp_path / "case.toml", tmp_path / "out"
+    case.write_text(SMALL_S1)
+    args = ["sweep", str(case), "--param", "model.eps=0.1,0.2", "--workers", "1", "-o", str(output)]
+    assert main(args) == 0
+    with xr.open_dataset(output / "member-001.nc") as member:
+        moved = member.load().assign_coords(time=member["time"].values + np.array([0.0, 5.6e-17, 0.0]))
+    write_dataset(moved, str(output / "member-001.nc"))
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 0
+    assert "keeping 1 completed members of 2" in capsys.readouterr().err
+    with xr.open_dataset(output / "sweep.nc") as combined:
+        assert np.array_equal(combined["time"].values, [0.0, 0.25, 0.5])
+    narrow = ["sweep", str(case), "--param", "initial.kappa=2.0,5000.0", "--workers", "1", "-o", str(output)]
+    assert main(narrow + ["--overwrite"]) == 2
+    assert sorted(os.listdir(output)) == ["member-000.nc", "sweep.nc"]
+    with xr.open_dataset(output / "sweep.nc") as combined:
+        assert list(combined["member"].values) == [0]

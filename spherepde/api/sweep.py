@@ -206,7 +206,12 @@ def _progress_line(member: "Member", summary: dict) -> str:
     """What the sweep prints as a member ends: its status, and where its resolution was lost (a serial run warns)."""
     lost = _resolved_until(summary)
     note = f"; under-resolved from t = {lost:g} (see its notes)" if math.isfinite(lost) else ""
-    return f"member {summary['member']} ({member.label()}) {summary['status']}{note}"
+    return f"member {summary['member']} ({member.label()}) {_own_status(summary)}{note}"
+
+
+def _own_status(summary: dict) -> str:
+    """A member's status without the "sweep member N: " that its case's errors begin with (it is named already)."""
+    return summary["status"].replace(f"sweep member {summary['member']}: ", "")
 
 
 def _use_worker_gpu() -> None:
@@ -225,14 +230,19 @@ def _use_worker_gpu() -> None:
 
 
 def _completed(member: Member) -> dict | None:
-    """The summary of an earlier run of `member` that completed with the same case; else None."""
+    """The summary of an earlier run of `member` that completed with the same case and today's save times (those of
+    an earlier version could be an ulp apart: sweep.nc's time axis would hold both); else None."""
     import xarray as xr
 
+    from solvers.timegrid import save_times
+
+    timing = member.case["time"]
     try:
         with xr.open_dataset(member.path) as dataset:
-            if dataset.attrs.get("status") == "completed" and dataset.attrs.get("case") == member.case.text:
+            if (dataset.attrs.get("status") == "completed" and dataset.attrs.get("case") == member.case.text
+                    and np.array_equal(dataset["time"].values, save_times(timing["t_end"], timing["save_every"]))):
                 return summarise(member.index, member.path, dataset, 0)
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError):
         pass
     return None
 
@@ -288,11 +298,10 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
     if existing and not (overwrite or resume):
         raise CaseError(f"sweep folder {folder!r} holds an earlier sweep ({os.path.basename(existing[0])}); pass "
                         "--resume to keep its completed members or --overwrite to run them all again")
-    if overwrite:  # an earlier, larger sweep's members would stay beside this one's, read as its own
-        planned = {m.path for m in members}
+    if overwrite:  # an earlier sweep's files would stay beside this one's, read as its own (a member that now fails)
         for name in os.listdir(folder) if os.path.isdir(folder) else ():
-            path = os.path.abspath(os.path.join(folder, name))
-            if MEMBER_FILE.fullmatch(name) and path not in planned and os.path.isfile(path):
+            path = os.path.join(folder, name)
+            if (MEMBER_FILE.fullmatch(name) or name == COMBINED) and os.path.isfile(path):
                 os.remove(path)
     summaries = {}
     if resume:
@@ -335,13 +344,12 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
     present = [m for m in members if summaries[m.index]["path"] is not None]
     if not present:
         return
-    same_grid = _same_grid([m.path for m in present])
+    shared, notes_of, same_grid = _read_members([m.path for m in present])
 
     def preprocess(dataset):
         dataset = dataset.drop_vars("cell_area", errors="ignore")
         return dataset if same_grid else dataset.drop_dims([dim for dim in GRID_DIMS if dim in dataset.dims])
 
-    shared = _shared_attrs([m.path for m in present])
     with xr.open_mfdataset([m.path for m in present], combine="nested", concat_dim="member", preprocess=preprocess,
                            data_vars="all", coords="different", compat="no_conflicts", join="outer",
                            combine_attrs="drop_conflicts") as data:
@@ -368,7 +376,7 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         # the sweep is resolved until its first member's loss (a member's own is in member_resolved_until)
         data.attrs["resolved_until"] = "end" if all(map(math.isinf, lost)) else float(min(lost))
         notes = [] if same_grid else ["the members' grids differ: densities are in the member files only"]
-        for member, text in zip(present, _member_notes([m.path for m in present])):
+        for member, text in zip(present, notes_of):
             notes += [f"member {member.index}: {line}" for line in text.splitlines() if line]
         data.attrs["notes"] = "\n".join(notes)
         if same_grid:
@@ -403,46 +411,29 @@ def by_parameters(dataset):
     return dataset.set_index(member=names).unstack("member")
 
 
-def _shared_attrs(paths: list[str]) -> dict:
-    """The global attributes every member file has, with the same value in each."""
-    import xarray as xr
-
-    shared = None
-    for path in paths:
-        with xr.open_dataset(path) as dataset:
-            attrs = dict(dataset.attrs)
-        shared = attrs if shared is None else {key: value for key, value in shared.items()
-                                               if key in attrs and _equal(attrs[key], value)}
-    return shared or {}
-
-
 def _equal(a, b) -> bool:
     """Attribute values equal (NaN equal to NaN, as xarray's drop_conflicts has them)."""
     a, b = np.asarray(a), np.asarray(b)
     return bool(np.array_equal(a, b, equal_nan=a.dtype.kind == b.dtype.kind == "f"))
 
 
-def _member_notes(paths: list[str]) -> list[str]:
-    """Each member file's `notes` attribute (what its run noted: lost resolution, the attention's fallback)."""
+def _read_members(paths: list[str]) -> tuple[dict, list[str], bool]:
+    """One pass over the member files: the global attributes every one has with the same value, each one's `notes`
+    (what its run noted: lost resolution, the attention's fallback), and whether all have the same grid coordinates
+    (theta, or lat and lon)."""
     import xarray as xr
 
-    notes = []
+    shared, notes, grids = None, [], []
     for path in paths:
         with xr.open_dataset(path) as dataset:
-            notes.append(str(dataset.attrs.get("notes", "")))
-    return notes
-
-
-def _same_grid(paths: list[str]) -> bool:
-    """Whether every file has the same grid coordinates (theta, or lat and lon)."""
-    import xarray as xr
-
-    grids = []
-    for path in paths:
-        with xr.open_dataset(path) as dataset:
+            attrs = dict(dataset.attrs)
             grids.append({dim: dataset[dim].values for dim in GRID_DIMS if dim in dataset.coords})
-    return all(grid.keys() == grids[0].keys() and all(np.array_equal(grid[k], grids[0][k]) for k in grid)
-               for grid in grids)
+        notes.append(str(attrs.get("notes", "")))
+        shared = attrs if shared is None else {key: value for key, value in shared.items()
+                                               if key in attrs and _equal(attrs[key], value)}
+    same_grid = all(grid.keys() == grids[0].keys() and all(np.array_equal(grid[k], grids[0][k]) for k in grid)
+                    for grid in grids)
+    return shared or {}, notes, same_grid
 
 
 def _member_coordinate(key: str, values: list) -> tuple:
@@ -462,7 +453,6 @@ def _raise_failures(members: list[Member], summaries: dict) -> None:
         return
     bad_input = [s for s in failed if s["exit_status"] == 2]  # exit 2 wins: the message names such a member
     first = (bad_input or failed)[0]
-    status = first["status"].replace(f"sweep member {first['member']}: ", "")  # its case's errors name it too
     message = (f"{len(failed)} of {len(members)} sweep members failed; member {first['member']} "
-               f"({members[first['member']].label()}): {status}")
+               f"({members[first['member']].label()}): {_own_status(first)}")
     raise CaseError(message) if bad_input else NumericalFailure(message)

@@ -75,8 +75,8 @@ def quantise(points: np.ndarray, masses: np.ndarray, max_atoms: int):
 
     Each cell's mass sits at the normalised mass-weighted mean c of its points.  Returns
     (points, masses, bound) where bound >= W2(mu, quantised mu): the root mean square chordal
-    distance sum_i m_i |x_i - c_cell(i)|^2 / sum_i m_i of the coupling that moves each atom to its
-    cell's (0 when nothing was aggregated).  By the triangle inequality a W2 between two quantised
+    distance sqrt(sum_i m_i |x_i - c_cell(i)|^2 / sum_i m_i) of the coupling that moves each atom to
+    its cell's (0 when nothing was aggregated).  By the triangle inequality a W2 between two quantised
     measures is within the sum of their bounds of the W2 between the originals.  The largest cell
     diameter, the bound this replaced, is about 4 times as large: 4000 or 20000 uniform or vMF
     points, 1000 cells on S^2, 0.202 against 0.047-0.056, where exact OT gives W2(mu, quantised mu)
