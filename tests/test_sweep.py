@@ -100,6 +100,7 @@ def test_a_sweep_with_a_failed_member_says_so_in_its_status(local_sweep, tmp_pat
         assert combined.attrs["status"] == "failed: 1 of 2 sweep members (member_status)"
         assert combined["member_status"].values[0] == "completed"
         assert combined["member_status"].values[1].startswith("failed")
+        assert "take time.dt below" in combined["member_status"].values[1]  # the serial run's advice, kept
 
 
 def test_swept_integers_stay_integers_and_mixed_numbers_are_floats():

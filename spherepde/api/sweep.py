@@ -183,6 +183,8 @@ def run_batch(indices: list, case_texts: list, paths: list, threads: int | None 
         dataset.attrs["history"] += f" (member {index} of the sweep in {os.path.dirname(path)})"
         write_dataset(dataset, path)
         summaries.append(summarise(index, path, dataset, exit_status))
+        if exit_status:  # the failure's whole message, with what the serial run says to do ("take time.dt below")
+            summaries[-1]["status"] = f"failed: {str(outcome).removeprefix('numerical failure: ')}"
     return summaries
 
 
