@@ -23,7 +23,7 @@ import torch
 
 from solvers.eulerian_recorder import Recorder
 from solvers.forward_problem import ForwardProblem
-from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
+from solvers.timegrid import Hooks, Plan, TimeGrid, check_max_steps, fixed_steps, integrate
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
 from spherepde.base.real_view import real_state
@@ -172,6 +172,7 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
     case, timing = problem.cases[0], problem.cases[0]["time"]
     drives = problem.layer_drives()
     grid = TimeGrid(timing["t_end"], timing["save_every"], len(drives))
+    check_max_steps(grid, timing.get("dt"), timing, "time.dt")
     start = (0, 0, None, 0)
     if checkpoint is not None and checkpoint.resume:
         state, segments = checkpoint.load(case)

@@ -50,7 +50,7 @@ from solvers.eulerian import MAX_STEPS_PER_SAVE, only, outcomes
 from solvers.particle_field import HeadsField, ParticleField
 from solvers.particle_recorder import ParticleRecorder
 from solvers.particle_step import DirectStep, noise_time, noise_variance
-from solvers.timegrid import Hooks, Plan, TimeGrid, fixed_steps, integrate
+from solvers.timegrid import Hooks, Plan, TimeGrid, check_max_steps, fixed_steps, integrate
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
 from spherepde.base.garbage import freeze_setup
@@ -350,6 +350,7 @@ def run_members(system: ParticleSystem, progress: bool | None = None, controls: 
     case, timing = system.case, system.case["time"]
     layered = controls if controls is not None else system.drives
     grid = grid or TimeGrid(timing["t_end"], timing["save_every"], layered.shape[1])
+    check_max_steps(grid, fixed_step(case), timing, "particles.dt" if "dt" in case["particles"] else "time.dt")
     x = system.x0
     # beyond the seeds the recorder's free energy of head 0 is not the flow's: flagged as a controlled run's
     recorders = [ParticleRecorder(member, model, system.field, x[m], controls is not None or system.general,

@@ -20,6 +20,7 @@ from decimal import Decimal
 import numpy as np
 import torch
 
+from spherepde.base.errors import CaseError
 from spherepde.model.parameters import model_layers
 
 
@@ -84,6 +85,19 @@ class TimeGrid:
 def fixed_steps(interval: Interval, dt: float) -> int:
     """Equal steps no longer than dt over the interval."""
     return max(1, math.ceil(interval.length / dt - 1e-9))
+
+
+def check_max_steps(grid: TimeGrid, dt: float | None, timing: dict, key: str) -> None:
+    """A fixed step dt (`key`) against time.max_steps over the whole grid, before any step: each interval takes
+    whole steps, so saves and layer boundaries that dt does not divide cut more than the t_end / dt steps that the
+    case's own check counts (a run then stopped at the limit midway, exit 3, as if the numerics had failed)."""
+    if dt is None or "max_steps" not in timing:
+        return
+    steps = sum(fixed_steps(interval, dt) for interval in grid.intervals)
+    if steps > timing["max_steps"]:
+        raise CaseError(f"time.max_steps: {timing['max_steps']} steps cannot reach t_end = {grid.t_end:g} with "
+                        f"{key} = {dt:g}: its {len(grid.intervals)} intervals (saves and layer boundaries) take "
+                        f"{steps}")
 
 
 @dataclass

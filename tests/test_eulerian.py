@@ -254,3 +254,23 @@ def test_the_run_matches_the_cpu_run(accelerator):
 
     reference = density("cpu")
     assert np.abs(reference - density(accelerator)).max() <= 1e-12 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize("method", ["eulerian", "particles"])
+def test_max_steps_counts_the_steps_that_saves_and_layers_cut(method):
+    """time.dt = 0.1 over t_end = 1 with saves every 0.15 takes 13 whole steps (two in each save interval, one in the
+    last), not t_end / dt = 10: max_steps = 12 passed the case's check, and the run stopped at the limit midway as a
+    numerical failure (exit 3); it is refused before any step now, and 13 runs.  Layer boundaries (a model.W per
+    layer) cut steps as saves do: 3 layers over saves every 0.25 at dt = 0.01, 102 steps."""
+    text = ("[sphere]\ndim = 2\nlmax = 16\n[model]\nkernel = 'softmax'\nbeta = 1.0\neps = 0.1\n"
+            "[initial]\nkind = 'vmf'\nmean = [1.0, 0.0]\nkappa = 1.0\n"
+            "[time]\nt_end = 1.0\ndt = 0.1\nsave_every = 0.15\n"
+            f"[solver]\nmethod = '{method}'\n[particles]\nn = 50\n")
+    case = spherepde.load_case_text(text)
+    with pytest.raises(spherepde.CaseError, match=r"time.max_steps: 12 steps .* take 13$"):
+        spherepde.run(case.with_overrides(["time.max_steps=12"]), progress=False)
+    assert spherepde.run(case.with_overrides(["time.max_steps=13"]), progress=False).attrs["status"] == "completed"
+    layered = case.with_overrides(["time.dt=0.01", "time.save_every=0.25", "model.W=[[[0.0, 1.0], [-1.0, 0.0]], "
+                                   "[[0.5, 0.0], [0.0, -0.5]], [[0.0, 0.3], [0.1, 0.0]]]", "time.max_steps=101"])
+    with pytest.raises(spherepde.CaseError, match=r"take 102$"):
+        spherepde.run(layered, progress=False)
