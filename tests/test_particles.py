@@ -418,9 +418,8 @@ def test_paired_cost_is_paired_transports_cost():
 def test_quantisation_bound_is_the_transport_to_the_cells_atoms():
     """quantise's bound is the cost of moving each atom to its cell's, so it bounds W2(mu, quantised mu) from
     above (exact OT of all pairs, POT emd; to its round-off, 1e-12), and that coupling is nearly optimal: within 1%
-    of W2 (on S^1, where it is monotone, it is the optimal one).  The largest
-    cell diameter it replaced is at least 3 times as wide, on S^1 and S^2, for uniform and concentrated
-    measures with unequal masses."""
+    of W2 (on S^1, where it is monotone, it is the optimal one).  The largest cell diameter it replaced is at least
+    3 times as wide, on S^1 and S^2, for uniform and concentrated measures with unequal masses."""
     from spherepde.measures.optimal_transport import quantise
     rng = np.random.default_rng(11)
     cells = [(2, 200, 2 * math.sin(math.pi / 200)), (3, 800, 2 * math.sin(math.sqrt(2) * math.pi / 40))]  # 20 rows
