@@ -8,7 +8,7 @@ import math
 import torch
 import xarray as xr
 
-from solvers.timegrid import TimeGrid, save_times
+from solvers.timegrid import TimeGrid
 from spherepde.base.device import placement
 from spherepde.io.output import DIAGNOSTIC_ATTRS
 
@@ -24,7 +24,8 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
 
     timing = case["time"]
     t_end, save_every = timing["t_end"], timing["save_every"]
-    saves = save_times(t_end, save_every)
+    time_grid = TimeGrid.from_case(case)  # its saves, and the intervals that saves and layer boundaries bound
+    saves = time_grid.saves
     tolerance = 1e-9 * max(1.0, t_end)
     grid = basis_class(case.dim).grid_dims
     times, shapes = [], set()
@@ -50,7 +51,7 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
                                                                       "c"))
     # the run's intervals end at saves and at layer boundaries (a model.W per layer): the state's lies after the
     # segments' last save and before the next
-    intervals = TimeGrid.from_case(case).intervals
+    intervals = time_grid.intervals
     known = is_int(interval) and 0 <= interval < len(intervals)
     t0, t1 = (intervals[interval].t0, intervals[interval].t1) if known else (times[-1], min(times[-1] + save_every,
                                                                                             t_end))

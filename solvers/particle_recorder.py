@@ -52,7 +52,8 @@ class ParticleRecorder(RunRecord):
     def __init__(self, case, model: Model, field: ParticleField, x0: torch.Tensor, controlled: bool = False,
                  fixed_attention: bool = True):
         super().__init__(case)
-        self.model, self.field, self.controlled, self.fixed_attention = model, field, controlled, fixed_attention
+        self.model, self.field, self.fixed_attention = model, field, fixed_attention
+        self.free_energy = FreeEnergy.of_model(model, controlled)  # the model's, the same at every save
         host = lambda matrix: matrix.cpu().double().numpy()  # noqa: E731
         self.subspace_E = principal_subspace(host(model.V @ model.B.T)) if fixed_attention else None
         self.subspace_F = principal_subspace(host(model.V)) if fixed_attention else None
@@ -116,10 +117,9 @@ class ParticleRecorder(RunRecord):
         row["interaction_energy"], errors["interaction_energy"] = (self._interaction_energy(x) if energy and
                                                                    self.fixed_attention else (math.nan, math.nan))
         row["entropy"], errors["entropy"] = math.nan, math.nan
-        free_energy = FreeEnergy.of_model(self.model, self.controlled)
         if self.model.eps == 0 and self.fixed_attention:  # F = U
-            row["free_energy"] = free_energy.sample_interaction(row["interaction_energy"], points)
-            errors["free_energy"] = free_energy.interaction_stderr(errors["interaction_energy"], points)
+            row["free_energy"] = self.free_energy.sample_interaction(row["interaction_energy"], points)
+            errors["free_energy"] = self.free_energy.interaction_stderr(errors["interaction_energy"], points)
         else:
             row["free_energy"], errors["free_energy"] = math.nan, math.nan
         return row, errors

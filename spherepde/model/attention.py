@@ -39,7 +39,8 @@ class Model:
             beta=float(section["beta"]),
             B=placement.tensor(section["B"]),
             V=placement.tensor(section["V"]),
-            # a training's per-layer W is where its controls start (solvers.training.starting_W): here the first
+            # a list of W, one per layer, is read whole where it is used (ForwardProblem.layer_drives, a training's
+            # start_of_W): here the first
             W=placement.tensor(layer_values(section["W"], 1)[0]),
             eps=float(section["eps"]),
         )
