@@ -203,6 +203,26 @@ def test_initial_density_from_file_interpolates_spectrally(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("method", ["eulerian", "particles"])
+def test_a_case_whose_initial_file_changed_after_it_was_resolved_is_refused(tmp_path, capsys, method):
+    """A case resolved (its initial file's SHA-256 pinned), then the file rewritten: the run refuses it, one line
+    naming initial.path and both digests, where it ran from the new file and stored the old digest (a notebook's
+    case loaded earlier, a sweep's later member)."""
+    case = write_case(tmp_path)
+    first = tmp_path / "first.nc"
+    assert run_cli(["run", case, "-o", first, "--quiet", "--set", "time.t_end=0.25"], capsys)[0] == 0
+    restart = SMALL_S1.replace('kind = "vmf"\nmean = [1.0, 0.0]\nkappa = 2.0', 'kind = "file"\npath = "first.nc"')
+    resolved = spherepde.load_case(write_case(tmp_path, restart, "restart.toml"),
+                                   [f"solver.method='{method}'", "time.t_end=0.25"])
+    pinned = resolved["initial"]["sha256"]
+    assert spherepde.run(resolved)["mass"].values[0] == pytest.approx(1, abs=1e-12)  # the file as pinned runs
+    assert run_cli(["run", case, "-o", first, "--quiet", "--overwrite", "--set", "time.t_end=0.5"], capsys)[0] == 0
+    refusal = rf"restart.toml: initial.path: .*first.nc' has SHA-256 [0-9a-f]{{64}}, not the {pinned} of the case: the"
+    with pytest.raises(spherepde.CaseError, match=refusal + " file changed") as refused:
+        spherepde.run(resolved)
+    assert len(str(refused.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("method", ["eulerian", "particles"])
 def test_an_initial_file_whose_density_is_not_a_probability_density_is_refused(tmp_path, capsys, method):
     """NaN, a negated, zero or rescaled density, or a grid cut short (its quadrature mass 0.72): exit 2 naming
     initial.path and what is wrong, no output; before, the runs went on with mass 0 or 3 or ended in exit 3 or

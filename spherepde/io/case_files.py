@@ -5,7 +5,6 @@ negative by no more than round-off.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import stat
@@ -14,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from spherepde.base.digest import file_sha256
 from spherepde.base.errors import CaseError
 from spherepde.io.case_values import Invalid, integer, text
 
@@ -44,15 +44,6 @@ def readable_file(value, ctx) -> str:
     except ValueError as error:  # a NUL character in the path
         raise Invalid(f"cannot read {str(path)!r}: {error}") from None
     return str(path)
-
-
-def file_sha256(path: str) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def initial_file_digest(ctx) -> str:

@@ -23,6 +23,7 @@ import torch
 import xarray as xr
 from scipy.special import ive
 
+from spherepde.base.digest import file_sha256
 from spherepde.base.errors import CaseError, unreadable
 
 
@@ -106,7 +107,7 @@ def initial_density(section: dict, basis) -> torch.Tensor:
     """Spectral coefficients of rho_0 on `basis`; a CaseError when the grid cannot represent rho_0."""
     kind = section["kind"]
     if kind == "file":
-        return density_from_file(section["path"], section["time"], basis)
+        return density_from_file(pinned_file(section), section["time"], basis)
     points = basis.points
     if kind == "uniform":
         rho = torch.full(basis.grid_shape, 1 / basis.area, dtype=points.dtype, device=points.device)
@@ -127,6 +128,21 @@ def initial_density(section: dict, basis) -> torch.Tensor:
         raise CaseError(f"initial: the grid of sphere.lmax = {basis.lmax} does not resolve this {kind} law (spectral "
                         f"tail {tail:.2g} > {INITIAL_TAIL_TOLERANCE:g} at t = 0): raise sphere.lmax or widen the law")
     return coefficients
+
+
+def pinned_file(section: dict) -> str:
+    """initial.path of a resolved [initial] section, a CaseError where its bytes are no longer the ones its sha256
+    pins: the case was resolved before the file changed (a notebook's case loaded earlier, a sweep's later
+    members), and the run's stored case would name a density it did not start from."""
+    path = section["path"]
+    try:
+        actual = file_sha256(path)
+    except OSError as error:
+        raise CaseError(f"initial.path: cannot read {path!r}: {error.strerror}") from None
+    if actual != section["sha256"]:
+        raise CaseError(f"initial.path: {path!r} has SHA-256 {actual}, not the {section['sha256']} of the case: the "
+                        "file changed since the case was resolved (restore it, or resolve the case again)")
+    return path
 
 
 def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:

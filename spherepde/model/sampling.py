@@ -36,6 +36,7 @@ import torch
 import xarray as xr
 
 from spherepde.base.errors import CaseError
+from spherepde.model.initial import pinned_file
 
 ENVELOPE_FACTOR = 1.25
 ENVELOPE_FLOOR = 1e-6
@@ -146,7 +147,7 @@ def initial_particles(section: dict, dim: int, n: int, generator: torch.Generato
     elif kind == "projected_gaussian":
         points = projected_gaussian(n, section["mean"], section["covariance"], generator)
     else:
-        points = DensityFileSampler(section["path"], section["time"], dim).sample(n, generator)
+        points = DensityFileSampler(pinned_file(section), section["time"], dim).sample(n, generator)
     return points.to(dtype)
 
 
