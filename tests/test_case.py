@@ -4,6 +4,7 @@ import copy
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -661,3 +662,61 @@ def test_a_stored_training_case_reruns_with_the_other_solver_and_a_key_set_where
             load_case_text(case.text, [f"{key}={value}", "solver.method='particles'"])
     with pytest.raises(CaseError, match="control.noise: not used when solver.method is not 'particles'"):
         load_case_text(particles.text, ["control.noise='fresh'", "solver.method='eulerian'"])
+
+
+@pytest.mark.parametrize("path", SHIPPED_CASES, ids=lambda path: path.stem)
+def test_a_case_unedited_is_its_own_checked_case(path):
+    """Case.checked() gives back the very case (no second resolution) until its data is edited in place; then
+    it is the edited data resolved again, equal to the loader's case with that override."""
+    case = load_case(path)
+    assert not case.edited() and case.checked() is case
+    case["model"]["beta"] = 0.75
+    assert case.edited() and case.checked().data == load_case(path, ["model.beta=0.75"]).data
+
+
+def test_data_edited_in_place_runs_as_resolved_or_is_refused():
+    """A notebook's edit of case.data: a bad value is refused by spherepde.run and by a sweep's members, one line
+    naming the key (it ran, and stored a case no loader accepts); a good one is honoured by the run and carried
+    by with_overrides (a sweep dropped it)."""
+    import spherepde
+    from spherepde.api.ensemble import run_batch
+
+    case = make_case(dim=2, lmax=32, time={"t_end": 0.2, "dt": 0.1, "save_every": 0.1})
+    for section, key, value, said in (("model", "kernel", "foo", "model.kernel: expected one of"),
+                                      ("model", "beta", -2.0, "model.beta: "), ("time", "dt", -0.1, "time.dt: "),
+                                      ("time", "t_end", -1.0, "time.t_end: "),
+                                      ("model", "V", [[1.0, 0.0], [0.0]], "model.V: ")):
+        edited = copy.deepcopy(case)
+        edited[section][key] = value
+        with pytest.raises(CaseError, match=f"^test: {said}") as refused:
+            spherepde.run(edited)
+        assert len(str(refused.value).splitlines()) == 1
+        assert isinstance(run_batch([case, edited])[1], CaseError)
+    edited = copy.deepcopy(case)
+    edited["model"]["V"] = [[3.0, 0.0], [0.0, 3.0]]
+    edited["time"]["t_end"] = 0.3
+    stored = load_case_text(spherepde.run(edited).attrs["case"])
+    assert stored["model"]["V"] == [[3.0, 0.0], [0.0, 3.0]] and stored["time"]["t_end"] == 0.3
+    member = edited.with_overrides(["model.eps=0.2"])
+    assert (member["model"]["V"], member["time"]["t_end"], member["model"]["eps"]) == ([[3.0, 0.0], [0.0, 3.0]], 0.3,
+                                                                                       0.2)
+
+
+def test_numpy_values_and_bad_python_arguments_of_the_loaders():
+    """numpy arrays and scalars in a table read as the lists and numbers TOML gives (np.eye(2) was refused as
+    "expected a 2 x 2 matrix"); arguments of the wrong kind are one-line CaseErrors (they were TypeErrors and
+    AttributeErrors from deep inside)."""
+    import numpy as np
+
+    table = {"sphere": {"dim": np.int64(2)}, "time": {"t_end": np.float32(2.0)}, "model": {"V": 2 * np.eye(2)}}
+    assert case_from_dict(table).data == load_case_text(MINIMAL + "[model]\nV = [[2, 0], [0, 2]]\n").data
+    for call, said in ((lambda: load_case_text(None), "a case's text is a string of TOML, got NoneType"),
+                       (lambda: case_from_dict([1, 2]), "a case is a table of [sections], got list"),
+                       (lambda: case_from_dict({"sphere": {"dim": 2, 3: 4}}), "table keys are strings, got 3"),
+                       (lambda: load_case_text(MINIMAL, [("model.eps", 0.4)]), "override ('model.eps', 0.4): expected "
+                                                                                 "a string"),
+                       (lambda: load_case_text(MINIMAL, 3), "overrides: expected a list of strings")):
+        with pytest.raises(CaseError, match=re.escape(said)) as refused:
+            call()
+        assert len(str(refused.value).splitlines()) == 1
+    assert load_case_text(MINIMAL, None).data == load_case_text(MINIMAL).data

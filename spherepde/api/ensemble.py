@@ -72,9 +72,10 @@ def run_batch(cases: list, progress: bool | None = None) -> list:
     """Run the members `cases` (one batch of `batches`) together; per member its Dataset, or the NumericalFailure
     or CaseError that ended it (a CaseError of the batch's setup: each member then alone, so that it is the bad
     members' own, naming the case file)."""
-    case = cases[0]
-    method = case["solver"]["method"]
     try:
+        cases = [member.checked() for member in cases]  # as spherepde.run: edits of a member's data resolved again
+        case = cases[0]
+        method = case["solver"]["method"]
         if case["control"]:
             if method == "particles":
                 from solvers.particle_training import run_particle_trainings
@@ -98,7 +99,7 @@ def run_batch(cases: list, progress: bool | None = None) -> list:
     except CaseError as error:
         if len(cases) > 1:  # one bad member fails the batch's setup: which one(s)
             return [outcome for member in cases for outcome in run_batch([member], progress)]
-        return [case.named(error)]
+        return [cases[0].named(error)]
 
 
 def _outcome(solve):

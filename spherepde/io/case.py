@@ -3,7 +3,9 @@
 A case is resolved once, here: every section and key is present in ``Case.data``, every
 default filled in, every value normalised (ints to floats where a real is expected,
 ``beta = "inf"`` to ``math.inf``, unit mean directions, weights summing to 1, absolute
-file paths). Everything downstream reads ``case["section"]["key"]`` and never re-checks.
+file paths). Everything downstream reads ``case["section"]["key"]`` and never re-checks: a case
+whose data was edited in place (a notebook's ``case["model"]["eps"] = 0.2``) is resolved again
+by ``Case.checked()`` before it runs, and ``with_overrides`` starts from the edited data.
 ``Case.text`` serialises the resolved case back to TOML, and reloading it gives the same
 data exactly (floats are written with ``repr``, so they round-trip bit for bit).
 
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from spherepde.base.errors import CaseError
 from spherepde.io.case_files import regular_file_problem
 from spherepde.io.case_schema import ABSENT, REQUIRED, SCHEMA, Section
@@ -51,6 +55,7 @@ class Case:
     source: str  # the user's TOML text before overrides ("" when built from a dict)
     origin: str  # the file (or label) the case came from; prefixes error messages
     inputs: Inputs = field(repr=False, compare=False)
+    resolved_text: str = field(default="", repr=False, compare=False)  # `text` as resolved: tells edits of `data`
 
     @property
     def text(self) -> str:
@@ -82,10 +87,26 @@ class Case:
         except CaseError as error:
             raise self.named(error) from None
 
+    def edited(self) -> bool:
+        """Whether `data` was changed in place since it was resolved (a notebook's ``case["model"]["eps"] = 0.2``)."""
+        try:
+            return dumps(self.data) != self.resolved_text
+        except Exception:  # a value no case holds (an object, a key that is no string): resolution names it
+            return True
+
+    def checked(self) -> Case:
+        """This case, or where `data` was edited in place, the edited data resolved again as the loaders resolve a
+        table: its values checked (a CaseError naming a bad one) and normalised.  Every run starts from it."""
+        if not self.edited():
+            return self
+        return _build(self.data, (), self.source, self.origin, self.inputs.base_dir, self.inputs.default_name)
+
     def with_overrides(self, overrides: Iterable[str]) -> Case:
-        """A new validated case with "section.key=value" overrides applied on top of this one."""
-        return _build(self.inputs.table, overrides, self.source, self.origin,
-                      self.inputs.base_dir, self.inputs.default_name)
+        """A new validated case with "section.key=value" overrides applied on top of this one (on top of its
+        edited `data` where it was edited in place, else of the table it was resolved from, whose defaults then
+        follow the overridden keys)."""
+        table = self.data if self.edited() else self.inputs.table
+        return _build(table, overrides, self.source, self.origin, self.inputs.base_dir, self.inputs.default_name)
 
 
 def load_case(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Case:
@@ -152,6 +173,8 @@ def format_override(key: str, value) -> str:
 
 
 def _load_text(text, overrides, origin, base_dir, default_name) -> Case:
+    if not isinstance(text, str):
+        raise CaseError(f"{origin}: a case's text is a string of TOML, got {type(text).__name__}")
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -183,13 +206,30 @@ def _check_nesting(table: dict) -> None:
 def _build(table, overrides, source, origin, base_dir, default_name) -> Case:
     """Apply the overrides, resolve, and prefix any error with the origin."""
     try:
+        if not isinstance(table, dict):
+            raise CaseError(f"a case is a table of [sections], got {type(table).__name__}")
         _check_nesting(table)
-        overridden = _with_overrides(table, overrides)
+        overridden = _with_overrides(_plain(table), overrides)
         _check_nesting(overridden)  # dotted keys of --set nest tables too
         inputs = Inputs(overridden, base_dir, default_name)
-        return Case(_resolve(inputs), source, origin, inputs)
+        data = _resolve(inputs)
+        return Case(data, source, origin, inputs, dumps(data))
     except CaseError as error:
         raise CaseError(f"{origin}: {error}") from None
+
+
+def _plain(value):
+    """A table's numpy arrays and scalars (a notebook's np.eye(2) for model.V) as the lists and numbers TOML gives."""
+    if isinstance(value, dict):
+        for key in value:
+            if not isinstance(key, str):
+                raise CaseError(f"table keys are strings, got {key!r}")
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return value
 
 
 def _describe_toml_error(error: tomllib.TOMLDecodeError) -> str:
@@ -211,7 +251,11 @@ def _with_overrides(table: dict, overrides: Iterable[str]) -> dict:
         overrides = (overrides,)
     table = copy.deepcopy(table)
     given = set()
-    for item in overrides:
+    if not isinstance(overrides or (), Iterable):
+        raise CaseError(f"overrides: expected a list of strings section.key=value, got {overrides!r}")
+    for item in overrides or ():
+        if not isinstance(item, str):
+            raise CaseError(f"override {item!r}: expected a string section.key=value")
         path, value = parse_override(item)
         parent = table
         for depth, part in enumerate(path[:-1]):
