@@ -120,6 +120,13 @@ class ForwardProblem:
         W = torch.stack([self.placement.tensor(layer_values(case["model"]["W"], layers)) for case in self.cases])
         return [self.transport.feed_forward(W[:, layer]) for layer in range(layers)]
 
+    def explicit_stiffness(self) -> np.ndarray:
+        """Per member max |eps lam| where the scheme's stages take the diffusion explicitly ("rk4"), else 0 (it is
+        implicit in the IMEX schemes, exact in Lawson's)."""
+        if SCHEMES[self.scheme.scheme][0] != "explicit":
+            return np.zeros(self.lam.shape[0])
+        return (-self.lam).amax(1).cpu().double().numpy()
+
     def unstable_steps(self, state: torch.Tensor, drive: torch.Tensor, dt, t: float, key: str) -> list:
         """Per member, where its steps were too long for the scheme's explicit stages: the sentence that says so,
         else None.  The transport's modes at `state` (M, N) with the layer's `drive` are about i m |v| (orders m <=
@@ -130,9 +137,7 @@ class ForwardProblem:
         lmax, scheme = self.basis.lmax, self.scheme.scheme
         transport, diffusion = stability_bound(scheme, 1j), stability_bound(scheme, -1)
         speeds = self.transport.max_speed(state, drive).cpu().double().numpy()
-        stiffness = (-self.lam).amax(1).cpu().double().numpy()  # max |eps lam| per member
-        if SCHEMES[scheme][0] != "explicit":  # the diffusion is implicit (IMEX) or exact (Lawson)
-            stiffness = np.zeros_like(stiffness)
+        stiffness = self.explicit_stiffness()
         sentences = []
         for speed, rate, step in zip(speeds, stiffness, np.broadcast_to(dt, speeds.shape)):
             parts = []

@@ -77,7 +77,8 @@ time.dt                    real > 0 (not together with time.cfl; a     absent
                            lawson-rk4), 1.57 (imex-ars443)
 time.cfl                   real > 0 (not together with time.dt):       0.5 when dt is absent
                            dt = cfl / (lmax max|v|) at the start of
-                           each interval between knots (saves, layers)
+                           each interval between knots (saves, layers);
+                           with rk4 also dt <= cfl / max|eps lam|
 time.save_every            real > 0, at most 1e6 saves up to t_end     t_end / 20
 time.scheme                "auto" | "imex-ark436" | "imex-ars443"  "auto": imex-ark436 when
                            | "rk4" | "lawson-rk4" (rk4 is explicit     eps > 0, else rk4
