@@ -41,6 +41,19 @@ def table_bytes(lmax: int) -> int:
     return int(TABLE_PEAK_FACTOR * 3 * (lmax + 1) ** 2 * nlat * 8)
 
 
+# An Eulerian S^2 run holds at least this many arrays of its grid's size at once (the density, the components of
+# its velocity and flux, the nodes' coordinates and weights), on every backend.
+GRID_COPIES = 8
+
+
+def grid_bytes(lmax: int, itemsize: int) -> int:
+    """A lower bound of the memory that the S^2 grid of degree `lmax` takes in a run: GRID_COPIES arrays of its
+    nlat x nlon >= nlat x 2 nlat nodes, of `itemsize` bytes each."""
+    nlat = math.ceil(3 * (lmax + 1) / 2)
+    nlat += nlat % 2
+    return GRID_COPIES * nlat * 2 * nlat * itemsize
+
+
 def available_memory() -> int | None:
     """Bytes of memory this process can still get: the least of MemAvailable (/proc/meminfo), the cgroup's
     limit less its usage, and the address-space limit; None where none of them can be read."""
@@ -77,8 +90,9 @@ PARTICLE_COPIES = 8
 
 def check_memory(case) -> None:
     """A CaseError naming particles.n when the particles of `case` cannot be held PARTICLE_COPIES times, or
-    sphere.lmax when an Eulerian S^2 run on the torch transform cannot build its grid's tables, in the memory this
-    machine has left (the shtns backend keeps its own, smaller tables)."""
+    sphere.lmax when an Eulerian S^2 run cannot hold its grid's arrays (`grid_bytes`) and, on the torch transform,
+    build its spherical-harmonic tables, in the memory this machine has left (the shtns backend keeps its own,
+    smaller tables, and ends the process from C where it cannot allocate them: the grid's bound comes first)."""
     solver = case["solver"]
     available = available_memory()
     if solver["method"] in ("particles", "both") and available is not None:
@@ -87,14 +101,16 @@ def check_memory(case) -> None:
         if needed > available:
             raise CaseError(f"particles.n: {n} particles need at least {_size(needed)} of memory; this machine has "
                             f"{_size(available)} available (fewer particles)")
-    if case.dim != 3 or solver["method"] == "particles" or solver["backend"] == "shtns":
+    if case.dim != 3 or solver["method"] == "particles":
         return
     lmax = case["sphere"]["lmax"]
-    needed = table_bytes(lmax)
+    needed = grid_bytes(lmax, 8 if solver["dtype"] == "float64" else 4)
+    if solver["backend"] != "shtns":
+        needed += table_bytes(lmax)
     if available is not None and needed > available:
         raise CaseError(f"sphere.lmax: the S^2 grid of lmax {lmax} needs about {_size(needed)} of memory for its "
-                        f"spherical-harmonic tables; this machine has {_size(available)} available (lower "
-                        "sphere.lmax)")
+                        f"arrays{'' if solver['backend'] == 'shtns' else ' and spherical-harmonic tables'}; this "
+                        f"machine has {_size(available)} available (lower sphere.lmax)")
 
 
 def _size(count: int) -> str:
