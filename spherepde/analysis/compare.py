@@ -29,7 +29,9 @@ freedom (R = 4), and the report says so.
 W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
 density (Eulerian) or 1/n for the saved particles, by spherepde.measures.optimal_transport.w2_between
 (S^1: the certified circular monotone rearrangement, else exact OT, quantised above `atoms` atoms) with
-its error bound (`w2_bound`).  On S^1 an Eulerian density is first re-synthesised on REFINED_CIRCLE points
+its error bound (`w2_bound`): that method's error plus, for a density on S^2, the distance from the grid measure to
+the density (at most the largest cell radius: |W2(A, B) - W2(QA, QB)| <= W2(A, QA) + W2(B, QB)).
+On S^1 an Eulerian density is first re-synthesised on REFINED_CIRCLE points
 (spectral interpolation, exact for the band-limited density), so that W2 measures the density itself
 and not its grid (a uniform M-point grid is within W2 ~ pi / (M sqrt 3) of the density it samples).
 Writes REPORT.nc (the side-by-side series, z-scores, W2(t), verdicts as attributes) and
@@ -46,8 +48,10 @@ from scipy.special import erfc, stdtr
 
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
+from spherepde.discretisation.bases import gauss_cell_radius
 from spherepde.io.output import DIAGNOSTIC_ATTRS, grid_points, history, split_both, write_dataset
 from spherepde.io.summary import open_result
+from spherepde.measures.diagnostics import DENSITY_FLOOR
 from spherepde.measures.optimal_transport import w2_between
 
 REFINED_CIRCLE = 2 ** 13
@@ -63,17 +67,29 @@ IID_SPREAD = "1.5 to 9"
 # ---------------------------------------------------------------------------------------
 
 
-def measure(dataset: xr.Dataset, index: int) -> tuple[np.ndarray, np.ndarray]:
-    """(points, masses) of save `index`: saved particles (1/n each) or the density times the cell areas."""
+def measure(dataset: xr.Dataset, index: int, label: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """(points, masses, bound) of save `index` of the run `label`: its saved particles (1/n each, bound 0), or its
+    density times the cell areas, with a bound on W2 between the density and that grid measure (on S^2 the grid's
+    largest cell radius, each cell's mass moved to its node; on S^1 0: the density is re-synthesised on
+    REFINED_CIRCLE points, `refined_circle_measure`).  A CaseError where the measure is not finite or has no
+    positive mass: optimal transport has no answer for it."""
+    time = f"save {index} (t = {dataset['time'].values[index]:g})"
     if "particles" in dataset and "density" not in dataset:
         points = dataset["particles"].isel(time=index).values.astype(float)
-        return points, np.full(points.shape[0], 1 / points.shape[0])
+        if not np.isfinite(points).all():
+            raise CaseError(f"compare: {label}: the saved particles of {time} are not all finite")
+        return points, np.full(points.shape[0], 1 / points.shape[0]), 0.0
     if "density" not in dataset:
         raise CaseError("compare: a result holds neither a density nor saved particles (particles.save = 0?)")
     density = dataset["density"].isel(time=index).values.astype(float)
+    if not np.isfinite(density).all():
+        raise CaseError(f"compare: {label}: the density of {time} is not finite everywhere")
+    if not np.any(density > DENSITY_FLOOR):
+        raise CaseError(f"compare: {label}: the density of {time} is nowhere positive: no measure to transport")
     if "theta" in dataset["density"].dims:
-        return refined_circle_measure(density, int(dataset.attrs["lmax"]))
-    return grid_points(dataset).reshape(-1, 3), (dataset["cell_area"].values * density).reshape(-1)
+        return *refined_circle_measure(density, int(dataset.attrs["lmax"])), 0.0
+    return (grid_points(dataset).reshape(-1, 3), (dataset["cell_area"].values * density).reshape(-1),
+            gauss_cell_radius(*density.shape))
 
 
 def refined_circle_measure(density: np.ndarray, lmax: int, points: int = REFINED_CIRCLE):
@@ -302,15 +318,18 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
                             "which W2(A, B) needs; pass --no-w2 to compare the diagnostics alone")
     distances, bounds, methods = [], [], set()
     for i in range(a.sizes["time"] if w2 else 0):
-        value, bound, method = w2_between(*measure(a, i), *measure(b, i), atoms)
+        (points_a, masses_a, grid_a), (points_b, masses_b, grid_b) = measure(a, i, labels[0]), measure(b, i, labels[1])
+        value, bound, method = w2_between(points_a, masses_a, points_b, masses_b, atoms)
         distances.append(value)
-        bounds.append(bound)
+        # |W2(A, B) - W2(QA, QB)| <= W2(A, QA) + W2(B, QB): the grid measures' own distances to the densities
+        bounds.append(bound + grid_a + grid_b)
         methods.add(method)
     if w2:
         data["w2"] = (("time",), np.array(distances), {"long_name": "W2 between the two measures, chordal cost",
                                                        "units": "1"})
         data["w2_bound"] = (("time",), np.array(bounds),
-                            {"long_name": "bound on the W2 error (quantisation; on S^1 the rearrangement's excess)",
+                            {"long_name": "bound on the W2 error (quantisation, and on S^2 each grid's cell radius; "
+                                          "on S^1 the rearrangement's excess)",
                              "units": "1"})
     attrs = {
         "Conventions": "CF-1.10",
