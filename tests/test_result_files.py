@@ -100,3 +100,27 @@ def test_compare_refuses_a_measure_that_is_not_finite_or_has_no_mass(runs, tmp_p
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"compare: {bad}: {said}" in err, err
     assert not (tmp_path / "report.nc").exists() and not (tmp_path / "report.png").exists()
+
+
+def test_a_report_is_written_whole_or_not_at_all_and_names_are_text(runs, tmp_path, capsys, monkeypatch):
+    """A file named 'run$^$.nc' went unescaped into the figure's title: mathtext's traceback, exit 1, and REPORT.nc
+    without its PNG.  Now the names are drawn as text (plot's too); a figure that fails leaves neither file; -o
+    x.png wrote x.png.nc and x.png.png."""
+    import spherepde.analysis.compare as compare_module
+
+    odd = tmp_path / "run$^$.nc"
+    write_dataset(runs["circle"], odd)
+    capsys.readouterr()
+    assert main(["compare", str(odd), str(odd), "-o", str(tmp_path / "dollar"), "--no-w2"]) == 0
+    assert (tmp_path / "dollar.png").stat().st_size > 10_000 and (tmp_path / "dollar.nc").exists()
+    assert main(["plot", str(odd)]) == 0 and (tmp_path / "run$^$.png").stat().st_size > 10_000
+
+    def broken(report, target):
+        raise RuntimeError("a figure that cannot be drawn")
+    monkeypatch.setattr(compare_module, "plot_report", broken)
+    with pytest.raises(RuntimeError):
+        main(["compare", str(odd), str(odd), "-o", str(tmp_path / "broken"), "--no-w2"])
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("broken")]
+    monkeypatch.undo()
+    assert main(["compare", str(odd), str(odd), "-o", str(tmp_path / "x.png"), "--no-w2"]) == 0
+    assert (tmp_path / "x.nc").exists() and (tmp_path / "x.png").exists() and not (tmp_path / "x.png.nc").exists()

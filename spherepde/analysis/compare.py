@@ -41,6 +41,7 @@ REPORT.png (each diagnostic of both runs with the band +- k stderr, and W2(t)).
 import math
 import os
 import textwrap
+import uuid
 
 import numpy as np
 import xarray as xr
@@ -474,8 +475,9 @@ def plot_report(report: xr.Dataset, target: str) -> str:
     title = f"lines: A = {report.attrs['a']};  dots and +-{k:g} stderr bands: B = {report.attrs['b']}"
     title += f"\nconstant in both runs: {', '.join(constant)}" if constant else ""
     failed = report.attrs.get("failed", "")
+    # parse_math off: file names are text, and a "$" in one started mathtext (a traceback, no figure)
     figure.suptitle(title + (f"\n{_wrapped(failed)}" if failed else ""), fontsize=9,
-                    color="firebrick" if failed else "black")
+                    color="firebrick" if failed else "black", parse_math=False)
     figure.savefig(target, dpi=100)
     plt.close(figure)
     return target
@@ -500,8 +502,30 @@ def default_stem(path_a: str, path_b: str | None) -> str:
     return f"{stem}_vs_{os.path.splitext(os.path.basename(path_b))[0]}"
 
 
+def report_stem(output: str) -> str:
+    """REPORT of `compare -o REPORT`, a .nc or .png suffix taken off (-o x.png wrote x.png.nc and x.png.png)."""
+    stem, suffix = os.path.splitext(output)
+    return stem if suffix in (".nc", ".png") else output
+
+
 def write_report(report: xr.Dataset, stem: str) -> list[str]:
-    """REPORT.nc and REPORT.png; returns the paths."""
-    stem = stem.removesuffix(".nc")
-    write_dataset(report, f"{stem}.nc")
-    return [f"{stem}.nc", plot_report(report, f"{stem}.png")]
+    """REPORT.nc and REPORT.png, both or neither: the figure is drawn into a temporary file before anything is
+    written (a title matplotlib cannot draw left REPORT.nc alone), then REPORT.nc is written atomically and the
+    figure renamed beside it; returns the paths."""
+    stem = report_stem(stem)
+    paths = [f"{stem}.nc", f"{stem}.png"]
+    temporary = f"{paths[1]}.{uuid.uuid4().hex}.tmp.png"
+    written = False
+    try:
+        plot_report(report, temporary)
+        write_dataset(report, paths[0])
+        written = True
+        os.replace(temporary, paths[1])
+    except BaseException:
+        if written:
+            os.remove(paths[0])
+        raise
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    return paths
