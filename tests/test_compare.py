@@ -172,6 +172,20 @@ def test_a_float32_run_agrees_with_its_float64_run_to_its_round_off():
     assert compare(double, coarse, w2=False).attrs["verdict_min_density"] == "disagrees"
 
 
+def test_a_float32_spectral_tail_is_compared_within_its_absolute_round_off():
+    """A resolved run's float64 tail is ~1e-17, its float32 run's ~1e-8: within 64 eps of max|A| that read |z| = inf,
+    "disagrees".  The tail is a fraction of the norm, rounded at the norm's scale (1), and min_density at the
+    density's maximum."""
+    case = make_case(2, 32, model={"kernel": "unnormalized", "beta": 0.0, "eps": 0.25},
+                     time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1})
+    double = spherepde.run(case, progress=False)
+    single = spherepde.run(case.with_overrides(["solver.dtype='float32'"]), progress=False)
+    report = compare(double, single, w2=False)
+    tail = np.abs(report["spectral_tail_a"]).max()
+    assert float(np.abs(report["spectral_tail_difference"]).max()) > 1e3 * float(tail)
+    assert report.attrs["verdict_spectral_tail"] == "agrees" and report.attrs["verdict_min_density"] == "agrees"
+
+
 def test_measure_of_a_particle_and_a_sphere_dataset():
     case = make_case(3, 8, time={"t_end": 0.1, "dt": 0.05, "save_every": 0.1}, solver={"method": "both"})
     eulerian, particles = split_both(spherepde.run(case.with_overrides(["particles.n=50"]), progress=False))

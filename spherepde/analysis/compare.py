@@ -242,10 +242,26 @@ def _verdict(a, b, stderr, k: float, atol: float) -> str:
     return "agrees" if inside.all() else "disagrees"
 
 
-# A run in a precision coarser than float64 is compared within this many of its machine epsilons times max |A|:
+# A run in a precision coarser than float64 is compared within this many of its machine epsilons times max |A|
+# (the scale of its round-off: `_round_off_scale`):
 # float32 runs of a case lay within 2.7e-7 (mass) to 2e-6 (entropy) of the float64 run, up to 17 eps, and with
 # standard errors of 0 (Eulerian runs) every such difference read as |z| = inf, "disagrees".
 ROUND_OFF_EPS = 64
+
+
+def _round_off_scale(run: xr.Dataset, name: str, values: np.ndarray) -> float:
+    """The size whose round-off the diagnostic `name` of `run` carries: the diagnostic's largest value, not each
+    component's (a mean's component near 0); for spectral_tail, a fraction of the density's L2 norm whose top-mode
+    coefficients are rounded at the norm's scale, at least 1 (a float64 tail of 6e-17 against float32's 2e-8 read
+    |z| = inf); for min_density, a value of the density, its largest (the minimum is rounded at the maximum's
+    scale)."""
+    scale = float(np.abs(values[np.isfinite(values)]).max(initial=0.0))
+    if name == "spectral_tail":
+        return max(scale, 1.0)
+    if name == "min_density" and "density" in run:
+        density = run["density"].values
+        return max(scale, float(np.abs(density[np.isfinite(density)]).max(initial=0.0)))
+    return scale
 
 
 def check_options(k: float, atol: float, atoms: int) -> None:
@@ -289,8 +305,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         se_a, se_b = _stderr(a, name, vb), _stderr(b, name, va)
         stderr = np.sqrt(se_a ** 2 + se_b ** 2)
         dof = welch_dof(se_a, se_b, degrees_of_freedom(a), degrees_of_freedom(b))
-        # round-off scales with the diagnostic's size, not with each component's (a mean's component near 0)
-        scale = float(np.abs(va[np.isfinite(va)]).max(initial=0.0))
+        scale = _round_off_scale(a, name, va)
         tolerance = atol + rtol * scale + (_w2_floor(a, b) if name == "w2_projection" else 0.0)
         expected = _w2_projection_bias(a, b) if name == "w2_projection" else np.zeros(va.shape)
         with np.errstate(invalid="ignore", divide="ignore"):
