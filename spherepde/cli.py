@@ -235,11 +235,11 @@ def _with_command(dataset, args, output: str):
 
 
 def command_compare(args) -> int:
-    from spherepde.analysis.compare import check_options, compare, default_stem, load_pair, write_report
+    from spherepde.analysis.compare import check_options, compare, default_stem, load_pair, report_stem, write_report
     from spherepde.io.output import check_file
 
     check_options(args.k, args.atol, args.atoms)  # before the files are read
-    stem = (default_stem(args.a, args.b) if args.output is None else args.output).removesuffix(".nc")
+    stem = report_stem(default_stem(args.a, args.b) if args.output is None else args.output)
     if not os.path.basename(stem):
         raise CaseError(f"compare -o: {args.output!r} names a folder; give a file stem such as {args.output}report")
     for path in (f"{stem}.nc", f"{stem}.png"):

@@ -12,6 +12,7 @@ from conftest import make_case
 import spherepde
 from spherepde.analysis.compare import compare, max_z_probability, measure, refined_circle_measure
 from spherepde.cli import main
+from spherepde.discretisation.bases import gauss_cell_radius
 from spherepde.io.output import split_both, write_dataset
 from spherepde.measures.optimal_transport import circle_w2, w2_between
 from spherepde.model.sampling import von_mises_fisher
@@ -66,6 +67,26 @@ def test_w2_between_falls_back_to_exact_transport_for_distant_measures():
     w2, bound, method = w2_between(pa, wa, pb, wb, atoms=1000)
     assert method == "exact (POT emd)" and bound == 0
     assert abs(w2 - exact) <= 1e-12
+
+
+def test_the_certificate_of_a_measure_with_a_nan_point_ends():
+    """A NaN angle gave NaN potentials, which marked their atoms unvisited: the walk re-queued them for ever."""
+    import signal
+
+    from spherepde.measures.optimal_transport import _circle_lower_bound
+
+    def hang(*_):
+        raise TimeoutError("the walk over the coupling's support did not end")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(10)
+    try:
+        angles = np.array([0.1, np.nan, 2.0])
+        lower = _circle_lower_bound(angles, np.full(3, 1 / 3), angles, np.full(3, 1 / 3), [0, 1, 2], [0, 1, 2])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert np.isnan(lower)
 
 
 def test_refined_circle_measure_keeps_the_band_limited_density():
@@ -126,6 +147,11 @@ def test_compare_an_eulerian_run_with_itself_and_a_coarser_one(tmp_path):
     assert report.attrs["verdict_min_density"] == "disagrees"
     assert report.attrs["w2_method"] == "exact (POT emd)"
     assert 0 < float(report["w2"].max()) < 0.2
+    # W2 between the grid measures is within the two grids' cell radii of W2 between the densities: at t = 0, the
+    # same law on both grids, the true W2 is 0, which the grid measures' 0.06 put outside a bound of 0
+    radii = sum(gauss_cell_radius(*run["density"].shape[1:]) for run in (fine, coarse))
+    assert np.allclose(report["w2_bound"].values, radii, rtol=1e-12)
+    assert 0.04 < float(report["w2"][0]) <= float(report["w2_bound"][0])
 
 
 def test_a_float32_run_agrees_with_its_float64_run_to_its_round_off():
@@ -146,14 +172,30 @@ def test_a_float32_run_agrees_with_its_float64_run_to_its_round_off():
     assert compare(double, coarse, w2=False).attrs["verdict_min_density"] == "disagrees"
 
 
+def test_a_float32_spectral_tail_is_compared_within_its_absolute_round_off():
+    """A resolved run's float64 tail is ~1e-17, its float32 run's ~1e-8: within 64 eps of max|A| that read |z| = inf,
+    "disagrees".  The tail is a fraction of the norm, rounded at the norm's scale (1), and min_density at the
+    density's maximum."""
+    case = make_case(2, 32, model={"kernel": "unnormalized", "beta": 0.0, "eps": 0.25},
+                     time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1})
+    double = spherepde.run(case, progress=False)
+    single = spherepde.run(case.with_overrides(["solver.dtype='float32'"]), progress=False)
+    report = compare(double, single, w2=False)
+    tail = np.abs(report["spectral_tail_a"]).max()
+    assert float(np.abs(report["spectral_tail_difference"]).max()) > 1e3 * float(tail)
+    assert report.attrs["verdict_spectral_tail"] == "agrees" and report.attrs["verdict_min_density"] == "agrees"
+
+
 def test_measure_of_a_particle_and_a_sphere_dataset():
     case = make_case(3, 8, time={"t_end": 0.1, "dt": 0.05, "save_every": 0.1}, solver={"method": "both"})
     eulerian, particles = split_both(spherepde.run(case.with_overrides(["particles.n=50"]), progress=False))
-    points, masses = measure(eulerian, 0)
+    points, masses, radius = measure(eulerian, 0, "A")
+    # the largest cell radius of the grid (14, 28): a corner, ~sqrt(2) pi / 28 from its node near the equator
+    assert 0.15 < radius < 0.17
     assert abs(masses.sum() - 1) <= 1e-12 and np.abs(np.linalg.norm(points, axis=1) - 1).max() <= 1e-14
     assert np.allclose(masses @ points, eulerian["mean"].values[0], atol=1e-12)
-    points, masses = measure(particles, 1)
-    assert points.shape == (50, 3) and np.all(masses == 1 / 50)
+    points, masses, bound = measure(particles, 1, "B")
+    assert points.shape == (50, 3) and np.all(masses == 1 / 50) and bound == 0
 
 
 def test_the_python_api_refuses_what_the_command_line_refuses():

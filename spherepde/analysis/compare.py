@@ -29,7 +29,9 @@ freedom (R = 4), and the report says so.
 W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
 density (Eulerian) or 1/n for the saved particles, by spherepde.measures.optimal_transport.w2_between
 (S^1: the certified circular monotone rearrangement, else exact OT, quantised above `atoms` atoms) with
-its error bound (`w2_bound`).  On S^1 an Eulerian density is first re-synthesised on REFINED_CIRCLE points
+its error bound (`w2_bound`): that method's error plus, for a density on S^2, the distance from the grid measure to
+the density (at most the largest cell radius: |W2(A, B) - W2(QA, QB)| <= W2(A, QA) + W2(B, QB)).
+On S^1 an Eulerian density is first re-synthesised on REFINED_CIRCLE points
 (spectral interpolation, exact for the band-limited density), so that W2 measures the density itself
 and not its grid (a uniform M-point grid is within W2 ~ pi / (M sqrt 3) of the density it samples).
 Writes REPORT.nc (the side-by-side series, z-scores, W2(t), verdicts as attributes) and
@@ -39,6 +41,7 @@ REPORT.png (each diagnostic of both runs with the band +- k stderr, and W2(t)).
 import math
 import os
 import textwrap
+import uuid
 
 import numpy as np
 import xarray as xr
@@ -46,8 +49,10 @@ from scipy.special import erfc, stdtr
 
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
+from spherepde.discretisation.bases import gauss_cell_radius
 from spherepde.io.output import DIAGNOSTIC_ATTRS, grid_points, history, split_both, write_dataset
 from spherepde.io.summary import open_result
+from spherepde.measures.diagnostics import DENSITY_FLOOR
 from spherepde.measures.optimal_transport import w2_between
 
 REFINED_CIRCLE = 2 ** 13
@@ -63,17 +68,29 @@ IID_SPREAD = "1.5 to 9"
 # ---------------------------------------------------------------------------------------
 
 
-def measure(dataset: xr.Dataset, index: int) -> tuple[np.ndarray, np.ndarray]:
-    """(points, masses) of save `index`: saved particles (1/n each) or the density times the cell areas."""
+def measure(dataset: xr.Dataset, index: int, label: str) -> tuple[np.ndarray, np.ndarray, float]:
+    """(points, masses, bound) of save `index` of the run `label`: its saved particles (1/n each, bound 0), or its
+    density times the cell areas, with a bound on W2 between the density and that grid measure (on S^2 the grid's
+    largest cell radius, each cell's mass moved to its node; on S^1 0: the density is re-synthesised on
+    REFINED_CIRCLE points, `refined_circle_measure`).  A CaseError where the measure is not finite or has no
+    positive mass: optimal transport has no answer for it."""
+    time = f"save {index} (t = {dataset['time'].values[index]:g})"
     if "particles" in dataset and "density" not in dataset:
         points = dataset["particles"].isel(time=index).values.astype(float)
-        return points, np.full(points.shape[0], 1 / points.shape[0])
+        if not np.isfinite(points).all():
+            raise CaseError(f"compare: {label}: the saved particles of {time} are not all finite")
+        return points, np.full(points.shape[0], 1 / points.shape[0]), 0.0
     if "density" not in dataset:
         raise CaseError("compare: a result holds neither a density nor saved particles (particles.save = 0?)")
     density = dataset["density"].isel(time=index).values.astype(float)
+    if not np.isfinite(density).all():
+        raise CaseError(f"compare: {label}: the density of {time} is not finite everywhere")
+    if not np.any(density > DENSITY_FLOOR):
+        raise CaseError(f"compare: {label}: the density of {time} is nowhere positive: no measure to transport")
     if "theta" in dataset["density"].dims:
-        return refined_circle_measure(density, int(dataset.attrs["lmax"]))
-    return grid_points(dataset).reshape(-1, 3), (dataset["cell_area"].values * density).reshape(-1)
+        return *refined_circle_measure(density, int(dataset.attrs["lmax"])), 0.0
+    return (grid_points(dataset).reshape(-1, 3), (dataset["cell_area"].values * density).reshape(-1),
+            gauss_cell_radius(*density.shape))
 
 
 def refined_circle_measure(density: np.ndarray, lmax: int, points: int = REFINED_CIRCLE):
@@ -225,10 +242,26 @@ def _verdict(a, b, stderr, k: float, atol: float) -> str:
     return "agrees" if inside.all() else "disagrees"
 
 
-# A run in a precision coarser than float64 is compared within this many of its machine epsilons times max |A|:
+# A run in a precision coarser than float64 is compared within this many of its machine epsilons times max |A|
+# (the scale of its round-off: `_round_off_scale`):
 # float32 runs of a case lay within 2.7e-7 (mass) to 2e-6 (entropy) of the float64 run, up to 17 eps, and with
 # standard errors of 0 (Eulerian runs) every such difference read as |z| = inf, "disagrees".
 ROUND_OFF_EPS = 64
+
+
+def _round_off_scale(run: xr.Dataset, name: str, values: np.ndarray) -> float:
+    """The size whose round-off the diagnostic `name` of `run` carries: the diagnostic's largest value, not each
+    component's (a mean's component near 0); for spectral_tail, a fraction of the density's L2 norm whose top-mode
+    coefficients are rounded at the norm's scale, at least 1 (a float64 tail of 6e-17 against float32's 2e-8 read
+    |z| = inf); for min_density, a value of the density, its largest (the minimum is rounded at the maximum's
+    scale)."""
+    scale = float(np.abs(values[np.isfinite(values)]).max(initial=0.0))
+    if name == "spectral_tail":
+        return max(scale, 1.0)
+    if name == "min_density" and "density" in run:
+        density = run["density"].values
+        return max(scale, float(np.abs(density[np.isfinite(density)]).max(initial=0.0)))
+    return scale
 
 
 def check_options(k: float, atol: float, atoms: int) -> None:
@@ -272,8 +305,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         se_a, se_b = _stderr(a, name, vb), _stderr(b, name, va)
         stderr = np.sqrt(se_a ** 2 + se_b ** 2)
         dof = welch_dof(se_a, se_b, degrees_of_freedom(a), degrees_of_freedom(b))
-        # round-off scales with the diagnostic's size, not with each component's (a mean's component near 0)
-        scale = float(np.abs(va[np.isfinite(va)]).max(initial=0.0))
+        scale = _round_off_scale(a, name, va)
         tolerance = atol + rtol * scale + (_w2_floor(a, b) if name == "w2_projection" else 0.0)
         expected = _w2_projection_bias(a, b) if name == "w2_projection" else np.zeros(va.shape)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -302,15 +334,18 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
                             "which W2(A, B) needs; pass --no-w2 to compare the diagnostics alone")
     distances, bounds, methods = [], [], set()
     for i in range(a.sizes["time"] if w2 else 0):
-        value, bound, method = w2_between(*measure(a, i), *measure(b, i), atoms)
+        (points_a, masses_a, grid_a), (points_b, masses_b, grid_b) = measure(a, i, labels[0]), measure(b, i, labels[1])
+        value, bound, method = w2_between(points_a, masses_a, points_b, masses_b, atoms)
         distances.append(value)
-        bounds.append(bound)
+        # |W2(A, B) - W2(QA, QB)| <= W2(A, QA) + W2(B, QB): the grid measures' own distances to the densities
+        bounds.append(bound + grid_a + grid_b)
         methods.add(method)
     if w2:
         data["w2"] = (("time",), np.array(distances), {"long_name": "W2 between the two measures, chordal cost",
                                                        "units": "1"})
         data["w2_bound"] = (("time",), np.array(bounds),
-                            {"long_name": "bound on the W2 error (quantisation; on S^1 the rearrangement's excess)",
+                            {"long_name": "bound on the W2 error (quantisation, and on S^2 each grid's cell radius; "
+                                          "on S^1 the rearrangement's excess)",
                              "units": "1"})
     attrs = {
         "Conventions": "CF-1.10",
@@ -455,8 +490,9 @@ def plot_report(report: xr.Dataset, target: str) -> str:
     title = f"lines: A = {report.attrs['a']};  dots and +-{k:g} stderr bands: B = {report.attrs['b']}"
     title += f"\nconstant in both runs: {', '.join(constant)}" if constant else ""
     failed = report.attrs.get("failed", "")
+    # parse_math off: file names are text, and a "$" in one started mathtext (a traceback, no figure)
     figure.suptitle(title + (f"\n{_wrapped(failed)}" if failed else ""), fontsize=9,
-                    color="firebrick" if failed else "black")
+                    color="firebrick" if failed else "black", parse_math=False)
     figure.savefig(target, dpi=100)
     plt.close(figure)
     return target
@@ -481,8 +517,30 @@ def default_stem(path_a: str, path_b: str | None) -> str:
     return f"{stem}_vs_{os.path.splitext(os.path.basename(path_b))[0]}"
 
 
+def report_stem(output: str) -> str:
+    """REPORT of `compare -o REPORT`, a .nc or .png suffix taken off (-o x.png wrote x.png.nc and x.png.png)."""
+    stem, suffix = os.path.splitext(output)
+    return stem if suffix in (".nc", ".png") else output
+
+
 def write_report(report: xr.Dataset, stem: str) -> list[str]:
-    """REPORT.nc and REPORT.png; returns the paths."""
-    stem = stem.removesuffix(".nc")
-    write_dataset(report, f"{stem}.nc")
-    return [f"{stem}.nc", plot_report(report, f"{stem}.png")]
+    """REPORT.nc and REPORT.png, both or neither: the figure is drawn into a temporary file before anything is
+    written (a title matplotlib cannot draw left REPORT.nc alone), then REPORT.nc is written atomically and the
+    figure renamed beside it; returns the paths."""
+    stem = report_stem(stem)
+    paths = [f"{stem}.nc", f"{stem}.png"]
+    temporary = f"{paths[1]}.{uuid.uuid4().hex}.tmp.png"
+    written = False
+    try:
+        plot_report(report, temporary)
+        write_dataset(report, paths[0])
+        written = True
+        os.replace(temporary, paths[1])
+    except BaseException:
+        if written:
+            os.remove(paths[0])
+        raise
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+    return paths

@@ -108,7 +108,8 @@ def _overview(dataset, path: str, projection: str, snapshots: int):
     if "member" in dataset.dims or not {"density", "particles"} & set(dataset.data_vars):
         figure = plt.figure(figsize=(13, 5.6), layout="constrained")
         _diagnostics(figure, dataset)
-        figure.suptitle(_sweep_title(dataset, path) if "member" in dataset.dims else _title(dataset, path))
+        figure.suptitle(_sweep_title(dataset, path) if "member" in dataset.dims else _title(dataset, path),
+                        parse_math=False)  # file names and titles are text: a "$" in one started mathtext
         return figure
     sphere = _on_sphere(dataset)
     top_height = 6.0 if sphere else 4.2
@@ -119,7 +120,7 @@ def _overview(dataset, path: str, projection: str, snapshots: int):
     else:
         _circle_picture(top, dataset, snapshots)
     _diagnostics(bottom, dataset)
-    figure.suptitle(_title(dataset, path))
+    figure.suptitle(_title(dataset, path), parse_math=False)
     return figure
 
 
@@ -315,7 +316,7 @@ def _sphere_animation(dataset, path: str, projection: str):
         figure.colorbar(plt.cm.ScalarMappable(view.norm, CMAP), ax=axes, shrink=0.8,
                         label="density ρ [sr⁻¹] (square-root scale)")
     times = dataset["time"].values
-    title = figure.suptitle("")
+    title = figure.suptitle("", parse_math=False)
 
     def update(index):
         for axis in axes:
@@ -345,7 +346,7 @@ def _circle_animation(dataset):
     marker = heat.axhline(times[0], color="cyan", lw=1.2)
     _angle_axis(heat, centre)
     heat.set_ylabel("time (depth)")
-    title = figure.suptitle("")
+    title = figure.suptitle("", parse_math=False)
 
     def update(index):
         curve.set_ydata(density[index])

@@ -68,8 +68,6 @@ class SphereDensity:
 
     def __init__(self, dataset, path: str):
         self.path = path
-        if "lmax" not in dataset.attrs:
-            raise CaseError(f"plot: {path!r} has no lmax attribute: its density cannot be re-synthesised")
         fine_lmax = max(int(dataset.attrs["lmax"]), math.ceil(2 * FINE_NLAT / 3))
         self.basis = make_basis(3, fine_lmax, placement("cpu", "float64"))
         lat = self.basis.latitude.numpy()

@@ -268,20 +268,8 @@ class SphereBasis(_SpectralBasis):
 
     @property
     def cell_radius(self) -> float:
-        """The largest chordal distance from a node to a point of its cell.  The cells are the sectors of width
-        2 pi / nlon centred on the nodes' longitudes, between the circles z = -1 + (partial sums of the Gauss
-        weights): each cell's area is its quadrature weight, and each node lies inside its cell (the
-        Markov-Stieltjes separation of Gauss nodes by those sums).  The farthest point of a cell is a corner:
-        <x_j, y> is increasing in cos(longitude) and concave in z."""
-        z, w = gauss_legendre(self.grid_shape[0])
-        order = torch.as_tensor(z).argsort()
-        z, w = torch.as_tensor(z)[order], torch.as_tensor(w)[order]
-        edges = torch.cat([torch.tensor([-1.0], dtype=torch.float64), (-1 + torch.cumsum(w, 0)).clamp(-1, 1)])
-        half_width = math.cos(math.pi / self.grid_shape[1])
-
-        def chord_squared(edge):
-            return 2 - 2 * (z * edge + torch.sqrt(1 - z * z) * torch.sqrt(1 - edge * edge) * half_width)
-        return float(torch.sqrt(torch.maximum(chord_squared(edges[:-1]), chord_squared(edges[1:])).max()))
+        """The largest chordal distance from a node to a point of its cell (`gauss_cell_radius`)."""
+        return gauss_cell_radius(*self.grid_shape)
 
     @staticmethod
     def coefficient_shape(lmax: int) -> tuple[int, ...]:
@@ -345,6 +333,23 @@ class SphereBasis(_SpectralBasis):
             phi = torch.atan2(x[:, 1], x[:, 0]).to(c.device, self.placement.real)
             values.append((series * torch.exp(1j * order[:, None] * phi[None, :])).real.sum(0))
         return torch.cat(values)
+
+
+def gauss_cell_radius(nlat: int, nlon: int) -> float:
+    """The largest chordal distance from a node of the Gauss grid (nlat, nlon) to a point of its cell.  The cells are
+    the sectors of width 2 pi / nlon centred on the nodes' longitudes, between the circles z = -1 + (partial sums of
+    the Gauss weights): each cell's area is its quadrature weight, and each node lies inside its cell (the
+    Markov-Stieltjes separation of Gauss nodes by those sums).  The farthest point of a cell is a corner:
+    <x_j, y> is increasing in cos(longitude) and concave in z."""
+    z, w = gauss_legendre(nlat)
+    order = torch.as_tensor(z).argsort()
+    z, w = torch.as_tensor(z)[order], torch.as_tensor(w)[order]
+    edges = torch.cat([torch.tensor([-1.0], dtype=torch.float64), (-1 + torch.cumsum(w, 0)).clamp(-1, 1)])
+    half_width = math.cos(math.pi / nlon)
+
+    def chord_squared(edge):
+        return 2 - 2 * (z * edge + torch.sqrt(1 - z * z) * torch.sqrt(1 - edge * edge) * half_width)
+    return float(torch.sqrt(torch.maximum(chord_squared(edges[:-1]), chord_squared(edges[1:])).max()))
 
 
 def make_basis(dim: int, lmax: int, placement: Placement, backend: str = "auto",

@@ -1,12 +1,13 @@
 """`spherepde info`: a plain-text summary of a result file."""
 
+import numbers
 import os
 
 import numpy as np
 import xarray as xr
 
 from spherepde.base.errors import CaseError, printable, unreadable
-from spherepde.io.output import BOTH_PREFIX, failed_parts, failure_summary
+from spherepde.io.output import BOTH_PREFIX, DIAGNOSTIC_ATTRS, failed_parts, failure_summary
 
 SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projection", "entropy",
            "interaction_energy", "free_energy", "min_density", "spectral_tail"]
@@ -28,7 +29,110 @@ def open_result(path: str) -> xr.Dataset:
         dataset.close()
         raise CaseError(f"{path!r} holds one save with time as a number, not an axis (a selection such as "
                         "ds.sel(time=2.0)); keep the axis: ds.sel(time=[2.0])")
+    if "report" not in dataset.attrs:  # a comparison report has a structure of its own
+        try:
+            check_run(dataset)
+        except CaseError as error:
+            dataset.close()
+            raise CaseError(f"{path!r} is not a readable spherepde result: {error}") from None
     return dataset
+
+
+def _count(value, least: int) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
+
+
+def _float_dtype(value) -> bool:
+    try:
+        return isinstance(value, str) and np.dtype(value).kind == "f"
+    except TypeError:
+        return False
+
+
+def _bound(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < np.inf
+
+
+# The attributes the readers (compare, plot, info) compute with, each with its test and the rule it states; in a
+# "both" file the particle run's carry BOTH_PREFIX.
+ATTRIBUTE_RULES = {
+    "lmax": (lambda value: _count(value, 0), "an integer >= 0"),
+    "n": (lambda value: _count(value, 1), "an integer >= 1"),
+    "replicas": (lambda value: _count(value, 1), "an integer >= 1"),
+    "dtype": (_float_dtype, "a floating-point dtype such as 'float64'"),
+    "w2_quantisation_bound": (_bound, "a finite number >= 0"),
+}
+# Below this fraction of its L2 norm a circle density's Fourier modes above lmax are round-off (float32: ~4e-8);
+# above it the file's lmax is not the density's, and a reader re-synthesising from lmax modes would cut it.
+BAND_LIMIT_TOLERANCE = 1e-5
+
+
+def check_run(dataset: xr.Dataset) -> None:
+    """A CaseError naming the first way in which `dataset` is not a run (or sweep) as spherepde writes one: the
+    attributes of ATTRIBUTE_RULES of their types and ranges, a non-empty, finite, increasing time axis, numeric
+    diagnostics with their dimensions, a density on the grid coordinates its dimensions name (with `cell_area`
+    on S^2) that lmax fits (docs/design.md "Numerics"), at least one saved particle.  Called where a file is
+    opened, so that every reader computes with these and none fails half-way through a file."""
+    for name, (valid, rule) in ATTRIBUTE_RULES.items():
+        for key in (name, BOTH_PREFIX + name):
+            if key in dataset.attrs and not valid(dataset.attrs[key]):
+                value = dataset.attrs[key]
+                shown = repr(value) if isinstance(value, str) else value
+                raise CaseError(f"its attribute {key} = {shown} is not {rule}")
+    if "time" in dataset.dims:
+        times = dataset["time"].values
+        if times.size == 0:
+            raise CaseError("its time axis is empty (no save)")
+        if times.dtype.kind not in "iuf" or not np.isfinite(times).all() or (np.diff(times) <= 0).any():
+            raise CaseError("its time coordinate is not finite and increasing")
+    components = dataset.sizes.get("component")
+    for name in dataset.data_vars:
+        base = name.removeprefix(BOTH_PREFIX).removesuffix("_stderr").removesuffix("_squared_bias")
+        if base in DIAGNOSTIC_ATTRS or base in ("density", "particles", "cell_area"):
+            if dataset[name].dtype.kind not in "iuf":
+                raise CaseError(f"its variable {name} holds {dataset[name].dtype} values, not numbers")
+        if base in ("mean", "particles") and (components not in (2, 3) or "component" not in dataset[name].dims):
+            raise CaseError(f"its variable {name} has no component dimension of 2 or 3 (dims {dataset[name].dims})")
+    if "particles" in dataset.data_vars and dataset.sizes.get("particle", 0) == 0:
+        raise CaseError("it holds no saved particle (the particle axis is empty)")
+    if "density" in dataset.data_vars:
+        _check_grid(dataset)
+
+
+def _check_grid(dataset: xr.Dataset) -> None:
+    """The density's grid: its coordinates, lmax and the quadrature weights of S^2 (check_run)."""
+    dims = dataset["density"].dims
+    if "lmax" not in dataset.attrs:
+        raise CaseError("it has a density but no lmax attribute: its spectral series is unknown")
+    lmax = int(dataset.attrs["lmax"])
+    if dims[-1:] == ("theta",) and "theta" in dataset.coords and dataset.sizes.get("component") == 2:
+        points = dataset.sizes["theta"]
+        if points <= 2 * lmax:
+            raise CaseError(f"its {points} angles theta cannot hold lmax {lmax} (a circle grid needs more than "
+                            "2 lmax points)")
+        values = dataset["density"].values
+        values = values[np.isfinite(values).all(-1)]  # a failed run's saves (NaN padding) are no series
+        spectrum = np.square(np.abs(np.fft.rfft(values, axis=-1)))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            above = np.sqrt(spectrum[..., lmax + 1:].sum(-1) / spectrum.sum(-1))
+        if (above > BAND_LIMIT_TOLERANCE).any():
+            raise CaseError(f"its density holds Fourier modes above its lmax = {lmax} (up to {np.nanmax(above):.2g} "
+                            "of its L2 norm): lmax is not the density's")
+    elif dims[-2:] == ("lat", "lon") and {"lat", "lon"} <= set(dataset.coords) and dataset.sizes.get("component") == 3:
+        if "cell_area" not in dataset.data_vars or dataset["cell_area"].dims != ("lat", "lon"):
+            raise CaseError("its density on S^2 has no cell_area (lat, lon), the quadrature weights")
+        from spherepde.discretisation.transforms.sht_torch import check_grid  # here: torch only for S^2 files
+
+        try:
+            check_grid(lmax, dataset.sizes["lat"], dataset.sizes["lon"])
+        except ValueError as error:
+            raise CaseError(f"its grid ({dataset.sizes['lat']}, {dataset.sizes['lon']}) cannot hold lmax {lmax}: "
+                            f"{error}") from None
+    else:
+        raise CaseError(f"its density has dimensions {dims}, not (time, theta) on S^1 with 2 components or "
+                        "(time, lat, lon) on S^2 with 3, with those coordinates")
+    if not np.isfinite(dataset["density"].values).any():
+        raise CaseError("its density is not finite at any save")
 
 
 def _attribute(value) -> str:

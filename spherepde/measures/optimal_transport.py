@@ -261,17 +261,21 @@ def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b) -> float:
         neighbours_a[i].append(j)
         neighbours_b[j].append(i)
     u, v = np.full(len(a), np.nan), np.full(len(b), np.nan)
+    # visited atoms are marked apart from their potentials: a NaN angle gives a NaN potential, which as the mark of an
+    # unvisited atom re-queued that atom for ever
+    seen_a, seen_b = np.zeros(len(a), dtype=bool), np.zeros(len(b), dtype=bool)
     for root in range(len(a)):
-        if not np.isnan(u[root]):
+        if seen_a[root]:
             continue
-        u[root], queue = 0.0, collections.deque([(True, root)])
+        u[root], seen_a[root], queue = 0.0, True, collections.deque([(True, root)])
         while queue:
             on_a, node = queue.popleft()
             for other in (neighbours_a if on_a else neighbours_b)[node]:
-                known = v if on_a else u
-                if np.isnan(known[other]):
+                known, seen = (v, seen_b) if on_a else (u, seen_a)
+                if not seen[other]:
                     i, j = (node, other) if on_a else (other, node)
                     known[other] = 2 - 2 * math.cos(angles_a[i] - angles_b[j]) - (u[i] if on_a else v[j])
+                    seen[other] = True
                     queue.append((not on_a, other))
     on_circle_a, on_circle_b = (np.stack([np.cos(t), np.sin(t)], 1) for t in (angles_a, angles_b))
     u = circle_c_transform(on_circle_a, on_circle_b, np.nan_to_num(v))

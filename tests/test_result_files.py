@@ -1,0 +1,126 @@
+"""Edited result files (a fuzzing round of the post-processing tools): `info`, `plot` and `compare` refuse each with
+one line naming the file and what is wrong, exit 2, where they gave tracebacks, hung, or read a wrong measure."""
+
+import numpy as np
+import pytest
+from conftest import make_case
+
+import spherepde
+from spherepde.cli import main
+from spherepde.io.output import write_dataset
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A small Eulerian and a particle run of one case on S^1, and an Eulerian one on S^2, as Datasets."""
+    times = {"t_end": 0.2, "dt": 0.05, "save_every": 0.1}
+    circle = make_case(2, 16, model={"kernel": "unnormalized", "beta": 0.0, "eps": 0.25}, time=times)
+    particles = circle.with_overrides(["solver.method='particles'", "particles.n=40", "particles.save=40"])
+    sphere = make_case(3, 12, model={"eps": 0.1}, time=times)
+    return {name: spherepde.run(case, progress=False) for name, case in
+            (("circle", circle), ("particles", particles), ("sphere", sphere))}
+
+
+def _edit_attrs(**attrs):
+    def edit(dataset):
+        dataset.attrs.update(attrs)
+        for name, value in attrs.items():
+            if value is None:
+                del dataset.attrs[name]
+        return dataset
+    return edit
+
+
+def _set(name, index, value):
+    def edit(dataset):
+        values = dataset[name].values.copy()
+        values[index] = value
+        return dataset.assign({name: (dataset[name].dims, values, dataset[name].attrs)})
+    return edit
+
+
+EDITS = {  # name: (run, edit, words of the one-line error)
+    "no lmax": ("circle", _edit_attrs(lmax=None), "has a density but no lmax attribute"),
+    "lmax abc": ("circle", _edit_attrs(lmax="abc"), "its attribute lmax = 'abc' is not an integer >= 0"),
+    "lmax 1000": ("circle", _edit_attrs(lmax=1000), "angles theta cannot hold lmax 1000"),
+    "lmax below the density's": ("circle", _edit_attrs(lmax=2), "holds Fourier modes above its lmax = 2"),
+    "dtype int32": ("circle", _edit_attrs(dtype="int32"), "its attribute dtype = 'int32' is not a floating-point"),
+    "dtype float16x": ("circle", _edit_attrs(dtype="float16x"), "dtype = 'float16x' is not a floating-point"),
+    "bound abc": ("circle", _edit_attrs(w2_quantisation_bound="abc"), "w2_quantisation_bound = 'abc' is not a"),
+    "n many": ("particles", _edit_attrs(n="many"), "its attribute n = 'many' is not an integer >= 1"),
+    "n 0": ("particles", _edit_attrs(n=0), "its attribute n = 0 is not an integer >= 1"),
+    "replicas x": ("particles", _edit_attrs(replicas="x"), "its attribute replicas = 'x' is not an integer >= 1"),
+    "no particle": ("particles", lambda d: d.isel(particle=slice(0, 0)), "holds no saved particle"),
+    "one mean component": ("circle", lambda d: d.assign(mean=d["mean"].isel(component=0)),
+                           "its variable mean has no component dimension"),
+    "theta renamed": ("circle", lambda d: d.rename(theta="phi"), "its density has dimensions ('time', 'phi')"),
+    "no cell_area": ("sphere", lambda d: d.drop_vars("cell_area"), "has no cell_area (lat, lon)"),
+    "no save": ("circle", lambda d: d.isel(time=slice(0, 0)), "its time axis is empty"),
+    "NaN time": ("circle", _set("time", 1, np.nan), "its time coordinate is not finite and increasing"),
+    "all-NaN density": ("circle", _set("density", slice(None), np.nan), "its density is not finite at any save"),
+    "mass as text": ("circle", lambda d: d.assign(mass=d["mass"].astype(str)), "its variable mass holds <U"),
+}
+
+
+@pytest.mark.parametrize("name", EDITS)
+def test_every_tool_refuses_an_edited_result_with_one_line(runs, tmp_path, capsys, name):
+    run, edit, said = EDITS[name]
+    path = tmp_path / "edited.nc"
+    write_dataset(edit(runs[run].copy(deep=True)), path)
+    good = tmp_path / "good.nc"
+    write_dataset(runs[run], good)
+    capsys.readouterr()
+    for argv in (["info", str(path)], ["plot", str(path)], ["compare", str(good), str(path)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(path) in err and said in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edited.nc", "good.nc"]  # no figure, no report
+
+
+MEASURES = {  # name: (run, edit, words of the error)
+    "a NaN particle on S^1": ("particles", _set("particles", (1, 3, 0), np.nan),
+                              "the saved particles of save 1 (t = 0.1) are not all finite"),
+    "a NaN density value on S^2": ("sphere", _set("density", (1, 3, 5), np.nan),
+                                   "the density of save 1 (t = 0.1) is not finite everywhere"),
+    "a zero density": ("sphere", _set("density", 2, 0.0), "the density of save 2 (t = 0.2) is nowhere positive"),
+    "a negative density": ("circle", _set("density", 0, -1.0), "the density of save 0 (t = 0) is nowhere positive"),
+}
+
+
+@pytest.mark.parametrize("name", MEASURES)
+def test_compare_refuses_a_measure_that_is_not_finite_or_has_no_mass(runs, tmp_path, capsys, name):
+    """A NaN particle on S^1 looped for ever in the rearrangement's certificate, on S^2 it gave W2 = 0; a NaN or a
+    massless density was a traceback of POT.  Now: one line naming the file and the save, exit 2, no report."""
+    run, edit, said = MEASURES[name]
+    good, bad = tmp_path / "good.nc", tmp_path / "bad.nc"
+    write_dataset(runs[run], good)
+    write_dataset(edit(runs[run].copy(deep=True)), bad)
+    capsys.readouterr()
+    assert main(["compare", str(good), str(bad), "-o", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"compare: {bad}: {said}" in err, err
+    assert not (tmp_path / "report.nc").exists() and not (tmp_path / "report.png").exists()
+
+
+def test_a_report_is_written_whole_or_not_at_all_and_names_are_text(runs, tmp_path, capsys, monkeypatch):
+    """A file named 'run$^$.nc' went unescaped into the figure's title: mathtext's traceback, exit 1, and REPORT.nc
+    without its PNG.  Now the names are drawn as text (plot's too); a figure that fails leaves neither file; -o
+    x.png wrote x.png.nc and x.png.png."""
+    import spherepde.analysis.compare as compare_module
+
+    odd = tmp_path / "run$^$.nc"
+    write_dataset(runs["circle"], odd)
+    capsys.readouterr()
+    assert main(["compare", str(odd), str(odd), "-o", str(tmp_path / "dollar"), "--no-w2"]) == 0
+    assert (tmp_path / "dollar.png").stat().st_size > 10_000 and (tmp_path / "dollar.nc").exists()
+    assert main(["plot", str(odd)]) == 0 and (tmp_path / "run$^$.png").stat().st_size > 10_000
+
+    def broken(report, target):
+        raise RuntimeError("a figure that cannot be drawn")
+    monkeypatch.setattr(compare_module, "plot_report", broken)
+    with pytest.raises(RuntimeError):
+        main(["compare", str(odd), str(odd), "-o", str(tmp_path / "broken"), "--no-w2"])
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("broken")]
+    monkeypatch.undo()
+    assert main(["compare", str(odd), str(odd), "-o", str(tmp_path / "x.png"), "--no-w2"]) == 0
+    assert (tmp_path / "x.nc").exists() and (tmp_path / "x.png").exists() and not (tmp_path / "x.png.nc").exists()
