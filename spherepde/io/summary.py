@@ -110,8 +110,7 @@ def _check_grid(dataset: xr.Dataset) -> None:
         if points <= 2 * lmax:
             raise CaseError(f"its {points} angles theta cannot hold lmax {lmax} (a circle grid needs more than "
                             "2 lmax points)")
-        values = dataset["density"].values
-        values = values[np.isfinite(values).all(-1)]  # a failed run's saves (NaN padding) are no series
+        values = _first_finite_save(dataset["density"])  # a failed run's saves (NaN padding) are no series
         spectrum = np.square(np.abs(np.fft.rfft(values, axis=-1)))
         with np.errstate(invalid="ignore", divide="ignore"):
             above = np.sqrt(spectrum[..., lmax + 1:].sum(-1) / spectrum.sum(-1))
@@ -131,8 +130,17 @@ def _check_grid(dataset: xr.Dataset) -> None:
     else:
         raise CaseError(f"its density has dimensions {dims}, not (time, theta) on S^1 with 2 components or "
                         "(time, lat, lon) on S^2 with 3, with those coordinates")
-    if not np.isfinite(dataset["density"].values).any():
-        raise CaseError("its density is not finite at any save")
+    _first_finite_save(dataset["density"])
+
+
+def _first_finite_save(density: xr.DataArray) -> np.ndarray:
+    """The first save of `density` (time, ...) finite everywhere, read alone (a run's first save is, and a file of
+    many saves is not read whole where it is opened); a CaseError where none is."""
+    for index in range(density.sizes["time"]):
+        values = density.isel(time=index).values
+        if np.isfinite(values).all():
+            return values
+    raise CaseError("its density is not finite at any save")
 
 
 def _attribute(value) -> str:
