@@ -94,13 +94,21 @@ def _informative(dataset, names: list[str]) -> bool:
     return False
 
 
+def spans_a_decade(values) -> bool:
+    """Whether positive values span a factor 10 or more: a log axis over less shows labelled minor ticks only
+    (8.75 x 10^-1 beside 9 x 10^-1), which collide in a short panel, and no more than a linear one."""
+    values = np.asarray(values, float)
+    return values.max() >= 10 * values.min()
+
+
 def _limits(axis, curves: list, scale: str) -> None:
     """Log scale where asked and every value is positive; y limits from the curves, with a margin
     of the typical band width, so that a band that blows up (a standard error at W2 = 0) is clipped."""
     values = np.concatenate([np.asarray(values, float).ravel() for _, values, _ in curves])
     values = values[np.isfinite(values)]
     if scale == "log" and values.size and values.min() > 0:
-        axis.set_yscale("log")
+        if spans_a_decade(values):
+            axis.set_yscale("log")
         return
     bands = [2 * np.asarray(stderr, float).ravel() for _, _, stderr in curves if stderr is not None]
     if not bands or not values.size:
@@ -128,7 +136,10 @@ def _member_labels(dataset) -> list[str]:
             for i in range(dataset.sizes["member"])]
 
 
-def _filled_axes(subfigure, count: int, per_row: int = 4, **subplot_kw) -> list:
+PANELS_PER_ROW = 4
+
+
+def _filled_axes(subfigure, count: int, per_row: int = PANELS_PER_ROW, **subplot_kw) -> list:
     """`count` axes in rows of at most `per_row`, as even as they go, every row filled (no empty slots); none for
     count 0 (a failed run whose few saves make no diagnostic informative)."""
     if count == 0:
@@ -166,16 +177,32 @@ def _w2_bound(axis, dataset, time) -> None:
 MEMBER_CURVE_STYLES = ("-", "--", ":", "-.")  # a sweep's curves of one panel (alignment_E, alignment_F)
 
 
-def _diagnostics(subfigure, dataset) -> None:
-    """One panel per informative diagnostic (the checks of the numerics in a row below the physics); bands of
-    +-2 standard errors where the run has them."""
+def _panel_layout(dataset) -> tuple[list, list, int]:
+    """(the diagnostic panels drawn, the checks of the numerics last; the training panels; how many checks)."""
     panels = [panel for panel in PANELS if _informative(dataset, panel[1])]
     training = [panel for panel in TRAINING_PANELS if panel[1] in dataset.dims and "member" not in dataset.dims]
     checks = [panel for panel in panels if panel[1][0] in NUMERICS]
-    panels = [panel for panel in panels if panel not in checks] + checks
+    return [panel for panel in panels if panel not in checks] + checks, training, len(checks)
+
+
+def panel_rows(dataset) -> int:
+    """How many rows of panels `_diagnostics` draws for `dataset` (the figure's height follows them)."""
+    panels, training, checks = _panel_layout(dataset)
+    physics = len(panels) - checks + len(training)
+    if checks and physics:
+        return math.ceil(physics / PANELS_PER_ROW) + math.ceil(checks / PANELS_PER_ROW)
+    return max(1, math.ceil((len(panels) + len(training)) / PANELS_PER_ROW))
+
+
+def _diagnostics(subfigure, dataset) -> None:
+    """One panel per informative diagnostic (the checks of the numerics in a row below the physics); bands of
+    +-2 standard errors where the run has them."""
+    panels, training, count = _panel_layout(dataset)
+    checks = panels[len(panels) - count:]
     physics = len(panels) - len(checks) + len(training)
     if checks and physics:
-        top, bottom = subfigure.subfigures(2, 1, height_ratios=[2.2 if physics > 4 else 1.3, 1])
+        top, bottom = subfigure.subfigures(2, 1, height_ratios=[math.ceil(physics / PANELS_PER_ROW),
+                                                                math.ceil(len(checks) / PANELS_PER_ROW)])
         upper = _filled_axes(top, physics)
         split = len(panels) - len(checks)  # physics panels, then the checks, then the training panels
         axes = upper[:split] + _filled_axes(bottom, len(checks)) + upper[split:]
@@ -231,14 +258,14 @@ def _controls(axis, dataset) -> None:
     [l t_end / L, (l + 1) t_end / L]."""
     groups = [name for name in dataset.data_vars if dataset[name].dims[:1] == ("layer",) and name != "layer_time"]
     t_end = float(_case(dataset).get("time", {}).get("t_end", dataset["time"].values[-1]))
-    positive = True
+    drawn = []
     for name in groups:
         values = dataset[name].values
         norms = np.sqrt((values.reshape(len(values), -1) ** 2).sum(1))
         # baseline=None: no drop to 0 at the ends
         axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4, baseline=None, label=name)
-        positive &= bool((norms > 0).all())
-    if positive:
+        drawn.append(norms)
+    if drawn and (np.concatenate(drawn) > 0).all() and spans_a_decade(np.concatenate(drawn)):
         axis.set_yscale("log")
     if len(groups) > 1:
         axis.legend(fontsize=7, frameon=False)

@@ -33,7 +33,13 @@ import numpy as np  # noqa: E402
 from matplotlib.animation import FuncAnimation, PillowWriter  # noqa: E402
 from matplotlib.colors import PowerNorm  # noqa: E402
 
-from spherepde.analysis.diagnostic_panels import _case, _diagnostics, _filled_axes, _mark_failures  # noqa: E402
+from spherepde.analysis.diagnostic_panels import (  # noqa: E402
+    _case,
+    _diagnostics,
+    _filled_axes,
+    _mark_failures,
+    panel_rows,
+)
 from spherepde.analysis.sphere_view import CMAP, MAX_PARTICLES_DRAWN, SphereView, _final_mean, _has_density  # noqa: E402
 from spherepde.base.errors import CaseError  # noqa: E402
 from spherepde.io.output import check_folder, failed_parts, failure_summary, make_folders  # noqa: E402
@@ -102,19 +108,23 @@ def _save(figure, target: str, write=None) -> str:
     return target
 
 
+ROW_INCHES = 2.5  # the height of a row of diagnostic panels (two rows: 5 inches, the figure's least)
+
+
 def _overview(dataset, path: str, projection: str, snapshots: int):
     """Density pictures on top, diagnostics below (a sweep, or a particle run that saved no particles: diagnostics
     only)."""
+    panels_height = max(2, panel_rows(dataset)) * ROW_INCHES
     if "member" in dataset.dims or not {"density", "particles"} & set(dataset.data_vars):
-        figure = plt.figure(figsize=(13, 5.6), layout="constrained")
+        figure = plt.figure(figsize=(13, panels_height + 0.6), layout="constrained")
         _diagnostics(figure, dataset)
         figure.suptitle(_sweep_title(dataset, path) if "member" in dataset.dims else _title(dataset, path),
                         parse_math=False)  # file names and titles are text: a "$" in one started mathtext
         return figure
     sphere = _on_sphere(dataset)
     top_height = 6.0 if sphere else 4.2
-    figure = plt.figure(figsize=(13, top_height + 5.0), layout="constrained")
-    top, bottom = figure.subfigures(2, 1, height_ratios=[top_height, 5.0])
+    figure = plt.figure(figsize=(13, top_height + panels_height), layout="constrained")
+    top, bottom = figure.subfigures(2, 1, height_ratios=[top_height, panels_height])
     if sphere:
         _sphere_snapshots(top, dataset, path, projection, snapshots)
     else:
@@ -167,7 +177,7 @@ def _sphere_snapshots(subfigure, dataset, path: str, projection: str, count: int
     view = SphereView(dataset, path, projection)
     view.own_scale = True
     if view.norm is not None:  # the colour bar in a column of its own: the maps' rows may be separate subfigures
-        subfigure, bar = subfigure.subfigures(1, 2, width_ratios=[24, 1])
+        subfigure, bar = subfigure.subfigures(1, 2, width_ratios=[12, 1])
     if view.panels == 2:
         axes = subfigure.subplots(2, len(picks), squeeze=False)
     else:
@@ -192,7 +202,8 @@ def _sphere_snapshots(subfigure, dataset, path: str, projection: str, count: int
             view.draw([axis], index)
             axis.set_title(title(index), fontsize=11)
     if view.norm is not None:
-        bar.colorbar(plt.cm.ScalarMappable(PowerNorm(0.5, 0.0, 1.0), CMAP), cax=bar.add_axes((0.05, 0.15, 0.25, 0.7)),
+        # the bar, its ticks and its label all inside the column (a label beside a wider bar fell off the canvas)
+        bar.colorbar(plt.cm.ScalarMappable(PowerNorm(0.5, 0.0, 1.0), CMAP), cax=bar.add_axes((0.1, 0.15, 0.14, 0.7)),
                      label="ρ / max ρ of its depth (square-root scale)")
 
 
