@@ -269,6 +269,11 @@ def test_cli_compare_of_a_both_file(tmp_path, capsys):
     assert "is a comparison report, not a run" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "report.nc")]) == 2
     assert "is a comparison report" in capsys.readouterr().err
+    # beside another file, a "both" file is its Eulerian run, and named so (it was taken whole, unnamed)
+    assert main(["compare", str(result), str(result), "-o", str(tmp_path / "halves"), "--no-w2"]) == 0
+    with xr.open_dataset(tmp_path / "halves.nc") as halves:
+        assert halves.attrs["a"] == halves.attrs["b"] == f"{result} (eulerian)"
+        assert float(abs(halves["order_parameter_a"] - report["order_parameter_a"]).max()) == 0
 
 
 def test_cli_compare_what_a_fuzzing_round_found(tmp_path, capsys):

@@ -128,7 +128,11 @@ def load_pair(path_a: str, path_b: str | None = None):
                             "or one written with --solver both")
         eulerian, particles = split_both(first)
         return eulerian, particles, f"{path_a} (eulerian)", f"{path_a} (particles)"
-    return first, second, path_a, path_b
+    # beside another file a "both" file is its Eulerian run, and its label says so (its particle run is compared
+    # by giving the file alone)
+    runs = [(split_both(run)[0], f"{path} (eulerian)") if run.attrs.get("solver") == "both" else (run, path)
+            for path, run in ((path_a, first), (path_b, second))]
+    return runs[0][0], runs[1][0], runs[0][1], runs[1][1]
 
 
 def common_times(a: xr.Dataset, b: xr.Dataset) -> tuple[np.ndarray, np.ndarray]:
