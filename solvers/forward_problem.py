@@ -292,16 +292,20 @@ def check_kernel_resolution(case) -> None:
     if case["solver"]["method"] == "particles":
         return
     check_dimension(case)
-    host, layout = make_placement("cpu", "float64"), layout_of(case)
-    if layout.seeds_model:
-        entries = [(Model.from_case(case, host), "model.beta", "")]
-    else:
-        entries = resolution_entries(layout, head_models(layout, parameters_of(case, layout, host),
-                                                         float(case["model"]["eps"])))
     lmax = case["sphere"]["lmax"]
     # what check_resolutions reads of a basis: its sphere, lmax and the degree its grid integrates exactly
     grid = SimpleNamespace(dim=case.dim, lmax=lmax, quadrature_degree=basis_class(case.dim).quadrature_degree)
-    check_resolutions(entries, grid, case["solver"]["kernel_tol"])
+    check_resolutions(kernel_entries(case), grid, case["solver"]["kernel_tol"])
+
+
+def kernel_entries(case) -> list:
+    """(model, the case key of its beta, where it sits) of every head on every layer of a case, in float64 on the
+    CPU (`resolution_entries`): what the checks of its kernels read."""
+    host, layout = make_placement("cpu", "float64"), layout_of(case)
+    if layout.seeds_model:
+        return [(Model.from_case(case, host), "model.beta", "")]
+    return resolution_entries(layout, head_models(layout, parameters_of(case, layout, host),
+                                                  float(case["model"]["eps"])))
 
 
 def spectral_filter(basis, order: int) -> torch.Tensor | None:

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from solvers.eulerian import MAX_STEPS_PER_SAVE, only, outcomes
+from solvers.forward_problem import kernel_entries
 from solvers.particle_field import HeadsField, ParticleField
 from solvers.particle_recorder import ParticleRecorder
 from solvers.particle_step import DirectStep, noise_time, noise_variance
@@ -162,6 +163,13 @@ def fixed_step(case) -> float | None:
     return case["particles"].get("dt", case["time"].get("dt"))
 
 
+def step_key(case) -> str:
+    """The case key that sets a particle run's steps (`fixed_step`), for its messages."""
+    if "dt" in case["particles"]:
+        return "particles.dt"
+    return "time.dt" if "dt" in case["time"] else "time.cfl"
+
+
 def step_plan(case, field: ParticleField, interval, x: torch.Tensor, W: torch.Tensor) -> Plan:
     """Equal steps no longer than `fixed_step`, else than the Eulerian CFL rule dt = cfl / (lmax max|v|) with each
     member's largest particle speed at the interval's start; a member asking for more than MAX_STEPS_PER_SAVE
@@ -204,11 +212,24 @@ def noise_step_limit(case, eps: float) -> float:
     return math.inf
 
 
+def check_kernel_range(case) -> None:
+    """A CaseError where a head's coupling beta B overflows the run's dtype: its kernel exp(beta <Bx, y>) cannot be
+    formed at all (inf 0 = NaN at the first step), where any smaller beta is taken as it is (the shifted sums tend to
+    the hardmax of beta = inf: 4e-16 from it at beta = 1e300 in float64)."""
+    dtype = case["solver"]["dtype"]
+    largest = torch.finfo(getattr(torch, dtype)).max
+    for model, name, where in kernel_entries(case):
+        reach = model.beta * max(1.0, float(model.B.abs().max()))
+        if math.isfinite(model.beta) and reach > largest:
+            raise CaseError(f"{name}: beta |B| = {reach:.3g}{where} overflows {dtype} (largest {largest:.3g}); lower "
+                            "model.beta or model.B, or use beta = \"inf\", the limit of large beta")
+
+
 def check_noise_step(case, eps: float, dt: float) -> None:
     """Refuse a step beyond the expansion of the weak-order-2 noise step (`noise_step_limit`)."""
     limit = noise_step_limit(case, eps)
     if dt >= limit:
-        raise CaseError(f"particles.dt: a step of {dt:.3g} is too long for the weak-order-2 noise step "
+        raise CaseError(f"{step_key(case)}: a step of {dt:.3g} is too long for the weak-order-2 noise step "
                         f"(needs (d - 2) eps dt / 3 < 1/2, i.e. dt < {limit:.3g})")
 
 
@@ -250,6 +271,8 @@ class ParticleSystem:
         if len(cases) > 1 and fixed_step(self.case) is None:
             raise ValueError("ParticleSystem: members stepped by the CFL rule take their own steps; run them alone")
         solver = self.case["solver"]
+        for member in cases:
+            check_kernel_range(member)
         self.placement = make_placement(solver["device"], solver["dtype"])
         self.layouts = [layout_of(member) for member in cases]
         thetas = [parameters_of(member, layout, self.placement) for member, layout in zip(cases, self.layouts)]
@@ -350,7 +373,7 @@ def run_members(system: ParticleSystem, progress: bool | None = None, controls: 
     case, timing = system.case, system.case["time"]
     layered = controls if controls is not None else system.drives
     grid = grid or TimeGrid(timing["t_end"], timing["save_every"], layered.shape[1])
-    check_max_steps(grid, fixed_step(case), timing, "particles.dt" if "dt" in case["particles"] else "time.dt")
+    check_max_steps(grid, fixed_step(case), timing, step_key(case))
     x = system.x0
     # beyond the seeds the recorder's free energy of head 0 is not the flow's: flagged as a controlled run's
     recorders = [ParticleRecorder(member, model, system.field, x[m], controls is not None or system.general,

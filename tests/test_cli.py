@@ -203,6 +203,21 @@ def test_initial_density_from_file_interpolates_spectrally(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("method", ["eulerian", "particles"])
+def test_a_particle_run_as_the_initial_file_is_named_so(tmp_path, capsys, method):
+    """A particle run's output holds no density to start from: one line saying so for both methods (the particle
+    sampler said "cannot read a density from ...: 'lmax'", a KeyError's text)."""
+    case = write_case(tmp_path)
+    particles = tmp_path / "particles.nc"
+    assert run_cli(["run", case, "-o", particles, "--quiet", "--solver", "particles", "--set", "time.t_end=0.25"],
+                   capsys)[0] == 0
+    restart = SMALL_S1.replace('kind = "vmf"\nmean = [1.0, 0.0]\nkappa = 2.0', 'kind = "file"\npath = "particles.nc"')
+    status, err = run_cli(["run", write_case(tmp_path, restart, "restart.toml"), "-o", tmp_path / "second.nc",
+                           "--solver", method], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "particles.nc' holds no Eulerian density (a particle run, or not a spherepde result)" in err, err
+
+
+@pytest.mark.parametrize("method", ["eulerian", "particles"])
 def test_a_case_whose_initial_file_changed_after_it_was_resolved_is_refused(tmp_path, capsys, method):
     """A case resolved (its initial file's SHA-256 pinned), then the file rewritten: the run refuses it, one line
     naming initial.path and both digests, where it ran from the new file and stored the old digest (a notebook's

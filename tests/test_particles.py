@@ -528,8 +528,15 @@ def test_particle_specific_case_errors():
         particle_case(3, 10, particles={"integrator": "leapfrog"})
     with pytest.raises(CaseError, match=r"particles.dt: must be > 0"):
         particle_case(3, 10, particles={"dt": -0.1})
-    with pytest.raises(CaseError, match=r"particles.dt: a step of 0.5 is too long for the weak-order-2 noise step"):
+    # a coupling beta B beyond the dtype's range is refused, naming model.beta (it ended in exit 3: inf 0 = NaN)
+    with pytest.raises(CaseError, match=r"^model.beta: beta \|B\| = 2e\+39 overflows float32 \(largest 3.4e\+38\)"):
+        run_particles(particle_case(3, 10, model={"beta": 1e39, "B": identity(3, 2.0)}, solver={"dtype": "float32"}))
+    # the refusal names the key that set the step (it said particles.dt of a time.dt)
+    with pytest.raises(CaseError, match=r"^time.dt: a step of 0.5 is too long for the weak-order-2 noise step"):
         run_particles(particle_case(12, 10, model={"eps": 1.0}, time={"t_end": 1.0, "dt": 0.5, "save_every": 1.0}))
+    with pytest.raises(CaseError, match=r"^particles.dt: a step of 0.25 is too long for the weak-order-2 noise"):
+        run_particles(particle_case(12, 10, model={"eps": 1.0}, time={"t_end": 1.0, "dt": 0.01, "save_every": 1.0},
+                                    particles={"dt": 0.25}))
     with pytest.raises(CaseError, match=r"checkpoints are available for the Eulerian solver and trainings only"):
         spherepde.run(particle_case(3, 10, solver={"method": "particles"}), checkpoint=object())
     with pytest.raises(CaseError, match=r"sphere.dim: the Eulerian solver handles d = 2 or 3"):
@@ -675,3 +682,12 @@ def test_cfl_steps_stay_within_the_noise_steps_bound():
     assert dataset.attrs["dt"] <= 0.75
     start, end = dataset["mean"].values[0, 2], dataset["mean"].values[-1, 2]
     assert abs(end - start * math.exp(-4.0)) <= 4 * dataset["mean_stderr"].values[-1, 2]
+
+
+def test_a_large_finite_beta_tends_to_the_hardmax():
+    """beta = 1e300 (within float64, refused only where beta B overflows) moves the particles as beta = inf does:
+    the shifted kernel sums put all the weight on the largest <Bx, y>."""
+    case = particle_case(3, 12, model={"beta": 1e300}, time={"t_end": 0.5, "dt": 0.05, "save_every": 0.25})
+    large = run_particles(case)["particles"].values
+    limit = run_particles(case.with_overrides(["model.beta='inf'"]))["particles"].values
+    assert np.abs(large - limit).max() <= 1e-12

@@ -2,7 +2,9 @@
 one line naming the file and what is wrong, exit 2, where they gave tracebacks, hung, or read a wrong measure."""
 
 import numpy as np
+import ot
 import pytest
+import xarray as xr
 from conftest import make_case
 
 import spherepde
@@ -124,3 +126,24 @@ def test_a_report_is_written_whole_or_not_at_all_and_names_are_text(runs, tmp_pa
     monkeypatch.undo()
     assert main(["compare", str(odd), str(odd), "-o", str(tmp_path / "x.png"), "--no-w2"]) == 0
     assert (tmp_path / "x.nc").exists() and (tmp_path / "x.png").exists() and not (tmp_path / "x.png.nc").exists()
+
+
+def test_particle_runs_beyond_s2_open_in_every_tool(tmp_path, capsys):
+    """The particle solver runs on S^(d-1) for any d: its files (d = 4, four components) open in info, plot and
+    compare, whose structure check took two or three components for all files; compare's W2 between two systems of
+    d = 4 is the POT value between their saved particles."""
+    case = make_case(4, 8, model={"eps": 0.1}, time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1},
+                     solver={"method": "particles"}).with_overrides(["particles.n=30", "particles.save=30"])
+    paths = []
+    for seed in (1, 2):
+        paths.append(str(tmp_path / f"seed{seed}.nc"))
+        write_dataset(spherepde.run(case.with_overrides([f"particles.seed={seed}"]), progress=False), paths[-1])
+    assert main(["info", paths[0]]) == 0
+    assert main(["plot", paths[0], "-o", str(tmp_path)]) == 0
+    assert main(["compare", *paths, "-o", str(tmp_path / "report")]) == 0
+    capsys.readouterr()
+    with xr.open_dataset(tmp_path / "report.nc") as report, xr.open_dataset(paths[0]) as a, \
+            xr.open_dataset(paths[1]) as b:
+        x, y = a["particles"].values[-1], b["particles"].values[-1]
+        exact = np.sqrt(ot.emd2([], [], ((x[:, None] - y[None]) ** 2).sum(-1)))
+        assert float(report["w2"][-1]) == pytest.approx(exact, rel=1e-9)

@@ -91,8 +91,9 @@ def check_run(dataset: xr.Dataset) -> None:
         if base in DIAGNOSTIC_ATTRS or base in ("density", "particles", "cell_area"):
             if dataset[name].dtype.kind not in "iuf":
                 raise CaseError(f"its variable {name} holds {dataset[name].dtype} values, not numbers")
-        if base in ("mean", "particles") and (components not in (2, 3) or "component" not in dataset[name].dims):
-            raise CaseError(f"its variable {name} has no component dimension of 2 or 3 (dims {dataset[name].dims})")
+        if base in ("mean", "particles") and ((components or 0) < 2 or "component" not in dataset[name].dims):
+            raise CaseError(f"its variable {name} has no component dimension of 2 or more (dims {dataset[name].dims}; "
+                            "particles on S^(d-1) have d)")
     if "particles" in dataset.data_vars and dataset.sizes.get("particle", 0) == 0:
         raise CaseError("it holds no saved particle (the particle axis is empty)")
     if "density" in dataset.data_vars:

@@ -145,6 +145,34 @@ def pinned_file(section: dict) -> str:
     return path
 
 
+def stored_density(path: str, time_index: int, dim: int) -> tuple[np.ndarray, int]:
+    """(the density of save `time_index` on its grid, the file's lmax) of an earlier Eulerian output on S^{dim-1};
+    a CaseError naming initial.path where the file holds none (a particle run, a sweep, no spherepde result), one
+    on another sphere, or a save that is not finite."""
+    try:
+        with xr.open_dataset(path) as dataset:
+            members = dataset.sizes.get("member")
+            if "density" not in dataset or "lmax" not in dataset.attrs or members:
+                file_dim = None
+            else:
+                density = dataset["density"].isel(time=time_index).values
+                lmax = int(dataset.attrs["lmax"])
+                file_dim = 2 if "theta" in dataset["density"].dims else 3
+    except (OSError, KeyError, IndexError, ValueError) as error:
+        raise CaseError(f"initial.path: cannot read a density from {path!r}: {unreadable(error)}") from None
+    if members:
+        raise CaseError(f"initial.path: {path!r} is a sweep ({members} members); give one of its member-*.nc files")
+    if file_dim is None:
+        raise CaseError(f"initial.path: {path!r} holds no Eulerian density (a particle run, or not a spherepde "
+                        "result)")
+    if file_dim != dim:
+        raise CaseError(f"initial.path: {path!r} holds a density on S^{file_dim - 1}, the case is on S^{dim - 1}")
+    if not np.isfinite(density).all():
+        raise CaseError(f"initial.path: the density at initial.time = {time_index} of {path!r} is not finite "
+                        "everywhere (a save after a failure?)")
+    return density, lmax
+
+
 def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:
     """Coefficients of the density stored in an earlier output, re-expanded to `basis`.
 
@@ -152,28 +180,8 @@ def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:
     analysed there, and its coefficients truncated or zero-padded to our lmax: spectral
     interpolation, exact when the stored density is band-limited.
     """
-    try:
-        with xr.open_dataset(path) as dataset:
-            members = dataset.sizes.get("member")
-            if "density" not in dataset or "lmax" not in dataset.attrs or members:
-                dim = None
-            else:
-                density = dataset["density"].isel(time=time_index).values
-                lmax = int(dataset.attrs["lmax"])
-                dim = 2 if "theta" in dataset["density"].dims else 3
-    except (OSError, KeyError, IndexError, ValueError) as error:
-        raise CaseError(f"initial.path: cannot read a density from {path!r}: {unreadable(error)}") from None
-    if members:
-        raise CaseError(f"initial.path: {path!r} is a sweep ({members} members); give one of its member-*.nc files")
-    if dim is None:
-        raise CaseError(f"initial.path: {path!r} holds no Eulerian density (a particle run, or not a spherepde "
-                        "result)")
-    if dim != basis.dim:
-        raise CaseError(f"initial.path: {path!r} holds a density on S^{dim - 1}, the case is on S^{basis.dim - 1}")
-    if not np.isfinite(density).all():
-        raise CaseError(f"initial.path: the density at initial.time = {time_index} of {path!r} is not finite "
-                        "everywhere (a save after a failure?)")
-    source = file_basis(path, dim, lmax, density.shape, basis.placement)
+    density, lmax = stored_density(path, time_index, basis.dim)
+    source = file_basis(path, basis.dim, lmax, density.shape, basis.placement)
     rho = basis.placement.tensor(np.ascontiguousarray(density))
     mass = float(source.integrate(rho))
     if not abs(mass - 1) <= INITIAL_MASS_TOLERANCE:

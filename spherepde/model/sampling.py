@@ -33,7 +33,6 @@ Every sampler draws from a `torch.Generator`, so a seed fixes the sample bit for
 import math
 
 import torch
-import xarray as xr
 
 from spherepde.base.errors import CaseError
 from spherepde.model.initial import pinned_file
@@ -156,20 +155,11 @@ class DensityFileSampler:
 
     def __init__(self, path: str, time_index: int, dim: int):
         from spherepde.base.device import placement
-        from spherepde.model.initial import density_from_file, file_basis
+        from spherepde.model.initial import density_from_file, file_basis, stored_density
 
-        try:
-            with xr.open_dataset(path) as dataset:
-                lmax = int(dataset.attrs["lmax"])
-                grid_shape = dataset["density"].shape[1:]
-                file_dim = 2 if "theta" in dataset["density"].dims else 3
-        except (OSError, KeyError, IndexError, ValueError) as error:
-            raise CaseError(f"initial.path: cannot read a density from {path!r}: {error}") from None
-        if file_dim != dim:
-            raise CaseError(f"initial.path: {path!r} holds a density on S^{file_dim - 1}, "
-                            f"the case is on S^{dim - 1}")
+        density, lmax = stored_density(path, time_index, dim)
         self.path, self.dim = path, dim
-        self.basis = file_basis(path, dim, lmax, grid_shape, placement("cpu", "float64"))
+        self.basis = file_basis(path, dim, lmax, density.shape, placement("cpu", "float64"))
         self.coefficients = density_from_file(path, time_index, self.basis)
         self.lower, self.width = self._cells()
         self.envelope = self._envelope()
