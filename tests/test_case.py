@@ -702,6 +702,34 @@ def test_data_edited_in_place_runs_as_resolved_or_is_refused():
                                                                                        0.2)
 
 
+def test_edits_in_place_are_overrides_whose_defaults_follow():
+    """An edit of case.data acts as the --set of that key on the case's table (a review found edits resolved from
+    the resolved data, whose derived defaults went stale): time.dt replaces the default cfl, particles.n sets the
+    save count's default, model.ffn_seed draws W1 again; an unrelated edit leaves with_overrides' defaults as they
+    were (t_end 4 saves every 0.2, as unedited); a deleted key takes its default again."""
+    text = MINIMAL.replace("t_end = 2.0", "t_end = 1.0") + '[model]\nfeed_forward = "mlp"\nhidden = 4\n'
+    case = load_case_text(text)
+
+    def edited(section, key, value):
+        copied = copy.deepcopy(case)
+        copied[section][key] = value
+        return copied
+
+    for (section, key, value), override in ((("time", "dt", 0.01), "time.dt=0.01"),
+                                            (("particles", "n", 100), "particles.n=100"),
+                                            (("model", "ffn_seed", 5), "model.ffn_seed=5"),
+                                            (("model", "hidden", 8), "model.hidden=8")):
+        assert edited(section, key, value).checked().data == load_case_text(text, [override]).data
+    assert edited("model", "ffn_seed", 5).checked()["model"]["W1"] != case["model"]["W1"]
+    described = edited("case", "description", "x")
+    assert described.with_overrides(["time.t_end=4.0"]).data == load_case_text(
+        text, ["case.description='x'", "time.t_end=4.0"]).data
+    assert described.with_overrides(["time.t_end=4.0"])["time"]["save_every"] == 0.2
+    pinned = load_case_text(text, ["time.save_every=0.5"])
+    del pinned["time"]["save_every"]
+    assert pinned.checked()["time"]["save_every"] == case["time"]["save_every"] == 0.05
+
+
 def test_numpy_values_and_bad_python_arguments_of_the_loaders():
     """numpy arrays and scalars in a table read as the lists and numbers TOML gives (np.eye(2) was refused as
     "expected a 2 x 2 matrix"); arguments of the wrong kind are one-line CaseErrors (they were TypeErrors and

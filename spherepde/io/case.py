@@ -3,9 +3,9 @@
 A case is resolved once, here: every section and key is present in ``Case.data``, every
 default filled in, every value normalised (ints to floats where a real is expected,
 ``beta = "inf"`` to ``math.inf``, unit mean directions, weights summing to 1, absolute
-file paths). Everything downstream reads ``case["section"]["key"]`` and never re-checks: a case
-whose data was edited in place (a notebook's ``case["model"]["eps"] = 0.2``) is resolved again
-by ``Case.checked()`` before it runs, and ``with_overrides`` starts from the edited data.
+file paths). Everything downstream reads ``case["section"]["key"]`` and never re-checks: the
+edits of a case's data in place (a notebook's ``case["model"]["eps"] = 0.2``) are applied as
+overrides by ``Case.checked()`` before it runs, and by ``with_overrides``.
 ``Case.text`` serialises the resolved case back to TOML, and reloading it gives the same
 data exactly (floats are written with ``repr``, so they round-trip bit for bit).
 
@@ -55,7 +55,7 @@ class Case:
     source: str  # the user's TOML text before overrides ("" when built from a dict)
     origin: str  # the file (or label) the case came from; prefixes error messages
     inputs: Inputs = field(repr=False, compare=False)
-    resolved_text: str = field(default="", repr=False, compare=False)  # `text` as resolved: tells edits of `data`
+    resolved: dict = field(default_factory=dict, repr=False, compare=False)  # `data` as resolved (a copy)
 
     @property
     def text(self) -> str:
@@ -90,23 +90,45 @@ class Case:
     def edited(self) -> bool:
         """Whether `data` was changed in place since it was resolved (a notebook's ``case["model"]["eps"] = 0.2``)."""
         try:
-            return dumps(self.data) != self.resolved_text
-        except Exception:  # a value no case holds (an object, a key that is no string): resolution names it
+            return _plain(self.data) != self.resolved
+        except CaseError:  # a key that is no string: `edits` names it
             return True
 
+    def edits(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """The in-place edits of `data` since it was resolved: the keys set, as overrides "section.key=value", and
+        the keys deleted, as (section, key)."""
+        data = _plain(self.data)
+        overrides, deleted = [], []
+        for section in [*data, *(name for name in self.resolved if name not in data)]:
+            now, then = data.get(section, {}), self.resolved.get(section, {})
+            if not isinstance(now, dict):
+                raise CaseError(f"[{section}]: a section is a table of keys, got {type(now).__name__}")
+            for key, value in now.items():
+                if key not in then or value != then[key]:
+                    try:
+                        overrides.append(format_override(f"{section}.{key}", value))
+                    except Invalid as error:
+                        raise CaseError(f"{section}.{key}: {error}") from None
+            deleted += [(section, key) for key in then if key not in now]
+        return overrides, deleted
+
     def checked(self) -> Case:
-        """This case, or where `data` was edited in place, the edited data resolved again as the loaders resolve a
-        table: its values checked (a CaseError naming a bad one) and normalised.  Every run starts from it."""
-        if not self.edited():
-            return self
-        return _build(self.data, (), self.source, self.origin, self.inputs.base_dir, self.inputs.default_name)
+        """This case, or where `data` was edited in place, the case its loader gives with the edits as overrides
+        (`with_overrides`): the values checked (a CaseError naming a bad one) and what depends on them derived
+        anew, as `--set` does (time.dt replacing time.cfl, model.ffn_seed drawing W1 again).  Every run starts
+        from it."""
+        return self.with_overrides(()) if self.edited() else self
 
     def with_overrides(self, overrides: Iterable[str]) -> Case:
-        """A new validated case with "section.key=value" overrides applied on top of this one (on top of its
-        edited `data` where it was edited in place, else of the table it was resolved from, whose defaults then
-        follow the overridden keys)."""
-        table = self.data if self.edited() else self.inputs.table
-        return _build(table, overrides, self.source, self.origin, self.inputs.base_dir, self.inputs.default_name)
+        """A new validated case with "section.key=value" overrides applied on top of this one: on the table it
+        was resolved from, after the edits of its `data` in place (`edits`), so that defaults follow both."""
+        edits, deleted = self.edits() if self.edited() else ([], [])
+        table = copy.deepcopy(self.inputs.table)
+        for section, key in deleted:  # a deleted key takes its default again
+            if isinstance(table.get(section), dict):
+                table[section].pop(key, None)
+        return _build(table, [*edits, *(overrides or ())], self.source, self.origin, self.inputs.base_dir,
+                      self.inputs.default_name)
 
 
 def load_case(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Case:
@@ -213,7 +235,7 @@ def _build(table, overrides, source, origin, base_dir, default_name) -> Case:
         _check_nesting(overridden)  # dotted keys of --set nest tables too
         inputs = Inputs(overridden, base_dir, default_name)
         data = _resolve(inputs)
-        return Case(data, source, origin, inputs, dumps(data))
+        return Case(data, source, origin, inputs, _plain(data))  # _plain copies the tables and lists
     except CaseError as error:
         raise CaseError(f"{origin}: {error}") from None
 
