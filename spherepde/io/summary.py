@@ -7,6 +7,7 @@ import numpy as np
 import xarray as xr
 
 from spherepde.base.errors import CaseError, printable, unreadable
+from spherepde.discretisation.transforms.legendre import check_grid
 from spherepde.io.output import BOTH_PREFIX, DIAGNOSTIC_ATTRS, failed_parts, failure_summary
 
 SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projection", "entropy",
@@ -39,10 +40,12 @@ def open_result(path: str) -> xr.Dataset:
 
 
 def _count(value, least: int) -> bool:
+    """Whether an attribute is an integer (not a bool) >= least."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= least
 
 
 def _float_dtype(value) -> bool:
+    """Whether an attribute names a floating-point numpy dtype."""
     try:
         return isinstance(value, str) and np.dtype(value).kind == "f"
     except TypeError:
@@ -50,6 +53,7 @@ def _float_dtype(value) -> bool:
 
 
 def _bound(value) -> bool:
+    """Whether an attribute is a finite real number >= 0."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < np.inf
 
 
@@ -111,8 +115,7 @@ def _check_grid(dataset: xr.Dataset) -> None:
         if points <= 2 * lmax:
             raise CaseError(f"its {points} angles theta cannot hold lmax {lmax} (a circle grid needs more than "
                             "2 lmax points)")
-        values = _first_finite_save(dataset["density"])  # a failed run's saves (NaN padding) are no series
-        spectrum = np.square(np.abs(np.fft.rfft(values, axis=-1)))
+        spectrum = np.square(np.abs(np.fft.rfft(_first_finite_save(dataset["density"]), axis=-1)))
         with np.errstate(invalid="ignore", divide="ignore"):
             above = np.sqrt(spectrum[..., lmax + 1:].sum(-1) / spectrum.sum(-1))
         if (above > BAND_LIMIT_TOLERANCE).any():
@@ -121,22 +124,21 @@ def _check_grid(dataset: xr.Dataset) -> None:
     elif dims[-2:] == ("lat", "lon") and {"lat", "lon"} <= set(dataset.coords) and dataset.sizes.get("component") == 3:
         if "cell_area" not in dataset.data_vars or dataset["cell_area"].dims != ("lat", "lon"):
             raise CaseError("its density on S^2 has no cell_area (lat, lon), the quadrature weights")
-        from spherepde.discretisation.transforms.sht_torch import check_grid  # here: torch only for S^2 files
-
         try:
             check_grid(lmax, dataset.sizes["lat"], dataset.sizes["lon"])
         except ValueError as error:
             raise CaseError(f"its grid ({dataset.sizes['lat']}, {dataset.sizes['lon']}) cannot hold lmax {lmax}: "
                             f"{error}") from None
+        _first_finite_save(dataset["density"])
     else:
         raise CaseError(f"its density has dimensions {dims}, not (time, theta) on S^1 with 2 components or "
                         "(time, lat, lon) on S^2 with 3, with those coordinates")
-    _first_finite_save(dataset["density"])
 
 
 def _first_finite_save(density: xr.DataArray) -> np.ndarray:
-    """The first save of `density` (time, ...) finite everywhere, read alone (a run's first save is, and a file of
-    many saves is not read whole where it is opened); a CaseError where none is."""
+    """The first save of `density` (time, ...) finite everywhere (a failed run's later saves are NaN padding), read
+    alone (a run's first save is finite, and a file of many saves is not read whole where it is opened); a
+    CaseError where none is."""
     for index in range(density.sizes["time"]):
         values = density.isel(time=index).values
         if np.isfinite(values).all():

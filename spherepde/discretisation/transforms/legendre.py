@@ -24,6 +24,19 @@ import numpy as np
 _RESCALE_BITS = 600
 
 
+def check_grid(lmax: int, nlat: int, nlon: int) -> None:
+    """Raise ValueError unless a Gauss grid (nlat, nlon) resolves degree and order lmax exactly."""
+    if lmax < 0:
+        raise ValueError(f"lmax must be >= 0, got {lmax}")
+    if nlat <= lmax:
+        raise ValueError(
+            f"nlat = {nlat} must exceed lmax = {lmax}: Gauss quadrature on nlat nodes is exact only to degree "
+            "2 nlat - 1"
+        )
+    if nlon <= 2 * lmax:
+        raise ValueError(f"nlon = {nlon} must exceed 2 lmax = {2 * lmax}: orders |m| <= lmax alias on fewer longitudes")
+
+
 def gauss_legendre(nlat: int) -> tuple[np.ndarray, np.ndarray]:
     """Gauss–Legendre nodes x_j = cos(theta_j), ordered north to south, and weights w_j.
 

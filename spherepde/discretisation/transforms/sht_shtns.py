@@ -30,8 +30,7 @@ import numpy as np
 import torch
 
 from spherepde.base.errors import CaseError
-from spherepde.discretisation.transforms.legendre import gauss_legendre
-from spherepde.discretisation.transforms.sht_torch import check_grid
+from spherepde.discretisation.transforms.legendre import check_grid, gauss_legendre
 
 # shtns prints its build banner on stdout when its library loads; it goes to stderr, so that stdout carries only
 # what a command prints (`--quiet` runs, `spherepde info ... | ...`).

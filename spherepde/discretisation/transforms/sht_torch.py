@@ -51,21 +51,8 @@ from spherepde.base.arrays import (
     zeros,
 )
 from spherepde.base.real_view import COMPLEX_DTYPE
-from spherepde.discretisation.transforms.legendre import gauss_legendre, legendre_tables, legendre_values
+from spherepde.discretisation.transforms.legendre import check_grid, gauss_legendre, legendre_tables, legendre_values
 from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, default_layout, table_bytes
-
-
-def check_grid(lmax: int, nlat: int, nlon: int) -> None:
-    """Raise ValueError unless a Gauss grid (nlat, nlon) resolves degree and order lmax exactly."""
-    if lmax < 0:
-        raise ValueError(f"lmax must be >= 0, got {lmax}")
-    if nlat <= lmax:
-        raise ValueError(
-            f"nlat = {nlat} must exceed lmax = {lmax}: Gauss quadrature on nlat nodes is exact only to degree "
-            "2 nlat - 1"
-        )
-    if nlon <= 2 * lmax:
-        raise ValueError(f"nlon = {nlon} must exceed 2 lmax = {2 * lmax}: orders |m| <= lmax alias on fewer longitudes")
 
 
 class MomentTables:
