@@ -174,8 +174,8 @@ def test_a_float32_run_agrees_with_its_float64_run_to_its_round_off():
 
 def test_a_float32_spectral_tail_is_compared_within_its_absolute_round_off():
     """A resolved run's float64 tail is ~1e-17, its float32 run's ~1e-8: within 64 eps of max|A| that read |z| = inf,
-    "disagrees".  The tail is a fraction of the norm, rounded at the norm's scale (1), and min_density at the
-    density's maximum."""
+    "disagrees".  The tail is a fraction of the norm, compared within 8 eps (below the resolution threshold 1e-6),
+    and min_density at the density's maximum."""
     case = make_case(2, 32, model={"kernel": "unnormalized", "beta": 0.0, "eps": 0.25},
                      time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1})
     double = spherepde.run(case, progress=False)
