@@ -70,10 +70,11 @@ IID_SPREAD = "1.5 to 9"
 
 def measure(dataset: xr.Dataset, index: int, label: str) -> tuple[np.ndarray, np.ndarray, float]:
     """(points, masses, bound) of save `index` of the run `label`: its saved particles (1/n each, bound 0), or its
-    density times the cell areas, with a bound on W2 between the density and that grid measure (on S^2 the grid's
-    largest cell radius, each cell's mass moved to its node; on S^1 0: the density is re-synthesised on
-    REFINED_CIRCLE points, `refined_circle_measure`).  A CaseError where the measure is not finite or has no
-    positive mass: optimal transport has no answer for it."""
+    density times the cell areas, with a bound on W2 between the density and that grid measure, each cell's mass
+    moved to its node: the largest chord from a node to its cell (on S^2 the grid's cell radius; on S^1, where the
+    density is re-synthesised on REFINED_CIRCLE points (`refined_circle_measure`), 2 sin(pi / 2 REFINED_CIRCLE),
+    3.8e-4).  A CaseError where the measure is not finite or has no positive mass: optimal transport has no answer
+    for it."""
     time = f"save {index} (t = {dataset['time'].values[index]:g})"
     if "particles" in dataset and "density" not in dataset:
         points = dataset["particles"].isel(time=index).values.astype(float)
@@ -88,7 +89,8 @@ def measure(dataset: xr.Dataset, index: int, label: str) -> tuple[np.ndarray, np
     if not np.any(density > DENSITY_FLOOR):
         raise CaseError(f"compare: {label}: the density of {time} is nowhere positive: no measure to transport")
     if "theta" in dataset["density"].dims:
-        return *refined_circle_measure(density, int(dataset.attrs["lmax"])), 0.0
+        points, masses = refined_circle_measure(density, int(dataset.attrs["lmax"]))
+        return points, masses, 2 * math.sin(math.pi / (2 * REFINED_CIRCLE))
     return (grid_points(dataset).reshape(-1, 3), (dataset["cell_area"].values * density).reshape(-1),
             gauss_cell_radius(*density.shape))
 

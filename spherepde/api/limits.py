@@ -46,11 +46,11 @@ def table_bytes(lmax: int) -> int:
 GRID_COPIES = 8
 
 
-def grid_bytes(lmax: int, itemsize: int) -> int:
+def grid_bytes(lmax: int, itemsize: int, least_nlat: int = 0) -> int:
     """A lower bound of the memory that the S^2 grid of degree `lmax` takes in a run: GRID_COPIES arrays of its
-    nlat x nlon >= nlat x 2 nlat nodes, of `itemsize` bytes each."""
+    nlat x nlon >= nlat x 2 nlat nodes (nlat at least `least_nlat`: shtns's 32), of `itemsize` bytes each."""
     nlat = math.ceil(3 * (lmax + 1) / 2)
-    nlat += nlat % 2
+    nlat = max(nlat + nlat % 2, least_nlat)
     return GRID_COPIES * nlat * 2 * nlat * itemsize
 
 
@@ -104,9 +104,10 @@ def check_memory(case) -> None:
     if case.dim != 3 or solver["method"] == "particles":
         return
     lmax = case["sphere"]["lmax"]
-    needed = grid_bytes(lmax, 8 if solver["dtype"] == "float64" else 4)
-    if solver["backend"] != "shtns":
-        needed += table_bytes(lmax)
+    if solver["backend"] == "shtns":  # its grid works in float64 whatever the run's dtype
+        needed = grid_bytes(lmax, 8, least_nlat=32)
+    else:
+        needed = grid_bytes(lmax, 8 if solver["dtype"] == "float64" else 4) + table_bytes(lmax)
     if available is not None and needed > available:
         raise CaseError(f"sphere.lmax: the S^2 grid of lmax {lmax} needs about {_size(needed)} of memory for its "
                         f"arrays{'' if solver['backend'] == 'shtns' else ' and spherical-harmonic tables'}; this "
