@@ -185,27 +185,32 @@ def _panel_layout(dataset) -> tuple[list, list, int]:
     return [panel for panel in panels if panel not in checks] + checks, training, len(checks)
 
 
-def panel_rows(dataset) -> int:
-    """How many rows of panels `_diagnostics` draws for `dataset` (the figure's height follows them)."""
+def _rows(dataset) -> tuple[int, int]:
+    """(rows of the physics and training panels, rows of the checks below them; 0 where they share the rows):
+    `_diagnostics`'s arrangement."""
     panels, training, checks = _panel_layout(dataset)
     physics = len(panels) - checks + len(training)
     if checks and physics:
-        return math.ceil(physics / PANELS_PER_ROW) + math.ceil(checks / PANELS_PER_ROW)
-    return max(1, math.ceil((len(panels) + len(training)) / PANELS_PER_ROW))
+        return math.ceil(physics / PANELS_PER_ROW), math.ceil(checks / PANELS_PER_ROW)
+    return max(1, math.ceil((len(panels) + len(training)) / PANELS_PER_ROW)), 0
+
+
+def panel_rows(dataset) -> int:
+    """How many rows of panels `_diagnostics` draws for `dataset` (the figure's height follows them)."""
+    return sum(_rows(dataset))
 
 
 def _diagnostics(subfigure, dataset) -> None:
     """One panel per informative diagnostic (the checks of the numerics in a row below the physics); bands of
     +-2 standard errors where the run has them."""
-    panels, training, count = _panel_layout(dataset)
-    checks = panels[len(panels) - count:]
-    physics = len(panels) - len(checks) + len(training)
-    if checks and physics:
-        top, bottom = subfigure.subfigures(2, 1, height_ratios=[math.ceil(physics / PANELS_PER_ROW),
-                                                                math.ceil(len(checks) / PANELS_PER_ROW)])
+    panels, training, checks = _panel_layout(dataset)
+    physics = len(panels) - checks + len(training)
+    upper_rows, lower_rows = _rows(dataset)
+    if lower_rows:
+        top, bottom = subfigure.subfigures(2, 1, height_ratios=[upper_rows, lower_rows])
         upper = _filled_axes(top, physics)
-        split = len(panels) - len(checks)  # physics panels, then the checks, then the training panels
-        axes = upper[:split] + _filled_axes(bottom, len(checks)) + upper[split:]
+        split = len(panels) - checks  # physics panels, then the checks, then the training panels
+        axes = upper[:split] + _filled_axes(bottom, checks) + upper[split:]
     else:
         axes = _filled_axes(subfigure, len(panels) + len(training))
     time = dataset["time"].values
