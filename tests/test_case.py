@@ -730,6 +730,36 @@ def test_edits_in_place_are_overrides_whose_defaults_follow():
     assert pinned.checked()["time"]["save_every"] == case["time"]["save_every"] == 0.05
 
 
+def test_an_edit_is_told_by_its_type_and_its_key_as_written():
+    """A property round (a helper: every key of every shipped case, edited in place, against --set) found edits that
+    changed only a value's type taken for no edit (lmax = 8.0 ran into a torch TypeError; np.eye(2) equal to B failed
+    writing the case), a key with a space taken for the key without it, and a sweep's seeds derived from an edited
+    particles.seed unchecked: each is now what --set of it gives."""
+    import numpy as np
+    import xarray as xr
+
+    from spherepde.api.sweep import plan
+
+    case = load_case_text(MINIMAL, ["sphere.lmax=8"], origin="edits")
+    for section, key, value, said in (("sphere", "lmax", 8.0, "sphere.lmax: expected an integer, got 8.0"),
+                                      ("particles", "n", np.float64(100), "particles.n: expected an integer"),
+                                      ("diagnostics", "w2", 1, "diagnostics.w2: expected true or false, got 1"),
+                                      ("model", " eps", 0.3, "unknown key 'model. eps' (did you mean 'eps'?)")):
+        edited = copy.deepcopy(case)
+        edited[section][key] = value
+        with pytest.raises(CaseError, match=re.escape(f"edits: {said}")):
+            edited.checked()
+    same = copy.deepcopy(case)
+    same["model"]["B"] = np.eye(2)
+    same["model"]["V"] = xr.DataArray(2 * np.eye(2))
+    assert same.edited()
+    assert same.checked().data == load_case_text(MINIMAL, ["sphere.lmax=8", "model.V=[[2, 0], [0, 2]]"]).data
+    seeded = copy.deepcopy(case)
+    seeded["particles"]["seed"] = -1
+    with pytest.raises(CaseError, match=re.escape("particles.seed: must be in [0, 2**63), got -1")):
+        plan(seeded, ["model.eps=0.1,0.2"], "unused", seeds=2)
+
+
 def test_numpy_values_and_bad_python_arguments_of_the_loaders():
     """numpy arrays and scalars in a table read as the lists and numbers TOML gives (np.eye(2) was refused as
     "expected a 2 x 2 matrix"); arguments of the wrong kind are one-line CaseErrors (they were TypeErrors and

@@ -94,6 +94,7 @@ def derived_seeds(seed: int, count: int) -> list[int]:
 
 def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -> list[Member]:
     """Every member, its case resolved and validated (a CaseError names the member)."""
+    case = case.checked()  # the seeds below derive from a particles.seed edited in place too
     swept = [parse_param(item) for item in params]
     keys = [key for key, _ in swept]
     if len(set(keys)) != len(keys):

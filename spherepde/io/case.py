@@ -88,47 +88,57 @@ class Case:
             raise self.named(error) from None
 
     def edited(self) -> bool:
-        """Whether `data` was changed in place since it was resolved (a notebook's ``case["model"]["eps"] = 0.2``)."""
-        try:
-            return _plain(self.data) != self.resolved
-        except CaseError:  # a key that is no string: `edits` names it
-            return True
+        """Whether `data` was changed in place since it was resolved (a notebook's ``case["model"]["eps"] = 0.2``),
+        types told apart (lmax 8.0 for 8, an array for the list it equals)."""
+        return not _same(self.data, self.resolved)
 
-    def edits(self) -> tuple[list[str], list[tuple[str, str]]]:
-        """The in-place edits of `data` since it was resolved: the keys set, as overrides "section.key=value", and
-        the keys deleted, as (section, key)."""
-        data = _plain(self.data)
-        overrides, deleted = [], []
-        for section in [*data, *(name for name in self.resolved if name not in data)]:
-            now, then = data.get(section, {}), self.resolved.get(section, {})
+    def edits(self) -> tuple[list[tuple[tuple[str, str], Any]], list[tuple[str, str]]]:
+        """The in-place edits of `data` since it was resolved: the keys set, as ((section, key), value), and the keys
+        deleted, as (section, key); a CaseError for a section that is no table or a key that is no string."""
+        edits, deleted = [], []
+        for section in [*self.data, *(name for name in self.resolved if name not in self.data)]:
+            now, then = self.data.get(section, {}), self.resolved.get(section, {})
             if not isinstance(now, dict):
                 raise CaseError(f"[{section}]: a section is a table of keys, got {type(now).__name__}")
             for key, value in now.items():
-                if key not in then or value != then[key]:
-                    try:
-                        overrides.append(format_override(f"{section}.{key}", value))
-                    except Invalid as error:
-                        raise CaseError(f"{section}.{key}: {error}") from None
+                if not isinstance(key, str):
+                    raise CaseError(f"[{section}]: keys are strings, got {key!r}")
+                value = _plain(value)
+                if key not in then or not _same(value, then[key]):
+                    edits.append(((section, key), value))
             deleted += [(section, key) for key in then if key not in now]
-        return overrides, deleted
+        return edits, deleted
 
     def checked(self) -> Case:
-        """This case, or where `data` was edited in place, the case its loader gives with the edits as overrides
-        (`with_overrides`): the values checked (a CaseError naming a bad one) and what depends on them derived
-        anew, as `--set` does (time.dt replacing time.cfl, model.ffn_seed drawing W1 again).  Every run starts
-        from it."""
+        """This case, or where `data` was edited in place, the case its loader gives with the edits set as `--set`
+        sets them (`with_overrides`): the values checked (a CaseError naming a bad one) and what depends on them
+        derived anew (time.dt replacing time.cfl, model.ffn_seed drawing W1 again).  Every run starts from it."""
         return self.with_overrides(()) if self.edited() else self
 
     def with_overrides(self, overrides: Iterable[str]) -> Case:
         """A new validated case with "section.key=value" overrides applied on top of this one: on the table it
         was resolved from, after the edits of its `data` in place (`edits`), so that defaults follow both."""
-        edits, deleted = self.edits() if self.edited() else ([], [])
+        try:
+            edits, deleted = self.edits() if self.edited() else ([], [])
+        except CaseError as error:
+            raise self.named(error) from None
         table = copy.deepcopy(self.inputs.table)
         for section, key in deleted:  # a deleted key takes its default again
             if isinstance(table.get(section), dict):
                 table[section].pop(key, None)
-        return _build(table, [*edits, *(overrides or ())], self.source, self.origin, self.inputs.base_dir,
-                      self.inputs.default_name)
+        return _build(table, overrides, self.source, self.origin, self.inputs.base_dir, self.inputs.default_name,
+                      edits)
+
+
+def _same(a, b) -> bool:
+    """Equality that tells types apart (8 from 8.0, True from 1, an array from a list), through tables and lists."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[key], b[key]) for key in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
 
 
 def load_case(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Case:
@@ -225,17 +235,17 @@ def _check_nesting(table: dict) -> None:
             pending.extend((entry, depth + 1) for entry in value)
 
 
-def _build(table, overrides, source, origin, base_dir, default_name) -> Case:
-    """Apply the overrides, resolve, and prefix any error with the origin."""
+def _build(table, overrides, source, origin, base_dir, default_name, edits=()) -> Case:
+    """Apply the edits and the overrides (`_with_overrides`), resolve, and prefix any error with the origin."""
     try:
         if not isinstance(table, dict):
             raise CaseError(f"a case is a table of [sections], got {type(table).__name__}")
         _check_nesting(table)
-        overridden = _with_overrides(_plain(table), overrides)
+        overridden = _with_overrides(_plain(table), overrides, edits)
         _check_nesting(overridden)  # dotted keys of --set nest tables too
         inputs = Inputs(overridden, base_dir, default_name)
         data = _resolve(inputs)
-        return Case(data, source, origin, inputs, _plain(data))  # _plain copies the tables and lists
+        return Case(data, source, origin, inputs, copy.deepcopy(data))
     except CaseError as error:
         raise CaseError(f"{origin}: {error}") from None
 
@@ -251,6 +261,8 @@ def _plain(value):
         return [_plain(item) for item in value]
     if isinstance(value, (np.ndarray, np.generic)):
         return value.tolist()
+    if hasattr(value, "__array__") and not isinstance(value, (str, bytes)):  # an xarray DataArray, a torch tensor
+        return np.asarray(value).tolist()
     return value
 
 
@@ -267,23 +279,27 @@ def _describe_toml_error(error: tomllib.TOMLDecodeError) -> str:
 ALTERNATIVE_KEYS = {("time", "dt"): "cfl", ("time", "cfl"): "dt"}
 
 
-def _with_overrides(table: dict, overrides: Iterable[str]) -> dict:
-    """A deep copy of the table with each override set; unknown keys are caught by resolution."""
+def _with_overrides(table: dict, overrides: Iterable[str], edits=()) -> dict:
+    """A deep copy of the table with each edit ((section, key), value) (Case.edits), then each override
+    "section.key=value", set; a key set replaces its alternative (ALTERNATIVE_KEYS) unless that is set too.
+    Unknown keys are caught by resolution."""
     if isinstance(overrides, str):
         overrides = (overrides,)
     table = copy.deepcopy(table)
     given = set()
     if not isinstance(overrides or (), Iterable):
         raise CaseError(f"overrides: expected a list of strings section.key=value, got {overrides!r}")
+    settings = [(path, value, ".".join(path)) for path, value in edits]
     for item in overrides or ():
         if not isinstance(item, str):
             raise CaseError(f"override {item!r}: expected a string section.key=value")
-        path, value = parse_override(item)
+        settings.append((*parse_override(item), f"override {item!r}"))
+    for path, value, named in settings:
         parent = table
         for depth, part in enumerate(path[:-1]):
             parent = parent.setdefault(part, {})
             if not isinstance(parent, dict):
-                raise CaseError(f"override {item!r}: {'.'.join(path[:depth + 1])!r} is not a table")
+                raise CaseError(f"{named}: {'.'.join(path[:depth + 1])!r} is not a table")
         parent[path[-1]] = value
         given.add(path)
         alternative = ALTERNATIVE_KEYS.get(path)
