@@ -150,6 +150,15 @@ class ForwardProblem:
                 parts.append(f"dt max|eps lam| = {step:.3g} x {rate:.3g} = {rate * step:.3g}, above {diffusion:.3g}, "
                              f"beyond which {scheme}'s explicit stages amplify the diffusion's modes: take time.dt "
                              f"below {diffusion / rate:.3g} or an IMEX scheme")
+            both = (lmax * speed + rate) * step
+            if not parts and rate > 0 and math.isfinite(both) and both > diffusion:
+                # |Re z| + |Im z| <= the real axis's bound lies within RK4's region; beyond it, modes of the
+                # transport and the diffusion together may grow where each alone would not
+                within = diffusion / (lmax * speed + rate) if key == "time.dt" else diffusion
+                parts.append(f"(lmax max|v| + max|eps lam|) dt = ({lmax} x {speed:.3g} + {rate:.3g}) x {step:.3g} = "
+                             f"{both:.3g} at t = {t:.6g}, above {diffusion:.3g}, beyond which {scheme}'s explicit "
+                             f"stages may amplify modes of the transport and the diffusion together: take {key} below "
+                             f"{within:.3g} or an IMEX scheme")
             sentences.append("; ".join(parts) or None)
         return sentences
 

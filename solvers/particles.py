@@ -219,10 +219,11 @@ def check_kernel_range(case) -> None:
     dtype = case["solver"]["dtype"]
     largest = torch.finfo(getattr(torch, dtype)).max
     for model, name, where in kernel_entries(case):
-        reach = model.beta * max(1.0, float(model.B.abs().max()))
-        if math.isfinite(model.beta) and reach > largest:
-            raise CaseError(f"{name}: beta |B| = {reach:.3g}{where} overflows {dtype} (largest {largest:.3g}); lower "
-                            "model.beta or model.B, or use beta = \"inf\", the limit of large beta")
+        norm = float(torch.linalg.matrix_norm(model.B, ord=2))  # beta <B^T x, y> reaches beta |B|_2
+        if math.isfinite(model.beta) and model.beta * max(1.0, norm) > largest:
+            raise CaseError(f"{name}: beta = {model.beta:.3g} times |B| = {norm:.3g}{where} overflows {dtype} (largest "
+                            f"{largest:.3g}); lower model.beta or model.B, or use beta = \"inf\", the limit of large "
+                            "beta")
 
 
 def check_noise_step(case, eps: float, dt: float) -> None:

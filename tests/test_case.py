@@ -667,7 +667,7 @@ def test_a_stored_training_case_reruns_with_the_other_solver_and_a_key_set_where
 @pytest.mark.parametrize("path", SHIPPED_CASES, ids=lambda path: path.stem)
 def test_a_case_unedited_is_its_own_checked_case(path):
     """Case.checked() gives back the very case (no second resolution) until its data is edited in place; then
-    it is the edited data resolved again, equal to the loader's case with that override."""
+    it is the loader's case with that edit as an override."""
     case = load_case(path)
     assert not case.edited() and case.checked() is case
     case["model"]["beta"] = 0.75
@@ -725,6 +725,9 @@ def test_edits_in_place_are_overrides_whose_defaults_follow():
     assert described.with_overrides(["time.t_end=4.0"]).data == load_case_text(
         text, ["case.description='x'", "time.t_end=4.0"]).data
     assert described.with_overrides(["time.t_end=4.0"])["time"]["save_every"] == 0.2
+    # an override after an edit replaces it as a second --set would (time.cfl after an edited time.dt was refused)
+    assert edited("time", "dt", 0.01).with_overrides(["time.cfl=0.3"]).data == load_case_text(
+        text, ["time.dt=0.01"]).with_overrides(["time.cfl=0.3"]).data == load_case_text(text, ["time.cfl=0.3"]).data
     pinned = load_case_text(text, ["time.save_every=0.5"])
     del pinned["time"]["save_every"]
     assert pinned.checked()["time"]["save_every"] == case["time"]["save_every"] == 0.05

@@ -256,6 +256,8 @@ def test_cli_compare_of_a_both_file(tmp_path, capsys):
     assert report.attrs["verdict_order_parameter"] == "agrees"
     assert report.attrs["w2_method"].startswith("circular monotone rearrangement")
     assert 0 < float(report["w2"][0]) < 0.05
+    # the bound holds the Eulerian side's re-synthesis grid: the chord of half a cell of 8192 (it claimed 0)
+    assert float(report["w2_bound"].min()) >= 2 * math.sin(math.pi / (2 * 8192))
     assert report.attrs["history"].endswith(f"compare {result} -o {tmp_path / 'report'} "
                                             "--k 3.0 --atol 1e-09 --atoms 4000")
     assert (tmp_path / "report.png").stat().st_size > 10_000

@@ -60,7 +60,7 @@ def test_heat_equation_decay_temporal_order(dim, scheme, order):
 
 @pytest.mark.parametrize("dim, lmax", [(2, 16), (3, 12)])
 def test_the_cfl_rule_keeps_an_explicit_diffusion_stable(dim, lmax):
-    """With rk4 (the diffusion in the explicit stages) the CFL rule's steps are also at most cfl / max|eps lam|:
+    """With rk4 (the diffusion in the explicit stages) the CFL rule's steps are cfl / (lmax max|v| + max|eps lam|):
     the heat flow at eps = 1 (no transport, max|v| = 0) took one step per save and ended in garbage (a warning
     only: min rho -0.3 on S^1 at t = 0.1; relative errors of the modes 9e4 and 6e5 here); its modes now decay as
     exp(eps Lap t), to RK4's accuracy at dt |eps lam| = 0.5 for the top mode (1.5e-6 on S^1, 2.5e-5 on S^2)."""

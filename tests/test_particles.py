@@ -529,8 +529,11 @@ def test_particle_specific_case_errors():
     with pytest.raises(CaseError, match=r"particles.dt: must be > 0"):
         particle_case(3, 10, particles={"dt": -0.1})
     # a coupling beta B beyond the dtype's range is refused, naming model.beta (it ended in exit 3: inf 0 = NaN)
-    with pytest.raises(CaseError, match=r"^model.beta: beta \|B\| = 2e\+39 overflows float32 \(largest 3.4e\+38\)"):
+    with pytest.raises(CaseError, match=r"^model.beta: beta = 1e\+39 times \|B\| = 2 overflows float32 \(largest"):
         run_particles(particle_case(3, 10, model={"beta": 1e39, "B": identity(3, 2.0)}, solver={"dtype": "float32"}))
+    # |B|_2, not its largest entry: the scores beta <B^T x, y> of [[1, 1], [1, 1]] reach 2 beta (it ended in exit 3)
+    with pytest.raises(CaseError, match=r"^model.beta: beta = 1e\+308 times \|B\| = 2 overflows float64"):
+        run_particles(particle_case(2, 10, model={"beta": 1e308, "B": [[1.0, 1.0], [1.0, 1.0]]}))
     # the refusal names the key that set the step (it said particles.dt of a time.dt)
     with pytest.raises(CaseError, match=r"^time.dt: a step of 0.5 is too long for the weak-order-2 noise step"):
         run_particles(particle_case(12, 10, model={"eps": 1.0}, time={"t_end": 1.0, "dt": 0.5, "save_every": 1.0}))

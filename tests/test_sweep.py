@@ -263,6 +263,10 @@ def test_every_member_is_checked_before_any_runs(tmp_path):
         particles = case.with_overrides(["solver.method='particles'"])
         with pytest.raises(CaseError, match=r"sweep member 1 \(particles.n=4000000000\): particles.n: .* memory"):
             run_sweep(particles, ["particles.n=100,4000000000"], str(folder))
+    with pytest.raises(CaseError, match=r"sweep member 1 \(model.beta=1e\+308\): model.beta: beta = 1e\+308 times "
+                                        r"\|B\| = 2 overflows float64"):  # the particles' kernel (a review's find)
+        run_sweep(case.with_overrides(["solver.method='particles'", "model.B=[[1.0, 1.0], [1.0, 1.0]]"]),
+                  ["model.beta=1.0,1e308"], str(folder))
     with pytest.raises(CaseError, match=r"sweep member 0 \(model.eps=0.1\): sphere.dim: the Eulerian solver handles"):
         run_sweep(case.with_overrides(["sphere.dim=4", "initial.mean=[1.0, 0.0, 0.0, 0.0]"]), ["model.eps=0.1,0.2"],
                   str(folder))  # a ValueError's traceback, exit 1

@@ -29,8 +29,8 @@ freedom (R = 4), and the report says so.
 W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
 density (Eulerian) or 1/n for the saved particles, by spherepde.measures.optimal_transport.w2_between
 (S^1: the certified circular monotone rearrangement, else exact OT, quantised above `atoms` atoms) with
-its error bound (`w2_bound`): that method's error plus, for a density on S^2, the distance from the grid measure to
-the density (at most the largest cell radius: |W2(A, B) - W2(QA, QB)| <= W2(A, QA) + W2(B, QB)).
+its error bound (`w2_bound`): that method's error plus, for each density, the distance from its grid measure to it
+(at most the largest chord from a node to its cell, `measure`: |W2(A, B) - W2(QA, QB)| <= W2(A, QA) + W2(B, QB)).
 On S^1 an Eulerian density is first re-synthesised on REFINED_CIRCLE points
 (spectral interpolation, exact for the band-limited density), so that W2 measures the density itself
 and not its grid (a uniform M-point grid is within W2 ~ pi / (M sqrt 3) of the density it samples).

@@ -126,11 +126,13 @@ def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -
 
 def check_members_run(members: list[Member], local: bool) -> None:
     """What a serial run refuses before it starts, for every member before any runs (a CaseError naming the
-    member): its memory (spherepde.api.limits.check_memory), a grid too coarse for its kernels, and (`local`: the
+    member): its memory (spherepde.api.limits.check_memory), a grid too coarse for its kernels, a particle run's
+    kernel beyond its dtype (solvers.particles.check_kernel_range), and (`local`: the
     local workers see this machine's devices, a remote cluster's may differ) its solver.device.  Members that would
     be one run are refused too: the same resolved case, or for an Eulerian run one that differs in [particles]
     only (it draws nothing)."""
     from solvers.forward_problem import check_kernel_resolution
+    from solvers.particles import check_kernel_range
     from spherepde.api.limits import check_memory
 
     checked, runs = set(), {}
@@ -150,6 +152,8 @@ def check_members_run(members: list[Member], local: bool) -> None:
             key = repr([sorted(member.case[name].items()) for name in ("sphere", "model", "solver")])
             if key not in checked:
                 check_kernel_resolution(member.case)
+                if member.case["solver"]["method"] != "eulerian":
+                    check_kernel_range(member.case)
                 checked.add(key)
             if local:
                 placement(member.case["solver"]["device"], member.case["solver"]["dtype"])
@@ -294,6 +298,7 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
     check_folder(folder, "sweep -o")
     if scheduler is not None and not scheduler.strip():
         raise CaseError("--scheduler: an empty address (leave it out for a local cluster)")
+    case = case.checked()  # sweep.nc stores it: with its edits in place applied, as every member's
     members = plan(case, params, folder, seeds)
     check_members_run(members, local=scheduler is None)
     combined = os.path.join(folder, COMBINED)

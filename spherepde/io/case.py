@@ -97,7 +97,9 @@ class Case:
         deleted, as (section, key); a CaseError for a section that is no table or a key that is no string."""
         edits, deleted = [], []
         for section in [*self.data, *(name for name in self.resolved if name not in self.data)]:
-            now, then = self.data.get(section, {}), self.resolved.get(section, {})
+            if section not in self.resolved:  # a resolved case holds every section of the schema
+                raise CaseError(f"unknown section [{section}] (expected one of {', '.join(self.resolved)})")
+            now, then = self.data.get(section, {}), self.resolved[section]
             if not isinstance(now, dict):
                 raise CaseError(f"[{section}]: a section is a table of keys, got {type(now).__name__}")
             for key, value in now.items():
@@ -111,23 +113,28 @@ class Case:
 
     def checked(self) -> Case:
         """This case, or where `data` was edited in place, the case its loader gives with the edits set as `--set`
-        sets them (`with_overrides`): the values checked (a CaseError naming a bad one) and what depends on them
-        derived anew (time.dt replacing time.cfl, model.ffn_seed drawing W1 again).  Every run starts from it."""
-        return self.with_overrides(()) if self.edited() else self
-
-    def with_overrides(self, overrides: Iterable[str]) -> Case:
-        """A new validated case with "section.key=value" overrides applied on top of this one: on the table it
-        was resolved from, after the edits of its `data` in place (`edits`), so that defaults follow both."""
+        sets them: the values checked (a CaseError naming a bad one) and what depends on them derived anew
+        (time.dt replacing time.cfl, model.ffn_seed drawing W1 again).  Every run starts from it.  An edit inside
+        a list of tables (model.extra_heads) sets the whole list as resolved: what its heads took from head 0
+        (beta, kernel) is then fixed, where a --set of head 0's key would still reach them."""
+        if not self.edited():
+            return self
         try:
-            edits, deleted = self.edits() if self.edited() else ([], [])
+            edits, deleted = self.edits()
         except CaseError as error:
             raise self.named(error) from None
         table = copy.deepcopy(self.inputs.table)
         for section, key in deleted:  # a deleted key takes its default again
             if isinstance(table.get(section), dict):
                 table[section].pop(key, None)
-        return _build(table, overrides, self.source, self.origin, self.inputs.base_dir, self.inputs.default_name,
-                      edits)
+        return _build(table, (), self.source, self.origin, self.inputs.base_dir, self.inputs.default_name, edits)
+
+    def with_overrides(self, overrides: Iterable[str]) -> Case:
+        """A new validated case with "section.key=value" overrides applied on top of this one (on top of its
+        edits in place, `checked`), on the table it was resolved from, so that defaults follow them."""
+        case = self.checked()
+        return _build(case.inputs.table, overrides, case.source, case.origin, case.inputs.base_dir,
+                      case.inputs.default_name)
 
 
 def _same(a, b) -> bool:
@@ -262,7 +269,10 @@ def _plain(value):
     if isinstance(value, (np.ndarray, np.generic)):
         return value.tolist()
     if hasattr(value, "__array__") and not isinstance(value, (str, bytes)):  # an xarray DataArray, a torch tensor
-        return np.asarray(value).tolist()
+        try:
+            return np.asarray(value).tolist()
+        except (TypeError, ValueError, RuntimeError) as error:  # a tensor that requires grad, one on a GPU
+            raise CaseError(f"cannot read a {type(value).__name__} as a value: {error}") from None
     return value
 
 
