@@ -353,8 +353,8 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         data["w2"] = (("time",), np.array(distances), {"long_name": "W2 between the two measures, chordal cost",
                                                        "units": "1"})
         data["w2_bound"] = (("time",), np.array(bounds),
-                            {"long_name": "bound on the W2 error (quantisation, and on S^2 each grid's cell radius; "
-                                          "on S^1 the rearrangement's excess)",
+                            {"long_name": "bound on the W2 error (the solver's: quantisation or the rearrangement's "
+                                          "excess; and each density grid's largest node-to-cell chord)",
                              "units": "1"})
     attrs = {
         "Conventions": "CF-1.10",
