@@ -185,10 +185,9 @@ def _panel_layout(dataset) -> tuple[list, list, int]:
     return [panel for panel in panels if panel not in checks] + checks, training, len(checks)
 
 
-def _rows(dataset) -> tuple[int, int]:
-    """(rows of the physics and training panels, rows of the checks below them; 0 where they share the rows):
-    `_diagnostics`'s arrangement."""
-    panels, training, checks = _panel_layout(dataset)
+def _rows(panels: list, training: list, checks: int) -> tuple[int, int]:
+    """(rows of the physics and training panels, rows of the checks below them; 0 where they share the rows) of a
+    `_panel_layout`: `_diagnostics`'s arrangement."""
     physics = len(panels) - checks + len(training)
     if checks and physics:
         return math.ceil(physics / PANELS_PER_ROW), math.ceil(checks / PANELS_PER_ROW)
@@ -197,7 +196,7 @@ def _rows(dataset) -> tuple[int, int]:
 
 def panel_rows(dataset) -> int:
     """How many rows of panels `_diagnostics` draws for `dataset` (the figure's height follows them)."""
-    return sum(_rows(dataset))
+    return sum(_rows(*_panel_layout(dataset)))
 
 
 def _diagnostics(subfigure, dataset) -> None:
@@ -205,7 +204,7 @@ def _diagnostics(subfigure, dataset) -> None:
     +-2 standard errors where the run has them."""
     panels, training, checks = _panel_layout(dataset)
     physics = len(panels) - checks + len(training)
-    upper_rows, lower_rows = _rows(dataset)
+    upper_rows, lower_rows = _rows(panels, training, checks)
     if lower_rows:
         top, bottom = subfigure.subfigures(2, 1, height_ratios=[upper_rows, lower_rows])
         upper = _filled_axes(top, physics)
@@ -270,7 +269,8 @@ def _controls(axis, dataset) -> None:
         # baseline=None: no drop to 0 at the ends
         axis.stairs(norms, t_end * np.arange(len(norms) + 1) / len(norms), lw=1.4, baseline=None, label=name)
         drawn.append(norms)
-    if drawn and (np.concatenate(drawn) > 0).all() and spans_a_decade(np.concatenate(drawn)):
+    every = np.concatenate(drawn) if drawn else np.zeros(1)
+    if (every > 0).all() and spans_a_decade(every):
         axis.set_yscale("log")
     if len(groups) > 1:
         axis.legend(fontsize=7, frameon=False)

@@ -36,7 +36,7 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     if not isinstance(case, Case):
         raise TypeError(f"spherepde.run takes a Case (spherepde.load_case(path), load_case_text or case_from_dict), "
                         f"got {type(case).__name__}")
-    case = case.checked()  # a case whose data was edited in place runs as the loaders would resolve it, or not at all
+    case = case.checked()  # a case's edits in place applied as --set would apply them (a bad one refused)
     with case.naming_errors():
         check_memory(case)  # for the API: the command line has checked it already, before taking the lock
         with threads_for(case):

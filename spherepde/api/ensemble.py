@@ -73,7 +73,7 @@ def run_batch(cases: list, progress: bool | None = None) -> list:
     or CaseError that ended it (a CaseError of the batch's setup: each member then alone, so that it is the bad
     members' own, naming the case file)."""
     try:
-        cases = [member.checked() for member in cases]  # as spherepde.run: edits of a member's data resolved again
+        cases = [member.checked() for member in cases]  # as spherepde.run: a member's edits in place applied
         case = cases[0]
         method = case["solver"]["method"]
         if case["control"]:

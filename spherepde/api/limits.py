@@ -32,13 +32,17 @@ def check_members(counts: list[int], seeds: int | None) -> None:
                         f"members; at most {MAX_MEMBERS} (each is a run and a file)")
 
 
+def latitudes(lmax: int) -> int:
+    """The dealiased S^2 grid's latitudes at degree `lmax`: even, >= 3 (lmax + 1) / 2 (the rule of
+    bases.dealiased_gauss_latitudes, written again here: that module imports torch)."""
+    nlat = math.ceil(3 * (lmax + 1) / 2)
+    return nlat + nlat % 2
+
+
 def table_bytes(lmax: int) -> int:
     """The host memory that building the S^2 grid of degree `lmax` needs: its three Legendre tables, (lmax + 1)^2
-    values at each of the dealiased grid's latitudes (bases.dealiased_gauss_latitudes, even, >= 3 (lmax + 1) / 2)
-    in float64, times TABLE_PEAK_FACTOR."""
-    nlat = math.ceil(3 * (lmax + 1) / 2)
-    nlat += nlat % 2
-    return int(TABLE_PEAK_FACTOR * 3 * (lmax + 1) ** 2 * nlat * 8)
+    values at each of the grid's `latitudes`, in float64, times TABLE_PEAK_FACTOR."""
+    return int(TABLE_PEAK_FACTOR * 3 * (lmax + 1) ** 2 * latitudes(lmax) * 8)
 
 
 # An Eulerian S^2 run holds at least this many arrays of its grid's size at once (the density, the components of
@@ -49,8 +53,7 @@ GRID_COPIES = 8
 def grid_bytes(lmax: int, itemsize: int, least_nlat: int = 0) -> int:
     """A lower bound of the memory that the S^2 grid of degree `lmax` takes in a run: GRID_COPIES arrays of its
     nlat x nlon >= nlat x 2 nlat nodes (nlat at least `least_nlat`: shtns's 32), of `itemsize` bytes each."""
-    nlat = math.ceil(3 * (lmax + 1) / 2)
-    nlat = max(nlat + nlat % 2, least_nlat)
+    nlat = max(latitudes(lmax), least_nlat)
     return GRID_COPIES * nlat * 2 * nlat * itemsize
 
 

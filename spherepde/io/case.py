@@ -248,7 +248,7 @@ def _build(table, overrides, source, origin, base_dir, default_name, edits=()) -
         if not isinstance(table, dict):
             raise CaseError(f"a case is a table of [sections], got {type(table).__name__}")
         _check_nesting(table)
-        overridden = _with_overrides(_plain(table), overrides, edits)
+        overridden = _with_overrides(table, overrides, edits)
         _check_nesting(overridden)  # dotted keys of --set nest tables too
         inputs = Inputs(overridden, base_dir, default_name)
         data = _resolve(inputs)
@@ -290,12 +290,12 @@ ALTERNATIVE_KEYS = {("time", "dt"): "cfl", ("time", "cfl"): "dt"}
 
 
 def _with_overrides(table: dict, overrides: Iterable[str], edits=()) -> dict:
-    """A deep copy of the table with each edit ((section, key), value) (Case.edits), then each override
-    "section.key=value", set; a key set replaces its alternative (ALTERNATIVE_KEYS) unless that is set too.
-    Unknown keys are caught by resolution."""
+    """A copy of the table, its numpy values as TOML's (`_plain`), with each edit ((section, key), value)
+    (Case.edits), then each override "section.key=value", set; a key set replaces its alternative
+    (ALTERNATIVE_KEYS) unless that is set too.  Unknown keys are caught by resolution."""
     if isinstance(overrides, str):
         overrides = (overrides,)
-    table = copy.deepcopy(table)
+    table = _plain(table)  # new tables and lists throughout: the caller's stay as they are
     given = set()
     if not isinstance(overrides or (), Iterable):
         raise CaseError(f"overrides: expected a list of strings section.key=value, got {overrides!r}")

@@ -174,20 +174,24 @@ def stored_density(path: str, time_index: int, dim: int) -> tuple[np.ndarray, in
 
 
 def density_from_file(path: str, time_index: int, basis) -> torch.Tensor:
-    """Coefficients of the density stored in an earlier output, re-expanded to `basis`.
+    """Coefficients of the density stored in an earlier output, re-expanded to `basis`: those of
+    `stored_coefficients` truncated or zero-padded to our lmax (spectral interpolation, exact when the stored
+    density is band-limited)."""
+    coefficients, source = stored_coefficients(path, time_index, basis.dim, basis.placement)
+    return source.resize(coefficients, basis.lmax)
 
-    The file's basis is rebuilt from its own lmax and grid shape (``file_basis``), the slice
-    analysed there, and its coefficients truncated or zero-padded to our lmax: spectral
-    interpolation, exact when the stored density is band-limited.
-    """
-    density, lmax = stored_density(path, time_index, basis.dim)
-    source = file_basis(path, basis.dim, lmax, density.shape, basis.placement)
-    rho = basis.placement.tensor(np.ascontiguousarray(density))
+
+def stored_coefficients(path: str, time_index: int, dim: int, placement) -> tuple:
+    """(coefficients, basis) of the density stored in an earlier output on its own basis, rebuilt from the file's
+    lmax and grid shape (``file_basis``); a CaseError where its quadrature mass is not 1."""
+    density, lmax = stored_density(path, time_index, dim)
+    source = file_basis(path, dim, lmax, density.shape, placement)
+    rho = placement.tensor(np.ascontiguousarray(density))
     mass = float(source.integrate(rho))
     if not abs(mass - 1) <= INITIAL_MASS_TOLERANCE:
         raise CaseError(f"initial.path: the density at initial.time = {time_index} of {path!r} has mass {mass:.6g} "
                         "on its grid, not 1: not a probability density of a spherepde run")
-    return source.resize(source.analysis(rho), basis.lmax)
+    return source.analysis(rho), source
 
 
 def file_basis(path: str, dim: int, lmax: int, grid_shape: tuple, placement):

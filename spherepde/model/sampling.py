@@ -155,12 +155,10 @@ class DensityFileSampler:
 
     def __init__(self, path: str, time_index: int, dim: int):
         from spherepde.base.device import placement
-        from spherepde.model.initial import density_from_file, file_basis, stored_density
+        from spherepde.model.initial import stored_coefficients
 
-        density, lmax = stored_density(path, time_index, dim)
         self.path, self.dim = path, dim
-        self.basis = file_basis(path, dim, lmax, density.shape, placement("cpu", "float64"))
-        self.coefficients = density_from_file(path, time_index, self.basis)
+        self.coefficients, self.basis = stored_coefficients(path, time_index, dim, placement("cpu", "float64"))
         self.lower, self.width = self._cells()
         self.envelope = self._envelope()
 
