@@ -16,7 +16,7 @@ from test_eulerian import hemisphere_mass
 
 import spherepde
 from solvers.particle_field import ParticleField, fused_softmax_mean, hardmax_mean
-from solvers.particles import Integrator, noise_variance, run_particles
+from solvers.particles import Integrator, contraction_number, noise_variance, run_particles
 from spherepde.analysis.compare import compare
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError
@@ -289,6 +289,33 @@ def test_pure_noise_run_matches_the_kernel_of_its_scheme(integrator):
             expected_cosine(noise_variance(eps, h, 3), 2) ** (steps - 1)
         assert abs(mean - start * math.exp(-2 * eps * t_end)) <= 4 * error
     assert abs(mean - predicted) <= 4 * error, (mean, predicted, error)
+
+
+@pytest.mark.parametrize("theta", [0.3, 1.0])
+def test_contraction_number_is_the_drifts_rate_along_the_flow(theta):
+    """S^1, beta = 0, unnormalized, V = K I: v = K P_x m.  Two groups at angles +-theta keep m = cos(theta) e_1, so
+    theta' = -(K / 2) sin(2 theta), whose rate along the flow is K cos(2 theta): contracting below pi / 4, expanding
+    above (z < 0)."""
+    K, h = 30.0, 1e-5
+    case = make_case(2, 8, model={"kernel": "unnormalized", "beta": 0.0, "V": identity(2, K)})
+    batch = batch_of(case)
+    x = torch.tensor([[math.cos(theta), math.sin(theta)], [math.cos(theta), -math.sin(theta)]], dtype=torch.float64)
+    z = contraction_number(ParticleField.from_case(case, batch), x.repeat(4, 1)[None], batch.W, np.array([h]))
+    assert z[0] == pytest.approx(h * K * math.cos(2 * theta), rel=1e-3)
+
+
+@pytest.mark.parametrize("dt, noted", [(0.1, True), (0.01, False)])
+def test_a_step_too_long_for_the_contraction_is_noted(dt, noted):
+    """beta = 0, unnormalized, V = 30 I, eps = 0, from near consensus (|m| = 0.97): the tokens contract at about
+    30 |m|, beyond Heun's stability at dt = 0.1 (z = 2.7 > 2): that run leaves consensus and says why; at dt = 0.01
+    it reaches it (|m| -> 1), silently."""
+    case = particle_case(2, 200, model={"kernel": "unnormalized", "beta": 0.0, "V": identity(2, 30.0)},
+                         initial={"kind": "vmf", "mean": [1.0, 0.0], "kappa": 20.0},
+                         time={"t_end": 4.0, "dt": dt, "save_every": 0.5}, particles={"integrator": "heun"},
+                         diagnostics={"w2": False})
+    dataset = run_particles(case)
+    assert ("time.dt: steps of 0.1 are too long for the drift" in dataset.attrs["notes"]) == noted
+    assert (dataset["order_parameter"].values[-1] < 0.9) == noted
 
 
 # --- invariants in any dimension ---------------------------------------------------------------------

@@ -398,7 +398,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
             if "density" not in run and run.sizes["particle"] < int(run.attrs.get("n", 0)):
                 lines.append(f"W2(A, B): {label}'s measure is its {run.sizes['particle']} saved particles of n = "
                              f"{int(run.attrs['n'])} (particles.save), and W2 carries their sampling error")
-    if "w2_projection" in verdicts:
+    if not verdicts.get("w2_projection", "n/a").startswith("n/a"):
         lines.append(f"w2_projection: its verdict is |B - A - bias| <= {k:g} stderr + {atol:g} + "
                      f"{attrs['w2_projection_floor']:.2g}, the last the runs' quantisation bounds + round-off, which "
                      "W2 values do not resolve")
