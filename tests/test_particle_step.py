@@ -76,15 +76,11 @@ def test_forward_run_is_the_torch_programs():
     assert np.abs((numpy_run - torch_run).numpy()).max() <= 1e-13
 
 
-@pytest.mark.parametrize("dim", [2, 3, 4])
-@pytest.mark.parametrize("kernel", ["unnormalized", "softmax"])
-@pytest.mark.parametrize("integrator", ["euler", "heun", "rk4"])
-@pytest.mark.parametrize("eps", [0.0, 0.02])
-def test_the_step_program_is_the_generic_step_on_the_kernel_sums(dim, kernel, integrator, eps):
-    """The program against the solver's other path, which shares none of its code for the field: the shifted
-    kernel sums of particle_field.SystemKernel (spherepde.kernels.dense) under the explicit tableaux of
-    spherepde.discretisation.timesteppers, with a non-symmetric B, two replica systems and the same noise draws:
-    five steps agree to round-off."""
+def program_against_generic_step(dim: int, kernel: str, integrator: str, eps: float, n: int = 16) -> float:
+    """max |x - x'| after five steps of the program and of the solver's other path, which shares none of its code
+    for the field: the shifted kernel sums of particle_field.SystemKernel (spherepde.kernels.dense) under the
+    explicit tableaux of spherepde.discretisation.timesteppers, with a non-symmetric B, two replica systems of n / 2
+    tokens and the same noise draws."""
     from solvers.particle_field import ParticleField
     from solvers.particles import Integrator, ParticleSystem
 
@@ -96,7 +92,7 @@ def test_the_step_program_is_the_generic_step_on_the_kernel_sums(dim, kernel, in
         "initial": {"kind": "uniform"},
         "time": {"t_end": 0.05, "dt": 0.01, "save_every": 0.05},
         "solver": {"method": "particles", "device": "cpu", "field": "dense"},
-        "particles": {"n": 16, "seed": 1, "integrator": integrator, "replicas": 2}}))
+        "particles": {"n": n, "seed": 1, "integrator": integrator, "replicas": 2, "save": min(n, 1000)}}))
     field = ParticleField(system.batch, system.field.attention, system.field.chunk, system.field.replicas)
     field.direct = False
     generic = Integrator(integrator, field, system.batch.eps)
@@ -107,4 +103,24 @@ def test_the_step_program_is_the_generic_step_on_the_kernel_sums(dim, kernel, in
             program = system.integrator.step(program, system.batch.W, 0.01, k, 5, draws[0])
             other = generic.step(other, system.batch.W, 0.01, k, 5, draws[1])
     assert system.integrator.program is not None and generic.program is None
-    assert float((program - other).abs().max()) <= 1e-14
+    return float((program - other).abs().max())
+
+
+@pytest.mark.parametrize("dim", [2, 3, 4])
+@pytest.mark.parametrize("kernel", ["unnormalized", "softmax"])
+@pytest.mark.parametrize("integrator", ["euler", "heun", "rk4"])
+@pytest.mark.parametrize("eps", [0.0, 0.02])
+def test_the_step_program_is_the_generic_step_on_the_kernel_sums(dim, kernel, integrator, eps):
+    """Five steps of 16 tokens agree to round-off (program_against_generic_step)."""
+    assert program_against_generic_step(dim, kernel, integrator, eps) <= 1e-14
+
+
+@pytest.mark.parametrize("kernel", ["unnormalized", "softmax"])
+@pytest.mark.parametrize("eps", [0.0, 0.02])
+def test_the_step_program_in_blocks_of_query_rows_is_the_generic_step(kernel, eps):
+    """Systems of 400 tokens, whose kernels the forward stages form KERNEL_BLOCK_BYTES of query rows at a time (81
+    rows, five blocks): five Heun steps agree with the generic path to round-off."""
+    from solvers.particle_step import KERNEL_BLOCK_BYTES
+
+    assert KERNEL_BLOCK_BYTES // (400 * 8) < 400
+    assert program_against_generic_step(3, kernel, "heun", eps, n=800) <= 1e-14
