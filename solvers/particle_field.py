@@ -5,8 +5,9 @@ The attention integral is the exponential-kernel sum over the particles with wei
 (spherepde.kernels dense quadrature), or, for the softmax kernel on CUDA, fused scaled-dot-product attention
 m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same sum, memory O(n) per block of rows).  On the CPU the
 dense sum is used: torch's float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).
-Small systems take the direct sums, the whole (n, n) kernel formed at once without a shift: solvers/particle_step.py
-(`direct_mean` here; the particle step itself is that module's array program).  At beta = inf the case chooses between
+Small systems take the direct sums, the (n, n) kernel formed without a shift (whole, or in blocks of query rows
+where a stage does not keep it): solvers/particle_step.py (`direct_mean` here; the particle step itself is that
+module's array program).  At beta = inf the case chooses between
   "mean_field": m(x) = B^T x / |B^T x|, the local field of the Eulerian equation, so the
                 particles are its characteristics (they do not interact), and
   "hardmax":    m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j>, the beta -> inf limit of the
@@ -73,7 +74,7 @@ def fused_softmax_mean(B: torch.Tensor, beta: torch.Tensor, points: torch.Tensor
                       for start in range(0, points.shape[-2], rows)], dim=-2)
 
 
-# The whole (systems, n, n) kernel of a step is formed at once, without the log-sum-exp shift, while it takes at
+# The direct sums serve while the (systems, n, n) kernel of a step (kept whole for a training's transpose) takes at
 # most this many bytes and beta |B^T x| stays below half the exponent range (no sum of n exponentials overflows).
 DIRECT_BYTES = 2 ** 26
 
