@@ -112,4 +112,5 @@ def check_resolutions(models: list, basis, tol: float) -> None:
         lmax += 1
     raise CaseError(
         f"sphere.lmax: {basis.lmax} is too coarse for {label_of_worst} (kernel needs degree {needed_by_worst} at "
-        f"solver.kernel_tol = {tol:g}); use lmax >= {lmax}")
+        f"solver.kernel_tol = {tol:g}, and the grid's quadrature must be exact to the kernel's degree plus lmax); "
+        f"use lmax >= {lmax}")
