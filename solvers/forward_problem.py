@@ -56,8 +56,8 @@ class ForwardProblem:
         solver = case["solver"]
         self.placement = make_placement(solver["device"], solver["dtype"])
         check_dimension(case)
-        if solver["backend"] == "shtns" and (self.placement.device.type != "cpu" or self.placement.name != "float64"):
-            raise CaseError("solver.backend: 'shtns' runs on the CPU in float64 only")
+        for member in cases:
+            check_solver_choices(member, self.placement.device.type)
         self.basis = make_basis(case.dim, case["sphere"]["lmax"], self.placement, solver["backend"])
         self.layouts = [layout_of(member) for member in cases]
         self.layered = layered or not all(layout.seeds_model for layout in self.layouts)
@@ -75,10 +75,6 @@ class ForwardProblem:
                 check_resolution(model, self.basis, solver["kernel_tol"])
         self.batch = ModelBatch.of(models)
         field = solver["field"]
-        if field == "spectral" and not all(layout.seeds_model for layout in self.layouts):
-            raise CaseError("solver.field: 'spectral' is available for the seeds' model only (one head, a linear W, B "
-                            "and V constant and not trained); beyond it the attention is computed dense: use 'dense' "
-                            "or 'auto'")
         if field == "auto" and not self.layered:
             field = auto_fields(self.basis, models, solver["kernel_tol"], solver["chunk"])
         self.kernels = MemberKernels(self.basis, self.batch.B, [m.beta for m in models], field, solver["kernel_tol"],
@@ -305,6 +301,19 @@ def check_kernel_resolution(case) -> None:
     # what check_resolutions reads of a basis: its sphere, lmax and the degree its grid integrates exactly
     grid = SimpleNamespace(dim=case.dim, lmax=lmax, quadrature_degree=basis_class(case.dim).quadrature_degree)
     check_resolutions(kernel_entries(case), grid, case["solver"]["kernel_tol"])
+
+
+def check_solver_choices(case, device_type: str | None) -> None:
+    """ForwardProblem's refusals of a member's solver choices, from its case alone (a sweep checks every member so
+    before any runs): shtns off the CPU or in float32, the spectral field beyond the seeds' model.  device_type:
+    the run's device ("cpu", "cuda"), None where not known here (a remote cluster's "auto")."""
+    solver = case["solver"]
+    if solver["backend"] == "shtns" and (solver["dtype"] != "float64" or device_type not in ("cpu", None)):
+        raise CaseError("solver.backend: 'shtns' runs on the CPU in float64 only")
+    if solver["field"] == "spectral" and not layout_of(case).seeds_model:
+        raise CaseError("solver.field: 'spectral' is available for the seeds' model only (one head, a linear W, B "
+                        "and V constant and not trained); beyond it the attention is computed dense: use 'dense' "
+                        "or 'auto'")
 
 
 def kernel_entries(case) -> list:

@@ -28,7 +28,6 @@ import torch.nn.functional as F
 
 from solvers import particle_step
 from spherepde.base.arrays import program_namespace
-from spherepde.base.errors import CaseError
 from spherepde.geometry.ambient import tangent_projection
 from spherepde.kernels.dense import block_rows, dense_exp_kernel
 from spherepde.model.attention import ModelBatch, attention_mean, velocity, zero_temperature_mean
@@ -117,8 +116,6 @@ class ParticleField:
     @classmethod
     def from_case(cls, case, batch: ModelBatch) -> "ParticleField":
         solver = case["solver"]
-        if solver["field"] == "spectral":
-            raise CaseError("solver.field: 'spectral' is not available for particles; use 'dense' or 'auto'")
         if batch.zero_temperature:
             attention = "local" if case["particles"]["beta_inf_mode"] == "mean_field" else "hardmax"
         elif (batch.kernel == "softmax" and bool((batch.beta > 0).all()) and solver["field"] == "auto"
@@ -185,12 +182,6 @@ class HeadsField:
 
     @classmethod
     def from_case(cls, case, batch: ModelBatch, layouts: list) -> "HeadsField":
-        if case["solver"]["field"] == "spectral":
-            raise CaseError("solver.field: 'spectral' is not available for particles; use 'dense' or 'auto'")
-        if (case["particles"]["beta_inf_mode"] == "hardmax"
-                and any(head.zero_temperature for layout in layouts for head in layout.heads)):
-            raise CaseError("particles.beta_inf_mode: 'hardmax' is available for the seeds' model only (one head, "
-                            "linear feed-forward, B and V constant); use 'mean_field'")
         return cls(batch, layouts, case["solver"]["chunk"], case["particles"]["replicas"])
 
     def _systems(self, x: torch.Tensor) -> torch.Tensor:

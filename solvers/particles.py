@@ -255,6 +255,22 @@ def check_noise_step(case, eps: float, dt: float) -> None:
                         f"(needs (d - 2) eps dt / 3 < 1/2, i.e. dt < {limit:.3g})")
 
 
+def check_drift_choices(case, general: bool | None = None) -> None:
+    """ParticleSystem's refusals of a member's drift, from its case alone (a sweep checks every member so before any
+    runs): the spectral field, and the hardmax at beta = inf beyond the seeds' model (`general`: the member is
+    stepped the general way; None: where it is not on the seeds' paths, `on_seeds_paths`)."""
+    if case["solver"]["field"] == "spectral":
+        raise CaseError("solver.field: 'spectral' is not available for particles; use 'dense' or 'auto'")
+    if case["particles"]["beta_inf_mode"] != "hardmax":
+        return
+    layout = layout_of(case)
+    if general is None:
+        general = not on_seeds_paths(layout, parameters_of(case, layout, make_placement("cpu", "float64")))
+    if general and any(head.zero_temperature for head in layout.heads):
+        raise CaseError("particles.beta_inf_mode: 'hardmax' is available for the seeds' model only (one head, "
+                        "linear feed-forward, B and V constant); use 'mean_field'")
+
+
 def head_model(case, layout: Layout, theta: torch.Tensor) -> Model:
     """The Model of head 0 on the first layer of theta (L, p) (W there, zero for the two-layer feed-forward):
     the seeds' model of a member whose layers repeat one theta_l, else what the recorder's diagnostics read
@@ -301,6 +317,8 @@ class ParticleSystem:
         if general is None:
             general = not all(on_seeds_paths(layout, theta) for layout, theta in zip(self.layouts, thetas))
         self.general = general
+        for member in cases:
+            check_drift_choices(member, general)
         if self.general:
             if len({layout.layers for layout in self.layouts}) > 1:
                 raise ValueError("ParticleSystem: members must share the number of layers")

@@ -126,14 +126,16 @@ def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -
 
 def check_members_run(members: list[Member], local: bool) -> None:
     """What a serial run refuses before it starts, for every member before any runs (a CaseError naming the
-    member): its memory (spherepde.api.limits.check_memory), a grid too coarse for its kernels, a particle run's
-    kernel beyond its dtype (solvers.particles.check_kernel_range), and (`local`: the
-    local workers see this machine's devices, a remote cluster's may differ) its solver.device.  Members that would
-    be one run are refused too: the same resolved case, or for an Eulerian run one that differs in [particles]
-    only (it draws nothing)."""
-    from solvers.forward_problem import check_kernel_resolution
-    from solvers.particles import check_kernel_range
+    member): its memory (spherepde.api.limits.check_memory), a grid too coarse for its kernels, the solvers'
+    choices (solvers.forward_problem.check_solver_choices, solvers.particles.check_drift_choices), a particle run's
+    kernel beyond its dtype (solvers.particles.check_kernel_range), an initial file that holds no density for it
+    (spherepde.model.initial.stored_coefficients), and (`local`: the local workers see this machine's devices, a
+    remote cluster's may differ) its solver.device.  Members that would be one run are refused too: the same
+    resolved case, or for an Eulerian run one that differs in [particles] only (it draws nothing)."""
+    from solvers.forward_problem import check_kernel_resolution, check_solver_choices
+    from solvers.particles import check_drift_choices, check_kernel_range
     from spherepde.api.limits import check_memory
+    from spherepde.model.initial import stored_coefficients
 
     checked, runs = set(), {}
     for member in members:
@@ -149,14 +151,22 @@ def check_members_run(members: list[Member], local: bool) -> None:
         runs[run] = member
         try:
             check_memory(member.case)
-            key = repr([sorted(member.case[name].items()) for name in ("sphere", "model", "solver")])
+            solver, initial = member.case["solver"], member.case["initial"]
+            device = placement(solver["device"], solver["dtype"]).device.type if local else (
+                None if solver["device"] == "auto" else solver["device"])
+            key = repr([sorted(member.case[name].items()) for name in ("sphere", "model", "solver", "particles")])
             if key not in checked:
                 check_kernel_resolution(member.case)
-                if member.case["solver"]["method"] != "eulerian":
+                if solver["method"] != "particles":
+                    check_solver_choices(member.case, device)
+                if solver["method"] != "eulerian":
+                    check_drift_choices(member.case)
                     check_kernel_range(member.case)
                 checked.add(key)
-            if local:
-                placement(member.case["solver"]["device"], member.case["solver"]["dtype"])
+            source = (initial.get("path"), initial.get("time"), member.case.dim)
+            if initial["kind"] == "file" and source not in checked:
+                stored_coefficients(*source, placement("cpu", "float64"))
+                checked.add(source)
         except CaseError as error:
             raise CaseError(f"sweep member {member.index} ({member.label()}): {error}") from None
 
@@ -260,11 +270,7 @@ def _cluster(scheduler: str | None, workers: int):
     from distributed import Client, LocalCluster
 
     if scheduler:
-        try:
-            client = Client(scheduler)  # waits distributed.comm.timeouts.connect (dask config, 30 s)
-        except (OSError, TimeoutError, ValueError) as error:
-            raise CaseError(f"--scheduler: cannot reach a Dask scheduler at {scheduler!r}: {error}") from None
-        with client:
+        with _connected(scheduler) as client:
             yield client
         return
     import dask
@@ -276,6 +282,41 @@ def _cluster(scheduler: str | None, workers: int):
             n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
             silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
+
+
+def _connected(scheduler: str):
+    """A Client on the Dask scheduler at `scheduler`, or a CaseError: where nothing listens Client gives up after
+    distributed.comm.timeouts.connect (dask config, 30 s), but a server that accepts the connection and never
+    answers Dask's handshake (any other TCP service) holds it for ever, so it is made in a thread given twice
+    that long; any exception of Client's (a tls:// address without its security settings raises TypeError) is
+    the address's fault.  The Client is not dask's default scheduler: one left waiting in its thread would be
+    taken by every later dask computation of the process (xarray's writes among them)."""
+    import threading
+
+    import dask
+    from dask.utils import parse_timedelta
+    from distributed import Client
+
+    outcome = {}
+
+    def connect():
+        try:
+            outcome["client"] = Client(scheduler, set_as_default=False)
+        except Exception as error:  # noqa: BLE001 - whatever Client raises, the address is the cause
+            outcome["error"] = error
+
+    seconds = 2 * parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
+    thread = threading.Thread(target=connect, daemon=True, name="spherepde-scheduler")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise CaseError(f"--scheduler: no Dask scheduler answered at {scheduler!r} within {seconds:g} s (is it a Dask "
+                        "scheduler's address?)")
+    if "error" in outcome:
+        error = outcome["error"]
+        raise CaseError(f"--scheduler: cannot reach a Dask scheduler at {scheduler!r}: {type(error).__name__}: "
+                        f"{error}") from None
+    return outcome["client"]
 
 
 def default_workers(members: int) -> int:
