@@ -273,8 +273,8 @@ def test_every_member_is_checked_before_any_runs(tmp_path):
     """What a serial run refuses before it starts, a sweep refuses of every member before any runs (nothing
     written): a grid too coarse for one member's kernel, one member's particles beyond the memory, an Eulerian
     member on S^3, the solvers' choices (a field, beta = inf's hardmax), an initial file holding no density; and
-    members that are one run: the same resolved case (eps 1 and 1.0), or Eulerian members that
-    differ in [particles] only."""
+    members that are one run: the same resolved case (eps 1 and 1.0), members that differ in [case] only, or
+    Eulerian members that differ in [particles] only."""
     from spherepde.api.limits import available_memory
 
     case, folder = spherepde.load_case_text(SMALL_S1), tmp_path / "out"
@@ -318,6 +318,9 @@ def test_every_member_is_checked_before_any_runs(tmp_path):
     with pytest.raises(CaseError, match=r"members 0 \(particles.seed=1\) and 1 \(particles.seed=2\) are the same run "
                                         r"\(an Eulerian run draws nothing"):
         run_sweep(case, ["particles.seed=1,2"], str(folder))
+    with pytest.raises(CaseError, match=r"members 0 \(case.name=\"a\"\) and 1 \(case.name=\"b\"\) are the same run "
+                                        r"\(\[case\] only names and describes a run\)$"):
+        run_sweep(case, ["case.name='a','b'"], str(folder))
     assert not folder.exists() or not os.listdir(folder)
 
 

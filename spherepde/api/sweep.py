@@ -131,7 +131,8 @@ def check_members_run(members: list[Member], local: bool) -> None:
     kernel beyond its dtype (solvers.particles.check_kernel_range), an initial file that holds no density for it
     (spherepde.model.initial.stored_coefficients), and (`local`: the local workers see this machine's devices, a
     remote cluster's may differ) its solver.device.  Members that would be one run are refused too: the same
-    resolved case, or for an Eulerian run one that differs in [particles] only (it draws nothing)."""
+    resolved case but for [case] (its name and description), or for an Eulerian run one that differs in
+    [particles] only too (it draws nothing)."""
     from solvers.forward_problem import check_kernel_resolution, check_solver_choices
     from solvers.particles import check_drift_choices, check_kernel_range
     from spherepde.api.limits import check_memory
@@ -139,15 +140,17 @@ def check_members_run(members: list[Member], local: bool) -> None:
 
     checked, runs = set(), {}
     for member in members:
-        sections = member.case.data
-        if member.case["solver"]["method"] == "eulerian":
-            sections = {name: values for name, values in sections.items() if name != "particles"}
+        # [case] names and describes a run; an Eulerian run draws nothing, so [particles] does not change it
+        ignored = ("case", "particles") if member.case["solver"]["method"] == "eulerian" else ("case",)
+        sections = {name: values for name, values in member.case.data.items() if name not in ignored}
         run = repr(sorted((name, sorted(values.items())) for name, values in sections.items()))
         if run in runs:
+            other = runs[run].case.data
+            why = {"particles": " (an Eulerian run draws nothing: [particles] keys do not change it)",
+                   "case": " ([case] only names and describes a run)"}
             raise CaseError(f"sweep members {runs[run].index} ({runs[run].label()}) and {member.index} "
                             f"({member.label()}) are the same run"
-                            + (" (an Eulerian run draws nothing: [particles] keys do not change it)"
-                               if member.case.text != runs[run].case.text else ""))
+                            + "".join(why[name] for name in ignored if other.get(name) != member.case.data.get(name)))
         runs[run] = member
         try:
             check_memory(member.case)
