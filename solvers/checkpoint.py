@@ -70,8 +70,8 @@ _STATE = re.compile(r"state-(\d{5,})\.pt")
 _LEGACY_STATE = "state.pt"  # FORMAT 1 kept its state here, without a manifest
 # what writers killed in the folder leave: write_dataset's and write_atomically's temporary files, and the lock
 # file of a segment written without a lock covering the checkpoint (spherepde.io.locking.one_writer)
-_LEFT_BY_A_KILL = re.compile(r"segment-\d{5,}\.nc\.([a-z0-9_]{8}\.tmp|lock)|(state-\d{5,}\.pt|manifest\.json|state\.pt)"
-                             r"\.[0-9a-f]{32}\.tmp")
+_LEFT_BY_A_KILL = re.compile(r"segment-\d{5,}\.nc\.((spherepde-)?[a-z0-9_]{8}\.tmp|lock)"  # untagged: before 0.2.0
+                             r"|(state-\d{5,}\.pt|manifest\.json|state\.pt)\.[0-9a-f]{32}\.tmp")
 
 
 def checkpoint_folder(output: str | os.PathLike) -> str:

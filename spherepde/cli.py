@@ -176,7 +176,8 @@ def command_run(args) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             dataset = run(case, progress=False if args.quiet else None, checkpoint=checkpoint)
-        with interrupts.held():  # the output and the checkpoint's removal, both before an interrupt acts
+        # the output and the checkpoint's removal before an interrupt acts, which then has nothing left to stop
+        with interrupts.held(absorbed=True) as late:
             write_dataset(_with_command(dataset, args, output), output)
             if checkpoint is not None:
                 checkpoint.remove()
@@ -197,6 +198,10 @@ def command_run(args) -> int:
     for note in filter(None, dataset.attrs.get("notes", "").splitlines()):
         print(f"spherepde: warning: {note}", file=sys.stderr)
     print(f"spherepde: wrote {output}", file=sys.stderr)
+    if late:
+        print(f"spherepde: {signal.Signals(late[0]).name} came as the output was written; it is complete, and the "
+              "command ends here", file=sys.stderr)
+        return 0
     if args.plot:
         from spherepde.analysis.plotting import plot_result
 

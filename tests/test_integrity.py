@@ -483,14 +483,17 @@ def test_a_second_run_on_one_output_exits_2_within_a_second_and_a_killed_one_res
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert (tmp_path / "out.nc.lock").exists() and not output.exists()
-    stale = tmp_path / "out.nc.k3j_x9a2.tmp"  # what a kill during the final write leaves (tempfile.mkstemp's name)
+    stale = tmp_path / "out.nc.spherepde-k3j_x9a2.tmp"  # what a kill during the final write leaves
     stale.write_bytes(b"half a file")
-    someone_elses = tmp_path / "out.nc.x.nc.k3j_x9a2.tmp"  # the temporary file of another output, out.nc.x.nc
+    someone_elses = tmp_path / "out.nc.x.nc.spherepde-k3j_x9a2.tmp"  # the temporary file of another output, out.nc.x.nc
     someone_elses.write_bytes(b"not ours")
+    users = tmp_path / "out.nc.original.tmp"  # a user's file that only looks like mkstemp's name (a helper deleted it)
+    users.write_bytes(b"notes")
     status, err, _ = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     assert status == 0 and "resuming" in err, err
     assert_same_result(output, reference)
-    assert sorted(os.listdir(tmp_path)) == sorted(["case.toml", "reference.nc", "out.nc", someone_elses.name])
+    assert sorted(os.listdir(tmp_path)) == sorted(["case.toml", "reference.nc", "out.nc", someone_elses.name,
+                                                   users.name])
 
 
 def test_a_lock_is_held_by_a_live_process_only(tmp_path, capsys):
@@ -515,6 +518,48 @@ def test_a_lock_is_held_by_a_live_process_only(tmp_path, capsys):
     lock.acquire("after the holder died")
     lock.release()
     assert not (tmp_path / "out.nc.lock").exists()
+
+
+def test_an_interrupt_during_the_final_write_ends_with_the_output_complete(tmp_path, capsys, monkeypatch):
+    """SIGINT as the finished run's output is written: the output was complete and its checkpoint removed, yet the
+    command exited 130 "interrupted" (a batch script would have run it all again, and --resume found nothing to
+    resume).  It is held over the write, then absorbed: exit 0, the output equal to an uninterrupted run's, a note
+    saying so, no --plot."""
+    import spherepde.io.output as output_module
+
+    case = tmp_path / "case.toml"
+    case.write_text(CASE)
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+    write = output_module.write_dataset
+
+    def interrupted_write(dataset, path, *args, **kwargs):
+        if os.path.basename(path) == "out.nc":
+            os.kill(os.getpid(), signal.SIGINT)
+        return write(dataset, path, *args, **kwargs)
+
+    monkeypatch.setattr(output_module, "write_dataset", interrupted_write)
+    status, err, _ = run_cli(["run", case, "-o", output, "--quiet", "--checkpoint-steps", "1", "--plot"], capsys)
+    assert status == 0 and "SIGINT came as the output was written; it is complete" in err, err
+    assert_same_result(output, reference)
+    assert not Checkpoint(output).exists() and not list(tmp_path.glob("*.png"))
+
+
+@pytest.mark.parametrize("planted", ["symbolic link", "hard link", "folder"])
+def test_a_lock_file_that_is_not_a_file_of_its_own_is_refused(tmp_path, capsys, planted):
+    """OUT.nc.lock planted as a link to another file: its target was truncated and rewritten with the holder's
+    line (a helper's find); as a folder the refusal was errno's words.  One line, exit 2, the other file intact."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock = tmp_path / "out.nc.lock"
+    {"symbolic link": lambda: lock.symlink_to(victim), "hard link": lambda: os.link(victim, lock),
+     "folder": lambda: lock.mkdir()}[planted]()
+    case = tmp_path / "case.toml"
+    case.write_text(SMALL_S1)
+    status, err, _ = run_cli(["run", case, "-o", tmp_path / "out.nc"], capsys)
+    assert status == 2 and "the output's lock file, is not a regular file of its own" in err, err
+    assert len(err.strip().splitlines()) == 1 and victim.read_text() == "precious"
+    assert not (tmp_path / "out.nc").exists()
 
 
 def test_a_file_system_without_flock_warns_and_still_runs(tmp_path, capsys, monkeypatch):

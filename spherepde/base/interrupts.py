@@ -14,21 +14,23 @@ INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextlib.contextmanager
-def held():
+def held(absorbed: bool = False):
     """Run the block with SIGINT and SIGTERM held, then act on the first one that came as its handler before the
     block would have: call it (a Python handler, KeyboardInterrupt by default for SIGINT), or end the process
-    (SIG_DFL).  Outside the main thread, where no handler can be set, the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    (SIG_DFL).  `absorbed`: act on none, the block having done what the command was for; the block gets the list
+    of the signals that came (empty outside the main thread, where no handler can be set and the block runs as it
+    is)."""
     received = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
     previous = {number: signal.signal(number, lambda signum, frame: received.append(signum)) for number in INTERRUPTS}
     try:
-        yield
+        yield received
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
-        if received:
+        if received and not absorbed:
             handler = previous[received[0]]
             if callable(handler):
                 handler(received[0], None)

@@ -13,8 +13,10 @@ run takes the lock on it at once.  (flock is per host: two machines writing one 
 are kept apart only where that file system forwards flock, as NFSv4 and Lustre with `flock` do.)
 
 While an output's lock is held no other spherepde process can be writing it, so the temporary files of that
-output (`write_dataset`'s `OUT.nc.XXXXXXXX.tmp`) that are there belong to writers that died: taking the lock
-removes them.  The lock file is removed when the lock is released; it is unlinked while still locked and a new
+output (`write_dataset`'s `OUT.nc.spherepde-XXXXXXXX.tmp`, a name no one else gives a file) that are there belong
+to writers that died: taking the lock removes them.  The lock file is opened without following a symbolic link
+and must be a regular file of one link: a link planted at OUT.nc.lock would have had its target truncated and
+rewritten.  The lock file is removed when the lock is released; it is unlinked while still locked and a new
 holder checks that the file it locked is still the one at the path, so that two processes can never hold locks
 on two different files of one name.
 """
@@ -25,6 +27,7 @@ import functools
 import os
 import re
 import shlex
+import stat
 import sys
 import time
 
@@ -32,8 +35,9 @@ from spherepde.base.errors import CaseError, printable
 
 LOCK_SUFFIX = ".lock"
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS}  # flock is not supported there
-# tempfile.mkstemp's names: the prefix, 8 characters from its alphabet, the suffix (write_dataset: ".tmp")
-_MKSTEMP_NAME = r"\.[a-z0-9_]{8}\.tmp"
+# write_dataset's temporary files: OUT.nc + TEMPORARY_TAG + tempfile.mkstemp's 8 characters + ".tmp"
+TEMPORARY_TAG = ".spherepde-"
+_TEMPORARY_NAME = re.escape(TEMPORARY_TAG) + r"[a-z0-9_]{8}\.tmp"
 
 
 class OutputLock:
@@ -49,7 +53,7 @@ class OutputLock:
         """Take the lock at once or raise a one-line CaseError naming the process that holds it; `command` is
         what the lock file says about this holder."""
         while True:
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            descriptor = _open_lock_file(self.path)
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -133,10 +137,10 @@ def one_writer(write):
 
 
 def remove_stale_temporaries(output: str) -> list[str]:
-    """Delete the temporary files `write_dataset` left beside `output` (OUT.nc.XXXXXXXX.tmp); call it only while
-    holding the output's lock, which makes their writers dead.  Returns the paths removed."""
+    """Delete the temporary files `write_dataset` left beside `output` (OUT.nc.spherepde-XXXXXXXX.tmp); call it only
+    while holding the output's lock, which makes their writers dead.  Returns the paths removed."""
     folder, name = os.path.split(os.path.abspath(output))
-    pattern = re.compile(re.escape(name) + _MKSTEMP_NAME)
+    pattern = re.compile(re.escape(name) + _TEMPORARY_NAME)
     removed = []
     try:
         entries = os.listdir(folder)
@@ -159,9 +163,27 @@ def _remove(path: str) -> None:
         pass
 
 
+def _open_lock_file(path: str) -> int:
+    """A descriptor of the lock file at `path` (made if missing), or a CaseError where that is not a regular file of
+    one link (a symbolic or hard link to another file, a folder)."""
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        descriptor = None
+    if descriptor is not None:
+        status = os.fstat(descriptor)
+        if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
+            return descriptor
+        os.close(descriptor)
+    raise CaseError(f"{path!r}, the output's lock file, is not a regular file of its own (a link to another file, or "
+                    "a folder); remove it")
+
+
 def _same_file(descriptor: int, path: str) -> bool:
     try:
-        here, there = os.fstat(descriptor), os.stat(path)
+        here, there = os.fstat(descriptor), os.lstat(path)
     except FileNotFoundError:
         return False
     return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)

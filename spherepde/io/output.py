@@ -17,7 +17,7 @@ import xarray as xr
 from spherepde.base import interrupts
 from spherepde.base.errors import CaseError
 from spherepde.base.version import VERSION
-from spherepde.io.locking import one_writer
+from spherepde.io.locking import TEMPORARY_TAG, one_writer
 from spherepde.model.energy import LABEL as FREE_ENERGY_LABEL
 
 DIAGNOSTIC_ATTRS = {
@@ -246,12 +246,12 @@ def _folder_problem(folder: str) -> str | None:
 
 
 # The longest suffix the tool appends to the name of a file it writes: a figure's temporary file
-# "<name>.<32 hex digits>.tmp.png" (plotting._save); write_dataset's "<name>.XXXXXXXX.tmp" adds 13, a run's
-# "<name>.checkpoint" folder 11 and its "<name>.lock" 5.
+# "<name>.<32 hex digits>.tmp.png" (plotting._save); write_dataset's "<name>.spherepde-XXXXXXXX.tmp" adds 23, a
+# run's "<name>.checkpoint" folder 11 and its "<name>.lock" 5.
 DERIVED_NAME_BYTES = 41
 # The longest path the tool makes below an output: a checkpoint segment's temporary file
-# "<name>.checkpoint/segment-00000.nc.XXXXXXXX.tmp".
-DERIVED_PATH_BYTES = 41
+# "<name>.checkpoint/segment-00000.nc.spherepde-XXXXXXXX.tmp".
+DERIVED_PATH_BYTES = 51
 
 
 def _name_problem(path: str) -> str | None:
@@ -351,7 +351,7 @@ def write_dataset(dataset: xr.Dataset, path: str | os.PathLike) -> None:
     check_file(path, "output")
     folder = os.path.dirname(os.path.abspath(path))
     make_folders(folder)
-    handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + TEMPORARY_TAG, suffix=".tmp", dir=folder)
     os.close(handle)
     try:
         # an interrupt inside xarray's write would hang it on its own lock: it acts once the file is in place
