@@ -171,7 +171,9 @@ def command_run(args) -> int:
         def interrupt(signum, frame):
             STOPPED_BY[0] = signum
             checkpoint.interrupt(signum, frame)
-        previous_handlers = {number: signal.signal(number, interrupt) for number in interrupts.INTERRUPTS}
+        # a signal the command was started with ignored (`cmd &` in a script: SIGINT) stays ignored
+        previous_handlers = {number: signal.signal(number, interrupt) for number in interrupts.INTERRUPTS
+                             if signal.getsignal(number) is not signal.SIG_IGN}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)

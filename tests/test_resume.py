@@ -116,6 +116,35 @@ def interrupt(case, output, checkpoints: int, every_steps: int = 2) -> None:
         spherepde.run(spherepde.load_case(case), progress=False, checkpoint=checkpoint)
 
 
+def test_the_tools_name_an_unfinished_run_by_its_checkpoint(tmp_path, capsys):
+    """`info OUT.nc` of a run stopped with its checkpoint said "No such file", `info OUT.nc.checkpoint` "a folder":
+    both name the unfinished run and how to continue it (one line, exit 2)."""
+    case = write_case(tmp_path, SMALL_S1)
+    output = tmp_path / "out.nc"
+    interrupt(case, output, checkpoints=2)
+    for path in (output, checkpoint_folder(output)):
+        status, err = run_cli(["info", path], capsys)
+        assert status == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"the run writing {str(output)!r} is unfinished" in err and f"-o {output} --resume" in err, err
+
+
+def test_a_signal_ignored_at_the_start_stays_ignored(tmp_path):
+    """A run started with SIGINT ignored (`cmd &` in a script) ignored it during its start-up, then stopped on it
+    once running; it now stays ignored: the run ends completed (exit 0) after a SIGINT in its steps."""
+    case = write_case(tmp_path, SMALL_S1.replace("t_end = 0.5", "t_end = 40.0"))
+    output = tmp_path / "out.nc"
+    run = subprocess.Popen([sys.executable, "-m", "spherepde", "run", str(case), "-o", str(output), "--quiet",
+                            "--checkpoint-steps", "1"], stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    deadline = time.monotonic() + 120
+    while run.poll() is None and not Checkpoint(output).exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    run.send_signal(signal.SIGINT)
+    err = run.communicate(timeout=300)[1]
+    assert run.returncode == 0 and "interrupted" not in err, err
+    assert xr.open_dataset(output).attrs["status"] == "completed"
+
+
 def test_existing_checkpoint_is_named_and_never_replaced_silently(tmp_path, capsys):
     case = write_case(tmp_path, SMALL_S1)  # 10 steps of 0.05
     output = tmp_path / "out.nc"
