@@ -33,7 +33,6 @@ import collections
 import math
 
 import numpy as np
-import ot
 from scipy.optimize import minimize_scalar
 
 from spherepde.measures.diagnostics import DENSITY_FLOOR, projection
@@ -115,6 +114,9 @@ def exact_transport(a_points: np.ndarray, a: np.ndarray, b_points: np.ndarray, b
     input: its pivot search is slow on the sorted atoms that merge_atoms and quantise give, and on grid order.
     Measured side by side (benchmarks/exact_transport.py): 1000 tokens of a noisy Kuramoto run against the initial
     ones 0.55 -> 0.12 s; two quantised uniform measures on S^1 (1000 cells each) 3.8 -> 0.08 s; S^2 1.2-1.3x."""
+    import ot  # here, not at the module's top: importing POT takes 0.4 s (scipy.stats, networkx), which a run
+    # whose W2 needs no exact solver (S^1's certified rearrangement, w2 off, plot, info) need not pay
+
     order = np.random.default_rng(SOLVER_ORDER_SEED)
     p, q = order.permutation(len(a)), order.permutation(len(b))
     cost = ot.dist(a_points[p], b_points[q], metric="sqeuclidean")
@@ -422,10 +424,11 @@ def circle_transport(points: np.ndarray, targets: np.ndarray, slack: float = 0.0
     return cost, float(u.mean() + v.mean()), u_of + v
 
 
-def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[float, np.ndarray, float]:
+def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int,
+                     potentials: bool = True) -> tuple[float, np.ndarray | None, float]:
     """(W2^2, h, error bound on W2) of `paired_w2`: on S^1 the circular rearrangement where its certified excess
     over W2 is at most CERTIFIED_W2 or at most the quantisation bound that exact OT would carry, else exact OT of
-    the measures quantised above `max_atoms`.
+    the measures quantised above `max_atoms` (with `potentials` False, its cost alone: h is then None).
 
     Where the rearrangement moves mass by a radian or more it is often not optimal, but its excess stays far
     below the quantisation bound: on a noisy Kuramoto run (n = 3e4 against the initial particles, W2 ~ 0.62)
@@ -439,7 +442,9 @@ def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int) ->
     (a_points, a, a_bound), (b_points, b, b_bound) = _quantised(points, targets, max_atoms)
     if points.shape[1] == 2 and excess <= a_bound + b_bound:
         return cost, h, excess
-    cost, u, v = exact_transport(a_points, a / a.sum(), b_points, b / b.sum(), potentials=True)
+    cost, u, v = exact_transport(a_points, a / a.sum(), b_points, b / b.sum(), potentials=potentials)
+    if not potentials:
+        return cost, None, a_bound + b_bound
     transform = circle_c_transform if points.shape[1] == 2 else c_transform
     return cost, transform(points, b_points, v) + transform(targets, a_points, u), a_bound + b_bound
 
@@ -471,4 +476,4 @@ def paired_cost(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> floa
         cost, lower, _ = circle_transport(points, targets, slack=threshold)
         if _excess(cost, lower) <= threshold:
             return cost
-    return paired_transport(points, targets, max_atoms)[0]
+    return paired_transport(points, targets, max_atoms, potentials=False)[0]
