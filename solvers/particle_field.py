@@ -73,17 +73,22 @@ def fused_softmax_mean(B: torch.Tensor, beta: torch.Tensor, points: torch.Tensor
                       for start in range(0, points.shape[-2], rows)], dim=-2)
 
 
-# The direct sums serve while the (systems, n, n) kernel of a step (kept whole for a training's transpose) takes at
+# The direct sums serve while a system's (n, n) kernel (kept whole for a training's transpose, and on CUDA) takes at
 # most this many bytes and beta |B^T x| stays below half the exponent range (no sum of n exponentials overflows).
+# Per system, not per batch: a member then takes the same path in any batch, as its serial run (bit for bit).
 DIRECT_BYTES = 2 ** 26
 
 
-def can_be_direct(B: torch.Tensor, beta: torch.Tensor, systems: int, n: int) -> bool:
-    """Whether the direct sums (particle_step) serve these systems (DIRECT_BYTES and the exponent range)."""
+def within_direct_range(beta: float, B_norm: float, dtype: torch.dtype) -> bool:
+    """Whether beta |B|_2 stays below half the exponent range of `dtype`, as the direct sums need (no shift)."""
+    return beta * B_norm <= 0.5 * math.log(torch.finfo(dtype).max)
+
+
+def can_be_direct(B: torch.Tensor, beta: torch.Tensor, n: int) -> bool:
+    """Whether the direct sums (particle_step) serve systems of n tokens (DIRECT_BYTES and the exponent range)."""
     dtype = B.dtype
     reach = float((beta * torch.linalg.matrix_norm(B.double(), ord=2)).max())
-    return (systems * n * n * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES
-            and reach <= 0.5 * math.log(torch.finfo(dtype).max))
+    return n * n * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES and within_direct_range(reach, 1.0, dtype)
 
 
 class SystemKernel:
@@ -153,7 +158,7 @@ class ParticleField:
         """Whether the dense attention of these systems' points (S, p, d) is the direct sums'."""
         if self.direct is None:
             self.direct = (self.attention == "dense" and bool((self.systems.beta > 0).all())
-                           and can_be_direct(self.systems.B, self.systems.beta, *points.shape[:2]))
+                           and can_be_direct(self.systems.B, self.systems.beta, points.shape[1]))
         return self.direct
 
     def __call__(self, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:

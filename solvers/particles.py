@@ -199,6 +199,10 @@ def step_plan(case, field: ParticleField, interval, x: torch.Tensor, W: torch.Te
 # on the negative real axis (Euler's 1 - z and Heun's 1 - z + z^2 / 2 reach 1 in modulus at z = 2, RK4's R(-z) at
 # 2.79): such a mode grows where it should decay.
 STIFF_STEP = 2.0
+# Steps taken between two measures of `contraction_number` at least (at the start of an interval between knots): its
+# two drift evaluations then cost at most a twentieth of the steps' (Heun), where a check at every save cost 60%
+# more in a run saving at every step.
+CONTRACTION_EVERY = 10
 
 
 def contraction_number(field: ParticleField, x: torch.Tensor, W: torch.Tensor, h: np.ndarray) -> np.ndarray:
@@ -255,6 +259,15 @@ def check_noise_step(case, eps: float, dt: float) -> None:
                         f"(needs (d - 2) eps dt / 3 < 1/2, i.e. dt < {limit:.3g})")
 
 
+def check_fixed_noise_step(case) -> None:
+    """`check_noise_step` of a member stepped by a fixed step, from its case alone (a sweep checks every member so
+    before any runs): the longest step its intervals take."""
+    dt = fixed_step(case)
+    if dt is not None:
+        longest = max(interval.length / fixed_steps(interval, dt) for interval in TimeGrid.from_case(case).intervals)
+        check_noise_step(case, float(case["model"]["eps"]), longest)
+
+
 def check_drift_choices(case, general: bool | None = None) -> None:
     """ParticleSystem's refusals of a member's drift, from its case alone (a sweep checks every member so before any
     runs): the spectral field, and the hardmax at beta = inf beyond the seeds' model (`general`: the member is
@@ -264,8 +277,9 @@ def check_drift_choices(case, general: bool | None = None) -> None:
     if case["particles"]["beta_inf_mode"] != "hardmax":
         return
     layout = layout_of(case)
-    if general is None:
-        general = not on_seeds_paths(layout, parameters_of(case, layout, make_placement("cpu", "float64")))
+    if general is None:  # in the run's dtype, as ParticleSystem tells it
+        host = make_placement("cpu", case["solver"]["dtype"])
+        general = not on_seeds_paths(layout, parameters_of(case, layout, host))
     if general and any(head.zero_temperature for head in layout.heads):
         raise CaseError("particles.beta_inf_mode: 'hardmax' is available for the seeds' model only (one head, "
                         "linear feed-forward, B and V constant); use 'mean_field'")
@@ -380,16 +394,19 @@ class ParticleHooks(Hooks):
 
     def __init__(self, recorders: list, bar: Progress):
         self.recorders, self.bar = recorders, bar
-        self.failures, self.stiff = {}, set()
+        self.failures, self.stiff, self.unmeasured = {}, set(), 0
 
     def stop(self, member: int, reason: str, plan: Plan) -> None:
         self.failures[member] = self.recorders[member].failure(reason)
 
     def check_contraction(self, plan: Plan, field: ParticleField, x: torch.Tensor, W: torch.Tensor, key: str) -> None:
         """Note, once a member, a step too long for the drift's contraction (`contraction_number` >= STIFF_STEP) at
-        the start of `plan`'s interval; nothing is computed once every member has its note."""
-        if len(self.stiff) == len(self.recorders):
+        the start of `plan`'s interval: the first, then those after CONTRACTION_EVERY steps or more since the last
+        measure; nothing is computed once every member has its note."""
+        since, self.unmeasured = self.unmeasured, self.unmeasured + int(plan.steps.max())
+        if len(self.stiff) == len(self.recorders) or (0 < since < CONTRACTION_EVERY):
             return
+        self.unmeasured = int(plan.steps.max())
         for m, z in enumerate(contraction_number(field, x, W, plan.dt)):
             if z >= STIFF_STEP and m not in self.stiff:
                 self.stiff.add(m)

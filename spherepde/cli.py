@@ -171,7 +171,7 @@ def command_run(args) -> int:
         def interrupt(signum, frame):
             STOPPED_BY[0] = signum
             checkpoint.interrupt(signum, frame)
-        # a signal the command was started with ignored (`cmd &` in a script: SIGINT) stays ignored
+        # SIGINT ignored at the start (`cmd &` in a script) stays ignored (main() sets SIGTERM's handler itself)
         previous_handlers = {number: signal.signal(number, interrupt) for number in interrupts.INTERRUPTS
                              if signal.getsignal(number) is not signal.SIG_IGN}
     try:

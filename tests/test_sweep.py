@@ -305,6 +305,10 @@ def test_every_member_is_checked_before_any_runs(tmp_path):
         run_sweep(case.with_overrides(["solver.method='particles'", "model.beta='inf'",
                                        "model.extra_heads=[{beta = 1.0}]"]),
                   ["particles.beta_inf_mode='mean_field','hardmax'"], str(folder))
+    with pytest.raises(CaseError, match=r"sweep member 1 \(model.eps=100.0\): time.dt: a step of 0.05 is too long "
+                                        r"for the weak-order-2 noise step"):
+        run_sweep(case.with_overrides(["solver.method='particles'", "sphere.dim=3", "initial.mean=[1.0, 0.0, 0.0]"]),
+                  ["model.eps=0.1,100.0"], str(folder))
     eulerian, particles = (str(tmp_path / name) for name in ("eulerian.nc", "particles.nc"))
     assert main(["run", str(write_case(tmp_path)), "-o", eulerian]) == 0
     assert main(["run", str(write_case(tmp_path)), "--solver", "particles", "-o", particles]) == 0

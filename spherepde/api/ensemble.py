@@ -11,13 +11,17 @@ kernel, the whole [initial] section, particles.seed and particles.save, the [dia
 training's [control] its loss and target, lambda_reg, the optimizer and its learning rate, iterations and
 tolerance, the bow candidates' keys and save_adjoint. Everything else (sphere, time, solver, the particles' size,
 replicas and integrator, the layers and the gradient) is shared, and so must be what it implies: the time scheme of
-a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy, and beyond the seeds'
-model the heads (head 0's beta among them), the feed-forward and the layers. Particle runs stepped by the CFL rule
+a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy, whether a particle
+run's kernel can take the direct sums (solvers.particle_field.within_direct_range: else its batch would take the
+generic sums, its serial run the direct ones, apart at round-off), and beyond the seeds' model the heads (head 0's
+beta among them), the feed-forward and the layers. Particle runs stepped by the CFL rule
 (no fixed dt) each run alone: their members would take different steps and their draws would not be those of their
 serial runs.
 """
 
 import math
+
+import numpy as np
 
 from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.io.case import Case
@@ -47,8 +51,15 @@ def batch_key(case: Case, index: int) -> tuple:
     # the seeds' paths share the layers of their W_l (their time grid), a layered transport its whole layout
     implied = (scheme, math.isinf(model["beta"]), model["eps"] > 0, ("seeds", layout.layers) if layout.seeds_model
                else (layout.heads, layout.hidden, layout.activation, layout.layers))
-    if method != "eulerian" and "dt" not in case["particles"] and "dt" not in case["time"]:
-        implied += (index,)  # CFL-stepped particles run alone
+    if method != "eulerian":
+        import torch
+
+        from solvers.particle_field import within_direct_range
+
+        implied += (within_direct_range(model["beta"], float(np.linalg.norm(np.array(model["B"]), 2)),
+                                        getattr(torch, case["solver"]["dtype"])),)
+        if "dt" not in case["particles"] and "dt" not in case["time"]:
+            implied += (index,)  # CFL-stepped particles run alone
     if method == "both":
         implied += (index,)
     return repr(sorted((section, sorted(values.items(), key=lambda item: item[0])) for section, values in

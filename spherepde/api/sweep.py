@@ -128,13 +128,14 @@ def check_members_run(members: list[Member], local: bool) -> None:
     """What a serial run refuses before it starts, for every member before any runs (a CaseError naming the
     member): its memory (spherepde.api.limits.check_memory), a grid too coarse for its kernels, the solvers'
     choices (solvers.forward_problem.check_solver_choices, solvers.particles.check_drift_choices), a particle run's
-    kernel beyond its dtype (solvers.particles.check_kernel_range), an initial file that holds no density for it
+    kernel beyond its dtype and fixed step beyond its noise step (solvers.particles.check_kernel_range,
+    check_fixed_noise_step), an initial file that holds no density for it
     (spherepde.model.initial.stored_coefficients), and (`local`: the local workers see this machine's devices, a
     remote cluster's may differ) its solver.device.  Members that would be one run are refused too: the same
     resolved case but for [case] (its name and description), or for an Eulerian run one that differs in
     [particles] only too (it draws nothing)."""
     from solvers.forward_problem import check_kernel_resolution, check_solver_choices
-    from solvers.particles import check_drift_choices, check_kernel_range
+    from solvers.particles import check_drift_choices, check_fixed_noise_step, check_kernel_range
     from spherepde.api.limits import check_memory
     from spherepde.model.initial import stored_coefficients
 
@@ -165,6 +166,7 @@ def check_members_run(members: list[Member], local: bool) -> None:
                 if solver["method"] != "eulerian":
                     check_drift_choices(member.case)
                     check_kernel_range(member.case)
+                    check_fixed_noise_step(member.case)
                 checked.add(key)
             source = (initial.get("path"), initial.get("time"), member.case.dim)
             if initial["kind"] == "file" and source not in checked:

@@ -24,7 +24,9 @@ def held(absorbed: bool = False):
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
-    previous = {number: signal.signal(number, lambda signum, frame: received.append(signum)) for number in INTERRUPTS}
+    # a signal ignored stays ignored: it neither comes to the block nor is acted on after it
+    previous = {number: signal.signal(number, lambda signum, frame: received.append(signum)) for number in INTERRUPTS
+                if signal.getsignal(number) is not signal.SIG_IGN}
     try:
         yield received
     finally:

@@ -165,7 +165,8 @@ def _remove(path: str) -> None:
 
 def _open_lock_file(path: str) -> int:
     """A descriptor of the lock file at `path` (made if missing), or a CaseError where that is not a regular file of
-    one link (a symbolic or hard link to another file, a folder)."""
+    its own (a symbolic or hard link to another file, a folder).  A file of no link is one its holder removed as
+    it released it after we opened it: the caller's `_same_file` then opens the path again."""
     try:
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as error:
@@ -174,7 +175,7 @@ def _open_lock_file(path: str) -> int:
         descriptor = None
     if descriptor is not None:
         status = os.fstat(descriptor)
-        if stat.S_ISREG(status.st_mode) and status.st_nlink == 1:
+        if stat.S_ISREG(status.st_mode) and status.st_nlink <= 1:
             return descriptor
         os.close(descriptor)
     raise CaseError(f"{path!r}, the output's lock file, is not a regular file of its own (a link to another file, or "

@@ -17,6 +17,7 @@ SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projecti
 def open_result(path: str) -> xr.Dataset:
     """Open a file that spherepde wrote (a run, a sweep, a comparison), or a one-line CaseError naming it (and,
     where the file is missing but a run's checkpoint folder is there, saying that the run is unfinished)."""
+    path = os.fspath(path)
     output = path.removesuffix(".checkpoint")
     if os.path.isdir(output + ".checkpoint") and (path != output or not os.path.exists(path)):
         raise CaseError(f"cannot read result {path!r}: the run writing {output!r} is unfinished (its checkpoint "
