@@ -276,6 +276,15 @@ def test_cli_compare_of_a_both_file(tmp_path, capsys):
     with xr.open_dataset(tmp_path / "halves.nc") as halves:
         assert halves.attrs["a"] == halves.attrs["b"] == f"{result} (eulerian)"
         assert float(abs(halves["order_parameter_a"] - report["order_parameter_a"]).max()) == 0
+    # a run without w2_projection (diagnostics.w2 = false): its verdict n/a, and no notes on a verdict not given
+    # (the report said the file "stores no w2_projection_squared_bias (a file written before it, or n < 4)")
+    unmeasured = tmp_path / "unmeasured.nc"
+    assert main(["run", str(case), "-o", str(unmeasured), "--solver", "both", "--quiet", "--set",
+                 "diagnostics.w2=false"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(unmeasured), "-o", str(tmp_path / "unmeasured_report")]) == 0
+    table = capsys.readouterr().out
+    assert "n/a (not computed by both runs)" in table and "w2_projection:" not in table, table
 
 
 def test_cli_compare_what_a_fuzzing_round_found(tmp_path, capsys):
