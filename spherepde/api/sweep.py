@@ -376,7 +376,7 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
             futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
                                      [m.path for m in group], threads, pure=False) for group in groups]
             done = 0
-            for future in as_completed(futures):
+            for future in as_completed(futures, loop=client.loop):  # the client need not be dask's default
                 for summary in future.result():
                     done += 1
                     summaries[summary["member"]] = summary
