@@ -290,38 +290,53 @@ def _cluster(scheduler: str | None, workers: int):
 
 
 def _connected(scheduler: str):
-    """A Client on the Dask scheduler at `scheduler`, or a CaseError: where nothing listens Client gives up after
-    distributed.comm.timeouts.connect (dask config, 30 s), but a server that accepts the connection and never
-    answers Dask's handshake (any other TCP service) holds it for ever, so it is made in a thread given twice
-    that long; any exception of Client's (a tls:// address without its security settings raises TypeError) is
-    the address's fault.  The Client is not dask's default scheduler: one left waiting in its thread would be
-    taken by every later dask computation of the process (xarray's writes among them)."""
-    import threading
+    """A Client on the Dask scheduler at `scheduler`, or a CaseError.  Where nothing listens, Client gives up after
+    distributed.comm.timeouts.connect (dask config, 30 s); but a server that accepts the connection and never
+    answers Dask's handshake (any other TCP service) held it for ever.  So the address is first asked who it is,
+    within twice that timeout, in an event loop of this thread (cancelled whole at the deadline: a Client left
+    waiting in a thread of its own was collected later and hung the process), unless this thread runs a loop
+    already (a notebook's), where it cannot be asked so; any exception of Client's (a tls://
+    address without its security settings raises TypeError) is the address's fault."""
+    import asyncio
 
     import dask
     from dask.utils import parse_timedelta
     from distributed import Client
-
-    outcome = {}
-
-    def connect():
-        try:
-            outcome["client"] = Client(scheduler, set_as_default=False)
-        except Exception as error:  # noqa: BLE001 - whatever Client raises, the address is the cause
-            outcome["error"] = error
+    from distributed.comm import connect
 
     seconds = 2 * parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
-    thread = threading.Thread(target=connect, daemon=True, name="spherepde-scheduler")
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
+
+    async def identity() -> dict:
+        comm = await connect(scheduler, timeout=seconds)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    try:
+        if not _running_loop():
+            answer = asyncio.run(asyncio.wait_for(identity(), seconds))
+            if not (isinstance(answer, dict) and answer.get("type") == "Scheduler"):
+                raise ValueError(f"it answers as {answer.get('type') if isinstance(answer, dict) else answer!r}")
+        return Client(scheduler)
+    except TimeoutError:
         raise CaseError(f"--scheduler: no Dask scheduler answered at {scheduler!r} within {seconds:g} s (is it a Dask "
-                        "scheduler's address?)")
-    if "error" in outcome:
-        error = outcome["error"]
+                        "scheduler's address?)") from None
+    except Exception as error:  # noqa: BLE001 - whatever connecting raises, the address is the cause
         raise CaseError(f"--scheduler: cannot reach a Dask scheduler at {scheduler!r}: {type(error).__name__}: "
                         f"{error}") from None
-    return outcome["client"]
+
+
+def _running_loop() -> bool:
+    """Whether this thread runs an asyncio event loop."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def default_workers(members: int) -> int:
