@@ -217,7 +217,7 @@ def test_unreachable_scheduler_is_one_line(tmp_path, capsys):
 def test_a_scheduler_address_that_is_no_dask_scheduler_is_one_line(tmp_path, capsys):
     """A tls:// address without its security settings (Client raised TypeError: a traceback, exit 1) and a port
     that accepts the connection but never answers Dask's handshake (the sweep waited for ever): one line, exit 2,
-    within twice distributed.comm.timeouts.connect."""
+    within distributed.comm.timeouts.connect and as long again (2 s at least)."""
     import socket
 
     import dask

@@ -293,10 +293,11 @@ def _connected(scheduler: str):
     """A Client on the Dask scheduler at `scheduler`, or a CaseError.  Where nothing listens, Client gives up after
     distributed.comm.timeouts.connect (dask config, 30 s); but a server that accepts the connection and never
     answers Dask's handshake (any other TCP service) held it for ever.  So the address is first asked who it is,
-    within twice that timeout, in an event loop of this thread (cancelled whole at the deadline: a Client left
-    waiting in a thread of its own was collected later and hung the process), unless this thread runs a loop
-    already (a notebook's), where it cannot be asked so; any exception of Client's (a tls://
-    address without its security settings raises TypeError) is the address's fault."""
+    connecting within that timeout and answering within as long again (2 s at least), in an event loop of this
+    thread, cancelled whole at the deadline (a Client left waiting in a thread of its own was collected later and
+    hung the process), unless this thread runs a loop already (a notebook's), where it cannot be asked so.  Any
+    exception of Client's (a tls:// address without its security settings raises TypeError) is the address's
+    fault."""
     import asyncio
 
     import dask
@@ -304,10 +305,11 @@ def _connected(scheduler: str):
     from distributed import Client
     from distributed.comm import connect
 
-    seconds = 2 * parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
+    connecting = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
+    seconds = connecting + max(connecting, 2.0)
 
     async def identity() -> dict:
-        comm = await connect(scheduler, timeout=seconds)
+        comm = await connect(scheduler, timeout=connecting)
         try:
             await comm.write({"op": "identity", "reply": True})
             return await comm.read()
