@@ -79,16 +79,17 @@ def fused_softmax_mean(B: torch.Tensor, beta: torch.Tensor, points: torch.Tensor
 DIRECT_BYTES = 2 ** 26
 
 
-def within_direct_range(beta: float, B_norm: float, dtype: torch.dtype) -> bool:
-    """Whether beta |B|_2 stays below half the exponent range of `dtype`, as the direct sums need (no shift)."""
-    return beta * B_norm <= 0.5 * math.log(torch.finfo(dtype).max)
+def within_direct_range(reach: float, dtype: torch.dtype) -> bool:
+    """Whether the kernel's largest exponent beta |B|_2 (`reach`) stays below half the exponent range of `dtype`,
+    as the direct sums need (no shift)."""
+    return reach <= 0.5 * math.log(torch.finfo(dtype).max)
 
 
 def can_be_direct(B: torch.Tensor, beta: torch.Tensor, n: int) -> bool:
     """Whether the direct sums (particle_step) serve systems of n tokens (DIRECT_BYTES and the exponent range)."""
     dtype = B.dtype
     reach = float((beta * torch.linalg.matrix_norm(B.double(), ord=2)).max())
-    return n * n * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES and within_direct_range(reach, 1.0, dtype)
+    return n * n * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES and within_direct_range(reach, dtype)
 
 
 class SystemKernel:

@@ -204,6 +204,10 @@ def test_batches_group_what_can_run_together():
     # a particle member whose kernel exceeds the direct sums' exponent range takes the generic sums: apart
     direct = [case(solver={"method": "particles"}, model={"beta": beta}) for beta in (1.0, 300.0, 500.0, 1000.0)]
     assert batches(direct) == [[0, 1], [2, 3]]
+    # B given per layer: the largest layer's |B|_2 decides (the key took the norm of the whole array: ValueError)
+    layers = [[[[1.0, 0.0], [0.0, 1.0]], [[scale, 0.0], [0.0, 1.0]]] for scale in (0.5, 2.0, 5.0)]
+    layered = [case(solver={"method": "particles"}, model={"beta": 100.0, "B": B}) for B in layers]
+    assert batches(layered) == [[0, 1], [2]]
 
 
 def test_a_bad_member_fails_alone_naming_its_case_file():

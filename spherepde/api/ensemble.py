@@ -56,8 +56,9 @@ def batch_key(case: Case, index: int) -> tuple:
 
         from solvers.particle_field import within_direct_range
 
-        implied += (within_direct_range(model["beta"], float(np.linalg.norm(np.array(model["B"]), 2)),
-                                        getattr(torch, case["solver"]["dtype"])),)
+        # B may be given per layer: its largest spectral norm
+        norm = float(np.linalg.norm(np.array(model["B"], dtype=float), 2, axis=(-2, -1)).max())
+        implied += (within_direct_range(model["beta"] * norm, getattr(torch, case["solver"]["dtype"])),)
         if "dt" not in case["particles"] and "dt" not in case["time"]:
             implied += (index,)  # CFL-stepped particles run alone
     if method == "both":
