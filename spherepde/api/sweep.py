@@ -139,7 +139,7 @@ def check_members_run(members: list[Member], local: bool) -> None:
     from spherepde.api.limits import check_memory
     from spherepde.model.initial import stored_coefficients
 
-    checked, runs = set(), {}
+    checked, files, runs = set(), set(), {}
     for member in members:
         # [case] names and describes a run; an Eulerian run draws nothing, so [particles] does not change it
         ignored = ("case", "particles") if member.case["solver"]["method"] == "eulerian" else ("case",)
@@ -169,9 +169,9 @@ def check_members_run(members: list[Member], local: bool) -> None:
                     check_fixed_noise_step(member.case)
                 checked.add(key)
             source = (initial.get("path"), initial.get("time"), member.case.dim)
-            if initial["kind"] == "file" and source not in checked:
+            if initial["kind"] == "file" and source not in files:
                 stored_coefficients(*source, placement("cpu", "float64"))
-                checked.add(source)
+                files.add(source)
         except CaseError as error:
             raise CaseError(f"sweep member {member.index} ({member.label()}): {error}") from None
 
@@ -393,7 +393,7 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
             futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
                                      [m.path for m in group], threads, pure=False) for group in groups]
             done = 0
-            for future in as_completed(futures, loop=client.loop):  # the client need not be dask's default
+            for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
                 for summary in future.result():
                     done += 1
                     summaries[summary["member"]] = summary
