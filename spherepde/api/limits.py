@@ -9,6 +9,7 @@ are in spherepde.io.case and spherepde.io.case_schema.
 import math
 
 from spherepde.base.errors import CaseError
+from spherepde.discretisation.transforms.legendre import dealiased_gauss_latitudes
 
 MAX_SEEDS = 10_000  # replicates of a sweep (`--seeds`): each is one run and one file
 MAX_MEMBERS = 10_000  # runs of a sweep: every member is resolved and planned before the first runs
@@ -32,17 +33,10 @@ def check_members(counts: list[int], seeds: int | None) -> None:
                         f"members; at most {MAX_MEMBERS} (each is a run and a file)")
 
 
-def latitudes(lmax: int) -> int:
-    """The dealiased S^2 grid's latitudes at degree `lmax`: even, >= 3 (lmax + 1) / 2 (the rule of
-    bases.dealiased_gauss_latitudes, written again here: that module imports torch)."""
-    nlat = math.ceil(3 * (lmax + 1) / 2)
-    return nlat + nlat % 2
-
-
 def table_bytes(lmax: int) -> int:
     """The host memory that building the S^2 grid of degree `lmax` needs: its three Legendre tables, (lmax + 1)^2
-    values at each of the grid's `latitudes`, in float64, times TABLE_PEAK_FACTOR."""
-    return int(TABLE_PEAK_FACTOR * 3 * (lmax + 1) ** 2 * latitudes(lmax) * 8)
+    values at each of the dealiased grid's latitudes, in float64, times TABLE_PEAK_FACTOR."""
+    return int(TABLE_PEAK_FACTOR * 3 * (lmax + 1) ** 2 * dealiased_gauss_latitudes(lmax) * 8)
 
 
 # An Eulerian S^2 run holds at least this many arrays of its grid's size at once (the density, the components of
@@ -53,7 +47,7 @@ GRID_COPIES = 8
 def grid_bytes(lmax: int, itemsize: int, least_nlat: int = 0) -> int:
     """A lower bound of the memory that the S^2 grid of degree `lmax` takes in a run: GRID_COPIES arrays of its
     nlat x nlon >= nlat x 2 nlat nodes (nlat at least `least_nlat`: shtns's 32), of `itemsize` bytes each."""
-    nlat = max(latitudes(lmax), least_nlat)
+    nlat = max(dealiased_gauss_latitudes(lmax), least_nlat)
     return GRID_COPIES * nlat * 2 * nlat * itemsize
 
 

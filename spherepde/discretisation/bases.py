@@ -41,7 +41,7 @@ import torch
 
 from spherepde.base.device import Placement
 from spherepde.discretisation.transforms.fourier import FourierTransform
-from spherepde.discretisation.transforms.legendre import gauss_legendre
+from spherepde.discretisation.transforms.legendre import dealiased_gauss_latitudes, gauss_legendre
 from spherepde.geometry.ambient import inner
 
 
@@ -121,12 +121,6 @@ def dealiased_circle_points(kmax: int) -> int:
     """Smallest even n >= 3 kmax + 1 (products of two degree-kmax fields alias outside |k| <= kmax)
     whose FFT is fast (``fft_length``)."""
     return fft_length(3 * kmax + 1, 2)
-
-
-def dealiased_gauss_latitudes(lmax: int, minimum: int = 0) -> int:
-    """Smallest even nlat >= 3 (lmax + 1) / 2 (and >= `minimum`)."""
-    nlat = max(math.ceil(3 * (lmax + 1) / 2), minimum)
-    return nlat + nlat % 2
 
 
 def dealiased_gauss_grid(lmax: int, minimum: int = 0) -> tuple[int, int]:

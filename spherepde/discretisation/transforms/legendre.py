@@ -18,10 +18,18 @@ l < m are stored as zeros so that one batched matmul over m does a whole Legendr
 a triangular packing of the l >= m entries would halve the memory.
 """
 
+import math
+
 import numpy as np
 
 # Mantissas of the scaled Legendre recurrence are renormalised once they exceed 2**_RESCALE_BITS.
 _RESCALE_BITS = 600
+
+
+def dealiased_gauss_latitudes(lmax: int, minimum: int = 0) -> int:
+    """Smallest even nlat >= 3 (lmax + 1) / 2 (and >= `minimum`): the latitudes of the dealiased Gauss grid."""
+    nlat = max(math.ceil(3 * (lmax + 1) / 2), minimum)
+    return nlat + nlat % 2
 
 
 def check_grid(lmax: int, nlat: int, nlon: int) -> None:
