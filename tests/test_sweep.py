@@ -60,6 +60,7 @@ def test_sweep_members_equal_serial_runs(local_sweep):
             assert same_values(combined["density"].isel(member=index).values, serial["density"].values, ROUND_OFF)
             assert combined["member_status"].values[index] == "completed"
         assert combined["cell_area"].dims == ("theta",)
+        assert "identical results" not in combined.attrs["notes"]
         grid = sweep_module.by_parameters(combined)
         for index, (eps, beta) in enumerate((e, b) for e in EPS for b in BETA):
             assert np.array_equal(grid["order_parameter"].sel(model_eps=eps, model_beta=beta).values,
@@ -126,6 +127,31 @@ def test_sweep_refuses_existing_results_and_resumes_without_a_cluster(local_swee
     assert main(args + ["--resume"]) == 0
     assert "keeping 8 completed members of 8" in capsys.readouterr().err
     assert os.path.getmtime(output / "member-000.nc") == before
+
+
+def test_members_that_compute_the_same_numbers_are_named(tmp_path, monkeypatch, capsys):
+    """A particle run with a fixed step never reads sphere.lmax: a sweep over it measured nothing, and says so, on
+    the terminal and in sweep.nc's notes, from the members' results (the digests of the files an earlier sweep left
+    too: `--resume` runs nothing).  A swept key that changes the run gets no such note (test above)."""
+    case = write_case(tmp_path, SMALL_S1.replace('device = "cpu"', 'device = "cpu"\nmethod = "particles"')
+                      + "[particles]\nn = 32\n")
+    args = ["sweep", str(case), "--param", "sphere.lmax=8,12", "--param", "model.eps=0.1,0.2", "--workers", "1",
+            "-o", str(tmp_path / "out")]
+    assert main(args) == 0
+    expected = [f"members {a} (sphere.lmax=8, model.eps={eps}), {b} (sphere.lmax=12, model.eps={eps}) gave identical "
+                "results" for a, b, eps in ((0, 2, 0.1), (1, 3, 0.2))]
+    err = capsys.readouterr().err
+    assert all(f"spherepde: note: {line}" in err for line in expected), err
+    with xr.open_dataset(tmp_path / "out" / "sweep.nc") as combined:
+        assert [line.partition(":")[0] for line in combined.attrs["notes"].splitlines()[:2]] == \
+            [line.partition(":")[0] for line in expected]
+        assert np.array_equal(combined["order_parameter"].isel(member=0), combined["order_parameter"].isel(member=2))
+        assert not np.array_equal(combined["order_parameter"].isel(member=0),
+                                  combined["order_parameter"].isel(member=1))
+    monkeypatch.setattr(sweep_module, "_cluster", None)  # nothing left to run
+    assert main(args + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert all(line in err for line in expected), err
 
 
 def test_parameters_seeds_and_bad_members():

@@ -22,10 +22,12 @@ existing one; its workers must see DIR at the same path. When all
 members are done, DIR/sweep.nc combines them along a `member` dimension
 (xr.open_mfdataset), with the swept keys (and `seed`) as member coordinates and each
 member's case text and status. Members whose grids differ (a swept sphere.lmax) keep
-their densities in their own files only.
+their densities in their own files only. Members whose results are the same numbers (a key their
+runs do not read) are named in a note (`identical_results`).
 """
 
 import contextlib
+import hashlib
 import itertools
 import logging
 import math
@@ -209,13 +211,41 @@ def run_batch(indices: list, case_texts: list, paths: list, threads: int | None 
 
 
 def summarise(index: int, path: str, dataset, exit_status: int) -> dict:
-    """The few numbers a member reports: status, steps, wall time, final order parameter, and from when its results
-    are under-resolved (`resolved_until`: "end" where they are not, and for particles)."""
+    """The few numbers a member reports: status, steps, wall time, final order parameter, from when its results
+    are under-resolved (`resolved_until`: "end" where they are not, and for particles), and the digest of its results
+    (`results_digest`)."""
     final = dataset["order_parameter"].values[-1] if "order_parameter" in dataset else float("nan")
     return {"member": index, "path": path, "status": dataset.attrs.get("status", "?"), "exit_status": exit_status,
             "steps": int(dataset.attrs.get("steps", 0)), "wall_seconds": float(dataset.attrs.get("wall_seconds", 0)),
             "t": float(dataset["time"].values[-1]), "order_parameter": float(final),
-            "resolved_until": dataset.attrs.get("resolved_until", "end")}
+            "resolved_until": dataset.attrs.get("resolved_until", "end"), "digest": results_digest(dataset)}
+
+
+def results_digest(dataset) -> str:
+    """The SHA-256 of a result's variables (names, dimensions and values; numbers as float64, as a NetCDF file gives
+    them back), not of its attributes (the case, the wall time): two runs that computed the same numbers share it."""
+    digest = hashlib.sha256()
+    for name in sorted(dataset.variables):
+        variable = dataset.variables[name]
+        values = np.asarray(variable.values)
+        digest.update(repr((name, variable.dims, values.shape)).encode())
+        if values.dtype.kind in "biuf":
+            digest.update(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+        else:
+            digest.update(repr(values.tolist()).encode())
+    return digest.hexdigest()
+
+
+def identical_results(members: list[Member], summaries: dict) -> list[str]:
+    """A note for each set of members whose files hold the same numbers: the keys they differ in do not change the
+    run (sphere.lmax of a particle run with a fixed time.dt, say), so the sweep measured nothing along them."""
+    alike = {}
+    for member in members:
+        digest = summaries[member.index].get("digest")
+        if digest is not None:
+            alike.setdefault(digest, []).append(member)
+    return [f"members {', '.join(f'{m.index} ({m.label()})' for m in group)} gave identical results: what they "
+            "differ in does not change this run" for group in alike.values() if len(group) > 1]
 
 
 def _resolved_until(summary: dict) -> float:
@@ -399,14 +429,18 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
                     summaries[summary["member"]] = summary
                     print(f"spherepde: {_progress_line(members[summary['member']], summary)} "
                           f"[{done}/{len(pending)}]", file=sys.stderr)
-    combine(case, members, summaries, combined, params, seeds, command)
+    alike = identical_results(members, summaries)
+    for note in alike:
+        print(f"spherepde: note: {note}", file=sys.stderr)
+    combine(case, members, summaries, combined, params, seeds, command, alike)
     _raise_failures(members, summaries)
     return combined
 
 
 def combine(case: Case, members: list[Member], summaries: dict, target: str, params: list[str],
-            seeds: int | None, command: str | None = None) -> None:
-    """Write the members' files of a sweep of `case` as one Dataset along `member` (xr.open_mfdataset), atomically."""
+            seeds: int | None, command: str | None = None, notes: tuple = ()) -> None:
+    """Write the members' files of a sweep of `case` as one Dataset along `member` (xr.open_mfdataset), atomically,
+    with the sweep's own `notes` before the members'."""
     import dask
     import xarray as xr
 
@@ -446,7 +480,8 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
             "units": "1"})
         # the sweep is resolved until its first member's loss (a member's own is in member_resolved_until)
         data.attrs["resolved_until"] = "end" if all(map(math.isinf, lost)) else float(min(lost))
-        notes = [] if same_grid else ["the members' grids differ: densities are in the member files only"]
+        notes = list(notes) + ([] if same_grid else ["the members' grids differ: densities are in the member files "
+                                                     "only"])
         for member, text in zip(present, notes_of):
             notes += [f"member {member.index}: {line}" for line in text.splitlines() if line]
         data.attrs["notes"] = "\n".join(notes)
