@@ -240,6 +240,23 @@ def test_unreachable_scheduler_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("address, said", [("tcp://127.0.0.1:99999", "port 99999 is not a TCP port"),
+                                           ("127.0.0.1:0", "port 0 is not a TCP port"),
+                                           ("tcp://host", "missing port number"),
+                                           ("tls://host:port", "not an address of the form tcp://HOST:PORT")])
+def test_a_scheduler_address_no_server_can_have_is_refused_at_once(tmp_path, capsys, monkeypatch, address, said):
+    """Without its check, a port beyond 65535 was retried for the whole connect timeout (30 s) before exit 2."""
+    def no_connection(*args, **kwargs):
+        raise AssertionError("an address no server can have is not connected to")
+
+    monkeypatch.setattr("distributed.comm.connect", no_connection)
+    case = tmp_path / "case.toml"
+    case.write_text(SMALL_S1)
+    status = main(["sweep", str(case), "--param", "model.eps=0.1", "--scheduler", address, "-o", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and said in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_scheduler_address_that_is_no_dask_scheduler_is_one_line(tmp_path, capsys):
     """A tls:// address without its security settings (Client raised TypeError: a traceback, exit 1) and a port
     that accepts the connection but never answers Dask's handshake (the sweep waited for ever): one line, exit 2,

@@ -360,6 +360,20 @@ def _connected(scheduler: str):
                         f"{error}") from None
 
 
+def _check_address(scheduler: str) -> None:
+    """A CaseError for a tcp:// or tls:// address without a port, or with one that no TCP server can have (connecting
+    would retry it for the whole connect timeout)."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        protocol, location = parse_address(scheduler)
+        port = parse_host_port(location)[1] if protocol in ("tcp", "tls") else 1
+    except ValueError as error:
+        raise CaseError(f"--scheduler {scheduler!r} is not an address of the form tcp://HOST:PORT ({error})") from None
+    if not 0 < port < 2 ** 16:
+        raise CaseError(f"--scheduler {scheduler!r}: port {port} is not a TCP port (1 to 65535)")
+
+
 def _running_loop() -> bool:
     """Whether this thread runs an asyncio event loop."""
     import asyncio
@@ -391,6 +405,8 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
     check_folder(folder, "sweep -o")
     if scheduler is not None and not scheduler.strip():
         raise CaseError("--scheduler: an empty address (leave it out for a local cluster)")
+    if scheduler is not None:
+        _check_address(scheduler)
     case = case.checked()  # sweep.nc stores it: with its edits in place applied, as every member's
     members = plan(case, params, folder, seeds)
     check_members_run(members, local=scheduler is None)
