@@ -65,7 +65,7 @@ def particle_field(X, Ct, W, V):
     or torch)."""
     from solvers.particle_step import direct_mean, inner
 
-    u = W @ X + V @ direct_mean(np if isinstance(X, np.ndarray) else torch, X, Ct, softmax=False)
+    u = W @ X + V @ direct_mean(np if isinstance(X, np.ndarray) else torch, X, Ct, softmax=False, shifted=False)
     return u - inner(u, X) * X
 
 

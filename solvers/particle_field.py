@@ -5,8 +5,9 @@ The attention integral is the exponential-kernel sum over the particles with wei
 (spherepde.kernels dense quadrature), or, for the softmax kernel on CUDA, fused scaled-dot-product attention
 m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same sum, memory O(n) per block of rows).  On the CPU the
 dense sum is used: torch's float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).
-Small systems take the direct sums, the (n, n) kernel formed without a shift (whole, or in blocks of query rows
-where a stage does not keep it): solvers/particle_step.py (`direct_mean` here; the particle step itself is that
+Small systems take the direct sums, the (n, n) kernel formed whole, or in blocks of query rows where a stage does
+not keep it, without a shift where beta |B| allows (within_direct_range), else (the softmax only) with each row
+shifted by its largest logit: solvers/particle_step.py (`direct_mean` here; the particle step itself is that
 module's array program).  At beta = inf the case chooses between
   "mean_field": m(x) = B^T x / |B^T x|, the local field of the Eulerian equation, so the
                 particles are its characteristics (they do not interact), and
@@ -74,22 +75,19 @@ def fused_softmax_mean(B: torch.Tensor, beta: torch.Tensor, points: torch.Tensor
 
 
 # The direct sums serve while a system's (n, n) kernel (kept whole for a training's transpose, and on CUDA) takes at
-# most this many bytes and beta |B^T x| stays below half the exponent range (no sum of n exponentials overflows).
-# Per system, not per batch: a member then takes the same path in any batch, as its serial run (bit for bit).
+# most this many bytes.  Per system, not per batch: a member then takes the same path in any batch, as its serial
+# run (bit for bit).
 DIRECT_BYTES = 2 ** 26
 
 
 def within_direct_range(reach: float, dtype: torch.dtype) -> bool:
-    """Whether the kernel's largest exponent beta |B|_2 (`reach`) stays below half the exponent range of `dtype`,
-    as the direct sums need (no shift)."""
+    """Whether the kernel's largest exponent beta |B|_2 (`reach`) stays below half the exponent range of `dtype`
+    (354.9 in float64, 44.4 in float32), where the direct sums take the kernel exp(beta <x_i, B x_j>) unshifted: no
+    sum of n exponentials overflows.  Beyond it they serve the softmax alone, each kernel row shifted by its largest
+    logit (particle_step.kernel_products; the shift's passes over the kernel would cost 1.7 times the unshifted
+    step at n = 2000 where it is not needed); the unnormalized kernel, which has no such freedom, takes the
+    generic sums there."""
     return reach <= 0.5 * math.log(torch.finfo(dtype).max)
-
-
-def can_be_direct(B: torch.Tensor, beta: torch.Tensor, n: int) -> bool:
-    """Whether the direct sums (particle_step) serve systems of n tokens (DIRECT_BYTES and the exponent range)."""
-    dtype = B.dtype
-    reach = float((beta * torch.linalg.matrix_norm(B.double(), ord=2)).max())
-    return n * n * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES and within_direct_range(reach, dtype)
 
 
 class SystemKernel:
@@ -117,7 +115,7 @@ class ParticleField:
         self.batch, self.attention, self.chunk, self.replicas = batch, attention, chunk, replicas
         self.systems = batch.select([m for m in range(batch.members) for _ in range(replicas)])
         self.coupling = self.systems.beta[:, None, None] * self.systems.B  # C = beta B per system
-        self.direct = None  # can_be_direct, found at the first call (it needs n)
+        self.direct = self.shifted = None  # is_direct and the kernel's shift, found at the first call (it needs n)
 
     @classmethod
     def from_case(cls, case, batch: ModelBatch) -> "ParticleField":
@@ -148,7 +146,8 @@ class ParticleField:
             xp = program_namespace(points, self.coupling)
             coupling = self.coupling.transpose(-1, -2)
             m = particle_step.direct_mean(xp, particle_step.rows_of(xp, points),
-                                          coupling.numpy() if xp is np else coupling, systems.kernel == "softmax")
+                                          coupling.numpy() if xp is np else coupling, systems.kernel == "softmax",
+                                          self.shifted)
             m = particle_step.tensor_of(xp, m.swapaxes(1, 2))
         else:
             ones = torch.ones(points.shape[:2], dtype=points.dtype, device=points.device)
@@ -156,10 +155,16 @@ class ParticleField:
         return m.reshape(x.shape)
 
     def is_direct(self, points: torch.Tensor) -> bool:
-        """Whether the dense attention of these systems' points (S, p, d) is the direct sums'."""
+        """Whether the dense attention of these systems' points (S, p, d) is the direct sums' (DIRECT_BYTES, and the
+        exponent range for the unnormalized kernel), and whether their kernel is `shifted` (the softmax's beyond
+        that range: within_direct_range)."""
         if self.direct is None:
-            self.direct = (self.attention == "dense" and bool((self.systems.beta > 0).all())
-                           and can_be_direct(self.systems.B, self.systems.beta, points.shape[1]))
+            systems, dtype, p = self.systems, self.systems.B.dtype, points.shape[1]
+            reach = float((systems.beta * torch.linalg.matrix_norm(systems.B.double(), ord=2)).max())
+            softmax, within = systems.kernel == "softmax", within_direct_range(reach, dtype)
+            self.shifted = softmax and not within
+            self.direct = (self.attention == "dense" and bool((systems.beta > 0).all())
+                           and p * p * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES and (softmax or within))
         return self.direct
 
     def __call__(self, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,11 @@ differentiate this very program).  Why numpy on the CPU, measured on one core at
 exp 77 us against torch's 194 (numpy's AVX-512 exp, within 0.70 ulp, torch's 0.52), the (S, c, p) x (S, p, p)
 products 13-31 us against torch's batched matmul 34-180, and an op on (S, d, p) arrays 1-5 us against 2-12.
 
-One field evaluation v = P_x(W x + V m) at the stage points X, per system (k_ij = exp(<x_i, C x_j>), Z_i = sum_j k_ij):
+One field evaluation v = P_x(W x + V m) at the stage points X, per system (k_ij = exp(<x_i, C x_j> - s_i),
+Z_i = sum_j k_ij, the shift s_i = 0 or, for the softmax beyond the unshifted kernel's exponent range, the row's largest
+logit: kernel_products):
 
-    w = C^T X (w_i = C^T x_i),   y = C X,   k = exp(w^T X),
+    w = C^T X (w_i = C^T x_i),   y = C X,   k = exp(w^T X - s),
     m_i = sum_j k_ij x_j / Z_i (softmax)  or  (1/p) sum_j k_ij x_j (unnormalized),
 
 the sums as the rows [1 (softmax); X] k^T.  Its transpose for a cotangent vbar (the projection and the drift as in
@@ -27,9 +29,10 @@ and the two G sums never form G: with the d^2 rows Q_(b,a) = x_b y_a and R_(b,a)
     sum_i G_ij w_ai = sum_b x_bj [R k]_(b,a)j - [(c w) k]_aj,
 
 so a stage's transpose reads k twice, in two products: [1; X; Q; y] k^T (taken with the forward sums when the stage
-is formed again) and [a; R; c w] k; the (S, p, p) arrays are k alone.  The exponentials are those of the forward
-step: 2 p^2 per system and Heun step, 4 p^2 with the backward pass's recomputation (the kernels are not stored: at the
-seed's scale, 20 members, 8000 steps, they would take 10 GB).
+is formed again) and [a; R; c w] k; the (S, p, p) arrays are k alone.  Each term pairs k_ij, or a sum over row i of
+it, with a_i = mbar_i / Z_i: the softmax's transpose reads k_ij / Z_i alone, in which a row's shift cancels.  The
+exponentials are those of the forward step: 2 p^2 per system and Heun step, 4 p^2 with the backward pass's
+recomputation (the kernels are not stored: at the seed's scale, 20 members, 8000 steps, they would take 10 GB).
 """
 
 import numpy as np
@@ -37,6 +40,7 @@ import torch
 
 from spherepde.base.arrays import einsum, program_namespace
 from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX
+from spherepde.kernels.dense import exponent_floor
 
 
 def noise_variance(eps, tau: float, dim: int):
@@ -126,33 +130,48 @@ def exponential_map_transpose(xp, X, T, outbar):
 KERNEL_BLOCK_BYTES = 2 ** 18
 
 
-def kernel_products(xp, X, w, rows):
-    """(k, rows k^T) per system for w = C^T X: the kernel k_ij = exp(<x_i, C x_j>) = exp(<w_i, x_j>) (S, p, p)
-    formed whole, and the sums of the (S, c, p) `rows` against it."""
+def kernel_products(xp, X, w, rows, shifted: bool):
+    """(k, rows k^T) per system for w = C^T X: the kernel k_ij = exp(<x_i, C x_j> - s_i) = exp(<w_i, x_j> - s_i)
+    (S, p, p) formed whole, and the sums of the (S, c, p) `rows` against it.  s_i = 0, or where `shifted` the
+    row's largest logit max_j <w_i, x_j> (the softmax's, beyond the exponent range of the unshifted kernel:
+    particle_field.within_direct_range): no entry then exceeds 1 and Z_i >= 1 at any beta, and the softmax's
+    ratios k_ij / Z_i, all that the step and its transpose read, are the unshifted kernel's."""
     L = w.swapaxes(1, 2) @ X
+    if shifted:
+        # The exponents are floored (kernels.dense.exponent_floor) so that every entry is a normal number: numpy's
+        # exp of an exponent below -708 (most of a kernel at beta = 1000) takes a slow path, 15 times the cost of
+        # the others.  The floor adds at most 1e-306 (float32: 1e-36) per entry to Z_i >= 1.
+        floor = exponent_floor(torch.float32 if X.itemsize == 4 else torch.float64)
+        if xp is np:
+            L -= L.max(axis=2, keepdims=True)
+            np.maximum(L, floor, out=L)
+        else:  # the shift detached: the ratios do not depend on it
+            L = (L - L.detach().amax(2, keepdim=True)).clamp(min=floor)
     k = np.exp(L, out=L) if xp is np else torch.exp(L)
     return k, rows @ k.swapaxes(1, 2)
 
 
-def kernel_sums(xp, X, w, rows):
+def kernel_sums(xp, X, w, rows, shifted: bool):
     """rows k^T of `kernel_products` without keeping k: on the CPU formed KERNEL_BLOCK_BYTES of query rows at a
-    time per system (the blocks depend on p alone: a member's sums are the same in any batch)."""
+    time per system (the blocks depend on p alone: a member's sums are the same in any batch; a row's shift is its
+    own, whatever block holds it)."""
     p = X.shape[2]
     block = KERNEL_BLOCK_BYTES // (p * X.itemsize) if xp is np else p
     if block >= p:
-        return kernel_products(xp, X, w, rows)[1]
+        return kernel_products(xp, X, w, rows, shifted)[1]
     block = max(1, block)
-    return xp.concatenate([kernel_products(xp, X, w[:, :, start:start + block], rows)[1]
+    return xp.concatenate([kernel_products(xp, X, w[:, :, start:start + block], rows, shifted)[1]
                            for start in range(0, p, block)], axis=2)
 
 
-def direct_mean(xp, X, Ct, softmax: bool):
-    """The attention mean m (S, d, p) at the rows X: sum_j k_ij x_j / Z_i (softmax) or (1/p) sum_j k_ij x_j."""
+def direct_mean(xp, X, Ct, softmax: bool, shifted: bool):
+    """The attention mean m (S, d, p) at the rows X: sum_j k_ij x_j / Z_i (softmax; the kernel `shifted` or not,
+    kernel_products) or (1/p) sum_j k_ij x_j."""
     w = Ct @ X
     if softmax:
-        sums = kernel_sums(xp, X, w, xp.concatenate([xp.ones_like(X[:, :1]), X], axis=1))
+        sums = kernel_sums(xp, X, w, xp.concatenate([xp.ones_like(X[:, :1]), X], axis=1), shifted)
         return sums[:, 1:] / sums[:, :1]
-    return kernel_sums(xp, X, w, X) / X.shape[2]
+    return kernel_sums(xp, X, w, X, False) / X.shape[2]
 
 
 class Layer:
@@ -183,9 +202,9 @@ class Stage:
             rows += [outer(X, y), y] if softmax else [outer(X, y)]
         rows = xp.concatenate(rows, axis=1) if len(rows) > 1 else X
         if keep:
-            self.k, products = kernel_products(xp, X, self.w, rows)
+            self.k, products = kernel_products(xp, X, self.w, rows, program.shifted)
         else:
-            products = kernel_sums(xp, X, self.w, rows)
+            products = kernel_sums(xp, X, self.w, rows, program.shifted)
         if softmax:
             self.Z = products[:, :1]
             self.m = products[:, 1:1 + d] / self.Z
@@ -267,7 +286,7 @@ class DirectStep:
             self.a = [[float(weight) for weight in row] for row in tableau.a]
             self.b = [float(weight) for weight in tableau.b]
         systems = field.systems
-        self.softmax = systems.kernel == "softmax"
+        self.softmax, self.shifted = systems.kernel == "softmax", field.shifted
         coupling, V = field.coupling, systems.V
         tensors = {"C": coupling, "Ct": coupling.transpose(-1, -2).contiguous(), "V": V,
                    "Vt": V.transpose(-1, -2).contiguous(), "Vp": V / tokens,

@@ -162,14 +162,16 @@ def test_batched_particles_are_their_serial_runs_bit_for_bit():
         assert_same_file(dataset, run(case, progress=False), 0)
 
 
-@pytest.mark.parametrize("n, dtype", [(1700, "float64"), (600, "float32")])
-def test_batched_large_systems_are_their_serial_runs_bit_for_bit(n, dtype):
+@pytest.mark.parametrize("n, dtype, beta", [(1700, "float64", 2.0), (600, "float32", 2.0), (1700, "float64", 1000.0),
+                                           (600, "float32", 100.0)])
+def test_batched_large_systems_are_their_serial_runs_bit_for_bit(n, dtype, beta):
     """Systems whose kernels the forward stages form in blocks of query rows (above 181 tokens in float64, 256 in
     float32), and three of 1700 tokens whose kernels together exceed DIRECT_BYTES (a review found such a batch
-    taking the generic sums where each serial run took the direct ones, 2e-16 apart): identical particles."""
+    taking the generic sums where each serial run took the direct ones, 2e-16 apart), with the kernel unshifted and,
+    beyond its exponent range, each row shifted by its largest logit: identical particles."""
     cases = [case_from_dict({
         "sphere": {"dim": 3, "lmax": 8},
-        "model": {"kernel": "softmax", "beta": 2.0, "V": [[scale, 0, 0], [0, 1.0, 0], [0, 0, 1.2]]},
+        "model": {"kernel": "softmax", "beta": beta, "V": [[scale, 0, 0], [0, 1.0, 0], [0, 0, 1.2]]},
         "initial": {"kind": "vmf", "mean": [1.0, 0.0, 0.0], "kappa": 1.0},
         "time": {"t_end": 0.1, "dt": 0.05, "save_every": 0.1},
         "solver": {"method": "particles", "device": "cpu", "dtype": dtype}, "diagnostics": {"w2": False},
@@ -181,7 +183,7 @@ def test_batched_large_systems_are_their_serial_runs_bit_for_bit(n, dtype):
 def test_batches_group_what_can_run_together():
     """Seeds, eps, matrices and initial laws may differ within a batch; the grid, the step, the kernel and what
     eps implies (the scheme "auto" picks) may not; particles stepped by the CFL rule run alone, and those whose
-    kernel the direct sums cannot take (beta |B| beyond half the exponent range, 354.9 in float64) apart."""
+    beta |B| is beyond the direct sums' unshifted exponent range (354.9 in float64) apart."""
     base = {"sphere": {"dim": 2, "lmax": 12}, "model": {"kernel": "softmax", "beta": 1.0, "eps": 0.1},
             "time": {"t_end": 0.2, "dt": 0.1}}
 
@@ -201,7 +203,7 @@ def test_batches_group_what_can_run_together():
     # Particles take no time scheme: eps = 1e-4 and 0.1 (two schemes under "auto") run together, eps = 0 not.
     particles = [case(solver={"method": "particles"}, model={"eps": eps}) for eps in (1e-4, 0.1, 0.0)]
     assert batches(particles) == [[0, 1], [2]]
-    # a particle member whose kernel exceeds the direct sums' exponent range takes the generic sums: apart
+    # beyond the unshifted range the softmax's kernel rows are shifted (the unnormalized kernel's sums generic): apart
     direct = [case(solver={"method": "particles"}, model={"beta": beta}) for beta in (1.0, 300.0, 500.0, 1000.0)]
     assert batches(direct) == [[0, 1], [2, 3]]
     # B given per layer: the largest layer's |B|_2 decides (the key took the norm of the whole array: ValueError)

@@ -11,7 +11,7 @@ from conftest import identity, make_case
 from scipy import stats
 from scipy.integrate import quad
 from scipy.linalg import expm
-from scipy.special import i0, iv, ive
+from scipy.special import i0, iv, ive, softmax
 from test_eulerian import hemisphere_mass
 
 import spherepde
@@ -176,6 +176,23 @@ def test_fused_and_dense_attention_agree_and_hardmax_is_the_zero_temperature_lim
     assert int(clear.sum()) > 400
     difference = fused_softmax_mean(cold.B, cold.beta, x, 100) - hardmax_mean(cold.B, x, 64)
     assert torch.abs(difference[0][clear]).max() <= 1e-12
+
+
+@pytest.mark.parametrize("dtype, beta, tolerance", [("float64", 1000.0, 1e-13), ("float32", 100.0, 2e-6)])
+def test_the_direct_softmax_mean_beyond_the_exponent_range_is_scipys_softmax(dtype, beta, tolerance):
+    """beta |B|_2 beyond the unshifted kernel's range (354.9 in float64, 44.4 in float32): the direct sums take the
+    softmax with each kernel row shifted by its largest logit, and m_i = sum_j softmax_j(beta <x_i, B x_j>) x_j is
+    scipy's (float64; measured 1.2e-14 at beta = 1000, where the logits' round-off is beta times float64's, and
+    3.6e-7 in float32), 700 tokens in blocks of query rows."""
+    B = [[1.0, 0.2, 0.0], [0.0, 0.9, 0.1], [0.1, 0.0, 1.1]]
+    case = make_case(3, 12, model={"beta": beta, "B": B}, solver={"method": "particles", "dtype": dtype})
+    field = ParticleField(batch_of(case, placement("cpu", dtype)), "dense", 128)
+    x = uniform(700, 3, generator(5))[None]
+    mean = field.mean_field(x.to(getattr(torch, dtype)))
+    assert field.direct and field.shifted
+    points = x[0].numpy()
+    exact = softmax(beta * points @ np.array(B) @ points.T, axis=1) @ points
+    assert np.abs(mean[0].double().numpy() - exact).max() <= tolerance
 
 
 @pytest.mark.parametrize("dtype, tolerance", [("float64", 1e-12), ("float32", 2e-5)])

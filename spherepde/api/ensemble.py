@@ -12,10 +12,11 @@ training's [control] its loss and target, lambda_reg, the optimizer and its lear
 tolerance, the bow candidates' keys and save_adjoint. Everything else (sphere, time, solver, the particles' size,
 replicas and integrator, the layers and the gradient) is shared, and so must be what it implies: the time scheme of
 a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy, whether a particle
-run's kernel can take the direct sums (solvers.particle_field.within_direct_range: else its batch would take the
-generic sums, its serial run the direct ones, apart at round-off), and beyond the seeds' model the heads (head 0's
-beta among them), the feed-forward and the layers. Particle runs stepped by the CFL rule
-(no fixed dt) each run alone: their members would take different steps and their draws would not be those of their
+run's kernel is within the direct sums' unshifted exponent range (solvers.particle_field.within_direct_range: beyond
+it the softmax's kernel rows are shifted and the unnormalized kernel takes the generic sums, so that a batch of both
+would take one way where a serial run takes the other, apart at round-off), and beyond the seeds' model the heads
+(head 0's beta among them), the feed-forward and the layers. Particle runs stepped by the CFL rule (no fixed dt) each
+run alone: their members would take different steps and their draws would not be those of their
 serial runs.
 """
 
