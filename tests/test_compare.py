@@ -211,6 +211,16 @@ def test_the_python_api_refuses_what_the_command_line_refuses():
     sweep = xr.concat([eulerian, eulerian], "member")
     with pytest.raises(spherepde.CaseError, match="compare: A is a sweep"):
         compare(sweep, particles)
+    # a second round: Python's own errors (AttributeError, TypeError, IndexError) where the command line's are one line
+    for options, said in (({"k": "3"}, "--k must be a number, got '3'"),
+                          ({"atoms": 10.5}, "--atoms must be an integer"),
+                          ({"atoms": True}, "--atoms must be an integer")):
+        with pytest.raises(spherepde.CaseError, match=said):
+            compare(eulerian, particles, **options)
+    with pytest.raises(spherepde.CaseError, match="compare: A is a str, not a result Dataset"):
+        compare("run.nc", particles)
+    with pytest.raises(spherepde.CaseError, match=r"compare: B is not a run as spherepde writes one: its variable"):
+        compare(eulerian, particles.isel(time=0))
     for single in (eulerian, particles):
         with pytest.raises(spherepde.CaseError, match="not one of --solver both"):
             split_both(single)
@@ -313,7 +323,7 @@ def test_cli_compare_what_a_fuzzing_round_found(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", str(both), "-o", str(tmp_path / "r0")]) == 2
     err = capsys.readouterr().err
-    assert "(particles) holds neither a density nor saved particles" in err and "--no-w2" in err, err
+    assert "(particles) holds no saved particles (particles.save = 0)" in err and "--no-w2" in err, err
     assert main(["compare", str(both), "-o", str(tmp_path / "r0"), "--no-w2"]) == 0
     case.write_text(text.replace("lyapunov_p = []", "lyapunov_p = [0.1]"))
     assert main(["run", str(case), "-o", str(both), "--solver", "both", "--quiet", "--overwrite"]) == 0

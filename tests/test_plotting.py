@@ -202,6 +202,37 @@ def test_sweep_figure_and_one_line_refusals(tmp_path, capsys):
         assert named in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_sweep_figure_tells_every_member_apart_and_fades_each_after_its_own_loss_of_resolution(tmp_path):
+    """Twelve members: twelve colours (member i took C{i % 10}, so members 0 and 10 were one line), and each curve
+    faded from its own member_resolved_until on, where every member's panel was shaded from the first loss."""
+    import matplotlib.pyplot as plt
+
+    members = plan(spherepde.load_case_text(SMALL_S1), ["model.eps=0.1,0.3"], str(tmp_path / "sweep"))
+    summaries = {s["member"]: s for s in run_batch([m.index for m in members], [m.case.text for m in members],
+                                                     [m.path for m in members])}
+    combine(members[0].case, members, summaries, str(tmp_path / "sweep.nc"), ["model.eps=0.1,0.3"], None)
+    with xr.open_dataset(tmp_path / "sweep.nc") as sweep:
+        twelve = xr.concat([sweep.isel(member=[0])] * 12, "member").assign_coords(
+            member=np.arange(12), model_eps=("member", 0.1 * np.arange(1, 13)))
+    time = twelve["time"].values
+    lost = time[1]
+    twelve["member_resolved_until"] = ("member", np.r_[lost, np.full(11, np.inf)])
+    twelve.attrs["resolved_until"] = float(lost)
+    figure = plt.figure()
+    _diagnostics(figure, twelve)
+    panel = next(axis for axis in figure.axes if axis.get_title().startswith("order parameter"))
+    lines = [line for line in panel.get_lines() if len(line.get_xdata())]
+    solid = [line for line in lines if line.get_alpha() is None]
+    assert len({line.get_color() if isinstance(line.get_color(), str) else tuple(line.get_color())
+                for line in solid}) == 12
+    faded = [line for line in lines if line.get_alpha() is not None]
+    assert len(faded) == 1 and list(faded[0].get_xdata()) == list(time[1:])
+    assert list(solid[0].get_xdata()) == list(time[:2])
+    assert not panel.patches  # no span shaded for every member
+    assert figure.legends[0].get_texts()[-1].get_text() == "faded: under-resolved"
+    plt.close(figure)
+
+
 def test_a_figure_never_replaces_its_result_and_odd_files_are_one_line_refusals(results, tmp_path, capsys):
     """A result named RUN.png is refused by plot (its figure would be RUN.png) and by run --plot before the run;
     a save cut with time as a number, a file without lmax, a figure's path taken by a folder and --animate of an
@@ -214,6 +245,14 @@ def test_a_figure_never_replaces_its_result_and_odd_files_are_one_line_refusals(
     before = disguised.read_bytes()
     assert main(["plot", str(disguised)]) == 2 and disguised.read_bytes() == before
     assert "would replace the result" in capsys.readouterr().err
+    # RUN.png beside RUN.nc that is no image (another result) is refused; an earlier figure is replaced
+    shutil.copy(results["s1"], tmp_path / "run.nc")
+    assert main(["plot", str(tmp_path / "run.nc")]) == 2 and disguised.read_bytes() == before
+    assert "exists and is not a PNG or GIF image" in capsys.readouterr().err
+    disguised.unlink()
+    assert main(["plot", str(tmp_path / "run.nc")]) == 0 and main(["plot", str(tmp_path / "run.nc")]) == 0
+    (tmp_path / "run.nc").unlink()
+    disguised.unlink()
     case = tmp_path / "case.toml"
     case.write_text(SMALL_S1)
     assert main(["run", str(case), "-o", str(tmp_path / "out.png"), "--plot", "--quiet"]) == 2

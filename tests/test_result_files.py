@@ -61,6 +61,15 @@ EDITS = {  # name: (run, edit, words of the one-line error)
     "NaN time": ("circle", _set("time", 1, np.nan), "its time coordinate is not finite and increasing"),
     "all-NaN density": ("circle", _set("density", slice(None), np.nan), "its density is not finite at any save"),
     "mass as text": ("circle", lambda d: d.assign(mass=d["mass"].astype(str)), "its variable mass holds <U"),
+    # a second round: a traceback each, or (no time coordinate) save numbers read as times, compared silently
+    "no time coordinate": ("circle", lambda d: d.drop_vars("time"), "its time axis has no coordinate"),
+    "time renamed": ("circle", lambda d: d.rename(time="t"), "its variable mass has dimensions ('t',), not ('time',)"),
+    "a diagnostic on the grid": ("circle", lambda d: d.assign(order_parameter=d["density"]),
+                                 "its variable order_parameter has dimensions ('time', 'theta')"),
+    "a diagnostic of one save": ("circle", lambda d: d.assign(order_parameter=d["order_parameter"].isel(time=0)),
+                                 "its variable order_parameter has dimensions (), not ('time',)"),
+    "a training without its loss": ("circle", lambda d: d.assign(gradient_norm=(("iteration",), [1.0, 0.5])),
+                                    "it has an iteration axis but no loss"),
 }
 
 

@@ -39,6 +39,7 @@ REPORT.png (each diagnostic of both runs with the band +- k stderr, and W2(t)).
 """
 
 import math
+import numbers
 import os
 import textwrap
 import uuid
@@ -51,7 +52,7 @@ from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
 from spherepde.discretisation.bases import gauss_cell_radius
 from spherepde.io.output import DIAGNOSTIC_ATTRS, grid_points, history, split_both, write_dataset
-from spherepde.io.summary import open_result
+from spherepde.io.summary import check_run, open_result
 from spherepde.measures.diagnostics import DENSITY_FLOOR
 from spherepde.measures.optimal_transport import w2_between
 
@@ -277,6 +278,11 @@ def check_options(k: float, atol: float, atoms: int) -> None:
     """A one-line CaseError naming the first of compare's options out of its range."""
     from spherepde.io.case_schema import ATOMS_BELOW
 
+    for option, value, kind in (("k", k, numbers.Real), ("atol", atol, numbers.Real),
+                                ("atoms", atoms, numbers.Integral)):
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise CaseError(f"compare: --{option} must be {'an integer' if kind is numbers.Integral else 'a number'}, "
+                            f"got {value!r}")
     for option, value, valid, rule in (("k", k, 0 < k < math.inf, "finite and > 0"),
                                        ("atol", atol, 0 <= atol < math.inf, "finite and >= 0"),
                                        ("atoms", atoms, 1 <= atoms < ATOMS_BELOW,
@@ -291,6 +297,13 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
     W2(t) (unless `w2` is false), verdicts; `k`, `atol`, `atoms` as compare's --k, --atol, --atoms."""
     check_options(k, atol, atoms)
     for label, run in zip(labels, (a, b)):
+        if not isinstance(run, xr.Dataset):
+            raise CaseError(f"compare: {label} is a {type(run).__name__}, not a result Dataset (open the files with "
+                            "load_pair or spherepde.open_result)")
+        try:
+            check_run(run)
+        except CaseError as error:
+            raise CaseError(f"compare: {label} is not a run as spherepde writes one: {error}") from None
         if "member" in run.dims:
             raise CaseError(f"compare: {label} is a sweep ({run.sizes['member']} members); compare its members")
     if a.sizes.get("component") != b.sizes.get("component"):
@@ -339,8 +352,10 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, dof, verdicts[name]))
     for label, run in zip(labels, (a, b)):
         if w2 and "particles" not in run and "density" not in run:
-            raise CaseError(f"compare: {label} holds neither a density nor saved particles (particles.save = 0), "
-                            "which W2(A, B) needs; pass --no-w2 to compare the diagnostics alone")
+            saved = ("no saved particles (particles.save = 0)" if run.attrs.get("solver") == "particles"
+                     else "no density variable")
+            raise CaseError(f"compare: {label} holds {saved}, which W2(A, B) needs; pass --no-w2 to compare the "
+                            "diagnostics alone")
     distances, bounds, methods = [], [], set()
     for i in range(a.sizes["time"] if w2 else 0):
         (points_a, masses_a, grid_a), (points_b, masses_b, grid_b) = measure(a, i, labels[0]), measure(b, i, labels[1])

@@ -119,12 +119,38 @@ def _limits(axis, curves: list, scale: str) -> None:
         axis.set_ylim(low - margin, high + margin)
 
 
-def _member_curve(axis, time: np.ndarray, values: np.ndarray, colour: str, style: str, label: str):
+def _member_curve(axis, time: np.ndarray, values: np.ndarray, colour, style: str, label: str,
+                  resolved_until: float = np.inf):
     """A sweep member's curve through its own saves: the combined time axis is every member's save times, a
-    member's values NaN at the others' (another time.save_every) and after a failure; a lone save is a dot."""
+    member's values NaN at the others' (another time.save_every) and after a failure; a lone save is a dot.  From
+    the member's own `resolved_until` on, the curve is faded (UNDER_RESOLVED_ALPHA)."""
     kept = np.isfinite(values)
-    return axis.plot(time[kept], values[kept], lw=1.2, color=colour, ls=style, label=label,
-                     marker="o" if kept.sum() == 1 else None, ms=3)[0]
+    time, values = time[kept], values[kept]
+    resolved = time <= resolved_until
+    line = axis.plot(time[resolved], values[resolved], lw=1.2, color=colour, ls=style, label=label,
+                     marker="o" if resolved.sum() == 1 else None, ms=3)[0]
+    after = time >= (time[resolved][-1] if resolved.any() else -np.inf)  # from the last resolved save, joined
+    if not resolved.all():
+        axis.plot(time[after], values[after], lw=1.2, color=colour, ls=style, alpha=UNDER_RESOLVED_ALPHA,
+                  marker="o" if after.sum() == 1 else None, ms=3)
+    return line
+
+
+# A sweep member's curve after its own loss of resolution (member_resolved_until) is drawn this faint: the members
+# lose it at different times, where a single run's panels shade the under-resolved span instead.
+UNDER_RESOLVED_ALPHA = 0.3
+
+
+def member_colours(count: int) -> list:
+    """A colour per sweep member, all different: matplotlib's ten cycle colours, tab20's twenty, else evenly
+    spaced along viridis."""
+    if count <= 10:
+        return [f"C{i}" for i in range(count)]
+    from matplotlib import colormaps
+
+    if count <= 20:
+        return [colormaps["tab20"](i) for i in range(count)]
+    return [colormaps["viridis"](x) for x in np.linspace(0.0, 0.95, count)]
 
 
 def _member_labels(dataset) -> list[str]:
@@ -215,6 +241,10 @@ def _diagnostics(subfigure, dataset) -> None:
     time = dataset["time"].values
     resolved_until = dataset.attrs.get("resolved_until", "end")
     members = _member_labels(dataset) if "member" in dataset.dims else None
+    if members is not None:
+        colours = member_colours(len(members))
+        member_until = (dataset["member_resolved_until"].values if "member_resolved_until" in dataset
+                        else np.full(len(members), np.inf))
     member_lines = []  # a sweep's legend: a member's colour, the same in every panel
     for axis, (title, names, scale) in zip(axes, panels):
         # a panel of several variables names each curve by its variable (alignment_E beside alignment_F)
@@ -223,8 +253,8 @@ def _diagnostics(subfigure, dataset) -> None:
         for k, (label, values, stderr) in enumerate(curves):
             if members is not None:  # colour by member, line style by curve (told apart in the panel's legend)
                 style = MEMBER_CURVE_STYLES[k % len(MEMBER_CURVE_STYLES)]
-                lines = [_member_curve(axis, time, np.asarray(values.isel(member=i)), f"C{i % 10}", style, member)
-                         for i, member in enumerate(members)]
+                lines = [_member_curve(axis, time, np.asarray(values.isel(member=i)), colours[i], style, member,
+                                       member_until[i]) for i, member in enumerate(members)]
                 member_lines = member_lines or lines
                 if len(curves) > 1:
                     axis.plot([], [], color="0.3", ls=style, label=label)
@@ -236,7 +266,7 @@ def _diagnostics(subfigure, dataset) -> None:
         if names == ["w2_projection"]:
             _w2_bound(axis, dataset, time)
         _limits(axis, curves, scale)
-        if not isinstance(resolved_until, str):
+        if members is None and not isinstance(resolved_until, str):
             axis.axvspan(float(resolved_until), time[-1], color="0.88", zorder=0, label="under-resolved")
         if members is None:
             _mark_failures(axis, dataset)
@@ -253,6 +283,11 @@ def _diagnostics(subfigure, dataset) -> None:
         axis.set_title(title, fontsize=10)
         axis.grid(True, alpha=0.3)
     if member_lines:
+        if np.isfinite(member_until).any():
+            from matplotlib.lines import Line2D
+
+            member_lines = member_lines + [Line2D([], [], color="0.3", alpha=UNDER_RESOLVED_ALPHA,
+                                                 label="faded: under-resolved")]
         subfigure.legend(handles=member_lines, loc="outside right upper", fontsize=8, frameon=False)
 
 

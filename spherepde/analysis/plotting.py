@@ -61,7 +61,20 @@ def figure_paths(path: str, folder: str | None = None, animate: bool = False) ->
         if os.path.realpath(target) == os.path.realpath(path):
             raise CaseError(f"plot: the figure {target!r} would replace the result it draws; give the result "
                             "another suffix (.nc) or the figures another folder (plot -o)")
+        if os.path.isfile(target) and not _is_image(target):
+            raise CaseError(f"plot: {target!r} exists and is not a PNG or GIF image: the figure would replace it; "
+                            "move it or give plot -o")
     return targets
+
+
+# The first bytes of the files plot writes, PNG's signature and GIF's: an existing file at a figure's path that
+# starts otherwise is someone's data (a result named RUN.png beside RUN.nc), not an earlier figure.
+IMAGE_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a")
+
+
+def _is_image(path: str) -> bool:
+    with open(path, "rb") as file:
+        return file.read(8).startswith(IMAGE_SIGNATURES)
 
 
 def plot_result(path: str, folder: str | None = None, projection: str = "orthographic", animate: bool = False,
@@ -83,8 +96,9 @@ def plot_result(path: str, folder: str | None = None, projection: str = "orthogr
                 or "time" in dataset.dims):
             raise CaseError(f"plot: {path!r} holds no density, no particles, no diagnostics over time and no sweep "
                             "members")
-        if animate and ("member" in dataset.dims or not ("density" in dataset
-                                                          or (_on_sphere(dataset) and "particles" in dataset))):
+        if animate and "member" in dataset.dims:
+            raise CaseError(f"plot: --animate draws a single run, not a sweep ({path!r}); animate a member's file")
+        if animate and not ("density" in dataset or (_on_sphere(dataset) and "particles" in dataset)):
             raise CaseError(f"plot: --animate draws a single run's density, or its particles on S^2; {path!r} "
                             "has neither")
         make_folders(folder)

@@ -108,6 +108,11 @@ def common_coordinates(times, dim: int, lyapunov_p) -> dict:
     }
 
 
+def diagnostic_dims(name: str) -> tuple:
+    """The dimensions of the diagnostic `name` of DIAGNOSTIC_ATTRS in a run's file (a sweep's add `member` first)."""
+    return ("time", "component") if name == "mean" else ("time", "lyapunov_p") if name == "lyapunov" else ("time",)
+
+
 def diagnostic_variables(rows: list[dict]) -> dict:
     """Time series of docs/design.md "Diagnostics" from per-save dictionaries.
 
@@ -117,7 +122,7 @@ def diagnostic_variables(rows: list[dict]) -> dict:
     """
     variables = {}
     for name, (long_name, units) in DIAGNOSTIC_ATTRS.items():
-        dims = ("time", "component") if name == "mean" else ("time", "lyapunov_p") if name == "lyapunov" else ("time",)
+        dims = diagnostic_dims(name)
         for key, description in ((name, long_name), (f"{name}_stderr", f"Monte Carlo standard error of {name}"),
                                  (f"{name}_squared_bias", f"estimated finite-n bias of the square of {name} "
                                   "(spherepde.measures.sample_statistics.half_sample_bias)")):

@@ -8,7 +8,7 @@ import xarray as xr
 
 from spherepde.base.errors import CaseError, printable, unreadable
 from spherepde.discretisation.transforms.legendre import check_grid
-from spherepde.io.output import BOTH_PREFIX, DIAGNOSTIC_ATTRS, failed_parts, failure_summary
+from spherepde.io.output import BOTH_PREFIX, DIAGNOSTIC_ATTRS, diagnostic_dims, failed_parts, failure_summary
 
 SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projection", "entropy",
            "interaction_energy", "free_energy", "min_density", "spectral_tail"]
@@ -80,10 +80,11 @@ BAND_LIMIT_TOLERANCE = 1e-5
 
 def check_run(dataset: xr.Dataset) -> None:
     """A CaseError naming the first way in which `dataset` is not a run (or sweep) as spherepde writes one: the
-    attributes of ATTRIBUTE_RULES of their types and ranges, a non-empty, finite, increasing time axis, numeric
-    diagnostics with their dimensions, a density on the grid coordinates its dimensions name (with `cell_area`
-    on S^2) that lmax fits (docs/design.md "Numerics"), at least one saved particle.  Called where a file is
-    opened, so that every reader computes with these and none fails half-way through a file."""
+    attributes of ATTRIBUTE_RULES of their types and ranges, a non-empty, finite, increasing time coordinate, numeric
+    diagnostics with their dimensions (diagnostic_dims), a training's loss beside its iteration axis, a density on
+    the grid coordinates its dimensions name (with `cell_area` on S^2) that lmax fits (docs/design.md "Numerics"), at
+    least one saved particle.  Called where a file is opened, so that every reader computes with these and none
+    fails half-way through a file."""
     for name, (valid, rule) in ATTRIBUTE_RULES.items():
         for key in (name, BOTH_PREFIX + name):
             if key in dataset.attrs and not valid(dataset.attrs[key]):
@@ -91,6 +92,8 @@ def check_run(dataset: xr.Dataset) -> None:
                 shown = repr(value) if isinstance(value, str) else value
                 raise CaseError(f"its attribute {key} = {shown} is not {rule}")
     if "time" in dataset.dims:
+        if "time" not in dataset.coords:
+            raise CaseError("its time axis has no coordinate: the save times are not in the file")
         times = dataset["time"].values
         if times.size == 0:
             raise CaseError("its time axis is empty (no save)")
@@ -105,6 +108,12 @@ def check_run(dataset: xr.Dataset) -> None:
         if base in ("mean", "particles") and ((components or 0) < 2 or "component" not in dataset[name].dims):
             raise CaseError(f"its variable {name} has no component dimension of 2 or more (dims {dataset[name].dims}; "
                             "particles on S^(d-1) have d)")
+        if base in DIAGNOSTIC_ATTRS and dataset[name].dims not in (diagnostic_dims(base),
+                                                                    ("member",) + diagnostic_dims(base)):
+            raise CaseError(f"its variable {name} has dimensions {dataset[name].dims}, not {diagnostic_dims(base)} "
+                            "(a sweep's with member first)")
+    if "iteration" in dataset.dims and "loss" not in dataset.data_vars:
+        raise CaseError("it has an iteration axis but no loss (a training's J at each iteration)")
     if "particles" in dataset.data_vars and dataset.sizes.get("particle", 0) == 0:
         raise CaseError("it holds no saved particle (the particle axis is empty)")
     if "density" in dataset.data_vars:
@@ -224,7 +233,8 @@ def _member_lines(dataset) -> list[str]:
         final = dataset["order_parameter"].isel(member=i).dropna("time").values if "order_parameter" in dataset else []
         cells = [str(int(dataset["member"].values[i]))] + [f"{dataset[name].values[i]}" for name in swept]
         cells.append(f"{final[-1]:.8g}" if len(final) else "-")
-        lines.append("  " + " ".join(f"{cell:>14}" for cell in cells) + f" {dataset['member_status'].values[i]}")
+        status = dataset["member_status"].values[i] if "member_status" in dataset else "-"
+        lines.append("  " + " ".join(f"{cell:>14}" for cell in cells) + f" {status}")
     if "loss" in dataset:  # a sweep of trainings: each member's course
         lines += [f"  member {int(dataset['member'].values[i])} training: {_course(loss)}"
                   for i, loss in enumerate(dataset["loss"].transpose("member", ...).values)]
