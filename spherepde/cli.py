@@ -365,6 +365,10 @@ def _stop(signum, frame) -> None:
 
 
 def main(argv=None) -> int:
+    """Run the command `argv`, by default this process's own command line (the `spherepde` script, `python -m
+    spherepde`), in which case dask is hidden from it unless the command is `sweep` (`_hide_dask`)."""
+    if argv is None:
+        _hide_dask(sys.argv[1:])
     status = 1  # an exception that escapes is a failure too
     STOPPED_BY[0] = signal.SIGINT
     previous = signal.signal(signal.SIGTERM, _stop)
@@ -379,6 +383,18 @@ def main(argv=None) -> int:
         if "spherepde.io.output" in sys.modules:  # only it makes folders
             sys.modules["spherepde.io.output"].settle_made_folders(failed=status != 0)
         _forget_escaped_interrupt()
+
+
+def _hide_dask(words: list[str]) -> None:
+    """Make dask look absent to a process whose command is not `sweep`, the only one that uses it.  Wherever dask
+    is installed, xarray imports dask.array the first time it makes a Variable (namedarray.pycompat.array_type) and
+    distributed when it writes a file (backends.locks.get_dask_scheduler): 0.4 s of CPU (`spherepde info`: 0.9 s).
+    A None in sys.modules makes `import dask` raise ImportError and importlib.util.find_spec answer None, xarray's
+    tests of whether dask is there; without it xarray reads and writes the same numpy arrays and files.  Only for a
+    process of our own: xarray keeps its answer for the rest of the process."""
+    command = next((word for word in words if not word.startswith("-")), None)
+    if command != "sweep" and "dask" not in sys.modules:
+        sys.modules["dask"] = None
 
 
 def _forget_escaped_interrupt() -> None:

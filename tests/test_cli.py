@@ -579,6 +579,26 @@ def test_a_missing_optional_extra_is_one_line_and_exit_2(tmp_path, module, comma
     assert len(process.stderr.strip().splitlines()) == 1 and expected in process.stderr
 
 
+def test_a_command_but_sweep_runs_without_dask(tmp_path, capsys):
+    """The command line's own process hides dask unless its command is sweep: xarray would import dask.array (and
+    distributed, to write) whenever dask is installed, 0.4 s of CPU a command.  `info` says the same without it."""
+    hides = ("import sys; from spherepde.cli import _hide_dask; _hide_dask(sys.argv[1:]); "
+             "print(sys.modules.get('dask', 0) is None)")
+    for words, hidden in ((["info", "sweep.nc"], "True"), (["run", "case.toml", "--plot"], "True"),
+                          (["sweep", "case.toml", "--param", "model.eps=0.1,0.2"], "False")):
+        assert subprocess.run([sys.executable, "-c", hides, *words], capture_output=True, text=True,
+                              env=os.environ | {"PYTHONPATH": os.getcwd()}).stdout.strip() == hidden
+    output = tmp_path / "run.nc"
+    assert main(["run", str(write_case(tmp_path)), "-o", str(output), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(output)]) == 0
+    summary = capsys.readouterr().out
+    process = subprocess.run([sys.executable, "-X", "importtime", "-m", "spherepde", "info", str(output)],
+                             capture_output=True, text=True, env=os.environ | {"PYTHONPATH": os.getcwd()})
+    imported = [line.rsplit("|", 1)[-1].strip() for line in process.stderr.splitlines()]
+    assert process.stdout == summary and imported and not {"dask", "distributed"} & set(imported)
+
+
 def test_a_sigterm_landing_in_an_execd_string_still_exits_143(tmp_path):
     """SIGTERM stops a command with status 143 wherever it lands, also inside code that exec'd a string (scipy's
     imports do), after which CPython would otherwise end a `python -m` process by SIGINT (130) whatever its status."""

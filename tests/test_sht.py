@@ -376,6 +376,18 @@ def test_grid_size_and_dtype_guards():
         sht.synthesis(torch.zeros(15, 16, dtype=torch.complex128))
 
 
+@pytest.mark.parametrize("layout", ["dense", "packed", "sparse"])
+def test_the_scalar_transforms_alone_are_those_of_the_full_set(layout):
+    """vector=False makes the scalar table by legendre_values alone (not legendre_tables' three): the same
+    analysis and synthesis bit for bit, and no vector tables."""
+    lmax, nlat, nlon = 24, 40, 80
+    full, scalar = (TorchSHT(lmax, nlat, nlon, vector=vector, layout=layout) for vector in (True, False))
+    f = torch.as_tensor(np.random.default_rng(3).standard_normal((2, nlat, nlon)))
+    c = full.analysis(f)
+    assert torch.equal(scalar.analysis(f), c) and torch.equal(scalar.synthesis(c), full.synthesis(c))
+    assert scalar._dP is None and scalar._mP_sin is None and 3 * scalar.table_bytes == full.table_bytes
+
+
 def prime_factors(n: int) -> set:
     return {p for p in range(2, n + 1) if n % p == 0 and all(p % q for q in range(2, p))}
 

@@ -272,7 +272,7 @@ def _circle_picture(subfigure, dataset, count: int) -> None:
     saved = np.array([_has_density(dataset, index) for index in range(len(times))])
     if has_density:
         theta, density = _circle_window(dataset, centre)
-        mesh = heat.pcolormesh(theta, times[saved], density[saved], shading="gouraud", cmap=CMAP, rasterized=True)
+        mesh = _angle_depth_image(heat, theta, times[saved], density[saved])
         subfigure.colorbar(mesh, ax=heat, label="density ρ [rad⁻¹]", pad=0.01)
     if has_particles:
         angles = _particle_angles(dataset, centre)
@@ -302,6 +302,24 @@ def _circle_picture(subfigure, dataset, count: int) -> None:
     profiles.legend(fontsize=8, frameon=False)
     profiles.set_title("profiles" + (" (dashed: particle histograms)" if has_density and has_particles else ""),
                        fontsize=10)
+
+
+def _angle_depth_image(axis, theta: np.ndarray, times: np.ndarray, density: np.ndarray):
+    """Draw `density` (time, angle) over the equally spaced angles `theta` and the saves' `times`, interpolated
+    linearly between the nodes: a bilinear image where the saves are equally spaced too (the usual case), else a mesh
+    of Gouraud-shaded triangles, whose drawing costs 0.5 s of CPU more at 161 saves (0.1 s at 21).  Returns the
+    artist."""
+    steps = np.diff(times)
+    if len(times) < 2 or not (steps[0] > 0 and np.allclose(steps, steps[0], rtol=1e-6, atol=0)):
+        return axis.pcolormesh(theta, times, density, shading="gouraud", cmap=CMAP, rasterized=True)
+    # the nodes are the pixels' centres: the image reaches half a pixel beyond them, and the time axis is cropped
+    # to the nodes' span, the mesh's (the angle axis is set by _angle_axis)
+    half_angle, half_step = (theta[1] - theta[0]) / 2, steps[0] / 2
+    image = axis.imshow(density, cmap=CMAP, origin="lower", aspect="auto", interpolation="bilinear",
+                        extent=(theta[0] - half_angle, theta[-1] + half_angle, times[0] - half_step,
+                                times[-1] + half_step))
+    axis.set_ylim(times[0], times[-1])
+    return image
 
 
 def _angle_axis(axis, centre: float) -> None:
@@ -366,7 +384,7 @@ def _circle_animation(dataset):
     _angle_axis(curve_axis, centre)
     curve_axis.set_ylabel("ρ [rad⁻¹]")
     saved = np.array([_has_density(dataset, index) for index in range(len(times))])
-    heat.pcolormesh(theta, times[saved], density[saved], shading="gouraud", cmap=CMAP, rasterized=True)
+    _angle_depth_image(heat, theta, times[saved], density[saved])
     _mark_failures(heat, dataset, vertical=False)
     marker = heat.axhline(times[0], color="cyan", lw=1.2)
     _angle_axis(heat, centre)

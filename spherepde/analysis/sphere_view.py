@@ -16,13 +16,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import PowerNorm  # noqa: E402
-from scipy.interpolate import RegularGridInterpolator  # noqa: E402
 
-from spherepde.base.device import placement  # noqa: E402
 from spherepde.base.errors import CaseError  # noqa: E402
-from spherepde.discretisation.bases import make_basis  # noqa: E402
 from spherepde.io.output import BOTH_PREFIX  # noqa: E402
-from spherepde.model.initial import density_from_file  # noqa: E402
 
 CMAP = "magma"
 PIXELS = 321  # orthographic disk resolution
@@ -67,9 +63,14 @@ class SphereDensity:
     """The density of a result on S^2, re-synthesised on a fine grid and sampled at any point."""
 
     def __init__(self, dataset, path: str):
+        # imported here, not with the module, which every figure imports: torch (the basis's) costs 1.2 s of CPU, a
+        # quarter of `spherepde plot` of a run on S^1 or of a sweep, which draw no sphere
+        from spherepde.base.device import placement
+        from spherepde.discretisation.bases import make_basis
+
         self.path = path
         fine_lmax = max(int(dataset.attrs["lmax"]), math.ceil(2 * FINE_NLAT / 3))
-        self.basis = make_basis(3, fine_lmax, placement("cpu", "float64"))
+        self.basis = make_basis(3, fine_lmax, placement("cpu", "float64"), vector=False)  # values, no derivatives
         lat = self.basis.latitude.numpy()
         self.order = np.argsort(lat)  # Gauss latitudes run north to south; the interpolator wants them ascending
         self.lat = np.concatenate([[-90.0], lat[self.order], [90.0]])
@@ -79,6 +80,8 @@ class SphereDensity:
 
     def grid(self, index: int) -> np.ndarray:
         """(lat, lon) values on the fine grid, poles and the 360-degree column added."""
+        from spherepde.model.initial import density_from_file  # torch's, as in __init__
+
         try:
             c = density_from_file(self.path, int(index), self.basis)
         except CaseError as error:  # the reader of initial densities: its words, but not its case key
@@ -91,6 +94,8 @@ class SphereDensity:
 
     def sample(self, index: int, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
         """Bilinear samples of the fine grid of save `index` at (lat, lon) in degrees."""
+        from scipy.interpolate import RegularGridInterpolator  # 0.35 s of CPU, for spheres alone as torch
+
         if self.cached[0] != index:
             self.cached = (index, RegularGridInterpolator((self.lat, self.lon), self.grid(index)))
         return self.cached[1](np.stack([lat, np.mod(lon, 360.0)], axis=-1))

@@ -195,11 +195,12 @@ def stored_coefficients(path: str, time_index: int, dim: int, placement) -> tupl
 
 
 def file_basis(path: str, dim: int, lmax: int, grid_shape: tuple, placement):
-    """The basis of degree `lmax` on an earlier output's own grid, or a CaseError naming the file."""
+    """The basis of degree `lmax` on an earlier output's own grid, or a CaseError naming the file: its scalar
+    transforms alone (a stored density is analysed, integrated and evaluated, never differentiated)."""
     from spherepde.discretisation.bases import make_basis
 
     try:
-        return make_basis(dim, lmax, placement, grid_shape=tuple(grid_shape))
+        return make_basis(dim, lmax, placement, grid_shape=tuple(grid_shape), vector=False)
     except ValueError as error:
         raise CaseError(f"initial.path: {path!r} has a grid {tuple(grid_shape)} that cannot hold lmax {lmax}: "
                         f"{error}") from None

@@ -116,10 +116,12 @@ class TorchSHT:
         if self.layout not in LAYOUTS:
             raise ValueError(f"TorchSHT: layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
         self._legendre = LAYOUTS[self.layout](lmax, nlat, self.device)
-        tables = legendre_tables(lmax, x)
-        # vector = False keeps the scalar table only (analysis and synthesis); vector transforms then fail.
-        self._P, self._dP, self._mP_sin = (self._legendre.pack(table, dtype, self.device) if vector or k == 0 else None
-                                           for k, table in enumerate(tables))
+        # vector = False makes the scalar table only (analysis and synthesis; vector transforms then fail): by the
+        # recurrence of legendre_tables' first table alone, the other two (ladder identities) and their packing being
+        # three quarters of the set-up
+        tables = legendre_tables(lmax, x) if vector else (legendre_values(lmax, x), None, None)
+        self._P, self._dP, self._mP_sin = (None if table is None else self._legendre.pack(table, dtype, self.device)
+                                           for table in tables)
         self.table_bytes = sum(table_bytes(t) for t in (self._P, self._dP, self._mP_sin) if t is not None)
         # Quadrature factor w_j (2 pi / nlon) applied to the rfft of each latitude ring.
         self._quadrature = real(w * (2 * np.pi / nlon))
