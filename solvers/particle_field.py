@@ -5,10 +5,11 @@ The attention integral is the exponential-kernel sum over the particles with wei
 (spherepde.kernels dense quadrature), or, for the softmax kernel on CUDA, fused scaled-dot-product attention
 m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same sum, memory O(n) per block of rows).  On the CPU the
 dense sum is used: torch's float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).
-Small systems take the direct sums, the (n, n) kernel formed whole, or in blocks of query rows where a stage does
-not keep it, without a shift where beta |B| allows (within_direct_range), else (the softmax only) with each row
-shifted by its largest logit: solvers/particle_step.py (`direct_mean` here; the particle step itself is that
-module's array program).  At beta = inf the case chooses between
+The seeds' model at 0 < beta < inf takes the direct sums (ParticleField.is_direct): a forward run on the CPU at any
+n, its kernel formed in blocks of query rows, and a training, or torch's program (CUDA), while a system's (n, n)
+kernel, formed whole, fits DIRECT_BYTES; without a shift where beta |B| allows (within_direct_range), else (the
+softmax only) with each row shifted by its largest logit: solvers/particle_step.py (`direct_mean` here; the
+particle step itself is that module's array program).  At beta = inf the case chooses between
   "mean_field": m(x) = B^T x / |B^T x|, the local field of the Eulerian equation, so the
                 particles are its characteristics (they do not interact), and
   "hardmax":    m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j>, the beta -> inf limit of the
@@ -74,9 +75,11 @@ def fused_softmax_mean(B: torch.Tensor, beta: torch.Tensor, points: torch.Tensor
                       for start in range(0, points.shape[-2], rows)], dim=-2)
 
 
-# The direct sums serve while a system's (n, n) kernel (kept whole for a training's transpose, and on CUDA) takes at
-# most this many bytes.  Per system, not per batch: a member then takes the same path in any batch, as its serial
-# run (bit for bit).
+# Where a system's (n, n) kernel is formed whole (a training: its transposes keep each stage's kernel, autograd's
+# too; torch's program, on CUDA), the direct sums serve while it takes at most this many bytes (2896 tokens in
+# float64, 4096 in float32).  A forward run's numpy program forms it in blocks of query rows
+# (particle_step.kernel_sums), memory O(n) a system: the direct sums serve it at any n.  Per system, not per batch:
+# a member then takes the same path in any batch, as its serial run (bit for bit).
 DIRECT_BYTES = 2 ** 26
 
 
@@ -109,10 +112,12 @@ class SystemKernel:
 
 class ParticleField:
     """v[mu_n](x_i) for the members' particles x (M, n, d), W (M, d, d); `attention` is "fused", "dense", "local"
-    or "hardmax"; each member's tokens are `replicas` independent systems (module docstring)."""
+    or "hardmax"; each member's tokens are `replicas` independent systems (module docstring).  `trained`: the
+    field of a training, whose steps are transposed (DIRECT_BYTES)."""
 
-    def __init__(self, batch: ModelBatch, attention: str, chunk: int | str, replicas: int = 1):
+    def __init__(self, batch: ModelBatch, attention: str, chunk: int | str, replicas: int = 1, trained: bool = False):
         self.batch, self.attention, self.chunk, self.replicas = batch, attention, chunk, replicas
+        self.trained = trained
         self.systems = batch.select([m for m in range(batch.members) for _ in range(replicas)])
         self.coupling = self.systems.beta[:, None, None] * self.systems.B  # C = beta B per system
         self.direct = self.shifted = None  # is_direct and the kernel's shift, found at the first call (it needs n)
@@ -127,7 +132,9 @@ class ParticleField:
             attention = "fused"
         else:
             attention = "dense"
-        return cls(batch, attention, solver["chunk"], case["particles"]["replicas"])
+        # a case with a [control] section is a training's (spherepde.api.ensemble.run_batch): all its runs, the
+        # forward ones too, take the path of its transposes
+        return cls(batch, attention, solver["chunk"], case["particles"]["replicas"], bool(case["control"]))
 
     def _systems(self, x: torch.Tensor) -> torch.Tensor:
         """(M, n, d) -> (M R, n / R, d)."""
@@ -155,16 +162,19 @@ class ParticleField:
         return m.reshape(x.shape)
 
     def is_direct(self, points: torch.Tensor) -> bool:
-        """Whether the dense attention of these systems' points (S, p, d) is the direct sums' (DIRECT_BYTES, and the
-        exponent range for the unnormalized kernel), and whether their kernel is `shifted` (the softmax's beyond
-        that range: within_direct_range)."""
+        """Whether the dense attention of these systems' points (S, p, d) is the direct sums' (beta > 0; the kernel
+        in blocks, a forward run's on the CPU, or within DIRECT_BYTES; the exponent range for the unnormalized
+        kernel), and whether their kernel is `shifted` (the softmax's beyond that range: within_direct_range)."""
         if self.direct is None:
             systems, dtype, p = self.systems, self.systems.B.dtype, points.shape[1]
             reach = float((systems.beta * torch.linalg.matrix_norm(systems.B.double(), ord=2)).max())
             softmax, within = systems.kernel == "softmax", within_direct_range(reach, dtype)
+            # the program is numpy's on the CPU (program_namespace), whose forward stages form the kernel in blocks
+            blocked = points.device.type == "cpu" and not self.trained
             self.shifted = softmax and not within
             self.direct = (self.attention == "dense" and bool((systems.beta > 0).all())
-                           and p * p * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES and (softmax or within))
+                           and (blocked or p * p * torch.finfo(dtype).bits // 8 <= DIRECT_BYTES)
+                           and (softmax or within))
         return self.direct
 
     def __call__(self, x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:

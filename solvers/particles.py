@@ -9,9 +9,10 @@ model as the Eulerian solver's, with the empirical measure in place of rho (solv
 Systems.  The state is x (M, n, d): M members (a batch: seeds, initial laws, models of one sweep), each of
 n tokens in `particles.replicas` = R independent systems of n / R consecutive tokens: the drift sees
 M R systems of n / R tokens, one batched tensor program (a token attends to its own system only).  Where the
-field is the direct dense attention (ParticleField.is_direct: small systems, finite beta), a step is the array
-program of solvers/particle_step.py (numpy on the CPU, torch elsewhere), whose transpose the training's backward
-pass takes (solvers/particle_adjoint.py); else the steps below are taken with ParticleField's torch sums.
+field is the direct dense attention (ParticleField.is_direct: finite beta; in a training, or on CUDA, small
+systems), a step is the array program of solvers/particle_step.py (numpy on the CPU, torch elsewhere), whose
+transpose the training's backward pass takes (solvers/particle_adjoint.py); else the steps below are taken with
+ParticleField's torch sums.
 
 Integrators (x_{k+1} from x_k, step h; normalise(y) = y / |y|):
   "euler"  eps = 0: the seed's projected Euler  x <- normalise(x + h v(x));
@@ -373,7 +374,7 @@ class ParticleSystem:
             chosen.field = HeadsField(chosen.batch, chosen.layouts, field.chunk, field.replicas)
         else:
             chosen.drives = chosen.batch.W[:, None]
-            chosen.field = ParticleField(chosen.batch, field.attention, field.chunk, field.replicas)
+            chosen.field = ParticleField(chosen.batch, field.attention, field.chunk, field.replicas, field.trained)
         chosen.integrator = Integrator(self.integrator.name, chosen.field, chosen.batch.eps)
         chosen.x0 = self.x0[members]
         chosen.noise_seeds = [self.noise_seeds[m] for m in members]

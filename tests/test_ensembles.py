@@ -6,6 +6,7 @@ import pytest
 import xarray as xr
 
 import spherepde.model.transport as transport
+from solvers.particles import ParticleSystem
 from spherepde import run
 from spherepde.api.ensemble import batches, run_batch
 from spherepde.io.case import case_from_dict
@@ -163,12 +164,13 @@ def test_batched_particles_are_their_serial_runs_bit_for_bit():
 
 
 @pytest.mark.parametrize("n, dtype, beta", [(1700, "float64", 2.0), (600, "float32", 2.0), (1700, "float64", 1000.0),
-                                           (600, "float32", 100.0)])
+                                           (600, "float32", 100.0), (3000, "float64", 2.0), (3000, "float64", 1000.0)])
 def test_batched_large_systems_are_their_serial_runs_bit_for_bit(n, dtype, beta):
     """Systems whose kernels the forward stages form in blocks of query rows (above 181 tokens in float64, 256 in
-    float32), and three of 1700 tokens whose kernels together exceed DIRECT_BYTES (a review found such a batch
-    taking the generic sums where each serial run took the direct ones, 2e-16 apart), with the kernel unshifted and,
-    beyond its exponent range, each row shifted by its largest logit: identical particles."""
+    float32), three of 1700 tokens whose kernels together exceed DIRECT_BYTES (a review found such a batch
+    taking the generic sums where each serial run took the direct ones, 2e-16 apart), and three of 3000 tokens,
+    each kernel beyond DIRECT_BYTES (a forward run's direct sums serve any n), with the kernel unshifted and,
+    beyond its exponent range, each row shifted by its largest logit: the direct sums, identical particles."""
     cases = [case_from_dict({
         "sphere": {"dim": 3, "lmax": 8},
         "model": {"kernel": "softmax", "beta": beta, "V": [[scale, 0, 0], [0, 1.0, 0], [0, 0, 1.2]]},
@@ -176,6 +178,8 @@ def test_batched_large_systems_are_their_serial_runs_bit_for_bit(n, dtype, beta)
         "time": {"t_end": 0.1, "dt": 0.05, "save_every": 0.1},
         "solver": {"method": "particles", "device": "cpu", "dtype": dtype}, "diagnostics": {"w2": False},
         "particles": {"n": n, "seed": seed, "save": n}}) for seed, scale in ((0, 1.0), (5, 0.6), (9, 1.3))]
+    system = ParticleSystem(cases)
+    assert system.integrator.direct_step(system.x0) is not None
     for case, dataset in zip(cases, run_batch(cases, progress=False)):
         assert np.array_equal(dataset["particles"].values, run(case, progress=False)["particles"].values)
 

@@ -130,6 +130,17 @@ def test_the_step_program_in_blocks_of_query_rows_is_the_generic_step(kernel, ep
     assert program_against_generic_step(3, kernel, "heun", eps, n=800) <= 1e-14
 
 
+@pytest.mark.parametrize("kernel", ["unnormalized", "softmax"])
+def test_a_forward_run_beyond_direct_bytes_takes_the_direct_sums(kernel):
+    """Systems of 3000 tokens, whose (p, p) kernel (72 MB) exceeds DIRECT_BYTES: a forward run on the CPU, whose
+    stages form it in blocks of query rows, takes the program (where it took the generic path), and five Heun
+    steps with noise agree with the generic path to round-off."""
+    from solvers.particle_field import DIRECT_BYTES
+
+    assert 3000 * 3000 * 8 > DIRECT_BYTES
+    assert program_against_generic_step(3, kernel, "heun", 0.02, n=6000) <= 1e-14
+
+
 @pytest.mark.parametrize("dim", [2, 3])
 @pytest.mark.parametrize("integrator", ["euler", "heun", "rk4"])
 @pytest.mark.parametrize("eps", [0.0, 0.02])

@@ -111,6 +111,26 @@ def test_untrained_run_is_the_particle_solver_run():
     assert np.allclose(trained["particles"].values, plain["particles"].values, rtol=0, atol=1e-14)
 
 
+def test_a_training_keeps_its_systems_within_direct_bytes():
+    """A training's transposes keep each stage's (p, p) kernel whole: with systems of 3000 tokens (72 MB a kernel,
+    beyond DIRECT_BYTES) its runs, a selected member's too, take the generic sums, where the forward run of the same
+    case without [control] takes the direct sums (the kernel in blocks of query rows); the recorded run of an
+    untrained control and that forward run (the layers' boundaries save times) agree to round-off."""
+    import spherepde
+    from solvers.particle_field import DIRECT_BYTES
+    from solvers.particles import ParticleSystem
+
+    case = particle_case({"iterations": 0}, n=3000, t_end=0.2, save_every=0.1, layers=2)
+    table = {key: value for key, value in case.data.items() if key != "control"}
+    assert 3000 * 3000 * 8 > DIRECT_BYTES
+    forward = ParticleControl(case)
+    assert not forward.by_hand and forward.select([0]).system.integrator.direct_step(forward.x0) is None
+    plain = ParticleSystem(case_from_dict(table))
+    assert plain.integrator.direct_step(plain.x0) is not None
+    trained = spherepde.run(case, progress=False)["particles"].values
+    assert np.abs(trained - spherepde.run(case_from_dict(table), progress=False)["particles"].values).max() <= 1e-14
+
+
 def test_training_run_reduces_the_loss_and_writes_the_output(tmp_path):
     path = tmp_path / "train.toml"
     case = particle_case({"iterations": 5, "learning_rate": 0.3}, n=16, t_end=2.0, dt=0.1, save_every=0.25, layers=4)
