@@ -57,6 +57,7 @@ is made again.
 import dataclasses
 import threading
 import time as wallclock
+import warnings
 
 import numpy as np
 import torch
@@ -69,7 +70,14 @@ from solvers.eulerian_recorder import Recorder
 from solvers.journal import Journal
 from solvers.optimizers import TrainingResult, optimise
 from solvers.timegrid import integrate
-from solvers.training_output import adjoint_variables, control_variables, finished, kept_at_start, turnpike_variables
+from solvers.training_output import (
+    adjoint_variables,
+    control_variables,
+    finished,
+    kept_at_start,
+    turnpike_variables,
+    unresolved_control,
+)
 from spherepde.base import interrupts
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
@@ -360,6 +368,10 @@ def _trained_dataset(forward: ControlledForward, member: int, case, result: Trai
         return NumericalFailure(f"{recorder} (the trained run; W and the loss history are kept)",
                                 control_variables(recorder.dataset, case, result))
     recorder.notes += result.notes
+    unresolved = unresolved_control(recorder.times, recorder.rows)
+    if unresolved is not None:
+        warnings.warn(unresolved, RuntimeWarning, stacklevel=2)
+        recorder.notes.append(unresolved)
     dataset = recorder.dataset("completed")
     dataset = control_variables(dataset, case, result)
     norms = np.interp(dataset["time"].values, result.final.times, result.final.adjoint_norm)
