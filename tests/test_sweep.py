@@ -20,7 +20,7 @@ from test_ensembles import same_values
 
 import spherepde
 from spherepde.api import sweep as sweep_module
-from spherepde.api.sweep import derived_seeds, parse_param, plan, run_sweep
+from spherepde.api.sweep import combine, derived_seeds, parse_param, plan, run_batch, run_sweep
 from spherepde.base.errors import CaseError
 from spherepde.cli import main
 
@@ -152,6 +152,29 @@ def test_members_that_compute_the_same_numbers_are_named(tmp_path, monkeypatch, 
     assert main(args + ["--resume"]) == 0
     err = capsys.readouterr().err
     assert all(line in err for line in expected), err
+
+
+def test_a_sweep_of_trainings_keeps_each_members_results_of_its_attributes(tmp_path):
+    """A training's results are attributes (iterations, optimizer_stop, three_phase, ...), which sweep.nc dropped
+    where the members differ (so a table over a sweep reopened every member file): now member_<name> variables, each
+    member's value, numbers as floats."""
+    training = SMALL_S1 + '[control]\nloss = "align"\ntarget = [0.0, 1.0]\nlayers = 2\noptimizer = "gd"\n'
+    members = plan(spherepde.load_case_text(training), ["control.iterations=1,3"], str(tmp_path))
+    summaries = {s["member"]: s for s in run_batch([m.index for m in members], [m.case.text for m in members],
+                                                     [m.path for m in members])}
+    combine(members[0].case, members, summaries, str(tmp_path / "sweep.nc"), ["control.iterations=1,3"], None)
+    with xr.open_dataset(tmp_path / "sweep.nc") as combined:
+        assert list(combined["member_iterations"].values) == [1.0, 3.0]
+        assert "iterations" not in combined.attrs and combined["member_wall_seconds"].attrs["units"] == "s"
+        for member in members:  # every attribute of a member's file: the sweep's, where all share it, else its own
+            with xr.open_dataset(member.path) as own:
+                for name, value in own.attrs.items():
+                    if name in ("case", "status", "resolved_until", "notes", "history", "title"):
+                        continue  # member_case, member_status, member_resolved_until; the sweep's notes, its own
+                    kept = combined.attrs[name] if name in combined.attrs else \
+                        combined[f"member_{name}"].values[member.index]
+                    assert sweep_module._equal(kept, value), name  # NaN as NaN
+        assert "member_case" in combined and "member_history" not in combined and "member_notes" not in combined
 
 
 def test_parameters_seeds_and_bad_members():

@@ -31,6 +31,7 @@ import hashlib
 import itertools
 import logging
 import math
+import numbers
 import os
 import re
 import sys
@@ -465,7 +466,8 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
     present = [m for m in members if summaries[m.index]["path"] is not None]
     if not present:
         return
-    shared, notes_of, same_grid = _read_members([m.path for m in present])
+    shared, attrs_of, same_grid = _read_members([m.path for m in present])
+    notes_of = [str(attrs.get("notes", "")) for attrs in attrs_of]
 
     def preprocess(dataset):
         dataset = dataset.drop_vars("cell_area", errors="ignore")
@@ -490,6 +492,7 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
                                  {"long_name": "status of the member's run"})
         data["member_case"] = ("member", [m.case.text for m in present],
                                {"long_name": "resolved case of the member (TOML)"})
+        data = data.assign(member_attributes(attrs_of, shared))
         lost = [_resolved_until(summaries[m.index]) for m in present]
         data["member_resolved_until"] = ("member", np.array(lost), {
             "long_name": "time from which the member's results are under-resolved (inf: resolved to the end)",
@@ -539,23 +542,49 @@ def _equal(a, b) -> bool:
     return bool(np.array_equal(a, b, equal_nan=a.dtype.kind == b.dtype.kind == "f"))
 
 
-def _read_members(paths: list[str]) -> tuple[dict, list[str], bool]:
-    """One pass over the member files: the global attributes every one has with the same value, each one's `notes`
-    (what its run noted: lost resolution, the attention's fallback), and whether all have the same grid coordinates
-    (theta, or lat and lon)."""
+def _read_members(paths: list[str]) -> tuple[dict, list[dict], bool]:
+    """One pass over the member files: the global attributes every one has with the same value, each one's
+    attributes, and whether all have the same grid coordinates (theta, or lat and lon)."""
     import xarray as xr
 
-    shared, notes, grids = None, [], []
+    shared, attrs_of, grids = None, [], []
     for path in paths:
         with xr.open_dataset(path) as dataset:
             attrs = dict(dataset.attrs)
             grids.append({dim: dataset[dim].values for dim in GRID_DIMS if dim in dataset.coords})
-        notes.append(str(attrs.get("notes", "")))
+        attrs_of.append(attrs)
         shared = attrs if shared is None else {key: value for key, value in shared.items()
                                                if key in attrs and _equal(attrs[key], value)}
     same_grid = all(grid.keys() == grids[0].keys() and all(np.array_equal(grid[k], grids[0][k]) for k in grid)
                     for grid in grids)
-    return shared or {}, notes, same_grid
+    return shared or {}, attrs_of, same_grid
+
+
+# Member attributes that sweep.nc holds otherwise: member_case, member_status, member_resolved_until, its notes and
+# its own history.
+COMBINED_ELSEWHERE = ("case", "status", "resolved_until", "notes", "history")
+
+
+def member_attributes(attrs_of: list[dict], shared: dict) -> dict:
+    """`member_<name>` (member) for each scalar attribute that the member files do not share (a training's iterations,
+    optimizer_stop, escape_rate, three_phase; wall_seconds): numbers as floats (NaN where a member lacks it), else
+    text ("" where it does)."""
+    names = sorted({name for attrs in attrs_of for name in attrs} - set(shared) - set(COMBINED_ELSEWHERE))
+    variables = {}
+    for name in names:
+        values = [attrs.get(name) for attrs in attrs_of]
+        present = [value for value in values if value is not None]
+        if not all(np.ndim(value) == 0 for value in present):
+            continue  # an attribute array (grid_shape) that differs: the members' grids, told by their own files
+        numeric = all(isinstance(value, numbers.Real) and not isinstance(value, bool) for value in present)
+        attrs = {"long_name": f"the {name} attribute of each member's file"}
+        if numeric:  # every number of a run is nondimensional but its times in seconds (wall_seconds, ...)
+            column = [math.nan if value is None else float(value) for value in values]
+            attrs["units"] = "s" if name.endswith("seconds") else "1"
+        else:
+            column = ["" if value is None else str(value) for value in values]
+        variables[f"member_{name}"] = ("member", column, attrs)
+    return variables
 
 
 def _member_coordinate(key: str, values: list) -> tuple:
