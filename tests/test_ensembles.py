@@ -210,6 +210,10 @@ def test_batches_group_what_can_run_together():
     # beyond the unshifted range the softmax's kernel rows are shifted (the unnormalized kernel's sums generic): apart
     direct = [case(solver={"method": "particles"}, model={"beta": beta}) for beta in (1.0, 300.0, 500.0, 1000.0)]
     assert batches(direct) == [[0, 1], [2, 3]]
+    # beta = 0 takes the generic sums, beta > 0 the direct ones (a helper's reading: a sweep over beta = 0, 2 batched
+    # both, the beta = 2 member apart from its serial run at round-off)
+    constant = [case(solver={"method": "particles"}, model={"beta": beta}) for beta in (0.0, 2.0, 0.0)]
+    assert batches(constant) == [[0, 2], [1]]
     # B given per layer: the largest layer's |B|_2 decides (the key took the norm of the whole array: ValueError)
     layers = [[[[1.0, 0.0], [0.0, 1.0]], [[scale, 0.0], [0.0, 1.0]]] for scale in (0.5, 2.0, 5.0)]
     layered = [case(solver={"method": "particles"}, model={"beta": 100.0, "B": B}) for B in layers]

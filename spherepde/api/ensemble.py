@@ -12,10 +12,11 @@ training's [control] its loss and target, lambda_reg, the optimizer and its lear
 tolerance, the bow candidates' keys and save_adjoint. Everything else (sphere, time, solver, the particles' size,
 replicas and integrator, the layers and the gradient) is shared, and so must be what it implies: the time scheme of
 a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy, whether a particle
-run's kernel is within the direct sums' unshifted exponent range (solvers.particle_field.within_direct_range: beyond
-it the softmax's kernel rows are shifted and the unnormalized kernel takes the generic sums, so that a batch of both
-would take one way where a serial run takes the other, apart at round-off), and beyond the seeds' model the heads
-(head 0's beta among them), the feed-forward and the layers. Particle runs stepped by the CFL rule (no fixed dt) each
+run's beta is 0 (the direct sums serve beta > 0 only) and its kernel within the direct sums' unshifted exponent range
+(solvers.particle_field.within_direct_range: beyond it the softmax's kernel rows are shifted and the unnormalized
+kernel takes the generic sums), so that a batch of both would not take one way where a serial run takes the other,
+apart at round-off, and beyond the seeds' model the heads (head 0's beta among them), the feed-forward and the
+layers. Particle runs stepped by the CFL rule (no fixed dt) each
 run alone: their members would take different steps and their draws would not be those of their
 serial runs.
 """
@@ -59,7 +60,10 @@ def batch_key(case: Case, index: int) -> tuple:
 
         # B may be given per layer: its largest spectral norm
         norm = float(np.linalg.norm(np.array(model["B"], dtype=float), 2, axis=(-2, -1)).max())
-        implied += (within_direct_range(model["beta"] * norm, getattr(torch, case["solver"]["dtype"])),)
+        # beta = 0 (a constant kernel) takes the generic sums (ParticleField.is_direct), the same case at beta > 0
+        # the direct ones: a batch of both would take the generic sums for all, apart from their serial runs
+        implied += (within_direct_range(model["beta"] * norm, getattr(torch, case["solver"]["dtype"])),
+                    model["beta"] > 0)
         if "dt" not in case["particles"] and "dt" not in case["time"]:
             implied += (index,)  # CFL-stepped particles run alone
     if method == "both":
