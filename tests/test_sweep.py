@@ -152,6 +152,12 @@ def test_members_that_compute_the_same_numbers_are_named(tmp_path, monkeypatch, 
     assert main(args + ["--resume"]) == 0
     err = capsys.readouterr().err
     assert all(line in err for line in expected), err
+    # fewer members on resuming: the earlier sweep's others are named, not read as this one's
+    assert main(args[:2] + ["--param", "sphere.lmax=8"] + args[4:] + ["--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "note: member-002.nc, member-003.nc in " in err and "are of an earlier sweep" in err, err
+    with xr.open_dataset(tmp_path / "out" / "sweep.nc") as combined:
+        assert combined.sizes["member"] == 2
 
 
 def test_a_sweep_of_trainings_keeps_each_members_results_of_its_attributes(tmp_path):

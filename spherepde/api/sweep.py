@@ -426,6 +426,12 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
         summaries = {m.index: s for m in members if (s := _completed(m)) is not None}
         if summaries:
             print(f"spherepde: keeping {len(summaries)} completed members of {len(members)}", file=sys.stderr)
+        ours = {os.path.basename(m.path) for m in members}
+        others = sorted(name for name in (os.listdir(folder) if os.path.isdir(folder) else ())
+                        if MEMBER_FILE.fullmatch(name) and name not in ours)
+        if others:  # an earlier sweep of more members (other --param lists): not this sweep's, left as they are
+            print(f"spherepde: note: {', '.join(others)} in {folder!r} are of an earlier sweep, not members of this "
+                  "one (sweep.nc leaves them out; --overwrite removes them)", file=sys.stderr)
     pending = [m for m in members if m.index not in summaries]
     if pending:
         from spherepde.api.ensemble import batches
