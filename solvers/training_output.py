@@ -30,20 +30,24 @@ def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
 
 
 def unresolved_control(times: list, rows: list) -> str | None:
-    """A note where the trained run's density leaves what its grid resolves: at some save a spectral tail above
-    INITIAL_TAIL_TOLERANCE, what an initial law is refused for (the rows of a solvers.eulerian_recorder.Recorder).
-    There J and every diagnostic of the density measure the discretisation's error, not the model's, and an
-    optimizer can descend into it (an align loss below its infimum 0 on a density that goes negative); the run
-    only notes the first save beyond diagnostics.tail_tol, which is often harmless."""
-    tails = [row["spectral_tail"] for row in rows]
-    worst = int(np.nanargmax(tails)) if tails and not np.isnan(tails).all() else None
-    if worst is None or not tails[worst] > INITIAL_TAIL_TOLERANCE:
+    """A note where the trained run's density leaves what its grid resolves: from the first save whose spectral tail
+    exceeds INITIAL_TAIL_TOLERANCE, what an initial law is refused for (the rows of a
+    solvers.eulerian_recorder.Recorder).  From there J and every diagnostic of the density measure the
+    discretisation's error, not the model's, and an optimizer can descend into it (an align loss below its infimum 0
+    on a density that goes negative); the run only notes the first save beyond diagnostics.tail_tol, which is often
+    harmless."""
+    tails = np.array([row["spectral_tail"] for row in rows], dtype=float)
+    beyond = np.flatnonzero(tails > INITIAL_TAIL_TOLERANCE)
+    if not beyond.size:
         return None
-    lowest = min(row["min_density"] for row in rows[worst:])
-    return (f"the trained controls drive the density beyond what the grid resolves: spectral tail {tails[worst]:.2g} "
-            f"at t = {times[worst]:.4g} (an initial law is refused above {INITIAL_TAIL_TOLERANCE:g}), min density "
-            f"{lowest:.3g} from there on; J and the diagnostics from there are the discretisation's error, not the "
-            "model's: train with a larger sphere.lmax, a smaller time.dt or a larger control.lambda_reg")
+    first = int(beyond[0])
+    worst = first + int(np.argmax(tails[first:]))
+    lowest = min(row["min_density"] for row in rows[first:])
+    return (f"the controls drive the density beyond what the grid resolves from t = {times[first]:.4g} on: spectral "
+            f"tail {tails[first]:.2g} there (an initial law is refused above {INITIAL_TAIL_TOLERANCE:g}), "
+            f"{tails[worst]:.2g} at t = {times[worst]:.4g}, min density {lowest:.3g}; J and the diagnostics from there "
+            "are the discretisation's error, not the model's: a larger sphere.lmax, a smaller time.dt or, training, a "
+            "larger control.lambda_reg")
 
 
 def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_at) -> NumericalFailure:

@@ -160,6 +160,19 @@ def test_members_that_compute_the_same_numbers_are_named(tmp_path, monkeypatch, 
         assert combined.sizes["member"] == 2
 
 
+def test_failed_members_are_not_named_identical(tmp_path):
+    """Members that failed before their first save keep only t = 0, which they share: their key does change the run
+    (a review found time.dt = 0.5, 1 named "identical results")."""
+    members = plan(spherepde.load_case_text(SMALL_S1), ["model.eps=0.1,0.2,0.3"], str(tmp_path))
+    summaries = {0: {"exit_status": 3, "digest": "d"}, 1: {"exit_status": 3, "digest": "d"},
+                 2: {"exit_status": 0, "digest": "d"}}
+    assert sweep_module.identical_results(members, summaries) == []
+    summaries[1]["exit_status"] = 0
+    assert sweep_module.identical_results(members, summaries) == [
+        "members 1 (model.eps=0.2), 2 (model.eps=0.3) gave identical results: what they differ in does not change "
+        "this run"]
+
+
 def test_a_sweep_of_trainings_keeps_each_members_results_of_its_attributes(tmp_path):
     """A training's results are attributes (iterations, optimizer_stop, three_phase, ...), which sweep.nc dropped
     where the members differ (so a table over a sweep reopened every member file): now member_<name> variables, each

@@ -224,10 +224,14 @@ def summarise(index: int, path: str, dataset, exit_status: int) -> dict:
 
 def results_digest(dataset) -> str:
     """The SHA-256 of a result's variables (names, dimensions and values; numbers as float64, as a NetCDF file gives
-    them back), not of its attributes (the case, the wall time): two runs that computed the same numbers share it."""
+    them back) but those on the grid or over the particles (densities, positions, the adjoint: the diagnostics are
+    functions of them, and reading them back from every member's file on --resume would cost a sweep's size again),
+    not of its attributes (the case, the wall time): two runs that computed the same numbers share it."""
     digest = hashlib.sha256()
     for name in sorted(dataset.variables):
         variable = dataset.variables[name]
+        if set(variable.dims) & {*GRID_DIMS, "particle"}:
+            continue
         values = np.asarray(variable.values)
         digest.update(repr((name, variable.dims, values.shape)).encode())
         if values.dtype.kind in "biuf":
@@ -238,13 +242,14 @@ def results_digest(dataset) -> str:
 
 
 def identical_results(members: list[Member], summaries: dict) -> list[str]:
-    """A note for each set of members whose files hold the same numbers: the keys they differ in do not change the
-    run (sphere.lmax of a particle run with a fixed time.dt, say), so the sweep measured nothing along them."""
+    """A note for each set of completed members whose files hold the same numbers: the keys they differ in do not
+    change the run (sphere.lmax of a particle run with a fixed time.dt, say), so the sweep measured nothing along
+    them."""
     alike = {}
-    for member in members:
-        digest = summaries[member.index].get("digest")
-        if digest is not None:
-            alike.setdefault(digest, []).append(member)
+    for member in members:  # completed members only: failed ones may share no more than their start
+        summary = summaries[member.index]
+        if summary["exit_status"] == 0 and summary.get("digest") is not None:
+            alike.setdefault(summary["digest"], []).append(member)
     return [f"members {', '.join(f'{m.index} ({m.label()})' for m in group)} gave identical results: what they "
             "differ in does not change this run" for group in alike.values() if len(group) > 1]
 
