@@ -21,6 +21,16 @@ from spherepde.model.energy import FreeEnergy
 EXACT_W2_ABOVE_S2 = 3000
 
 
+def saved_tokens(n: int, replicas: int, save: int) -> np.ndarray:
+    """The indices of the `save` tokens a run writes of its n: the first of each of its `replicas` systems of n / R
+    consecutive tokens, as evenly as they go (the first save mod R systems one more).  Within a system, and among
+    the systems, the tokens are exchangeable, so these are a uniform subsample; the first `save` of all n were the
+    first system's alone, whose common drift (a rotation-invariant model's) every other system's cancels."""
+    per_system, extra = divmod(save, replicas)
+    size = n // replicas
+    return np.concatenate([system * size + np.arange(per_system + (system < extra)) for system in range(replicas)])
+
+
 class ParticleRecorder(RunRecord):
     """Diagnostics of docs/design.md "Diagnostics" as empirical averages with standard errors, and saved particles.
 
@@ -62,7 +72,7 @@ class ParticleRecorder(RunRecord):
         self.projected_0 = None
         if self.subspace_E is not None:
             self.projected_0 = diag.projection(x0.cpu().double().numpy(), self.subspace_E)
-        self.saved = case["particles"]["save"]
+        self.saved = saved_tokens(case["particles"]["n"], self.replicas, case["particles"]["save"])
         self.positions = []
         self.steps, self.dt, self.w2_error_bound = 0, math.nan, 0.0
         self.batch_members = field.batch.members
@@ -91,8 +101,8 @@ class ParticleRecorder(RunRecord):
         row["w2_projection_squared_bias"] = self._w2_projection_squared_bias(points, row["w2_projection"])
         self.times.append(t)
         self.rows.append(row)
-        if self.saved:
-            self.positions.append(points[:self.saved])
+        if len(self.saved):
+            self.positions.append(points[self.saved])
         return row
 
     def estimates(self, points: np.ndarray, x: torch.Tensor, projected_0: np.ndarray | None,

@@ -144,7 +144,7 @@ def command_run(args) -> int:
         _hold(args.output, before_reading=True)  # a second writer of it is refused at once
     from spherepde import load_case, run
     from spherepde.api.limits import check_memory
-    from spherepde.io.output import check_file, write_dataset
+    from spherepde.io.output import BOTH_PREFIX, check_file, write_dataset
 
     overrides = list(args.set)
     if args.solver:
@@ -197,8 +197,9 @@ def command_run(args) -> int:
     finally:
         for number, handler in previous_handlers.items():
             signal.signal(number, handler)
-    for note in filter(None, dataset.attrs.get("notes", "").splitlines()):
-        print(f"spherepde: warning: {note}", file=sys.stderr)
+    for key, part in (("notes", ""), (BOTH_PREFIX + "notes", "particles: ")):  # a "both" run's particle half's own
+        for note in filter(None, str(dataset.attrs.get(key, "")).splitlines()):
+            print(f"spherepde: warning: {part}{note}", file=sys.stderr)
     print(f"spherepde: wrote {output}", file=sys.stderr)
     if late:
         print(f"spherepde: {signal.Signals(late[0]).name} came as the output was written; it is complete, and the "

@@ -611,3 +611,14 @@ def test_a_sigterm_landing_in_an_execd_string_still_exits_143(tmp_path):
     result = subprocess.run([sys.executable, "-m", "stopped"], cwd=tmp_path, capture_output=True, text=True,
                             timeout=120)
     assert (result.returncode, result.stderr.strip()) == (143, "spherepde: terminated")
+
+
+def test_a_both_run_prints_its_particle_half_s_notes(tmp_path, capsys):
+    """The particle half's notes (particles_notes) were stored but never printed (the stiff step's here)."""
+    status = main(["run", "cases/kuramoto-s1.toml", "--solver", "both", "-o", str(tmp_path / "both.nc"), "--quiet",
+                   "--set", "model.V=[[1000.0,0.0],[0.0,1000.0]]", "--set", "model.eps=0.0", "--set", "time.t_end=0.04",
+                   "--set", "time.save_every=0.02", "--set", "particles.dt=0.02", "--set", "time.dt=0.00001",
+                   "--set", "particles.n=64"])
+    err = capsys.readouterr().err
+    assert status == 0
+    assert "spherepde: warning: particles: particles.dt: steps of 0.02 are too long for the drift" in err, err

@@ -562,6 +562,16 @@ def test_particles_agree_with_the_eulerian_run_within_3_standard_errors(dim, lma
     assert {name: report.attrs[f"verdict_{name}"] for name in checked} == {name: "agrees" for name in checked}
 
 
+def test_the_saved_tokens_come_from_every_system():
+    """With R systems the saved particles are the first of each system, not the first `save` of all (one system
+    alone, whose common drift every other system's cancels: a fuzzing round found compare's W2 reading one system)."""
+    case = particle_case(3, 40, model={"eps": 0.1}, time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1},
+                         particles={"replicas": 4})
+    every = run_particles(case.with_overrides(["particles.save=40"]))["particles"].values
+    some = run_particles(case.with_overrides(["particles.save=9"]))["particles"].values
+    assert np.array_equal(some, every[:, [0, 1, 2, 10, 11, 20, 21, 30, 31]])
+
+
 # --- bad input -----------------------------------------------------------------------------------------
 
 
@@ -578,6 +588,22 @@ def test_particle_specific_case_errors():
     # |B|_2, not its largest entry: the scores beta <B^T x, y> of [[1, 1], [1, 1]] reach 2 beta (it ended in exit 3)
     with pytest.raises(CaseError, match=r"^model.beta: beta = 1e\+308 times \|B\| = 2 overflows float64"):
         run_particles(particle_case(2, 10, model={"beta": 1e308, "B": [[1.0, 1.0], [1.0, 1.0]]}))
+    # the unnormalized kernel, which no shift bounds, beyond exp's range: refused (a fuzzing round: exit 3, "a particle
+    # position became non-finite", even with V = 0); at beta |B|_2 = 700 it runs
+    for dtype, beta, largest in (("float64", 800.0, "709.8"), ("float32", 100.0, "88.72")):
+        with pytest.raises(CaseError, match=rf"^model.beta: the unnormalized kernel .* reaches exp\({beta:g}\) .* "
+                                            rf"{dtype}'s largest number exp\({largest}\)"):
+            run_particles(particle_case(2, 10, model={"kernel": "unnormalized", "beta": beta, "V": identity(2, 0.0)},
+                                        solver={"dtype": dtype}))
+    calm = particle_case(2, 10, model={"kernel": "unnormalized", "beta": 700.0, "V": identity(2, 0.0),
+                                       "W": [[0.0, 1.0], [-1.0, 0.0]]})
+    assert np.isfinite(run_particles(calm)["particles"].values).all()
+    # time.max_steps counts a particle run's own steps: particles.dt = 0.5 takes 2 (refused for time.dt's 20)
+    stepped = ["solver.method='particles'", "particles.n=20", "time.max_steps=5", "time.t_end=1.0", "time.dt=0.05"]
+    assert spherepde.run(spherepde.load_case("cases/kuramoto-s1.toml", stepped + ["particles.dt=0.5"]),
+                         progress=False).attrs["steps"] == 2
+    with pytest.raises(CaseError, match=r"time.max_steps: 5 steps cannot reach t_end = 1 with time.dt = 0.05"):
+        spherepde.load_case("cases/kuramoto-s1.toml", stepped)
     # the refusal names the key that set the step (it said particles.dt of a time.dt)
     with pytest.raises(CaseError, match=r"^time.dt: a step of 0.5 is too long for the weak-order-2 noise step"):
         run_particles(particle_case(12, 10, model={"eps": 1.0}, time={"t_end": 1.0, "dt": 0.5, "save_every": 1.0}))

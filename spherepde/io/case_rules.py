@@ -57,8 +57,6 @@ def time_rules(time: dict, ctx) -> None:
     if time["t_end"] / time["save_every"] > _MAX_SAVES:
         raise CaseError(f"time.save_every: t_end / save_every = {time['t_end'] / time['save_every']:.3g} saves; "
                         f"at most {_MAX_SAVES:.0e}")
-    if "dt" in time:
-        _fixed_step_rules(time, time["dt"], "time.dt")
     eps, lmax = ctx.data["model"]["eps"], ctx.data["sphere"]["lmax"]
     longest_step = min(time["save_every"], time["t_end"], time.get("dt", math.inf))
     if eps * lmax * (lmax + 1) * longest_step > _MAX_DIFFUSION_STIFFNESS:
@@ -79,8 +77,14 @@ def _fixed_step_rules(time: dict, dt: float, key: str) -> None:
 
 
 def particles_rules(particles: dict, ctx) -> None:
-    if "dt" in particles and ctx.data["solver"]["method"] in ("particles", "both"):
-        _fixed_step_rules(ctx.data["time"], particles["dt"], "particles.dt")
+    # The fixed steps, here where the method is known (its section comes after [time]): time.dt is a density's
+    # step and the particles' where they have none of their own; a particle run stepped by particles.dt never
+    # takes time.dt's steps (time.max_steps was checked against them)
+    time, method = ctx.data["time"], ctx.data["solver"]["method"]
+    if "dt" in time and not (method == "particles" and "dt" in particles):
+        _fixed_step_rules(time, time["dt"], "time.dt")
+    if "dt" in particles and method in ("particles", "both"):
+        _fixed_step_rules(time, particles["dt"], "particles.dt")
     if particles["save"] > particles["n"]:
         raise CaseError(f"particles.save: must be <= particles.n = {particles['n']}, got {particles['save']}")
     n, replicas = particles["n"], particles["replicas"]
