@@ -58,6 +58,7 @@ class ForwardProblem:
         check_dimension(case)
         for member in cases:
             check_solver_choices(member, self.placement.device.type)
+            check_kernel_range(member)
         self.basis = make_basis(case.dim, case["sphere"]["lmax"], self.placement, solver["backend"])
         self.layouts = [layout_of(member) for member in cases]
         self.layered = layered or not all(layout.seeds_model for layout in self.layouts)
@@ -301,6 +302,30 @@ def check_kernel_resolution(case) -> None:
     # what check_resolutions reads of a basis: its sphere, lmax and the degree its grid integrates exactly
     grid = SimpleNamespace(dim=case.dim, lmax=lmax, quadrature_degree=basis_class(case.dim).quadrature_degree)
     check_resolutions(kernel_entries(case), grid, case["solver"]["kernel_tol"])
+
+
+def check_kernel_range(case) -> None:
+    """A CaseError where a head's kernel cannot be formed in the run's dtype (inf 0 = NaN at the first step, for the
+    densities and the particles alike: a "both" run is refused before either half runs): the
+    softmax's where its coupling beta B overflows, where any smaller beta is taken as it is (the shifted sums tend to
+    the hardmax of beta = inf: 4e-16 from it at beta = 1e300 in float64); the unnormalized kernel's, which no shift
+    bounds, where exp(beta <B^T x, y>) reaches exp(beta |B|_2) beyond the dtype's largest number (beta |B|_2 >
+    709.8 in float64, 88.7 in float32)."""
+    dtype = case["solver"]["dtype"]
+    largest = torch.finfo(getattr(torch, dtype)).max
+    for model, name, where in kernel_entries(case):
+        norm = float(torch.linalg.matrix_norm(model.B, ord=2))  # beta <B^T x, y> reaches beta |B|_2
+        if not math.isfinite(model.beta):
+            continue
+        if model.beta * max(1.0, norm) > largest:
+            raise CaseError(f"{name}: beta = {model.beta:.3g} times |B| = {norm:.3g}{where} overflows {dtype} (largest "
+                            f"{largest:.3g}); lower model.beta or model.B, or use beta = \"inf\", the limit of large "
+                            "beta")
+        if model.kernel == "unnormalized" and model.beta * norm > math.log(largest):
+            raise CaseError(f"{name}: the unnormalized kernel exp(beta <B^T x, y>) reaches "
+                            f"exp({model.beta * norm:.4g}) (beta = {model.beta:.3g} times |B| = {norm:.3g}{where}), "
+                            f"beyond {dtype}'s largest number exp({math.log(largest):.4g}); lower model.beta or "
+                            "model.B, or take the softmax kernel")
 
 
 def check_solver_choices(case, device_type: str | None) -> None:

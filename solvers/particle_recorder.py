@@ -1,6 +1,6 @@
 """What a particle run records at its save times: the diagnostics of docs/design.md "Diagnostics" as empirical averages
-over the tokens with their Monte Carlo standard errors (the formulas: `ParticleRecorder`), and the first particles.save
-positions; handed to spherepde.io.output as a plain `Saves` record.
+over the tokens with their Monte Carlo standard errors (the formulas: `ParticleRecorder`), and particles.save positions
+(`saved_tokens`); handed to spherepde.io.output as a plain `Saves` record.
 """
 
 import math
@@ -23,9 +23,10 @@ EXACT_W2_ABOVE_S2 = 3000
 
 def saved_tokens(n: int, replicas: int, save: int) -> np.ndarray:
     """The indices of the `save` tokens a run writes of its n: the first of each of its `replicas` systems of n / R
-    consecutive tokens, as evenly as they go (the first save mod R systems one more).  Within a system, and among
-    the systems, the tokens are exchangeable, so these are a uniform subsample; the first `save` of all n were the
-    first system's alone, whose common drift (a rotation-invariant model's) every other system's cancels."""
+    consecutive tokens, as evenly as they go (the first save mod R systems one more), system by system (all n in
+    their order).  Within a system, and among the systems, the tokens are exchangeable, so these are a uniform
+    subsample; the first `save` of all n were the first system's alone, whose common drift (a rotation-invariant
+    model's) every other system's cancels."""
     per_system, extra = divmod(save, replicas)
     size = n // replicas
     return np.concatenate([system * size + np.arange(per_system + (system < extra)) for system in range(replicas)])
@@ -224,4 +225,4 @@ class ParticleRecorder(RunRecord):
                        f"Monte Carlo standard errors by batch means over {section['replicas']} independent systems"),
             "notes": "\n".join(self.notes),
         }
-        return particle_dataset(self.saves(status, attrs, positions=self.positions))
+        return particle_dataset(self.saves(status, attrs, positions=self.positions, tokens=self.saved))

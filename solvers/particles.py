@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from solvers.eulerian import MAX_STEPS_PER_SAVE, only, outcomes
-from solvers.forward_problem import kernel_entries
+from solvers.forward_problem import check_kernel_range
 from solvers.particle_field import HeadsField, ParticleField
 from solvers.particle_recorder import ParticleRecorder
 from solvers.particle_step import DirectStep, noise_time, noise_variance
@@ -236,29 +236,6 @@ def noise_step_limit(case, eps: float) -> float:
     if eps > 0 and case["particles"]["integrator"] != "euler" and case.dim > 2:
         return 1.5 / ((case.dim - 2) * eps)
     return math.inf
-
-
-def check_kernel_range(case) -> None:
-    """A CaseError where a head's kernel cannot be formed in the run's dtype (inf 0 = NaN at the first step): the
-    softmax's where its coupling beta B overflows, where any smaller beta is taken as it is (the shifted sums tend to
-    the hardmax of beta = inf: 4e-16 from it at beta = 1e300 in float64); the unnormalized kernel's, which no shift
-    bounds, where exp(beta <B^T x, y>) reaches exp(beta |B|_2) beyond the dtype's largest number (beta |B|_2 >
-    709.8 in float64, 88.7 in float32)."""
-    dtype = case["solver"]["dtype"]
-    largest = torch.finfo(getattr(torch, dtype)).max
-    for model, name, where in kernel_entries(case):
-        norm = float(torch.linalg.matrix_norm(model.B, ord=2))  # beta <B^T x, y> reaches beta |B|_2
-        if not math.isfinite(model.beta):
-            continue
-        if model.beta * max(1.0, norm) > largest:
-            raise CaseError(f"{name}: beta = {model.beta:.3g} times |B| = {norm:.3g}{where} overflows {dtype} (largest "
-                            f"{largest:.3g}); lower model.beta or model.B, or use beta = \"inf\", the limit of large "
-                            "beta")
-        if model.kernel == "unnormalized" and model.beta * norm > math.log(largest):
-            raise CaseError(f"{name}: the unnormalized kernel exp(beta <B^T x, y>) reaches "
-                            f"exp({model.beta * norm:.4g}) (beta = {model.beta:.3g} times |B| = {norm:.3g}{where}), "
-                            f"beyond {dtype}'s largest number exp({math.log(largest):.4g}); lower model.beta or "
-                            "model.B, or take the softmax kernel")
 
 
 def check_noise_step(case, eps: float, dt: float) -> None:

@@ -41,7 +41,7 @@ def unresolved_control(times: list, rows: list) -> str | None:
     if not beyond.size:
         return None
     first = int(beyond[0])
-    worst = first + int(np.argmax(tails[first:]))
+    worst = first + int(np.nanargmax(tails[first:]))  # a NaN tail (a failed save) is no worst
     lowest = min(row["min_density"] for row in rows[first:])
     return (f"the controls drive the density beyond what the grid resolves from t = {times[first]:.4g} on: spectral "
             f"tail {tails[first]:.2g} there (an initial law is refused above {INITIAL_TAIL_TOLERANCE:g}), "

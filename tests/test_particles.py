@@ -563,13 +563,21 @@ def test_particles_agree_with_the_eulerian_run_within_3_standard_errors(dim, lma
 
 
 def test_the_saved_tokens_come_from_every_system():
-    """With R systems the saved particles are the first of each system, not the first `save` of all (one system
-    alone, whose common drift every other system's cancels: a fuzzing round found compare's W2 reading one system)."""
+    """With R systems the saved particles are the first of each system, system by system, their indices the
+    `particle` coordinate; they were the first `save` of all, one system alone, whose common drift every other
+    system's cancels (a fuzzing round found compare's W2 reading one system).  A figure draws an evenly strided part
+    of them, from every system (it drew the first 2000)."""
+    from spherepde.analysis.sphere_view import drawn
+
     case = particle_case(3, 40, model={"eps": 0.1}, time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1},
                          particles={"replicas": 4})
-    every = run_particles(case.with_overrides(["particles.save=40"]))["particles"].values
-    some = run_particles(case.with_overrides(["particles.save=9"]))["particles"].values
-    assert np.array_equal(some, every[:, [0, 1, 2, 10, 11, 20, 21, 30, 31]])
+    every = run_particles(case.with_overrides(["particles.save=40"]))
+    some = run_particles(case.with_overrides(["particles.save=9"]))
+    tokens = [0, 1, 2, 10, 11, 20, 21, 30, 31]
+    assert list(some["particle"].values) == tokens and list(every["particle"].values) == list(range(40))
+    assert np.array_equal(some["particles"].values, every["particles"].values[:, tokens])
+    assert np.arange(10000)[drawn(10000)].tolist() == list(range(0, 10000, 5))
+    assert np.arange(4001)[drawn(4001)].size <= 2000 and np.arange(1500)[drawn(1500)].size == 1500
 
 
 # --- bad input -----------------------------------------------------------------------------------------
@@ -595,6 +603,12 @@ def test_particle_specific_case_errors():
                                             rf"{dtype}'s largest number exp\({largest}\)"):
             run_particles(particle_case(2, 10, model={"kernel": "unnormalized", "beta": beta, "V": identity(2, 0.0)},
                                         solver={"dtype": dtype}))
+        # the densities' kernel overflows alike: a "both" run is refused before its Eulerian half runs (a review
+        # found it refused after, its Eulerian half's state thrown away), an Eulerian run too (it ended in exit 3)
+        for method in ("both", "eulerian"):
+            with pytest.raises(CaseError, match=r"^test: model.beta: the unnormalized kernel"):
+                spherepde.run(particle_case(2, 10, model={"kernel": "unnormalized", "beta": beta},
+                                            solver={"dtype": dtype, "method": method}), progress=False)
     calm = particle_case(2, 10, model={"kernel": "unnormalized", "beta": 700.0, "V": identity(2, 0.0),
                                        "W": [[0.0, 1.0], [-1.0, 0.0]]})
     assert np.isfinite(run_particles(calm)["particles"].values).all()

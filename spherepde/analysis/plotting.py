@@ -40,7 +40,7 @@ from spherepde.analysis.diagnostic_panels import (  # noqa: E402
     _mark_failures,
     panel_rows,
 )
-from spherepde.analysis.sphere_view import CMAP, MAX_PARTICLES_DRAWN, SphereView, _final_mean, _has_density  # noqa: E402
+from spherepde.analysis.sphere_view import CMAP, SphereView, _final_mean, _has_density, drawn  # noqa: E402
 from spherepde.base.errors import CaseError  # noqa: E402
 from spherepde.io.output import check_folder, failed_parts, failure_summary, make_folders  # noqa: E402
 from spherepde.io.summary import open_result  # noqa: E402
@@ -276,9 +276,9 @@ def _circle_picture(subfigure, dataset, count: int) -> None:
         subfigure.colorbar(mesh, ax=heat, label="density ρ [rad⁻¹]", pad=0.01)
     if has_particles:
         angles = _particle_angles(dataset, centre)
-        drawn = angles[:, :MAX_PARTICLES_DRAWN]
+        shown = angles[:, drawn(angles.shape[1])]
         # not clipped: the first and last saves' dots sit on the time limits, and were drawn half
-        heat.scatter(drawn.ravel(), np.repeat(times, drawn.shape[1]), s=1, c="cyan" if has_density else "C0",
+        heat.scatter(shown.ravel(), np.repeat(times, shown.shape[1]), s=1, c="cyan" if has_density else "C0",
                      lw=0, alpha=0.6, clip_on=False)
     _mark_failures(heat, dataset, vertical=False)
     if failed_parts(dataset):

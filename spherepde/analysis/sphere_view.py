@@ -26,6 +26,12 @@ FINE_NLAT = 180  # the re-synthesised grid has at least this many latitudes (1 d
 MAX_PARTICLES_DRAWN = 2000
 
 
+def drawn(count: int) -> slice:
+    """The saved particles a figure draws of `count`: at most MAX_PARTICLES_DRAWN, evenly strided, so that they
+    come from every replica system (the saved tokens run system by system: particle_recorder.saved_tokens)."""
+    return slice(None, None, max(1, -(-count // MAX_PARTICLES_DRAWN)))
+
+
 def _final_mean(dataset, dim: int) -> np.ndarray:
     """The mean position at the last save that has one (a failed run of a "both" file is NaN after its failure:
     the other run's then), or 0."""
@@ -203,7 +209,7 @@ class SphereView:
                 axis.set_aspect("equal")
                 axis.axis("off")
                 if self.particles is not None:
-                    projected = self.particles[index, :MAX_PARTICLES_DRAWN] @ frame.T
+                    projected = self.particles[index, drawn(self.particles.shape[1])] @ frame.T
                     front = projected[:, 2] >= 0
                     axis.scatter(projected[front, 0], projected[front, 1], s=3, c=self.dots, lw=0, alpha=0.8)
             return
@@ -217,7 +223,7 @@ class SphereView:
         axis.set_xticklabels([])
         axis.set_yticklabels([])
         if self.particles is not None:
-            x = self.particles[index, :MAX_PARTICLES_DRAWN]
+            x = self.particles[index, drawn(self.particles.shape[1])]
             axis.scatter(np.arctan2(x[:, 1], x[:, 0]), np.arcsin(np.clip(x[:, 2], -1, 1)), s=3, c=self.dots, lw=0,
                          alpha=0.8)
 

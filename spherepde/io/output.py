@@ -68,7 +68,8 @@ class Saves:
     """What a run recorded at its save times, as plain values: the record a solver hands to this module.
 
     `attrs` are the run's own output attributes (docs/design.md "Output"), `solver` and `status` first; `densities` (rho
-    on the grid) belong to an Eulerian run, `positions` (the first particles.save particles) to a particle run."""
+    on the grid) belong to an Eulerian run, `positions` (particles.save particles) and `tokens` (their indices among
+    the run's particles.n) to a particle run."""
 
     case: Any
     times: list
@@ -77,6 +78,7 @@ class Saves:
     attrs: dict
     densities: list = field(default_factory=list)
     positions: list = field(default_factory=list)
+    tokens: Any = None
 
 
 def eulerian_dataset(saves: Saves, basis) -> xr.Dataset:
@@ -137,8 +139,9 @@ def particle_dataset(saves: Saves) -> xr.Dataset:
     coords = common_coordinates(saves.times, saves.case.dim, saves.lyapunov_p)
     data = diagnostic_variables(saves.rows)
     if saves.positions:
-        coords["particle"] = xr.Variable("particle", np.arange(saves.positions[0].shape[0]),
-                                         {"long_name": "index of a saved particle (the first particles.save)"})
+        coords["particle"] = xr.Variable("particle", np.asarray(saves.tokens),
+                                         {"long_name": "index of a saved particle among the run's particles.n (the "
+                                                       "first of each replica system)"})
         data["particles"] = (("time", "particle", "component"), np.stack(saves.positions),
                              {"long_name": "particle position on the unit sphere, ambient coordinates", "units": "1"})
     return finish(xr.Dataset(data, coords=coords), saves.case, saves.attrs)
