@@ -11,14 +11,13 @@ kernel, the whole [initial] section, particles.seed and particles.save, the [dia
 training's [control] its loss and target, lambda_reg, the optimizer and its learning rate, iterations and
 tolerance, the bow candidates' keys and save_adjoint. Everything else (sphere, time, solver, the particles' size,
 replicas and integrator, the layers and the gradient) is shared, and so must be what it implies: the time scheme of
-a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy, whether a particle
-run's beta is 0 (the direct sums serve beta > 0 only) and its kernel within the direct sums' unshifted exponent range
-(solvers.particle_field.within_direct_range: beyond it the softmax's kernel rows are shifted and the unnormalized
-kernel takes the generic sums), so that a batch of both would not take one way where a serial run takes the other,
-apart at round-off, and beyond the seeds' model the heads (head 0's beta among them), the feed-forward and the
-layers. Particle runs stepped by the CFL rule (no fixed dt) each
-run alone: their members would take different steps and their draws would not be those of their
-serial runs.
+a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy, which sums a particle
+run takes (the direct sums serve beta > 0 only; beyond their unshifted exponent range,
+solvers.particle_field.within_direct_range, the softmax's kernel rows are shifted and the unnormalized kernel takes
+the generic sums: a batch mixing the two would take one way where a member's serial run takes the other, apart at
+round-off), and beyond the seeds' model the heads (head 0's beta among them), the feed-forward and the layers.
+Particle runs stepped by the CFL rule (no fixed dt) each run alone: their members would take different steps and
+their draws would not be those of their serial runs.
 """
 
 import math

@@ -214,12 +214,13 @@ def run_batch(indices: list, case_texts: list, paths: list, threads: int | None 
 def summarise(index: int, path: str, dataset, exit_status: int) -> dict:
     """The few numbers a member reports: status, steps, wall time, final order parameter, from when its results
     are under-resolved (`resolved_until`: "end" where they are not, and for particles), and the digest of its results
-    (`results_digest`)."""
+    (`results_digest`, of a completed member's alone: `identical_results` compares no others)."""
     final = dataset["order_parameter"].values[-1] if "order_parameter" in dataset else float("nan")
     return {"member": index, "path": path, "status": dataset.attrs.get("status", "?"), "exit_status": exit_status,
             "steps": int(dataset.attrs.get("steps", 0)), "wall_seconds": float(dataset.attrs.get("wall_seconds", 0)),
             "t": float(dataset["time"].values[-1]), "order_parameter": float(final),
-            "resolved_until": dataset.attrs.get("resolved_until", "end"), "digest": results_digest(dataset)}
+            "resolved_until": dataset.attrs.get("resolved_until", "end"),
+            "digest": results_digest(dataset) if exit_status == 0 else None}
 
 
 def results_digest(dataset) -> str:
