@@ -306,6 +306,13 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
             datasets.append((dataset, outcome))
         return datasets
 
+    def attributes(m):
+        """The attributes that say how member m was trained, whether or not an iteration finished."""
+        return {"training": "trained control through the particle system (solvers/particle_training.py)",
+                "gradient": (f"{'transposed steps by hand' if forward.by_hand else 'autograd'} "
+                             f"({forward.case['control']['noise']} noise)"),
+                "optimizer": forward.cases[m]["control"]["optimizer"], "training_seconds": training_seconds}
+
     outcomes = [None] * forward.members
     for m, result in enumerate(results):
         if isinstance(result, NumericalFailure):
@@ -315,11 +322,11 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
                 return _dataset_or_raise(run_at([m], controls[None], "failed", [[]])[0])
             if not general:
                 outcomes[m] = kept_at_start(result, forward.cases[m], initial.expand(forward.layers, -1, -1),
-                                            run_start)
+                                            run_start, attributes(m))
                 continue
             layout = forward.system.layouts[m]
             failure = kept_at_start(result, forward.cases[m], feed_forward_placeholder(layout, initial),
-                                    lambda _, initial=initial, run_start=run_start: run_start(initial))
+                                    lambda _, initial=initial, run_start=run_start: run_start(initial), attributes(m))
             outcomes[m] = NumericalFailure(str(failure), with_parameters(failure.dataset, layout, initial))
     trained = [m for m, result in enumerate(results) if not isinstance(result, NumericalFailure)]
     if trained:
@@ -335,12 +342,8 @@ def run_particle_trainings(cases, progress: bool | None = None, starts: list | N
             else:
                 dataset = control_variables(dataset, forward.cases[m], result)
             dataset = dataset.assign(phase_variables(forward.cases[m], dataset, general))
-            dataset.attrs.update({
-                "training": "trained control through the particle system (solvers/particle_training.py)",
-                "gradient": (f"{'transposed steps by hand' if forward.by_hand else 'autograd'} "
-                             f"({forward.case['control']['noise']} noise)"),
-                "optimizer": forward.cases[m]["control"]["optimizer"], "iterations": len(result.costs) - 1,
-                "optimizer_stop": result.stop, "training_seconds": training_seconds})
+            dataset.attrs.update(attributes(m))
+            dataset.attrs.update({"iterations": len(result.costs) - 1, "optimizer_stop": result.stop})
             if isinstance(outcome, NumericalFailure):
                 outcomes[m] = NumericalFailure(f"{outcome} (the trained run; W and the loss history are kept)", dataset)
                 continue

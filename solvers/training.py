@@ -339,7 +339,8 @@ def run_trainings(cases, progress: bool | None = None, starts: list | None = Non
             start = starting_controls(forward, m, starts[m] if starts else None)
             single = forward.select([m])
             outcomes[m] = kept_at_start(result, forward.cases[m], start,
-                                        lambda controls: _run_dataset(single, controls, states[[m]], "failed"))
+                                        lambda controls: _run_dataset(single, controls, states[[m]], "failed"),
+                                        _training_attributes(forward, forward.cases[m], training_seconds))
     if trained:
         batch = forward if len(trained) == forward.members else forward.select(trained)
         controls = torch.stack([results[m].controls for m in trained])
@@ -380,14 +381,19 @@ def _trained_dataset(forward: ControlledForward, member: int, case, result: Trai
     if phi is not None:
         dataset = dataset.assign(phi)
     dataset = dataset.assign(turnpike_variables(forward, member, dataset, result.first))
-    dataset.attrs.update({"training": "trained control (solvers/training.py)", "gradient": case["control"]["gradient"],
-                          "optimizer": case["control"]["optimizer"], "iterations": len(result.costs) - 1,
-                          "optimizer_stop": result.stop, "training_steps": forward.steps,
-                          "training_dt": forward.dt, "training_seconds": training_seconds})
+    dataset.attrs.update(_training_attributes(forward, case, training_seconds))
+    dataset.attrs.update({"iterations": len(result.costs) - 1, "optimizer_stop": result.stop})
     try:
         return finished(dataset, result)
     except NumericalFailure as failure:
         return failure
+
+
+def _training_attributes(forward: ControlledForward, case, training_seconds: float) -> dict:
+    """The attributes that say how a member was trained, whether or not an iteration finished."""
+    return {"training": "trained control (solvers/training.py)", "gradient": case["control"]["gradient"],
+            "optimizer": case["control"]["optimizer"], "training_steps": forward.steps, "training_dt": forward.dt,
+            "training_seconds": training_seconds}
 
 
 def run_training(case, progress: bool | None = None, start: torch.Tensor | None = None, checkpoint=None) -> xr.Dataset:

@@ -50,18 +50,20 @@ def unresolved_control(times: list, rows: list) -> str | None:
             "larger control.lambda_reg")
 
 
-def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_at) -> NumericalFailure:
+def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_at,
+                  attributes: dict) -> NumericalFailure:
     """`failure`, of a training's first evaluation, made to carry the last good state there is: the forward run
     at the starting `controls` (run_at(controls), a Dataset; up to its own failure if it has one) with W =
-    those controls and an empty history (no iteration finished)."""
+    those controls, an empty history (no iteration finished) and the training's `attributes` (those a completed
+    training's output has but its iterations and optimizer_stop)."""
     try:
         dataset = run_at(controls)
     except NumericalFailure as inner:
         dataset = inner.dataset
     result = TrainingResult(controls, [], [], [], None, None, "numerical failure at iteration 0", str(failure))
     dataset = control_variables(dataset, case, result)
-    dataset.attrs.update({"status": f"failed: {failure}", "optimizer": case["control"]["optimizer"],
-                          "optimizer_stop": result.stop, "iterations": 0})
+    dataset.attrs.update(attributes)
+    dataset.attrs.update({"status": f"failed: {failure}", "optimizer_stop": result.stop, "iterations": 0})
     return NumericalFailure(f"{failure}; no training iteration finished: the output keeps the starting controls "
                             "and their forward run", dataset)
 

@@ -366,6 +366,14 @@ def test_a_loss_that_is_not_finite_at_the_start_names_its_key(tmp_path, capsys, 
         t_end = spherepde.load_case_text(dataset.attrs["case"])["time"]["t_end"]
         assert dataset["time"].values[-1] == pytest.approx(t_end)  # the run at W = 0 itself does not fail
         assert np.abs(dataset["mass"].values - 1).max() <= 1e-12
+        # it is named a training, as a completed training's output is (the attributes of docs/_ext)
+        assert dataset.attrs["training"].startswith("trained control") and dataset.attrs["training_seconds"] > 0
+        assert dataset.attrs["optimizer"] == "adam" and dataset.attrs["iterations"] == 0
+        if method == "eulerian":
+            assert dataset.attrs["gradient"] == "discrete"
+            assert dataset.attrs["training_steps"] * dataset.attrs["training_dt"] == pytest.approx(t_end)
+        else:
+            assert dataset.attrs["gradient"].startswith(("autograd", "transposed steps by hand"))
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
