@@ -378,7 +378,8 @@ def central_differences_of(cost, controls: torch.Tensor, h: float = 1e-5) -> tor
     float (error O(h^2) plus round-off of J over h)."""
     gradient = torch.zeros_like(controls)
     for index in range(controls.numel()):
-        step = torch.zeros(controls.numel(), dtype=controls.dtype).reshape(controls.shape)
+        # on the controls' device: a CPU step cannot be added to CUDA controls
+        step = torch.zeros(controls.shape, dtype=controls.dtype, device=controls.device)
         step.view(-1)[index] = h
         gradient.view(-1)[index] = (cost(controls + step) - cost(controls - step)) / (2 * h)
     return gradient
