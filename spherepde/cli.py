@@ -182,7 +182,7 @@ def command_run(args) -> int:
         with interrupts.held(absorbed=True) as late:
             write_dataset(_with_command(dataset, args, output), output)
             if checkpoint is not None:
-                checkpoint.remove()
+                _remove_after_output(checkpoint)
     except NumericalFailure as failure:
         if failure.dataset is not None:
             write_dataset(_with_command(failure.dataset, args, output), output)
@@ -211,6 +211,16 @@ def command_run(args) -> int:
         for path in plot_result(output):
             print(f"spherepde: wrote {path}", file=sys.stderr)
     return 0
+
+
+def _remove_after_output(checkpoint) -> None:
+    """Remove the checkpoint of a run whose output is written; a checkpoint that cannot be removed (its folder made
+    read-only meanwhile) is a warning: the output is complete, and the command succeeded."""
+    try:
+        checkpoint.remove()
+    except OSError as error:
+        print(f"spherepde: warning: the output is complete, but its checkpoint {checkpoint.folder!r} could not be "
+              f"removed ({error.strerror or error}); remove it by hand", file=sys.stderr)
 
 
 def _hold(output: str, before_reading: bool = False) -> None:
@@ -295,6 +305,12 @@ def _checkpoint(case, output: str, args):
         if os.path.lexists(checkpoint.folder) and not os.path.isdir(checkpoint.folder):
             raise CaseError(f"{checkpoint.folder!r} exists and is not a folder: the run keeps its checkpoint "
                             "there; move it away or choose another output file")
+        if os.path.isdir(checkpoint.folder):
+            # the run writes its checkpoints there (and removes them at the end): found out only at the first one,
+            # it lost the steps made until then
+            from spherepde.io.output import check_folder
+
+            check_folder(checkpoint.folder, "the checkpoint folder")
     stored = checkpoint is not None and checkpoint.exists()
     if args.resume:
         if not stored:
@@ -380,9 +396,15 @@ def main(argv=None) -> int:
         signal.signal(signal.SIGTERM, previous)
         from spherepde.io.locking import release_all
 
-        release_all()
-        if "spherepde.io.output" in sys.modules:  # only it makes folders
-            sys.modules["spherepde.io.output"].settle_made_folders(failed=status != 0)
+        # the command has ended (its output written, or it stopped): a signal now finds nothing to stop, and one
+        # acted on here broke the clean-up (a traceback, the lock file and the folders made left behind)
+        with interrupts.held(absorbed=True) as late:
+            release_all()
+            if "spherepde.io.output" in sys.modules:  # only it makes folders
+                sys.modules["spherepde.io.output"].settle_made_folders(failed=status != 0)
+        if late:
+            print(f"spherepde: {signal.Signals(late[0]).name} came as the command ended; its exit status stands",
+                  file=sys.stderr)
         _forget_escaped_interrupt()
 
 

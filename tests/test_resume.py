@@ -534,3 +534,96 @@ def test_a_run_with_a_W_per_layer_resumes_from_a_checkpoint_after_a_layer_bounda
         status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
         assert status == 0, (checkpoints, state["t"], err)
         assert_same_result(output, reference)
+
+
+def test_a_signal_as_the_command_ends_leaves_its_status_and_removes_the_lock_file(tmp_path, capsys, monkeypatch):
+    from spherepde.io import locking
+
+    case = write_case(tmp_path, SMALL_S1)
+    output = tmp_path / "out.nc"
+    release = locking.release_all
+
+    def release_signalled():  # a SIGTERM (a scheduler's end of time) as the finished command releases its lock
+        os.kill(os.getpid(), signal.SIGTERM)
+        release()
+
+    monkeypatch.setattr(locking, "release_all", release_signalled)
+    acted_on = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: acted_on.append(signum))
+    try:
+        status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert status == 0 and acted_on == [], err
+    assert not os.path.exists(f"{output}.lock") and "SIGTERM came as the command ended" in err
+    with xr.open_dataset(output) as result:
+        assert float(result["time"][-1]) == 0.5
+
+
+def test_a_checkpoint_folder_without_write_access_is_refused_before_the_steps(tmp_path, capsys, monkeypatch):
+    from spherepde.io import output as output_module
+
+    case = write_case(tmp_path)
+    output = tmp_path / "out.nc"
+    with monkeypatch.context() as patch:  # interrupted at step 40: a checkpoint to resume
+        calls = []
+        real_due = Checkpoint.due
+
+        def due_then_interrupted(self, steps, last=False):
+            if steps == 40 and not calls:
+                calls.append(steps)
+                self.interrupted = True
+            return real_due(self, steps, last)
+
+        patch.setattr(Checkpoint, "due", due_then_interrupted)
+        assert run_cli(["run", case, "-o", output, "--quiet"], capsys)[0] == 130
+    assert state_of(output)["steps"] == 40
+    folder = checkpoint_folder(output)
+    real_problem = output_module._folder_problem
+    # root writes in a folder of mode 555: the folder's answer is what a user without write access gets
+    monkeypatch.setattr(output_module, "_folder_problem", lambda path: f"no write access to {path!r}"
+                        if os.path.abspath(path) == os.path.abspath(folder) else real_problem(path))
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume", "--checkpoint-steps", "20"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "the checkpoint folder" in err, err
+    assert state_of(output)["steps"] == 40 and not output.exists()
+
+
+def test_a_checkpoint_that_cannot_be_removed_after_the_output_is_written_is_a_warning(tmp_path, capsys, monkeypatch):
+    case = write_case(tmp_path)
+    output = tmp_path / "out.nc"
+
+    real_remove = Checkpoint.remove
+
+    def read_only_once_written(self):  # the folder made read-only as the run went on
+        if not output.exists():
+            return real_remove(self)
+        raise PermissionError(13, "Permission denied", os.path.join(self.folder, "state-00001.pt"))
+
+    monkeypatch.setattr(Checkpoint, "remove", read_only_once_written)
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--checkpoint-steps", "50"], capsys)
+    assert status == 0 and "could not be removed (Permission denied)" in err, err
+    with xr.open_dataset(output) as result:
+        assert result.attrs["status"] == "completed" and float(result["time"][-1]) == 2.0
+
+
+def test_an_output_path_with_room_for_its_checkpoint_files_runs_and_one_without_is_refused_at_once(tmp_path, capsys):
+    from spherepde.io.output import DERIVED_PATH_BYTES
+
+    case = write_case(tmp_path)
+    limit = os.pathconf(tmp_path, "PC_PATH_MAX")
+
+    def output_of(length):  # an absolute output path of `length` bytes, in folders of 200-byte names
+        folder = str(tmp_path)
+        while len(folder) + 201 + 20 < length:
+            folder = os.path.join(folder, "f" * 200)
+        os.makedirs(folder, exist_ok=True)
+        return os.path.join(folder, "o" * (length - len(folder) - 4) + ".nc")
+
+    # the longest path taken: its checkpoint segments' temporary files lie 51 bytes below it, states' 63
+    longest = output_of(limit - 1 - DERIVED_PATH_BYTES)
+    status, err = run_cli(["run", case, "-o", longest, "--quiet", "--checkpoint-steps", "50"], capsys)
+    assert status == 0, err
+    with xr.open_dataset(longest) as result:
+        assert float(result["time"][-1]) == 2.0
+    status, err = run_cli(["run", case, "-o", output_of(limit - DERIVED_PATH_BYTES), "--quiet"], capsys)
+    assert status == 2 and "the path is too long" in err and len(err.strip().splitlines()) == 1

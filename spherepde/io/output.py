@@ -257,14 +257,17 @@ def _folder_problem(folder: str) -> str | None:
 # "<name>.<32 hex digits>.tmp.png" (plotting._save); write_dataset's "<name>.spherepde-XXXXXXXX.tmp" adds 23, a
 # run's "<name>.checkpoint" folder 11 and its "<name>.lock" 5.
 DERIVED_NAME_BYTES = 41
-# The longest path the tool makes below an output: a checkpoint segment's temporary file
-# "<name>.checkpoint/segment-00000.nc.spherepde-XXXXXXXX.tmp".
-DERIVED_PATH_BYTES = 51
+# The longest path the tool makes below an output: a checkpoint state's temporary file
+# "<name>.checkpoint/state-00001.pt.<32 hex digits>.tmp" (solvers.checkpoint_files.write_atomically); a checkpoint
+# segment, "<name>.checkpoint/segment-00000.nc" (28), with write_dataset's temporary file adds 51.
+DERIVED_PATH_BYTES = 63
+# what write_dataset itself adds to the path it writes: its temporary file, "<path>.spherepde-XXXXXXXX.tmp"
+TEMPORARY_PATH_BYTES = len(TEMPORARY_TAG) + len("XXXXXXXX.tmp")
 
 
-def _name_problem(path: str) -> str | None:
-    """Why the files the tool derives from `path` (module constants above) would have names or paths longer than
-    the file system takes, or None."""
+def _name_problem(path: str, derived_path: int = DERIVED_PATH_BYTES) -> str | None:
+    """Why the files the tool derives from `path` (module constants above; paths `derived_path` bytes longer at
+    most) would have names or paths longer than the file system takes, or None."""
     folder, name = os.path.split(os.path.abspath(path))
     existing = folder
     while not os.path.exists(existing):
@@ -278,9 +281,9 @@ def _name_problem(path: str) -> str | None:
         return (f"the name is too long: {size} bytes, and the files derived from it (temporary files, the checkpoint "
                 f"folder) add up to {DERIVED_NAME_BYTES}; file names here take at most {name_max} bytes")
     length = len(os.fsencode(os.path.abspath(path)))
-    if length + DERIVED_PATH_BYTES >= path_max:
+    if length + derived_path >= path_max:
         return (f"the path is too long: {length} bytes, and the files derived from it add up to "
-                f"{DERIVED_PATH_BYTES}; paths here take fewer than {path_max} bytes")
+                f"{derived_path}; paths here take fewer than {path_max} bytes")
     return None
 
 
@@ -319,14 +322,15 @@ def check_folder(folder: str, what: str) -> None:
         raise CaseError(f"{what} {folder!r}: {problem}")
 
 
-def check_file(path: str, what: str) -> None:
-    """A CaseError naming `what` unless `path` can be written (made or replaced) as a regular file."""
+def check_file(path: str, what: str, derived_path: int = DERIVED_PATH_BYTES) -> None:
+    """A CaseError naming `what` unless `path` can be written (made or replaced) as a regular file, and the files
+    derived from it (paths `derived_path` bytes longer at most) beside or below it."""
     if not path or path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
         problem = "not a file name"
     elif os.path.lexists(path) and not os.path.isfile(path):
         problem = "exists and is not a regular file (a folder, device or broken link)"
     else:
-        problem = _name_problem(path) or _folder_problem(os.path.dirname(os.path.abspath(path)))
+        problem = _name_problem(path, derived_path) or _folder_problem(os.path.dirname(os.path.abspath(path)))
     if problem:
         raise CaseError(f"{what} {path!r}: {problem}")
 
@@ -356,7 +360,9 @@ def write_dataset(dataset: xr.Dataset, path: str | os.PathLike) -> None:
     process writes `path` at a time (locking.one_writer).
     """
     path = os.fspath(path)
-    check_file(path, "output")
+    # only the temporary file is derived here: a run's checkpoint segments lie below its output, whose own check
+    # (DERIVED_PATH_BYTES) has made room for them and for this
+    check_file(path, "output", TEMPORARY_PATH_BYTES)
     folder = os.path.dirname(os.path.abspath(path))
     make_folders(folder)
     handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + TEMPORARY_TAG, suffix=".tmp", dir=folder)
