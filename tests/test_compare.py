@@ -127,6 +127,19 @@ def test_verdict_is_k_standard_errors(shift, verdict):
     assert np.allclose(report["w2"].values, 0.0)  # the same two atoms, listed in another order
 
 
+@pytest.mark.parametrize("shift", [-0.07, -0.02, 0.02, 0.045, 0.049, 0.051, 0.07])
+def test_z_counts_the_standard_errors_beyond_the_tolerance(shift):
+    """With a tolerance (here atol = 0.02) the verdict asks |B - A| <= k stderr + atol: z is the part of B - A beyond
+    atol in standard errors, signed, so that "agrees" is max |z| <= k and P(max|z|) speaks of the same test (the
+    difference / stderr it was read 7 where the verdict agreed)."""
+    report = compare(*synthetic_pair(shift, 0.01), k=3.0, atol=0.02, w2=False)
+    expected = np.sign(shift) * max(abs(shift) - 0.02, 0.0) / 0.01
+    assert np.allclose(report["order_parameter_z"].values, expected, rtol=1e-12, atol=1e-12)
+    agrees = float(np.abs(report["order_parameter_z"]).max()) <= 3.0
+    assert report.attrs["verdict_order_parameter"] == ("agrees" if agrees else "disagrees")
+    assert agrees == (abs(shift) <= 0.05)
+
+
 def test_the_table_gives_the_largest_difference_over_time():
     a, b = synthetic_pair(0.0, 0.01)
     b["order_parameter"] = b["order_parameter"] + xr.DataArray([0.07, -0.02], dims="time")

@@ -428,7 +428,7 @@ def test_a_sweep_tells_lost_resolution_and_other_save_times(tmp_path, capsys):
     assert main(["sweep", str(case), "--set", "time.t_end=0.9", "--param", "model.eps=0.25,0.001", "--param",
                  "time.save_every=0.1,0.3", "--workers", "1", "-o", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err
-    lost = [line for line in err.splitlines() if "under-resolved from t = " in line]
+    lost = [line for line in err.splitlines() if "under-resolved after t = " in line]
     assert len(lost) == 2 and all("model.eps=0.001" in line for line in lost), err
     with xr.open_dataset(tmp_path / "out" / "sweep.nc") as combined:
         times = combined["time"].values

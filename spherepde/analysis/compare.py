@@ -2,29 +2,27 @@
 
 For every diagnostic of docs/design.md "Diagnostics" that both runs have, at the save times they share:
 
-    difference(t) = B(t) - A(t),   stderr(t) = sqrt(se_A(t)^2 + se_B(t)^2),   z(t) = difference / stderr
+    difference(t) = B(t) - A(t),   stderr(t) = sqrt(se_A(t)^2 + se_B(t)^2),
+    z(t) = sign(difference) max(|difference| - tolerance, 0) / stderr
 
-with se the Monte Carlo standard errors a particle run stores (`<name>_stderr`; an
-Eulerian run counts as exact, se = 0; the order parameter's is widened by the bias of |m_n|
-at the other run's value, which decides near |m| = 0: `_stderr`).  Verdict per diagnostic: "agrees" when
-|difference| <= k stderr + atol at every shared time and component (atol absorbs
-round-off where both are exact), "disagrees" otherwise, "n/a" when either run lacks the
-diagnostic or a standard error does not exist.  z has nu degrees of freedom (`<name>_dof`): a particle run's
-standard errors by batch means over particles.replicas = R > 1 systems make it Student t with R - 1 of them, the
-i.i.d. formulas of one system of n tokens n - 1, an exact run infinitely many; two particle runs combine theirs
-by Welch-Satterthwaite, nu = (se_A^2 + se_B^2)^2 / (se_A^4 / nu_A + se_B^4 / nu_B).  For w2_projection the
-tolerance also holds both runs' quantisation bounds (attribute `w2_projection_floor`), and z is 0 below it: where
-that floor exceeds the standard errors, difference / stderr is the sharper test.  A particle run's
-w2_projection is a W2 between empirical measures, biased upwards by the sampling error it transports
-(at n = 300 on S^1, 0.06-0.1 against standard errors of 0.015-0.03), which its delta-method standard
-error leaves out: the difference and z of that row are taken after subtracting the expected B - A from
-the runs' own estimates of that bias (`w2_projection_bias`, from their `w2_projection_squared_bias`).
-Each row also
-gives P(max|z|) of M, the probability that M independent errors of that law (standard normal where nu is
-infinite) reach its worst |z| (`max_z_probability`; attributes max_z_probability_<name>): a verdict over many
-values fails by chance alone now and then, and a "disagrees" with a large P is what chance gives.  With few
-replicas that is often: |z| > 3 has probability 0.0027 for a normal z, 0.058 for Student t with 3 degrees of
-freedom (R = 4), and the report says so.
+with se the Monte Carlo standard errors a particle run stores (`<name>_stderr`; an Eulerian run counts as exact, se
+= 0; the order parameter's is widened by the bias of |m_n| at the other run's value, which decides near |m| = 0:
+`_stderr`). Verdict per diagnostic: "agrees" when |difference| <= k stderr + tolerance at every shared time and
+component, that is |z| <= k (the tolerance, atol and a float32 run's round-off term, absorbs round-off where both
+are exact), "disagrees" otherwise, "n/a" when either run lacks the diagnostic or a standard error does not exist. z
+has nu degrees of freedom (`<name>_dof`): a particle run's standard errors by batch means over particles.replicas =
+R > 1 systems make it Student t with R - 1 of them, the i.i.d. formulas of one system of n tokens n - 1, an exact
+run infinitely many; two particle runs combine theirs by Welch-Satterthwaite, nu = (se_A^2 + se_B^2)^2 / (se_A^4 /
+nu_A + se_B^4 / nu_B). For w2_projection the tolerance also holds both runs' quantisation bounds (attribute
+`w2_projection_floor`), a bound on a bias, not an error of chance: z counts the standard errors beyond it. A
+particle run's w2_projection is a W2 between empirical measures, biased upwards by the sampling error it transports
+(at n = 300 on S^1, 0.06-0.1 against standard errors of 0.015-0.03), which its delta-method standard error leaves
+out: the difference and z of that row are taken after subtracting the expected B - A from the runs' own estimates of
+that bias (`w2_projection_bias`, from their `w2_projection_squared_bias`). Each row also gives P(max|z|) of M, the
+probability that M independent errors of that law (standard normal where nu is infinite) reach its worst |z|
+(`max_z_probability`; attributes max_z_probability_<name>): a verdict over many values fails by chance alone now and
+then, and a "disagrees" with a large P is what chance gives. With few replicas that is often: |z| > 3 has
+probability 0.0027 for a normal z, 0.058 for Student t with 3 degrees of freedom (R = 4), and the report says so.
 
 W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
 density (Eulerian) or 1/n for the saved particles, by spherepde.measures.optimal_transport.w2_between
@@ -332,7 +330,10 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         expected = _w2_projection_bias(a, b) if name == "w2_projection" else np.zeros(va.shape)
         with np.errstate(invalid="ignore", divide="ignore"):
             difference = np.where(np.isinf(va) & (va == vb), 0.0, vb - va)
-            z = np.where(np.abs(difference - expected) <= tolerance, 0.0, (difference - expected) / stderr)
+            # the part of the difference beyond what the tolerance allows, in standard errors: |z| <= k exactly where
+            # the verdict's |B - A| <= k stderr + tolerance holds, so that z and P(max|z|) speak of what it tests
+            excess = np.abs(difference - expected) - tolerance
+            z = np.where(excess <= 0, 0.0, np.sign(difference - expected) * excess / stderr)
         dims = a[name].dims
         long_name = DIAGNOSTIC_ATTRS[name][0]
         data[f"{name}_a"] = (dims, va, {"long_name": f"{long_name} ({labels[0]})"})
@@ -344,8 +345,8 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         if name == "w2_projection":
             data["w2_projection_bias"] = (dims, expected, {
                 "long_name": "expected B - A of w2_projection from the particle runs' finite-n bias", "units": "1"})
-        data[f"{name}_z"] = (dims, z, {"long_name": f"(B - A{' - bias' if name == 'w2_projection' else ''}) / "
-                                                    f"stderr of {name}"})
+        data[f"{name}_z"] = (dims, z, {"long_name": f"(B - A{' - bias' if name == 'w2_projection' else ''}) beyond "
+                                                    f"the tolerance, over the stderr, of {name}", "units": "1"})
         verdicts[name] = _verdict(va, vb - expected, stderr, k, tolerance)
         probabilities[name] = max_z_probability(z, dof)
         fewest = min(fewest, float(np.min(dof[~np.isnan(z) & (stderr > 0)], initial=math.inf)))

@@ -256,7 +256,8 @@ def identical_results(members: list[Member], summaries: dict) -> list[str]:
 
 
 def _resolved_until(summary: dict) -> float:
-    """The time from which a member's results are under-resolved; inf where they are not (or it has no file)."""
+    """The member's resolved_until: its last resolved save, after which its results are under-resolved; inf where
+    they are not (or it has no file)."""
     value = summary.get("resolved_until", "end")
     return math.inf if isinstance(value, str) else float(value)
 
@@ -264,7 +265,7 @@ def _resolved_until(summary: dict) -> float:
 def _progress_line(member: "Member", summary: dict) -> str:
     """What the sweep prints as a member ends: its status, and where its resolution was lost (a serial run warns)."""
     lost = _resolved_until(summary)
-    note = f"; under-resolved from t = {lost:g} (see its notes)" if math.isfinite(lost) else ""
+    note = f"; under-resolved after t = {lost:g} (see its notes)" if math.isfinite(lost) else ""
     return f"member {summary['member']} ({member.label()}) {_own_status(summary)}{note}"
 
 
@@ -507,9 +508,10 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         data = data.assign(member_attributes(attrs_of, shared))
         lost = [_resolved_until(summaries[m.index]) for m in present]
         data["member_resolved_until"] = ("member", np.array(lost), {
-            "long_name": "time from which the member's results are under-resolved (inf: resolved to the end)",
+            "long_name": "the member's last resolved save, after which its results are under-resolved (inf: resolved "
+                         "to the end)",
             "units": "1"})
-        # the sweep is resolved until its first member's loss (a member's own is in member_resolved_until)
+        # the sweep is resolved until its earliest member's loss (a member's own is in member_resolved_until)
         data.attrs["resolved_until"] = "end" if all(map(math.isinf, lost)) else float(min(lost))
         notes = list(notes) + ([] if same_grid else ["the members' grids differ: densities are in the member files "
                                                      "only"])
