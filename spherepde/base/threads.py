@@ -4,8 +4,10 @@ Extra threads pay only when each operation has enough work to share; on small gr
 on a machine shared with other work they also take cores from it.  Measured on a 2-core machine shared with
 two other users (cases/quickstart.toml to t = 1, CPU seconds, user + sys, one thread against two):
 lmax 20: 1.8 against 6.7; lmax 64: 2.8 against 6.4; lmax 128: 8.6 against 42.3 (wall 13 s against 53 s).
-So "auto" keeps one thread up to lmax 128 (the largest measured) and 2e4 particles (dense attention blocks of
-1 MiB, the same order of work per operation), and above those leaves torch's default, which follows
+Re-measured on 2026-12-06 beside other jobs (docs/getting-started.md): lmax 20 2.7 against 2.9, lmax 64 3.0
+against 6.1 to 11.3, lmax 128 8.3 against 11.0 (wall 8.4 s against 6.6 s: a second thread saves wall time there
+at a third more CPU).  So "auto" keeps one thread up to lmax 128 (the largest measured) and 2e4 particles (dense
+attention blocks of 1 MiB, the same order of work per operation), and above those leaves torch's default, which follows
 OMP_NUM_THREADS.  A number asks for exactly that many threads.  The same limit holds for the BLAS that numpy calls
 (threadpoolctl): the particle step runs its products in numpy on the CPU (solvers/particle_step.py), and its
 OpenBLAS would otherwise start threads of its own on large systems.
