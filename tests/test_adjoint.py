@@ -201,3 +201,19 @@ def test_continuous_gradient_converges_to_the_discrete_one_at_the_scheme_order(k
                                discrete_gradient(forward, c0, controls).dW))
     rates = [math.log2(errors[i] / errors[i + 1]) for i in range(2)]
     assert all(abs(rate - order) < 0.35 for rate in rates), (errors, rates)
+
+
+def test_continuous_gradient_of_members_on_the_sphere_is_each_members_own():
+    """Two S^2 members in one batch (d = 3: nine entries of W, so the adjoint's packed rows have an odd length):
+    each member's continuous gradient is its serial one and agrees with central differences of its own J to the
+    scheme's truncation error (the batch raised in torch.view_as_complex on the odd row stride)."""
+    cases = [training_case("softmax", dim=3, lmax=6, t_end=0.2, dt=0.1, control={"layers": 1, "target": target})
+             for target in ([0.0, 1.0, 0.0], [1.0, 0.0, 0.5])]
+    generator = torch.Generator().manual_seed(2)
+    controls = 0.3 * torch.randn(2, 1, 3, 3, generator=generator, dtype=torch.float64)
+    batch = continuous_gradient(ControlledForward(cases), None, controls)
+    for member, case in enumerate(cases):
+        forward = ControlledForward(case)
+        alone = continuous_gradient(forward, None, controls[member])
+        assert torch.allclose(batch[member].dW, alone.dW, rtol=1e-12, atol=1e-15)
+        assert relative(batch[member].dW, central_differences(forward, None, controls[member])) < 1e-4

@@ -29,7 +29,9 @@ def real_diagonal(factor: torch.Tensor) -> torch.Tensor:
 
 
 def complex_state(state, shape: tuple):
-    """The inverse of `real_state`: (M, N) -> complex (M, *shape)."""
+    """The inverse of `real_state`: (M, N) -> complex (M, *shape) (a view of a contiguous `state`, else of a copy)."""
     if isinstance(state, np.ndarray):
         return np.ascontiguousarray(state).view(NUMPY_COMPLEX[state.dtype]).reshape((state.shape[0],) + tuple(shape))
-    return torch.view_as_complex(state.reshape((state.shape[0],) + tuple(shape) + (2,)))
+    # A column slice of a wider array (the continuous adjoint's phi beside its integrals) has a row stride that
+    # view_as_complex refuses when odd (M > 1 members, an odd number of control entries): made contiguous first.
+    return torch.view_as_complex(state.contiguous().reshape((state.shape[0],) + tuple(shape) + (2,)))
