@@ -304,15 +304,46 @@ def check_kernel_resolution(case) -> None:
     check_resolutions(kernel_entries(case), grid, case["solver"]["kernel_tol"])
 
 
+def _entries(value, key: str):
+    """(key, largest |entry|) of every matrix or vector of a [model] value: numbers in nested lists, head tables."""
+    if isinstance(value, dict):
+        for name, item in value.items():
+            yield from _entries(item, f"{key}.{name}")
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(item, dict) for item in value):
+        for index, item in enumerate(value):
+            yield from _entries(item, f"{key}[{index}]")
+    elif isinstance(value, (list, tuple)):
+        numbers = np.abs(np.asarray(value, dtype=np.float64)).ravel()
+        if numbers.size:
+            yield key, float(numbers.max())
+
+
+def check_parameter_range(case) -> None:
+    """A CaseError naming the [model] key (B, V, W, the feed-forward's W1, b, W2, a head's B or V) with an entry
+    beyond the largest number of the run's dtype: stored in float32, 1e39 became inf, and the run ended in a
+    traceback (V: the eigenvalues of V B^T) or a NaN at the first step (W, exit 3) where float64 ran it."""
+    dtype = case["solver"]["dtype"]
+    largest = torch.finfo(getattr(torch, dtype)).max
+    for name, value in case["model"].items():
+        if isinstance(value, bool) or not isinstance(value, (list, tuple, dict)):
+            continue
+        for key, biggest in _entries(value, f"model.{name}"):
+            if biggest > largest:
+                raise CaseError(f"{key}: an entry of {biggest:.3g} is beyond {dtype}'s largest number {largest:.3g}; "
+                                "scale it down or take solver.dtype = \"float64\"")
+
+
 def check_kernel_range(case) -> None:
     """A CaseError where a head's kernel cannot be formed in the run's dtype (inf 0 = NaN at the first step, for the
     densities and the particles alike: a "both" run is refused before either half runs): the
     softmax's where its coupling beta B overflows, where any smaller beta is taken as it is (the shifted sums tend to
     the hardmax of beta = inf: 4e-16 from it at beta = 1e300 in float64); the unnormalized kernel's, which no shift
     bounds, where exp(beta <B^T x, y>) reaches exp(beta |B|_2) beyond the dtype's largest number (beta |B|_2 >
-    709.8 in float64, 88.7 in float32)."""
+    709.8 in float64, 88.7 in float32).  The model's entries are checked against that number first
+    (`check_parameter_range`)."""
     dtype = case["solver"]["dtype"]
     largest = torch.finfo(getattr(torch, dtype)).max
+    check_parameter_range(case)
     for model, name, where in kernel_entries(case):
         norm = float(torch.linalg.matrix_norm(model.B, ord=2))  # beta <B^T x, y> reaches beta |B|_2
         if not math.isfinite(model.beta):

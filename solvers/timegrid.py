@@ -32,7 +32,9 @@ def save_times(t_end: float, save_every: float) -> np.ndarray:
     count = int(math.floor(t_end / save_every + 1e-9))
     step = Decimal(repr(float(save_every)))
     times = [float(k * step) for k in range(count + 1)]
-    if t_end - times[-1] > 1e-12 * max(1.0, t_end):
+    # round-off relative to t_end: an absolute 1e-12 took t_end <= 1e-12 (save_every above it) for the save at 0,
+    # and the run ended there, "completed" with no step taken
+    if t_end - times[-1] > 1e-12 * t_end:
         times.append(t_end)
     elif count:
         times[-1] = t_end
@@ -61,7 +63,7 @@ class TimeGrid:
         self.t_end, self.layers = t_end, layers
         self.saves = save_times(t_end, save_every)
         boundaries = t_end * np.arange(layers + 1) / layers
-        close = np.abs(boundaries[:, None] - self.saves[None, :]).min(1) <= 1e-12 * max(1.0, t_end)
+        close = np.abs(boundaries[:, None] - self.saves[None, :]).min(1) <= 1e-12 * t_end  # as save_times
         knots = np.unique(np.concatenate([self.saves, boundaries[~close]]))  # a save's own value where they meet
         self.intervals = [Interval(k, float(t0), float(t1), self.layer_at(0.5 * (t0 + t1)), self._is_save(t1))
                           for k, (t0, t1) in enumerate(zip(knots[:-1], knots[1:]))]
@@ -72,7 +74,7 @@ class TimeGrid:
         return cls(timing["t_end"], timing["save_every"], model_layers(case))
 
     def _is_save(self, t: float) -> bool:
-        return bool(np.any(np.abs(self.saves - t) <= 1e-12 * max(1.0, self.t_end)))
+        return bool(np.any(np.abs(self.saves - t) <= 1e-12 * self.t_end))
 
     def layer_at(self, t: float) -> int:
         """The layer l whose slice [l T / L, (l + 1) T / L) holds t (t = T in the last)."""

@@ -65,6 +65,9 @@ BAD_CASES = {
     "exact W2 of too many atoms": ("lmax = 16", "lmax = 16\n[diagnostics]\nw2_atoms = 10000", "diagnostics.w2_atoms"),
     "attention overflowing float64": ('kernel = "softmax"\nbeta = 2.0', 'kernel = "unnormalized"\nbeta = 0.0\n'
                                       'V = [[1e308, 0.0], [0.0, 1e308]]', "overflows float64"),
+    # the particle half's refusal came after the Eulerian half had run, and left its checkpoint folder
+    "both: a field the particles lack": ('device = "cpu"', 'device = "cpu"\nmethod = "both"\nfield = "spectral"',
+                                         "solver.field: 'spectral' is not available for particles"),
 }
 
 
@@ -81,6 +84,21 @@ def test_bad_input_exits_2_with_one_line_and_no_file(tmp_path, capsys, problem):
     assert f"error: {case}: " in err  # the case file named, also where the check needs the grid or the model
     assert "Traceback" not in err
     assert not output.exists() and os.listdir(tmp_path) == ["case.toml"]
+
+
+@pytest.mark.parametrize("method", ["eulerian", "particles"])
+@pytest.mark.parametrize("key", ["V", "W"])
+def test_a_matrix_entry_beyond_float32_is_refused_in_float32(tmp_path, capsys, key, method):
+    # 1e39 is inf in float32: V ended in a traceback (exit 1), W in a NaN at the first step (exit 3); float64 runs it
+    case = write_case(tmp_path, SMALL_S1.replace("eps = 0.1", f"eps = 0.1\n{key} = [[1e39, 0.0], [0.0, 1e39]]"))
+    output = tmp_path / "out.nc"
+    status, err = run_cli(["run", case, "-o", output, "--solver", method, "--set", "particles.n=10",
+                           "--set", 'solver.dtype="float32"'], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"error: {case}: model.{key}: an entry of 1e+39 is beyond float32's largest number 3.4e+38" in err
+    assert os.listdir(tmp_path) == ["case.toml"]
+    if key == "W" and method == "eulerian":  # radial: P_x(W x) = 0, a run as W = 0
+        assert run_cli(["run", case, "-o", output, "--solver", method, "--set", "particles.n=10"], capsys)[0] == 0
 
 
 def test_missing_case_file_and_bad_override(tmp_path, capsys):
@@ -291,6 +309,30 @@ def test_a_write_that_fails_for_want_of_space_is_one_line_and_leaves_no_file(tmp
     assert "cannot write" in result.stderr and "out.nc" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert sorted(os.listdir(tmp_path)) == ["case.toml"]
+
+
+@pytest.mark.parametrize("method", ["eulerian", "particles"])
+def test_a_run_shorter_than_1e_12_still_ends_at_t_end(tmp_path, capsys, method):
+    # save_every 0.25 > t_end: the save times were [0] alone (an absolute round-off of 1e-12 took t_end for 0), and
+    # the file said "completed" with no step taken and no state at t_end
+    case = write_case(tmp_path, SMALL_S1.replace("t_end = 0.5", "t_end = 1e-12"))
+    output = tmp_path / "out.nc"
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--solver", method, "--set", "particles.n=10"],
+                          capsys)
+    assert status == 0, err
+    with xr.open_dataset(output) as dataset:
+        assert dataset["time"].values.tolist() == [0.0, 1e-12]
+        assert dataset.attrs["status"] == "completed" and dataset.attrs["steps"] == 1
+
+
+def test_layer_boundaries_of_a_short_run_are_kept():
+    """Knots closer than 1e-12 t_end merge, not closer than 1e-12: a run of t_end 1e-12 in 4 layers had one interval,
+    in layer 1, and the other layers' controls went unused."""
+    from solvers.timegrid import TimeGrid
+
+    grid = TimeGrid(1e-12, 1e-12, layers=4)
+    assert [interval.layer for interval in grid.intervals] == [0, 1, 2, 3]
+    assert [interval.save for interval in grid.intervals] == [False, False, False, True]
 
 
 def test_numerical_failure_exits_3_and_keeps_last_good_state(tmp_path, capsys):

@@ -64,9 +64,13 @@ def _run(case: "Case", progress: bool | None, checkpoint):
 
     if method == "eulerian":
         return run_eulerian(case, progress=progress, checkpoint=checkpoint)
-    from solvers.particles import run_particles
+    from solvers.particles import check_drift_choices, check_fixed_noise_step, run_particles
     from spherepde.io.output import both_dataset
 
+    # the particle half's refusals from the case alone, before the Eulerian half's work: refused after it, the run
+    # ended with exit 2 and no output but left that half's checkpoint folder behind
+    check_drift_choices(case)
+    check_fixed_noise_step(case)
     # each solver's failure keeps its last good state, and the other solver still runs
     if checkpoint is not None:
         checkpoint.at_end = True  # an interrupt in the particle half keeps the Eulerian half whole
