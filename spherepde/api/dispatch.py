@@ -43,6 +43,24 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
             return _run(case, progress, checkpoint)
 
 
+def check_case(case: "Case", device_type: str | None) -> None:
+    """What a run refuses from its case alone, before any work (a CaseError): a kernel beyond its dtype, a grid too
+    coarse for its kernels, the solvers' choices on a `device_type` ("cpu", "cuda"; None: on any), and a particle
+    run's drift choices and fixed step beyond its noise step.  The solvers check them again as they start; a sweep
+    checks every member so before any runs, a "both" run its case before its Eulerian half."""
+    from solvers.forward_problem import check_kernel_range, check_kernel_resolution, check_solver_choices
+    from solvers.particles import check_drift_choices, check_fixed_noise_step
+
+    method = case["solver"]["method"]
+    check_kernel_range(case)
+    check_kernel_resolution(case)
+    if method != "particles":
+        check_solver_choices(case, device_type)
+    if method != "eulerian":
+        check_drift_choices(case)
+        check_fixed_noise_step(case)
+
+
 def _run(case: "Case", progress: bool | None, checkpoint):
     method = case["solver"]["method"]
     if case["control"]:
@@ -64,13 +82,12 @@ def _run(case: "Case", progress: bool | None, checkpoint):
 
     if method == "eulerian":
         return run_eulerian(case, progress=progress, checkpoint=checkpoint)
-    from solvers.particles import check_drift_choices, check_fixed_noise_step, run_particles
+    from solvers.particles import run_particles
     from spherepde.io.output import both_dataset
 
-    # the particle half's refusals from the case alone, before the Eulerian half's work: refused after it, the run
-    # ended with exit 2 and no output but left that half's checkpoint folder behind
-    check_drift_choices(case)
-    check_fixed_noise_step(case)
+    # the particle half's refusals too before the Eulerian half's work: refused after it, the run ended with exit 2
+    # and no output but left that half's checkpoint folder behind
+    check_case(case, None)
     # each solver's failure keeps its last good state, and the other solver still runs
     if checkpoint is not None:
         checkpoint.at_end = True  # an interrupt in the particle half keeps the Eulerian half whole

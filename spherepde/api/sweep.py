@@ -129,16 +129,13 @@ def plan(case: Case, params: list[str], folder: str, seeds: int | None = None) -
 
 def check_members_run(members: list[Member], local: bool) -> None:
     """What a serial run refuses before it starts, for every member before any runs (a CaseError naming the
-    member): its memory (spherepde.api.limits.check_memory), a grid too coarse for its kernels, the solvers'
-    choices (solvers.forward_problem.check_solver_choices, solvers.particles.check_drift_choices), a kernel beyond
-    its dtype (solvers.forward_problem.check_kernel_range), a particle run's fixed step beyond its noise step
-    (solvers.particles.check_fixed_noise_step), an initial file that holds no density for it
-    (spherepde.model.initial.stored_coefficients), and (`local`: the local workers see this machine's devices, a
-    remote cluster's may differ) its solver.device.  Members that would be one run are refused too: the same
-    resolved case but for [case] (its name and description), or for an Eulerian run one that differs in
-    [particles] only too (it draws nothing)."""
-    from solvers.forward_problem import check_kernel_range, check_kernel_resolution, check_solver_choices
-    from solvers.particles import check_drift_choices, check_fixed_noise_step
+    member): its memory (spherepde.api.limits.check_memory), the refusals from its case alone
+    (spherepde.api.dispatch.check_case: its kernels, the solvers' choices, a particle run's steps), an initial file
+    that holds no density for it (spherepde.model.initial.stored_coefficients), and (`local`: the local workers see
+    this machine's devices, a remote cluster's may differ) its solver.device.  Members that would be one run are
+    refused too: the same resolved case but for [case] (its name and description), or for an Eulerian run one that
+    differs in [particles] only too (it draws nothing)."""
+    from spherepde.api.dispatch import check_case
     from spherepde.api.limits import check_memory
     from spherepde.model.initial import stored_coefficients
 
@@ -163,13 +160,7 @@ def check_members_run(members: list[Member], local: bool) -> None:
                 None if solver["device"] == "auto" else solver["device"])
             key = repr([sorted(member.case[name].items()) for name in ("sphere", "model", "solver", "particles")])
             if key not in checked:
-                check_kernel_range(member.case)
-                check_kernel_resolution(member.case)
-                if solver["method"] != "particles":
-                    check_solver_choices(member.case, device)
-                if solver["method"] != "eulerian":
-                    check_drift_choices(member.case)
-                    check_fixed_noise_step(member.case)
+                check_case(member.case, device)
                 checked.add(key)
             source = (initial.get("path"), initial.get("time"), member.case.dim)
             if initial["kind"] == "file" and source not in files:
