@@ -196,7 +196,9 @@ class ForwardProblem:
 
     def initial(self) -> torch.Tensor:
         """The members' initial states (M, N): the real view of their coefficients (base.real_view.real_state)."""
-        return real_state(torch.stack([initial_density(member["initial"], self.basis) for member in self.cases]))
+        return real_state(torch.stack([initial_density(member["initial"], self.basis,
+                                                           member["diagnostics"]["tail_tol"])
+                                           for member in self.cases]))
 
     def coefficients(self, state: torch.Tensor) -> torch.Tensor:
         """The complex coefficients (M, *coeff) of a state (a view)."""

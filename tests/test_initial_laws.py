@@ -1,4 +1,5 @@
-"""Initial laws.  The projected Gaussian: the closed-form density against quadrature of its radial
+"""Initial laws.  The lmax a vMF law or a mixture needs (Funk-Hecke) against the grid's own spectral tail.  The
+projected Gaussian: the closed-form density against quadrature of its radial
 integral, normalisation on the solver grids, the exact sampler's moments, and the case keys.  A density
 read from an earlier output: re-expanded exactly from the file's own grid."""
 
@@ -16,7 +17,13 @@ from spherepde.base.device import placement
 from spherepde.base.errors import CaseError
 from spherepde.discretisation.bases import make_basis
 from spherepde.io.case import load_case_text
-from spherepde.model.initial import RECURSION_SWITCH, density_from_file, initial_density, projected_gaussian_density
+from spherepde.model.initial import (
+    RECURSION_SWITCH,
+    density_from_file,
+    initial_density,
+    projected_gaussian_density,
+    vmf_lmax,
+)
 from spherepde.model.sampling import DensityFileSampler, initial_particles, projected_gaussian
 
 CPU64 = placement("cpu", "float64")
@@ -196,3 +203,41 @@ def test_density_saved_on_another_grid_is_read_back_exactly(tmp_path, dim, lmax,
         density_from_file(str(coarse), 0, make_basis(dim, lmax, CPU64))
     with pytest.raises(CaseError, match=f"cannot hold lmax {2 * lmax}"):
         DensityFileSampler(str(coarse), 0, dim)
+
+
+@pytest.mark.parametrize("dim, section, tail_tol", [
+    (2, {"kind": "vmf", "mean": [0.6, 0.8], "kappa": 50.0}, 1e-6),
+    (2, {"kind": "vmf", "mean": [1.0, 0.0], "kappa": 3000.0}, 1e-6),
+    (3, {"kind": "vmf", "mean": [0.0, 0.6, 0.8], "kappa": 40.0}, 1e-6),
+    (3, {"kind": "vmf", "mean": [0.0, 0.0, 1.0], "kappa": 10.0}, 1e-10),
+    (2, {"kind": "vmf_mixture", "means": [[1.0, 0.0], [0.0, 1.0]], "kappas": [20.0, 60.0], "weights": [0.5, 0.5]},
+     1e-6),
+    (3, {"kind": "vmf_mixture", "means": [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.6, 0.8]],
+         "kappas": [20.0, 60.0, 60.0], "weights": [0.2, 0.4, 0.4]}, 1e-6),
+])
+def test_the_lmax_named_for_a_vmf_law_is_the_first_whose_grid_tail_is_within_the_tolerance(dim, section, tail_tol):
+    """vmf_lmax from the Funk-Hecke weights alone: on the grid of the lmax it names, the analysed rho_0's spectral
+    tail is <= tail_tol; one degree less, it is above (exact for one law; the mixture's bound is as tight here)."""
+    lmax = vmf_lmax(section, dim, tail_tol)
+    tails = [float(basis.spectral_tail(initial_density(section, basis)))
+             for basis in (make_basis(dim, lmax - 1, CPU64), make_basis(dim, lmax, CPU64))]
+    assert tails[1] <= tail_tol < tails[0]
+
+
+@pytest.mark.parametrize("lmax, kappa, tail_tol", [(8, 300.0, 1e-6), (16, 3000.0, 1e-6), (8, 300.0, 1e-9)])
+def test_a_refused_vmf_law_names_the_lmax_that_carries_it(tmp_path, capsys, lmax, kappa, tail_tol):
+    """The refusal, whether for the quadrature mass (kappa 3000 at lmax 16) or the tail, names vmf_lmax at the
+    case's diagnostics.tail_tol, and the run there starts within it."""
+    from spherepde.cli import main
+
+    needed = vmf_lmax({"kind": "vmf", "kappa": kappa}, 2, tail_tol)
+    args = ["run", "cases/kuramoto-s1.toml", "--quiet"] + [
+        item for override in ("time.t_end=0.1", f"initial.kappa={kappa}", f"diagnostics.tail_tol={tail_tol}")
+        for item in ("--set", override)]
+    assert main(args + ["--set", f"sphere.lmax={lmax}", "-o", str(tmp_path / "refused.nc")]) == 2
+    message = capsys.readouterr().err.strip()
+    assert "\n" not in message and f"use sphere.lmax >= {needed} " in message
+    output = tmp_path / "named.nc"
+    assert main(args + ["--set", f"sphere.lmax={needed}", "-o", str(output)]) == 0
+    with xr.open_dataset(output) as result:
+        assert float(result.spectral_tail[0]) <= tail_tol

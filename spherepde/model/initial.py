@@ -25,6 +25,7 @@ from scipy.special import ive
 
 from spherepde.base.digest import file_sha256
 from spherepde.base.errors import CaseError, unreadable
+from spherepde.kernels.funk_hecke import funk_hecke, kernel_degree
 
 
 def vmf_log_normaliser(kappa: float, dim: int) -> float:
@@ -103,8 +104,9 @@ INITIAL_MASS_TOLERANCE = 1e-2
 INITIAL_TAIL_TOLERANCE = 0.2
 
 
-def initial_density(section: dict, basis) -> torch.Tensor:
-    """Spectral coefficients of rho_0 on `basis`; a CaseError when the grid cannot represent rho_0."""
+def initial_density(section: dict, basis, tail_tol: float = 1e-6) -> torch.Tensor:
+    """Spectral coefficients of rho_0 on `basis`; a CaseError when the grid cannot represent rho_0, naming the lmax
+    at which a vMF law or a mixture of them has spectral tail <= tail_tol (diagnostics.tail_tol: `vmf_lmax`)."""
     kind = section["kind"]
     if kind == "file":
         return density_from_file(pinned_file(section), section["time"], basis)
@@ -121,13 +123,53 @@ def initial_density(section: dict, basis) -> torch.Tensor:
     mass = float(basis.integrate(rho))
     if not abs(mass - 1) <= INITIAL_MASS_TOLERANCE:
         raise CaseError(f"initial: the grid of sphere.lmax = {basis.lmax} does not resolve this {kind} law (its "
-                        f"quadrature mass there is {mass:.3g}, not 1): raise sphere.lmax or widen the law")
+                        f"quadrature mass there is {mass:.3g}, not 1): {_remedy(section, basis, tail_tol)}")
     coefficients = basis.analysis(rho)
     tail = float(basis.spectral_tail(coefficients))
     if tail > INITIAL_TAIL_TOLERANCE:
         raise CaseError(f"initial: the grid of sphere.lmax = {basis.lmax} does not resolve this {kind} law (spectral "
-                        f"tail {tail:.2g} > {INITIAL_TAIL_TOLERANCE:g} at t = 0): raise sphere.lmax or widen the law")
+                        f"tail {tail:.2g} > {INITIAL_TAIL_TOLERANCE:g} at t = 0): {_remedy(section, basis, tail_tol)}")
     return coefficients
+
+
+def _remedy(section: dict, basis, tail_tol: float) -> str:
+    """What to do about an initial law the grid does not carry: the lmax `vmf_lmax` names where it applies."""
+    lmax = vmf_lmax(section, basis.dim, tail_tol)
+    if lmax is None:
+        return "raise sphere.lmax or widen the law"
+    return (f"use sphere.lmax >= {lmax} (its spectral tail is <= diagnostics.tail_tol = {tail_tol:g} there) or "
+            "widen the law")
+
+
+def vmf_lmax(section: dict, dim: int, tail_tol: float) -> int | None:
+    """The smallest lmax whose spectral tail (bases: the fraction of the L2 norm in the degrees l > 2 lmax / 3 of
+    those up to lmax) of the vMF law, or the mixture of them, of `section` is at most tail_tol; None for other laws.
+
+    By Funk-Hecke, rho_i = exp(kappa_i <mu_i, x>) / lambda_0 has a degree-l part of squared norm
+    e_il = (lambda_l / lambda_0)^2 N_l / |S| (lambda_l = funk_hecke(dim, kappa_i, l), N_l = 1, 2, 2, ... on S^1
+    and 2 l + 1 on S^2), so a single law's tail is sqrt(sum_top e_l / sum e_l) exactly.  A mixture sum_i w_i rho_i
+    of nonnegative laws has |rho|^2 >= sum_i w_i^2 |rho_i|^2 (the cross terms are >= 0) and a tail part of norm
+    <= sum_i w_i |rho_i's|: the lmax named bounds its tail by tail_tol (its components far apart, it is the most
+    concentrated one's need; close together, a little more than the mixture's own)."""
+    if section["kind"] == "vmf":
+        components = [(1.0, section["kappa"])]
+    elif section["kind"] == "vmf_mixture":
+        components = [(w, kappa) for w, kappa in zip(section["weights"], section["kappas"]) if w > 0]
+    else:
+        return None
+    # past 3/2 of the degree where every component's weights fall below tail_tol^2 / 1000 of its first, any lmax's
+    # top third carries less than tail_tol
+    widest = max(kappa for _, kappa in components)
+    degrees = np.arange(3 * kernel_degree(widest, dim, 1e-3 * tail_tol ** 2) // 2 + 2)
+    multiplicity = 2 * degrees + 1.0 if dim == 3 else np.where(degrees > 0, 2.0, 1.0)
+    # the sums of |S| e_il from degree l on (0 past the last): a tail's is the difference of two small ones
+    suffixes = [np.append(np.cumsum(((funk_hecke(dim, kappa, degrees) / funk_hecke(dim, kappa, 0)) ** 2
+                                     * multiplicity)[::-1])[::-1], 0.0) for _, kappa in components]
+    lmax = degrees[1:]
+    top, end = (2 * lmax) // 3 + 1, lmax + 1
+    tail_norm = sum(w * np.sqrt(suffix[top] - suffix[end]) for (w, _), suffix in zip(components, suffixes))
+    norm = np.sqrt(sum(w * w * (suffix[0] - suffix[end]) for (w, _), suffix in zip(components, suffixes)))
+    return int(lmax[np.argmax(tail_norm <= tail_tol * norm)])
 
 
 def pinned_file(section: dict) -> str:
