@@ -446,6 +446,20 @@ def test_steps_beyond_the_transport_bound_fail_saying_which_step_is_stable(schem
     assert status == 3 and err.strip().endswith(f"take time.cfl below {bound:.3g}"), err
 
 
+def test_in_float32_a_speed_whose_square_overflows_still_says_which_step_is_stable(tmp_path, capsys):
+    # W = 1e30 J turns the circle at |v| = 1e30 everywhere: finite in float32, its square (1e60) is not, and the
+    # failure said nothing of the step where max|v| was taken from the squares in the run's own dtype.
+    from spherepde.discretisation.timesteppers import stability_bound
+
+    text = ROTATION_S1.replace("W = [[0.0, -1.0], [1.0, 0.0]]", "W = [[0.0, -1e30], [1e30, 0.0]]")
+    text = text.replace("[diagnostics]", '[solver]\ndtype = "float32"\n[diagnostics]')
+    status, err = run_timed(tmp_path, capsys, text.replace("t_end = 40.0", "t_end = 0.1"),
+                            'dt = 0.05\nscheme = "imex-ark436"')
+    bound = stability_bound("imex-ark436", 1j)
+    assert status == 3 and "lmax max|v| dt = 16 x 1e+30 x 0.05 = 8e+29 at t = 0, above" in err, err
+    assert err.strip().endswith(f"take time.dt below {bound / 16e30:.3g}"), err
+
+
 def test_a_step_that_passes_the_bound_between_saves_is_found_by_taking_the_steps_again(tmp_path, capsys):
     # finiteness is checked at saves only, and max|v| grows after one as the density concentrates: kuramoto-s1 at
     # beta = 4, eps = 0.05 starts at 0.99 of imex-ark436's bound with dt = 0.05 and is not finite by t = 1.  The

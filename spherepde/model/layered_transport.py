@@ -20,6 +20,7 @@ import torch
 from spherepde.base.real_view import complex_state, real_state
 from spherepde.model.heads import drift
 from spherepde.model.parameters import Layout
+from spherepde.model.transport import largest_speed
 
 
 class LayeredTransport:
@@ -87,5 +88,5 @@ class LayeredTransport:
         return 2 * math.prod(self.coefficient_shape)
 
     def max_speed(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
-        """max over the grid of |v| (M,)."""
-        return torch.sqrt((self.velocity(state, drive)[1] ** 2).sum(1).amax(-1))
+        """max over the grid of |v| (M,), in float64 (transport.largest_speed)."""
+        return largest_speed(self.velocity(state, drive)[1])

@@ -134,6 +134,13 @@ def frame_sum(frame, values, over: str):
     return total
 
 
+def largest_speed(v: torch.Tensor) -> torch.Tensor:
+    """max over the grid of |v| (M,) for a velocity's frame components v (M, k, *grid), in float64: the frame is
+    orthonormal, so |v|^2 = sum_k v_k^2, which in float32 overflows from |v| ~ 1.8e19 on, where |v| does not (a
+    step's failure then said nothing of the time step)."""
+    return torch.sqrt((v.double() ** 2).sum(1).flatten(1).amax(-1))
+
+
 class Transport:
     """rate(state, drive) = -div(rho v[rho]) and its transpose for the members of `batch` (module docstring);
     `path` forces a path ("matrix", "fourier" or "grid"; ValueError where the case has no such path; a forced matrix
@@ -416,5 +423,5 @@ class Transport:
         return 2 * self.points.shape[0] if self.token_rows(rows) else 2 * math.prod(self.coefficient_shape)
 
     def max_speed(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
-        """max over the grid of |v| (M,): the frame is orthonormal, so |v|^2 = sum_k v_k^2."""
-        return torch.sqrt((self.velocity(state, drive)[1] ** 2).sum(1).amax(-1))
+        """max over the grid of |v| (M,), in float64 (`largest_speed`)."""
+        return largest_speed(self.velocity(state, drive)[1])
