@@ -30,7 +30,9 @@ each, forced, at a few grids and batch sizes, beside the path the cost estimate 
 prints the costs read as fixed + M x marginal (`print_fixed_and_marginal`: the criterion's ratio weighs the two),
 one core's throughput (a large GEMM, a batch of 200-point FFTs) and the arithmetic floor of an S^1 step per
 member it implies on the paths taken at M = 1 and M = 20, and the cost of the fourier path's step written as the
-fewest torch (and numpy) operations (floors.lean_fourier_step): what the per-operation overhead leaves reachable.
+fewest torch (and numpy) operations (floors.lean_fourier_step), and its evaluation (the step keeping its rows,
+then its transpose) likewise in numpy (floors.lean_fourier_evaluation): what the per-operation overhead leaves
+reachable.
 
 --quick shortens the horizons (the ratios stay per step) for a run of a few minutes.
 """
@@ -47,7 +49,7 @@ import warnings
 
 import numpy as np
 import torch
-from floors import arithmetic_floor, clock, lean_fourier_step, numpy_step, particle_floor
+from floors import arithmetic_floor, clock, lean_fourier_evaluation, lean_fourier_step, numpy_step, particle_floor
 
 import spherepde
 
@@ -380,6 +382,11 @@ def main(argv=None):
         one, twenty = lean_fourier_step(library, 1), lean_fourier_step(library, 20) / 20
         print(f"   {library:5s} M = 1 {1e3 * one:8.4f} ms, M = 20 {1e3 * twenty:8.4f} ms: ratio {twenty / one:6.3f}; "
               f"M = 20 against spherepde's M = 1 {twenty / single['step']:6.3f}")
+    one, twenty = lean_fourier_evaluation(1), lean_fourier_evaluation(20) / 20
+    print("   its evaluation (the step keeping its rows, then its transpose) as the fewest operations "
+          "(floors.lean_fourier_evaluation), per member:")
+    print(f"   numpy M = 1 {1e3 * one:8.4f} ms, M = 20 {1e3 * twenty:8.4f} ms: ratio {twenty / one:6.3f}; M = 20 "
+          f"against spherepde's M = 1 {twenty / single['evaluation']:6.3f}")
 
     particles = particle_costs(20, particle_t_end, args.repeats)
     s2_single, s2_batch = sphere_costs(1, args.repeats), sphere_costs(16, max(1, args.repeats - 1))

@@ -73,6 +73,29 @@ def lean_fourier_step(library: str, members: int, rank: int = 30, lmax: int = 64
     zero-padded half spectrum, the synthesis (irfft), the rank-r velocity (two products and the drive), the flux,
     its rfft and derivative written into the rows, and the implicit row: ten operations.  Random data of the
     seed-004 shapes: a yardstick of the cost per operation, not a solver.  Returns the seconds of one step."""
+    step = _lean_fourier(library, members, rank, lmax, points)[0]
+    step()
+    return clock(lambda: [step() for _ in range(200)], 3) / 200
+
+
+def lean_fourier_evaluation(members: int, rank: int = 30, lmax: int = 64, points: int = 200):
+    """`lean_fourier_step`'s numpy step keeping its stages' rows (r, y), then its transpose as the fewest
+    operations (the transpose of fourier_path.py's module docstring): per stage, from the rows' cotangents, the
+    rate's inverse FFT, the two products with the kept rows, the rfft, the rank-r transpose (two products), the
+    implicit row's term, and the combination's transpose (one rank-one update): thirteen operations.  The seconds
+    of one step and its transpose, what an evaluation of J and dJ/dW costs a step beyond the loss."""
+    step, transpose = _lean_fourier("numpy", members, rank, lmax, points)
+
+    def evaluation():
+        transpose(step(keep=True))
+
+    evaluation()
+    return clock(lambda: [evaluation() for _ in range(200)], 3) / 200
+
+
+def _lean_fourier(library: str, members: int, rank: int, lmax: int, points: int):
+    """(step(keep=False) -> the kept rows, transpose(kept)) of `lean_fourier_step` and `lean_fourier_evaluation`;
+    transpose for numpy only."""
     modes, size, half = lmax + 1, 2 * (lmax + 1), points // 2 + 1
     rng = np.random.default_rng(0)
 
@@ -83,7 +106,11 @@ def lean_fourier_step(library: str, members: int, rank: int = 30, lmax: int = 64
                                                                  (members, size), (members, size), (members, size)))
     coefficients = [array((1, 2 * i + 1)) for i in range(7)]
     derivative = -1j * np.arange(modes) / points
+    adjoint_derivative, multiplicity = np.conj(derivative) / np.where(np.arange(modes) > 0, 2, 1), np.full(modes, 2.0)
+    multiplicity[0] = 1
     rows, spectrum = np.zeros((13, members, size)), np.zeros((members, half), complex)
+    rows_bar = np.zeros_like(rows)
+    R_t, U_t = R.T.copy(), U.T.copy()
     if library == "torch":
         R, U, drive, solve, dt_lam, c, rows, spectrum, derivative = (
             torch.from_numpy(a) for a in (R, U, drive, solve, dt_lam, c, rows, spectrum, derivative))
@@ -94,9 +121,10 @@ def lean_fourier_step(library: str, members: int, rank: int = 30, lmax: int = 64
     else:
         matmul, multiply = np.dot, np.multiply
         complex_view, real_view = (lambda a: a.view(complex)), spectrum.view(float)
-    flat, head = rows.reshape(13, -1), real_view[:, :size]
+    flat, head, flat_bar = rows.reshape(13, -1), real_view[:, :size], rows_bar.reshape(13, -1)
 
-    def step():
+    def step(keep=False):
+        kept = []
         rows[0] = c
         head[...] = c
         for i in range(6):
@@ -106,10 +134,30 @@ def lean_fourier_step(library: str, members: int, rank: int = 30, lmax: int = 64
             y = matmul(matmul(head, R), U) + drive
             multiply(rfft(r * y)[:, :modes], derivative, out=complex_view(rows[2 * i + 1]))
             multiply(head, dt_lam, out=rows[2 * i + 2])
-        return matmul(coefficients[6], flat)
+            if keep:
+                kept.append((r, y))
+        out = matmul(coefficients[6], flat)
+        return kept if keep else out
 
-    step()
-    return clock(lambda: [step() for _ in range(200)], 3) / 200
+    def transpose(kept):
+        np.dot(coefficients[6].T, c.reshape(1, -1), out=flat_bar)  # the cotangent of the step's result: c
+        drive_bar = np.zeros_like(drive)
+        for i in reversed(range(6)):
+            r, y = kept[i]
+            spectrum[:, :modes] = complex_view(rows_bar[2 * i + 1]) * adjoint_derivative
+            f_bar = irfft(spectrum, points)
+            y_bar, r_bar = r * f_bar, y * f_bar
+            drive_bar += y_bar
+            head_bar = (rfft(r_bar)[:, :modes] * multiplicity).view(float)
+            head_bar += np.dot(np.dot(y_bar, U_t), R_t)
+            head_bar += rows_bar[2 * i + 2] * dt_lam
+            if i:
+                flat_bar[:2 * i + 1] += np.dot(coefficients[i].T, (head_bar * solve).reshape(1, -1))
+            else:
+                rows_bar[0] += head_bar
+        return rows_bar[0], drive_bar
+
+    return step, transpose
 
 
 def particle_floor(members: int = 20, n: int = 64, dim: int = 2) -> dict:
