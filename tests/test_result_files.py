@@ -156,3 +156,101 @@ def test_particle_runs_beyond_s2_open_in_every_tool(tmp_path, capsys):
         x, y = a["particles"].values[-1], b["particles"].values[-1]
         exact = np.sqrt(ot.emd2([], [], ((x[:, None] - y[None]) ** 2).sum(-1)))
         assert float(report["w2"][-1]) == pytest.approx(exact, rel=1e-9)
+
+
+def _damaged_copy(path, target, shows) -> None:
+    """`path` copied to `target` with one stretch of 256 bytes scrambled (what a bad disk or a broken transfer does),
+    the first from the file's start such that `shows(target)` holds: the damage found where it is wanted, whatever
+    the layout the netCDF library chose.  Each try is a file of its own: xarray keeps the files it opened, by path."""
+    data = path.read_bytes()
+    for offset in range(0, len(data) - 256, 256):
+        damaged = bytearray(data)
+        damaged[offset:offset + 256] = bytes(byte ^ 0x5A for byte in damaged[offset:offset + 256])
+        candidate = target.with_name(f"{target.stem}-{offset}.nc")
+        candidate.write_bytes(bytes(damaged))
+        if shows(candidate):
+            candidate.rename(target)
+            return
+        candidate.unlink()
+    pytest.fail(f"no stretch of {path} whose damage shows so")
+
+
+def _fails_reading(name: str):
+    """Whether a file opens (header and attributes whole) but its variable `name` cannot be read."""
+    def shows(path) -> bool:
+        try:
+            with xr.open_dataset(path) as dataset:
+                dataset[name].load()
+        except RuntimeError as error:
+            return str(error).startswith("NetCDF:")
+        except Exception:  # damaged elsewhere: the header, the attributes
+            return False
+        return False
+    return shows
+
+
+def _fails_opening(path) -> bool:
+    """Whether the file's attributes cannot be read where it is opened."""
+    try:
+        xr.open_dataset(path).close()
+    except AttributeError as error:
+        return str(error).startswith("NetCDF:")
+    except Exception:
+        return False
+    return False
+
+
+DAMAGES = {  # name: (run, how the damage shows, the commands that read what is damaged)
+    # compressed (4096 values or more), its chunk's checksum fails: read where the file is opened (check_run)
+    "a density chunk": ("sphere", _fails_reading("density"), ("info", "plot", "compare")),
+    # read by the figure and by compare's load only (info does not read the particles)
+    "a particles chunk": ("particles", _fails_reading("particles"), ("plot", "compare")),
+    "the attributes": ("sphere", _fails_opening, ("info", "plot", "compare")),
+}
+
+
+@pytest.fixture(scope="module")
+def compressed_runs(tmp_path_factory):
+    """Result files whose density (S^2, 6 saves of 20 x 40) or particles (S^1, 3 saves of 2000) are compressed."""
+    root = tmp_path_factory.mktemp("compressed")
+    times = {"t_end": 0.5, "dt": 0.05, "save_every": 0.1}
+    sphere = make_case(3, 12, model={"eps": 0.1}, time=times)
+    particles = make_case(2, 16, model={"kernel": "unnormalized", "beta": 0.0, "eps": 0.25}, time=times).with_overrides(
+        ["solver.method='particles'", "particles.n=2000", "particles.save=2000", "time.t_end=0.2"])
+    paths = {}
+    for name, case in (("sphere", sphere), ("particles", particles)):
+        paths[name] = root / f"{name}.nc"
+        write_dataset(spherepde.run(case, progress=False), paths[name])
+    return paths
+
+
+@pytest.mark.parametrize("name", DAMAGES)
+def test_every_tool_refuses_a_damaged_file_with_one_line(compressed_runs, tmp_path, capsys, name):
+    """A file damaged on disk (a compressed chunk whose checksum fails, an attribute table) was a traceback of
+    netCDF4's RuntimeError or AttributeError, exit 1, raised where xarray first read the variable (plot's particles,
+    compare's load, the density's check at the open).  Now: one line naming the file, exit 2, no figure, no report."""
+    run, shows, commands = DAMAGES[name]
+    path = tmp_path / "damaged.nc"
+    _damaged_copy(compressed_runs[run], path, shows)
+    capsys.readouterr()
+    argvs = {"info": ["info", str(path)], "plot": ["plot", str(path), "-o", str(tmp_path / "figures")],
+             "compare": ["compare", str(compressed_runs[run]), str(path), "-o", str(tmp_path / "report")]}
+    for command in commands:
+        assert main(argvs[command]) == 2, command
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"cannot read result {str(path)!r}: NetCDF:" in err, (command, err)
+        assert err.endswith("the file is damaged"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.nc"]  # no figure, no report
+
+
+def test_compare_names_a_reader_that_exists():
+    """compare() given something other than a Dataset named spherepde.open_result, which the package does not have
+    (AttributeError for whoever followed it): it names the reader by its module."""
+    import importlib
+
+    with pytest.raises(spherepde.CaseError, match="open the files with load_pair or ") as error:
+        from spherepde.analysis.compare import compare
+
+        compare("a.nc", "b.nc")
+    module, _, function = str(error.value).rsplit(" ", 1)[-1].rstrip(")").rpartition(".")
+    assert callable(getattr(importlib.import_module(module), function))

@@ -50,7 +50,7 @@ from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
 from spherepde.discretisation.bases import gauss_cell_radius
 from spherepde.io.output import DIAGNOSTIC_ATTRS, grid_points, history, split_both, write_dataset
-from spherepde.io.summary import check_run, open_result
+from spherepde.io.summary import check_run, open_result, reading
 from spherepde.measures.diagnostics import DENSITY_FLOOR
 from spherepde.measures.optimal_transport import w2_between
 
@@ -115,8 +115,12 @@ def refined_circle_measure(density: np.ndarray, lmax: int, points: int = REFINED
 
 def load_pair(path_a: str, path_b: str | None = None):
     """(A, B, label A, label B): two result files, or the two halves of one "both" file."""
-    first = open_result(path_a).load()
-    second = None if path_b is None else open_result(path_b).load()
+    with reading(path_a):
+        first = open_result(path_a).load()
+    second = None
+    if path_b is not None:
+        with reading(path_b):
+            second = open_result(path_b).load()
     for path, run in ((path_a, first), (path_b, second)):
         if run is not None and "report" in run.attrs:
             raise CaseError(f"compare: {path!r} is a comparison report, not a run; compare the runs it names")
@@ -297,7 +301,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
     for label, run in zip(labels, (a, b)):
         if not isinstance(run, xr.Dataset):
             raise CaseError(f"compare: {label} is a {type(run).__name__}, not a result Dataset (open the files with "
-                            "load_pair or spherepde.open_result)")
+                            "load_pair or spherepde.io.summary.open_result)")
         try:
             check_run(run)
         except CaseError as error:

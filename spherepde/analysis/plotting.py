@@ -43,7 +43,7 @@ from spherepde.analysis.diagnostic_panels import (  # noqa: E402
 from spherepde.analysis.sphere_view import CMAP, SphereView, _final_mean, _has_density, drawn  # noqa: E402
 from spherepde.base.errors import CaseError  # noqa: E402
 from spherepde.io.output import check_folder, failed_parts, failure_summary, make_folders  # noqa: E402
-from spherepde.io.summary import open_result  # noqa: E402
+from spherepde.io.summary import open_result, reading  # noqa: E402
 
 PROJECTIONS = ("orthographic", "mollweide")
 FINE_CIRCLE_POINTS = 720  # S^1 densities are drawn on at least this many points (half a degree)
@@ -88,7 +88,7 @@ def plot_result(path: str, folder: str | None = None, projection: str = "orthogr
     targets = figure_paths(path, folder, animate)
     folder = os.path.dirname(targets[0])
     check_folder(folder, "plot -o")
-    with open_result(path) as dataset:
+    with reading(path), open_result(path) as dataset:  # the figures read the particles and densities lazily
         if "report" in dataset.attrs:
             raise CaseError(f"plot: {path!r} is a comparison report; its figure is the .png that compare wrote "
                             "beside it")

@@ -1,5 +1,6 @@
 """`spherepde info`: a plain-text summary of a result file."""
 
+import contextlib
 import numbers
 import os
 
@@ -14,10 +15,31 @@ SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projecti
            "interaction_energy", "free_energy", "min_density", "spectral_tail"]
 
 
+@contextlib.contextmanager
+def reading(path: str):
+    """Read the result `path` inside: netCDF4's error of a damaged file becomes a one-line CaseError naming it.
+    netCDF4 reports a corrupt chunk (a compressed variable whose checksum fails) or attribute table as RuntimeError or
+    AttributeError with the library's words, "NetCDF: HDF error", and xarray reads lazily: at the open, in check_run,
+    or wherever a reader first touches the damaged variable (plot's particles, compare's load), each a traceback and
+    exit 1 before."""
+    try:
+        yield
+    except (RuntimeError, AttributeError) as error:
+        if not str(error).startswith("NetCDF:"):  # the library's words, nc_strerror's, all begin so
+            raise
+        raise CaseError(f"cannot read result {os.fspath(path)!r}: {error}: the file is damaged") from None
+
+
 def open_result(path: str) -> xr.Dataset:
     """Open a file that spherepde wrote (a run, a sweep, a comparison), or a one-line CaseError naming it (and,
-    where the file is missing but a run's checkpoint folder is there, saying that the run is unfinished)."""
-    path = os.fspath(path)
+    where the file is missing but a run's checkpoint folder is there, saying that the run is unfinished; where the
+    netCDF library cannot read it, that it is damaged: `reading`)."""
+    with reading(path):
+        return _open_result(os.fspath(path))
+
+
+def _open_result(path: str) -> xr.Dataset:
+    """open_result, its netCDF errors left to `reading`."""
     output = path.removesuffix(".checkpoint")
     if os.path.isdir(output + ".checkpoint") and (path != output or not os.path.exists(path)):
         raise CaseError(f"cannot read result {path!r}: the run writing {output!r} is unfinished (its checkpoint "
@@ -169,7 +191,7 @@ def _attribute(value) -> str:
 
 
 def describe(path: str) -> str:
-    with open_result(path) as dataset:
+    with reading(path), open_result(path) as dataset:
         attrs = dataset.attrs
         if "report" in attrs:  # a `spherepde compare` report: its table
             return "\n".join(map(printable, [f"{path}: {attrs.get('title', '(no title)')}",
