@@ -432,7 +432,10 @@ def _dispatch(argv) -> int:
     """The command's exit status (docs/design.md "Command line"), every error of bad input or numerics as one line."""
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # argparse leaves them to the top parser, whose message would not name the command
+            raise CaseError(f"{args.command}: unrecognized arguments: {' '.join(unknown)}" if args.command
+                            else f"unrecognized arguments: {' '.join(unknown)}")
         if args.command is None:  # bare `spherepde`: the usage and the list of commands
             parser.print_help(sys.stderr)
             return CaseError.exit_status

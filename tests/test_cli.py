@@ -388,6 +388,26 @@ def test_info_and_plot(tmp_path, capsys):
     assert reader_gone.wait(timeout=120) == 141 and reader_gone.stderr.read() == b""
 
 
+def test_info_shows_the_particle_runs_own_settings(tmp_path, capsys):
+    """A particle run's n, replicas, seed and integrator, and a "both" file's on its particles' line; one save is
+    "1 save"."""
+    both, particles = tmp_path / "both.nc", tmp_path / "particles.nc"
+    common = ["--set", "particles.n=40", "--set", "particles.replicas=2", "--set", "time.t_end=0.2", "--quiet"]
+    assert main(["run", "cases/kuramoto-s1.toml", "--solver", "both", "-o", str(both)] + common) == 0
+    assert main(["run", "cases/kuramoto-s1.toml", "--solver", "particles", "--set", "particles.seed=7",
+                 "-o", str(particles)] + common) == 0
+    capsys.readouterr()
+    assert main(["info", str(both)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("  particles: status completed, n = 40, replicas = 2, seed = 0, integrator = heun, "
+                               "attention = dense, dt = 0.05, steps = 4, wall_seconds = "), lines
+    assert main(["info", str(particles)]) == 0
+    assert "n = 40, replicas = 2, seed = 7, integrator = heun" in capsys.readouterr().out
+    with xr.open_dataset(particles) as dataset:
+        write_dataset(dataset.isel(time=[0]).load(), tmp_path / "one.nc")
+    assert main(["info", str(tmp_path / "one.nc")]) == 0 and "(1 save)\n" in capsys.readouterr().out
+
+
 ROTATION_S1 = """
 [case]
 name = "rotation"
@@ -607,6 +627,8 @@ def test_bare_command_lists_the_commands_and_help_and_version_answer(capsys):
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"spherepde {spherepde.__version__}"
     assert main(["run"]) == 2
     assert capsys.readouterr().err.strip() == "spherepde: error: run: the following arguments are required: case"
+    assert main(["info", "out.nc", "--kind", "map"]) == 2  # argparse leaves these to the top parser
+    assert capsys.readouterr().err.strip() == "spherepde: error: info: unrecognized arguments: --kind map"
 
 
 def test_a_grid_that_does_not_carry_the_initial_law_is_refused(tmp_path, capsys):

@@ -11,6 +11,11 @@ from spherepde.base.errors import CaseError, printable, unreadable
 from spherepde.discretisation.transforms.legendre import check_grid
 from spherepde.io.output import BOTH_PREFIX, DIAGNOSTIC_ATTRS, diagnostic_dims, failed_parts, failure_summary
 
+# what a run's line of attributes shows: the grid's and the solver's, then a particle run's (a "both" file's particle
+# run's on the particles' line)
+RUN_ATTRIBUTES = ("backend", "grid", "grid_shape", "lmax", "dtype", "device", "field", "scheme", "steps",
+                  "wall_seconds", "resolved_until")
+PARTICLE_ATTRIBUTES = ("n", "replicas", "seed", "integrator", "attention", "dt")
 SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projection", "entropy",
            "interaction_energy", "free_energy", "min_density", "spectral_tail"]
 
@@ -199,18 +204,17 @@ def describe(path: str) -> str:
         lines = [f"{path}: {attrs.get('title', '(no title)')}",
                  f"  solver {attrs.get('solver')}, status {attrs.get('status')}, source {attrs.get('source')}"]
         if BOTH_PREFIX + "status" in attrs:
-            lines.append(f"  particles: status {attrs[BOTH_PREFIX + 'status']}")
+            lines.append(f"  particles: status {attrs[BOTH_PREFIX + 'status']}, "
+                         + _attribute_list(attrs, PARTICLE_ATTRIBUTES + ("steps", "wall_seconds"), BOTH_PREFIX))
         if "member" not in dataset.dims:
             lines += [f"  {failure_summary(which, last_good)}" for which, _, last_good in failed_parts(dataset)]
-        lines.append("  " + ", ".join(f"{name} = {_attribute(attrs[name])}" for name in
-                                      ("backend", "grid", "grid_shape", "lmax", "dtype", "device", "field", "scheme",
-                                       "steps", "wall_seconds", "resolved_until") if name in attrs))
+        lines.append("  " + _attribute_list(attrs, RUN_ATTRIBUTES + PARTICLE_ATTRIBUTES))
         lines.append("  dims: " + ", ".join(f"{k} = {v}" for k, v in dataset.sizes.items()))
         if "member" in dataset.dims:
             lines += _member_lines(dataset)
         elif "time" in dataset.coords and dataset.sizes["time"]:
             times = dataset["time"].values
-            lines.append(f"  time: {times[0]:g} .. {times[-1]:g} ({len(times)} saves)")
+            lines.append(f"  time: {times[0]:g} .. {times[-1]:g} ({len(times)} save{'s' if len(times) > 1 else ''})")
             lines.append(f"  {'diagnostic':<28} {'first':>14} {'last':>14}  (last: the last save that has it)")
             for name in SCALARS + [BOTH_PREFIX + name for name in SCALARS]:  # a "both" file holds both runs'
                 if name in dataset:
@@ -222,6 +226,11 @@ def describe(path: str) -> str:
             lines += _training_lines(dataset)
         lines += [f"  note: {note}" for note in str(attrs.get("notes", "")).splitlines() if note.strip()]
         return "\n".join(map(printable, lines))  # every line quotes the file: shown, never obeyed by the terminal
+
+
+def _attribute_list(attrs, names: tuple, prefix: str = "") -> str:
+    """"name = value, ..." of the attributes prefix + name that `attrs` has, named without the prefix."""
+    return ", ".join(f"{name} = {_attribute(attrs[prefix + name])}" for name in names if prefix + name in attrs)
 
 
 def _course(loss: np.ndarray) -> str:
