@@ -281,9 +281,10 @@ def resolution_entries(layout: Layout, models: list) -> list:
     """(model, the case key of its beta, where it sits) of head_models' list, for check_resolutions: head h of
     layer l at l H + h, head 0 the [model] table's, the others extra_heads."""
     heads = len(layout.heads)
-    keys = ["model.beta"] + [f"model.extra_heads[{h - 1}].beta" for h in range(1, heads)]
-    return [(model, keys[k % heads], f" with layer {k // heads + 1}'s model.B" if layout.layered else "")
-            for k, model in enumerate(models)]
+    # head h's own keys: its B, not head 0's, is the one whose layer the phrase names
+    tables = ["model."] + [f"model.extra_heads[{h - 1}]." for h in range(1, heads)]
+    return [(model, f"{tables[k % heads]}beta", f" with layer {k // heads + 1}'s {tables[k % heads]}B" if layout.layered
+             else "") for k, model in enumerate(models)]
 
 
 def check_dimension(case) -> None:
@@ -347,18 +348,19 @@ def check_kernel_range(case) -> None:
     largest = torch.finfo(getattr(torch, dtype)).max
     check_parameter_range(case)
     for model, name, where in kernel_entries(case):
+        head = name.rsplit(".", 1)[0]  # "model" or "model.extra_heads[h]": the table of the head's beta and B
         norm = float(torch.linalg.matrix_norm(model.B, ord=2))  # beta <B^T x, y> reaches beta |B|_2
         if not math.isfinite(model.beta):
             continue
         if model.beta * max(1.0, norm) > largest:
             raise CaseError(f"{name}: beta = {model.beta:.3g} times |B| = {norm:.3g}{where} overflows {dtype} (largest "
-                            f"{largest:.3g}); lower model.beta or model.B, or use beta = \"inf\", the limit of large "
+                            f"{largest:.3g}); lower {head}.beta or {head}.B, or use beta = \"inf\", the limit of large "
                             "beta")
         if model.kernel == "unnormalized" and model.beta * norm > math.log(largest):
             raise CaseError(f"{name}: the unnormalized kernel exp(beta <B^T x, y>) reaches "
                             f"exp({model.beta * norm:.4g}) (beta = {model.beta:.3g} times |B| = {norm:.3g}{where}), "
-                            f"beyond {dtype}'s largest number exp({math.log(largest):.4g}); lower model.beta or "
-                            "model.B, or take the softmax kernel")
+                            f"beyond {dtype}'s largest number exp({math.log(largest):.4g}); lower {head}.beta or "
+                            f"{head}.B, or take the softmax kernel")
 
 
 def check_solver_choices(case, device_type: str | None) -> None:

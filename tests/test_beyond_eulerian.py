@@ -203,6 +203,26 @@ def test_a_grid_too_coarse_for_a_later_head_or_layer_names_it_and_the_lmax_for_a
         ForwardProblem(case.with_overrides([f"sphere.lmax={lmax - 1}"]))
 
 
+@pytest.mark.parametrize("overrides, named", [
+    (["model.kernel='unnormalized'", "model.extra_heads=[{B=[[[1,0],[0,1]],[[800,0],[0,1]]]}]"],
+     "model.extra_heads[0].beta: the unnormalized kernel exp(beta <B^T x, y>) reaches exp(800) (beta = 1 times "
+     "|B| = 800 with layer 2's model.extra_heads[0].B)"),
+    (["sphere.lmax=4", "model.extra_heads=[{B=[[[1,0],[0,1]],[[100,0],[0,100]]]}]"],
+     "too coarse for model.extra_heads[0].beta = 1 with layer 2's model.extra_heads[0].B")])
+def test_a_refused_kernel_of_an_extra_head_names_that_heads_keys(overrides, named):
+    """An extra head's per-layer B beyond the kernel's range or the grid: the message named head 0's model.B (the
+    identity here) as the layer's matrix and told to lower model.beta or model.B."""
+    import spherepde
+
+    case = spherepde.load_case("cases/kuramoto-s1.toml", ["model.beta=1.0"] + overrides)
+    with pytest.raises(CaseError) as refused:
+        ForwardProblem(case)
+    assert named in str(refused.value)
+    assert "model.B" not in str(refused.value).replace("extra_heads[0].B", "")
+    if "kernel" in overrides[0]:
+        assert "lower model.extra_heads[0].beta or model.extra_heads[0].B" in str(refused.value)
+
+
 def test_members_beyond_the_seeds_run_together_as_alone():
     """Two members differing in head 0's V, in one batch: each the run of its case alone (to 1e-13)."""
     timing = "t_end = 0.5\ndt = 0.05\nsave_every = 0.25\n"

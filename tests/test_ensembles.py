@@ -163,6 +163,25 @@ def test_batched_particles_are_their_serial_runs_bit_for_bit():
         assert_same_file(dataset, run(case, progress=False), 0)
 
 
+def test_particles_on_and_off_the_seeds_paths_batch_apart_and_each_is_its_serial_run():
+    """Two plain particle runs with a W per layer (two layers): repeating one matrix (the seeds' paths, one layer,
+    the direct sums) and differing (the general drift of theta_l).  Batched together, the first took the general
+    drift where its serial run took the direct sums: its positions 6e-16 apart (a review's finding).  They batch
+    apart, and every batch's members have their serial runs' positions bit for bit."""
+    rotation = [[0.0, 0.5], [-0.5, 0.0]]
+    lists = ([rotation, rotation], [rotation, [[0.0, -0.5], [0.5, 0.0]]])
+    cases = [case_from_dict({
+        "sphere": {"dim": 2, "lmax": 12}, "model": {"kernel": "softmax", "beta": 2.0, "W": W},
+        "initial": {"kind": "vmf", "mean": [1.0, 0.5], "kappa": 1.0}, "time": {"t_end": 1.0, "dt": 0.05},
+        "solver": {"method": "particles", "device": "cpu"}, "diagnostics": {"w2": False},
+        "particles": {"n": 64, "save": 64}}) for W in lists]
+    assert [ParticleSystem(case).general for case in cases] == [False, True]
+    assert batches(cases) == [[0], [1]]
+    for batch in batches(cases):
+        for m, dataset in zip(batch, run_batch([cases[m] for m in batch], progress=False)):
+            assert np.array_equal(dataset["particles"].values, run(cases[m], progress=False)["particles"].values)
+
+
 @pytest.mark.parametrize("n, dtype, beta", [(1700, "float64", 2.0), (600, "float32", 2.0), (1700, "float64", 1000.0),
                                            (600, "float32", 100.0), (3000, "float64", 2.0), (3000, "float64", 1000.0)])
 def test_batched_large_systems_are_their_serial_runs_bit_for_bit(n, dtype, beta):

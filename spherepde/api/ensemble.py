@@ -15,7 +15,8 @@ a density ("auto" depends on eps), whether beta is infinite, whether the particl
 run takes (the direct sums serve beta > 0 only; beyond their unshifted exponent range,
 solvers.particle_field.within_direct_range, the softmax's kernel rows are shifted and the unnormalized kernel takes
 the generic sums: a batch mixing the two would take one way where a member's serial run takes the other, apart at
-round-off), and beyond the seeds' model the heads (head 0's beta among them), the feed-forward and the layers.
+round-off; so for a member on the seeds' paths, solvers.particles.on_seeds_paths, beside one off them), and beyond
+the seeds' model the heads (head 0's beta among them), the feed-forward and the layers.
 Particle runs stepped by the CFL rule (no fixed dt) each run alone: their members would take different steps and
 their draws would not be those of their serial runs.
 """
@@ -56,13 +57,19 @@ def batch_key(case: Case, index: int) -> tuple:
         import torch
 
         from solvers.particle_field import within_direct_range
+        from solvers.particles import on_seeds_paths
+        from spherepde.base.device import placement
+        from spherepde.model.parameters import parameters_of
 
         # B may be given per layer: its largest spectral norm
         norm = float(np.linalg.norm(np.array(model["B"], dtype=float), 2, axis=(-2, -1)).max())
         # beta = 0 (a constant kernel) takes the generic sums (ParticleField.is_direct), the same case at beta > 0
-        # the direct ones: a batch of both would take the generic sums for all, apart from their serial runs
+        # the direct ones: a batch of both would take the generic sums for all, apart from their serial runs.  So
+        # would a member on the seeds' paths (a list of one W per layer repeating one matrix, say) batched with one
+        # off them (its layers' W differing): ParticleSystem steps every member the general way once one must be
+        host = placement("cpu", case["solver"]["dtype"])
         implied += (within_direct_range(model["beta"] * norm, getattr(torch, case["solver"]["dtype"])),
-                    model["beta"] > 0)
+                    model["beta"] > 0, on_seeds_paths(layout, parameters_of(case, layout, host)))
         if "dt" not in case["particles"] and "dt" not in case["time"]:
             implied += (index,)  # CFL-stepped particles run alone
     if method == "both":

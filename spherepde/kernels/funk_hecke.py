@@ -101,8 +101,9 @@ def check_resolutions(models: list, basis, tol: float) -> None:
         try:
             needed = kernel_degree(model.beta * sigma_max, basis.dim, tol)
         except ValueError:
+            head = name.rsplit(".", 1)[0]  # the table of the head's beta and B
             raise CaseError(f"{name}: beta |B| = {model.beta * sigma_max:g} makes the kernel narrower than any grid "
-                            f"can carry; lower model.beta or model.B, or use beta = \"inf\"") from None
+                            f"can carry; lower {head}.beta or {head}.B, or use beta = \"inf\"") from None
         if needed > needed_by_worst:
             worst, label_of_worst, needed_by_worst = model, f"{name} = {model.beta:g}{where}", needed
     if worst is None or needed_by_worst + basis.lmax <= basis.quadrature_degree(basis.lmax):
