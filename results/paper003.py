@@ -207,7 +207,8 @@ DIFFERENCES = [
     "within the theorem's window t <= log beta: ours is then 0.983 (beta = 10) and 0.998 (beta = 30), reached at "
     "the window's end; our average over that window (0.77 and 0.84) is the nearest of our figures to the seed's, "
     "but the seed does not say it averages. Our model is docs/design.md \"The model\" as written, and the "
-    "seed does not state its initial law or its normalisation, so we cannot say which of them differs.",
+    "seed names Gaussian, uniform and von Mises-Fisher initial laws without saying which row used which, and does "
+    "not define its alignment (only that 1.0 is full), so we cannot say which of them differs.",
     "- Transition to F: it happens later than in the seed "
     "(t ~ 13 at beta = 10 against ~5; 14.5 at beta = 30 against ~8), "
     "and it passes through a plateau with alignment_E = 1/2. There the tokens sit in two antipodal clusters at "
@@ -427,7 +428,8 @@ def report(data: dict, full: bool, summaries: Path, substituted: list, absent: l
         lines += [f"Eulerian runs made with the torch transform (the others with shtns): "
                   f"{', '.join(f'`{key}`' for key in by_torch)}.", ""]
     lines += ["## Our choices where the seed is silent", "",
-              "- Initial law: uniform for the main table, plus one row (beta = 30) from the Gaussian projected to the "
+              "- Initial law (the seed names Gaussian, uniform and von Mises-Fisher laws, not which row used which): "
+              "uniform for the main table, plus one row (beta = 30) from the Gaussian projected to the "
               "sphere, X / |X| with X ~ N((0.3, 0.2, 0.5), 0.5 I) (`cases/seed003-baseline-gaussian.toml`), "
               "and one (beta = 10) from the "
               "uniform law with 5% of its mass in a vMF bump (kappa 4; `cases/seed003-baseline-perturbed.toml`), which "
@@ -435,7 +437,7 @@ def report(data: dict, full: bool, summaries: Path, substituted: list, absent: l
               "of `cases/baseline-inf.toml` (mean (0.3, 0.5, 0.8), kappa = 2) for the ablations and the temperature "
               "coupling.",
               "- Particles: Heun with dt = 0.01 (the seed: projected Euler, dt = 0.01), seed 3; "
-              "n = 2000 as in the seed.",
+              "n = 2000, the top of the seed's range n = 200 ~ 2000; one sample per row (the seed states no count).",
               "- Ablation matrices the seed does not print: see each `cases/seed003-ablation-*.toml` "
               "(non-symmetric B with "
               "V B^T = [[1,1,0],[2,1,0],[0,0,-2]]; V_1 = [[0,1,0],[-1,0,0],[0,0,-2]]; B = V = diag(1, 1/2, 1/4); "

@@ -515,7 +515,8 @@ def mean_std(values):
 
 
 REDUCED_TEXT = (
-    "The cases/seed004-*.toml files hold the seed's scale (eps = 1e-2, T = 80, lmax 128, 200 Adam iterations), "
+    "The cases/seed004-*.toml files hold the seed's scale (T = 80; eps = 1e-2, lmax 128 and 200 Adam iterations "
+    "are their own choices, the seed states none of them), "
     "hours of CPU per case here.  This script runs the same cases with overrides that make each run a few minutes "
     "on one core: eps = 0.05, lmax 24, dt = 0.1, one layer per unit depth, T = 16 (and 24, 32, 48, 64 for the depth "
     "sweep), trained twice: 25 Adam iterations (lr 0.05, the continuous adjoint; the runs "
