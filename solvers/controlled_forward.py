@@ -246,8 +246,7 @@ class DensityCheck:
         return [None if m not in self.first else
                 (f"the forward run blew up between t = {self.first[m].t0:g} and {self.first[m].t1:g} (not finite, "
                  f"its mass drifting or |rho| beyond {BLOW_UP_FACTOR:g} x all the mass in one cell)"
-                 + ("" if self.causes[m] is None else f": {self.causes[m]} (or keep the controls smaller, e.g. by a "
-                                                      "smaller control.learning_rate)"))
+                 + ("" if self.causes[m] is None else f": {self.causes[m]} (or keep the controls smaller)"))
                 for m in range(self.peak.shape[0])]
 
 

@@ -61,14 +61,14 @@ OPTIMIZERS = {"gd": GradientDescent, "adam": Adam}
 
 def _checked(gradient, iteration: int, loss: str | None):
     """The gradient, or NumericalFailure when J or dJ/dW is not finite; the message gives J and l(mu_T)
-    (`loss`: control.loss, for its advice)."""
+    (`loss`: control.loss, for its advice; the learning rate's is `optimise`'s, where a step of it failed)."""
     finite_dW = bool(torch.isfinite(gradient.dW).all())
     if math.isfinite(gradient.cost) and finite_dW:
         return gradient
-    advice = "reduce time.dt" + (" or control.learning_rate" if iteration else "")
+    advice = "reduce time.dt"
     if math.isfinite(gradient.loss) and not math.isfinite(gradient.cost):  # J = l(mu_T) + the regulariser
         advice = "the regulariser lambda_reg / 2 int |W_t|^2 dt overflows: smaller controls" + (
-            ", a smaller control.learning_rate" if iteration else " (model.W)")
+            "" if iteration else " (model.W)")
     elif loss == "bow" and (not math.isfinite(gradient.loss) or math.isfinite(gradient.cost)):  # the loss's doing
         advice += ("; a bow candidate with p_k(mu_T) <= 0, or scores softmax(tau <x, c_k>) saturated to 0 and 1, "
                    "make l(mu_T) or its gradient non-finite: lower control.tau")
@@ -94,7 +94,9 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
             if good is None:
                 raise
             parameter, gradient = good
-            failure = str(error)
+            # the controls that failed are a step of the learning rate's from the kept ones: the one optimizer whose
+            # failures the learning rate can mend (L-BFGS's line search backs off from them; the start is model.W)
+            failure = f"{error}; a smaller control.learning_rate takes shorter steps"
             stop = f"numerical failure at iteration {iteration}: the controls of iteration {iteration - 1} are kept"
             break
         good = (parameter, gradient)

@@ -96,7 +96,7 @@ def particles_rules(particles: dict, ctx) -> None:
 def control_rules(control: dict, ctx) -> None:
     for key, length in layered_lengths(ctx.data["model"]).items():
         if length != control["layers"]:
-            raise CaseError(f"{key}: a list of {length} per-layer matrices, but control.layers = "
+            raise CaseError(f"{key}: a list of {length} per-layer values, but control.layers = "
                             f"{control['layers']} (give one per layer, or one for all)")
     if "dt" not in ctx.data["time"]:
         raise CaseError("control: a training run needs time.dt (one fixed step grid for the forward and "
