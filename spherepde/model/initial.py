@@ -133,12 +133,14 @@ def initial_density(section: dict, basis, tail_tol: float = 1e-6) -> torch.Tenso
 
 
 def _remedy(section: dict, basis, tail_tol: float) -> str:
-    """What to do about an initial law the grid does not carry: the lmax `vmf_lmax` names where it applies."""
-    lmax = vmf_lmax(section, basis.dim, tail_tol)
+    """What to do about an initial law the grid does not carry: the lmax `vmf_lmax` names where it applies, for
+    tail_tol or the refusal's own bound if that is smaller."""
+    tolerance = min(tail_tol, INITIAL_TAIL_TOLERANCE)
+    lmax = vmf_lmax(section, basis.dim, tolerance)
     if lmax is None:
         return "raise sphere.lmax or widen the law"
-    return (f"use sphere.lmax >= {lmax} (its spectral tail is <= diagnostics.tail_tol = {tail_tol:g} there) or "
-            "widen the law")
+    return (f"use sphere.lmax >= {max(lmax, basis.lmax + 1)} (its spectral tail is <= {tolerance:g} there) or widen "
+            "the law")
 
 
 def vmf_lmax(section: dict, dim: int, tail_tol: float) -> int | None:
