@@ -102,10 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     plot = _command(commands, "plot", "figures of a result file")
     plot.add_argument("result", help="a NetCDF file written by spherepde run (or a sweep.nc)")
     plot.add_argument("-o", "--output", help="folder for the figures (default: beside the result)")
-    plot.add_argument("--projection", default="orthographic",
+    # no defaults here: plot_result's apply, and an option given for a file whose figure does not use it (an S^1
+    # run's --projection, a sweep's --snapshots) is refused, as --animate of a sweep
+    plot.add_argument("--projection",
                       help="S^2 maps: 'orthographic' (both hemispheres, the default) or 'mollweide'")
-    plot.add_argument("--snapshots", type=_positive(int), default=4, metavar="N",
-                      help="saves drawn: S^2 density snapshots, S^1 profiles")
+    plot.add_argument("--snapshots", type=_positive(int), metavar="N",
+                      help="saves drawn: S^2 density snapshots, S^1 profiles (4)")
     plot.add_argument("--animate", action="store_true", help="also write <result>.gif, one frame per save")
 
     sweep = _command(commands, "sweep", "run a case for every combination of parameter values (Dask)")

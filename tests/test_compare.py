@@ -607,3 +607,32 @@ def test_one_systems_iid_errors_fall_short_and_the_report_says_so():
     assert f"{IID_SPREAD} times them" in compare(eulerian, runs[0], w2=False).attrs["report"]
     replicas = spherepde.run(cases[0].with_overrides(["particles.replicas=4"]), progress=False)
     assert "i.i.d. formulas" not in compare(eulerian, replicas, w2=False).attrs["report"]
+
+
+def test_the_table_gives_every_component_of_the_mean_its_own_row():
+    """mean's row showed component 0's A, B, B - A and stderr under the name "mean", component 1 not at all: now a row
+    per component, each with its own values, largest difference, worst |z| and verdict."""
+    a, b = synthetic_pair(0.0, 0.01)
+    a["mean"] = (("time", "component"), np.array([[0.5, 0.0], [0.6, 0.1]]))
+    b["mean"] = a["mean"] + np.array([[0.0, 0.02], [0.0, 0.2]])
+    b["mean_stderr"] = (("time", "component"), np.full((2, 2), 0.01))
+    report = compare(a, b, w2=False)
+    rows = {line.split()[0]: line.split() for line in report.attrs["report"].splitlines()
+            if line.startswith("mean")}
+    assert set(rows) == {"mean[0]", "mean[1]"}
+    assert rows["mean[0]"][1:5] == ["0.6", "0.6", "0", "0"] and rows["mean[0]"][-1] == "agrees"
+    assert rows["mean[1]"][1:5] == ["0.1", "0.3", "0.2", "0.2"] and rows["mean[1]"][-1] == "disagrees"
+    assert rows["mean[1]"][6:8] == ["20.00", "1"]  # worst |z| (0.2 - 1e-9) / 0.01, at t = 1
+    assert report.attrs["verdict_mean"] == "disagrees"
+
+
+def test_the_tables_at_t_is_a_dash_where_no_z_exceeds_zero():
+    """"at t" is when the worst |z| came; where every |z| is 0 (within the tolerance) or none was computed there is no
+    such time (it read 0)."""
+    a, b = synthetic_pair(0.0, 0.01)
+    b["order_parameter"] = b["order_parameter"] + xr.DataArray([0.0, 0.05], dims="time")
+    rows = {line.split()[0]: line.split() for line in compare(a, b, w2=False).attrs["report"].splitlines()
+            if line.startswith(("mass", "entropy", "order_parameter"))}
+    assert rows["mass"][6:8] == ["0.00", "-"]
+    assert rows["entropy"][6:8] == ["-", "-"]
+    assert rows["order_parameter"][6:8] == ["5.00", "1"]

@@ -340,3 +340,105 @@ def test_s1_profiles_follow_snapshots_and_views_face_the_density_where_the_mean_
         assert view.labels()[0].startswith("centred on the density's maximum")
         assert SphereView(dataset, str(results["s2"]), "orthographic").labels()[0].startswith(
             "centred on the final mean")
+
+
+def test_options_the_figure_does_not_use_are_one_line_refusals(results, tmp_path, capsys):
+    """--projection on S^1 (no map) and --snapshots of a file drawn as diagnostics alone were silently accepted,
+    as if drawn; they are refused as --animate of a sweep is, and the defaults still draw every file."""
+    for name, args, named in (("s1", ["--projection", "mollweide"], "--projection"),
+                              ("s1_particles", ["--projection", "orthographic"], "--projection"),
+                              ("diagnostics_only", ["--snapshots", "3"], "--snapshots")):
+        assert main(["plot", str(results[name]), "-o", str(tmp_path)] + args) == 2
+        err = capsys.readouterr().err
+        assert named in err and repr(str(results[name])) in err and len(err.strip().splitlines()) == 1, err
+    assert not list(tmp_path.iterdir())
+    assert main(["plot", str(results["s1"]), "-o", str(tmp_path), "--snapshots", "2"]) == 0
+
+
+def _w2_panel(dataset):
+    """The W2 panel of `dataset`'s diagnostics figure (closed), and its legend's labels."""
+    import matplotlib.pyplot as plt
+
+    figure = plt.figure()
+    _diagnostics(figure, dataset)
+    panel = next(axis for axis in figure.axes if axis.get_title().startswith("W2"))
+    labels = [text.get_text() for text in panel.get_legend().get_texts()] if panel.get_legend() else []
+    plt.close(figure)
+    return panel, labels
+
+
+def test_the_quantisation_band_is_drawn_only_where_it_can_be_seen(results):
+    """A particle run's bound on S^1 is the rearrangement's certified excess, 2.2e-16: its band was drawn (no pixel
+    wide) with a legend entry; a bound of 0.01 against W2 of 0.3 is drawn."""
+    with xr.open_dataset(results["s1_particles"]) as dataset:
+        rising = dataset.assign(w2_projection=("time", np.linspace(0.0, 0.3, dataset.sizes["time"])))
+        for bound, drawn in ((2.220446049250313e-16, False), (0.01, True)):
+            _, labels = _w2_panel(rising.assign_attrs(w2_quantisation_bound=bound))
+            assert any("w2_quantisation_bound" in label for label in labels) == drawn, (bound, labels)
+
+
+def test_sweep_panels_take_no_margin_from_the_bands_they_do_not_draw(results):
+    """A sweep draws a curve per member, no standard-error bands: a standard error of 10 set y limits 20 beyond a
+    curve between 0.4 and 0.7."""
+    import matplotlib.pyplot as plt
+
+    with xr.open_dataset(results["s1_particles"]) as dataset:
+        run = dataset.drop_vars(["density", "particles"])
+        values = np.linspace(0.4, 0.7, run.sizes["time"])
+        sweep = xr.concat([run.assign(order_parameter=("time", values)),
+                           run.assign(order_parameter=("time", values[::-1]))], "member")
+        sweep["order_parameter_stderr"] = (("member", "time"), np.full((2, run.sizes["time"]), 10.0))
+    figure = plt.figure()
+    _diagnostics(figure, sweep)
+    panel = next(axis for axis in figure.axes if axis.get_title().startswith("order parameter"))
+    assert not panel.collections  # no bands
+    low, high = panel.get_ylim()
+    assert 0.3 < low < 0.4 and 0.7 < high < 0.8, (low, high)
+    plt.close(figure)
+
+
+def test_a_single_save_is_drawn_as_its_profile_and_its_values_as_dots(results):
+    """One save has no depth: its angle-depth picture was an empty frame (an image of no height) beside a colour
+    bar, and the diagnostics' one-point lines drew nothing.  Now the profile alone, and dots."""
+    import matplotlib.pyplot as plt
+
+    with xr.open_dataset(results["s1_particles"]) as dataset:
+        single = dataset.isel(time=[0])
+        theta, density = _circle_window(single, _circle_centre(single))
+        figure = plt.figure()
+        _circle_picture(figure, single, 4)
+        (profiles,) = figure.axes  # no angle-depth picture, no colour bar
+        (line,) = profiles.get_lines()
+        assert np.array_equal(line.get_ydata(), density[0]) and "one save" in profiles.get_title()
+        assert len(profiles.patches) == 1  # the particles' histogram
+        plt.close(figure)
+        figure = plt.figure()
+        _diagnostics(figure, single)
+        (panel,) = figure.axes  # a single save: mass drift alone is informative
+        assert [(line.get_marker(), list(line.get_ydata())) for line in panel.get_lines()] == [("o", [0.0])]
+        plt.close(figure)
+        # a "both" file whose Eulerian run failed after its first save: the particles' dots, no density image
+        failed = dataset.assign(density=dataset["density"].where(dataset["time"] == 0))
+        figure = plt.figure()
+        _circle_picture(figure, failed, 2)
+        heat = figure.axes[0]
+        assert not heat.get_images() and not [c for c in heat.collections if c.get_array() is not None]
+        assert heat.get_ylim() == (dataset["time"].values[0], dataset["time"].values[-1])
+        plt.close(figure)
+
+
+def test_the_first_and_last_saves_particles_are_drawn_above_the_frame(results):
+    """The dots at the first and last saves lie on the time limits, where the axes' frame covered them: they are
+    not clipped and drawn above the spines."""
+    import matplotlib.pyplot as plt
+
+    with xr.open_dataset(results["s1_particles"]) as dataset:
+        times = dataset["time"].values
+        figure = plt.figure()
+        _circle_picture(figure, dataset, 2)
+        heat = figure.axes[0]
+        (dots,) = [artist for artist in heat.collections if artist.get_offsets().shape[0] > 1]
+        assert {times[0], times[-1]} <= set(dots.get_offsets()[:, 1]) and heat.get_ylim() == (times[0], times[-1])
+        assert not dots.get_clip_on()
+        assert dots.get_zorder() > max(spine.get_zorder() for spine in heat.spines.values())
+        plt.close(figure)

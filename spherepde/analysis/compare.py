@@ -354,7 +354,8 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         verdicts[name] = _verdict(va, vb - expected, stderr, k, tolerance)
         probabilities[name] = max_z_probability(z, dof)
         fewest = min(fewest, float(np.min(dof[~np.isnan(z) & (stderr > 0)], initial=math.inf)))
-        lines.append(_table_row(name, a["time"].values, va, vb, difference, stderr, z, dof, verdicts[name]))
+        lines.extend(_table_rows(name, a, va, vb, difference, stderr, z, dof,
+                                 lambda pick: _verdict(va[pick], (vb - expected)[pick], stderr[pick], k, tolerance)))
     for label, run in zip(labels, (a, b)):
         if w2 and "particles" not in run and "density" not in run:
             saved = ("no saved particles (particles.save = 0)" if run.attrs.get("solver") == "particles"
@@ -453,24 +454,40 @@ def max_z_probability(z: np.ndarray, dof=math.inf) -> float:
     return 0.0 - math.expm1(float(np.log1p(-one).sum())) if (one < 1).all() else 1.0
 
 
+def _table_rows(name, run, va, vb, difference, stderr, z, dof, verdict_of) -> list[str]:
+    """The text table's lines of the diagnostic `name`: one, or one per component of a diagnostic with a second
+    dimension (mean's components "mean[0]", ..., lyapunov's exponents "lyapunov[p=2]"), each with its own values and
+    verdict (`verdict_of(index)`); a single row showed the first component's values under the diagnostic's name."""
+    times = run["time"].values
+    if va.ndim == 1:
+        return [_table_row(name, times, va, vb, difference, stderr, z, dof, verdict_of(slice(None)))]
+    extra = run[name].dims[1]
+    coordinates = run[extra].values if extra in run.coords else np.arange(va.shape[1])
+    rows = []
+    for j, value in enumerate(coordinates):
+        label = f"{name}[{value:g}]" if extra == "component" else f"{name}[{extra.rsplit('_', 1)[-1]}={value:g}]"
+        pick = (slice(None), j)
+        rows.append(_table_row(label, times, va[pick], vb[pick], difference[pick], stderr[pick], z[pick], dof[pick],
+                               verdict_of(pick)))
+    return rows
+
+
 def _table_row(name, times, va, vb, difference, stderr, z, dof, verdict) -> str:
-    """One line of the text table: the last shared time, the largest |B - A| and the largest |z| over times and
-    components, and how probable so large a |z| is among that many values (max_z_probability)."""
-    last = (slice(-1, None),) + (slice(None),) * (va.ndim - 1)
+    """One line of the text table, of a series over the shared `times`: the last shared time, the largest |B - A|
+    and the largest |z| over times and when it came ("-" where no |z| exceeds 0: every difference within the
+    tolerance, or none computed; it read t = 0), and how probable so large a |z| is among that many values
+    (max_z_probability)."""
     with np.errstate(invalid="ignore"):
         magnitude = np.where(np.isnan(z), -1.0, np.abs(z))
-    worst = np.unravel_index(np.argmax(magnitude), z.shape)
+    worst = int(np.argmax(magnitude))
     worst_z = f"{magnitude[worst]:8.2f}" if magnitude[worst] >= 0 else f"{'-':>8}"
+    when = f"{times[worst]:>7.3g}" if magnitude[worst] > 0 else f"{'-':>7}"
     probability = max_z_probability(z, dof)
     chance = f"{'-':>14}" if math.isnan(probability) else f"{probability:7.2g} of {np.count_nonzero(~np.isnan(z)):<4d}"
-
-    def first(values):
-        return float(np.ravel(values[last])[0])
-
     finite = np.abs(difference[np.isfinite(difference)])
     largest = float(finite.max()) if finite.size else math.nan
-    return (f"{name:<20} {first(va):>13.6g} {first(vb):>13.6g} {first(difference):>11.3g} {largest:>10.3g} "
-            f"{first(stderr):>10.3g} {worst_z} {times[worst[0]]:>7.3g} {chance}  {verdict}")
+    return (f"{name:<20} {va[-1]:>13.6g} {vb[-1]:>13.6g} {difference[-1]:>11.3g} {largest:>10.3g} "
+            f"{stderr[-1]:>10.3g} {worst_z} {when} {chance}  {verdict}")
 
 
 # ---------------------------------------------------------------------------------------

@@ -2,13 +2,13 @@
 training's.
 
 A panel draws a diagnostic of the run and, in a solver = "both" file, of its particle run (prefix "particles_"),
-with bands of +-2 standard errors where the run has them (`<name>_stderr`); "mass drift" is |mass - mass(0)|,
-and w2_projection has the band W2 +- w2_quantisation_bound.  The under-resolved stretch (after `resolved_until`)
-is shaded and a failed run's last good save marked.  The checks of the numerics (NUMERICS) sit in a row of their
-own below the physics; panels that say nothing (missing, all NaN, constant) are left out.  A sweep (a `member`
-dimension) draws the diagnostics of every member, labelled by the swept keys; a training (controls `W`, a cost
-per `iteration`) adds |W_t|_F per layer and J = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt over the optimiser's
-iterations.
+with bands of +-2 standard errors where the run has them (`<name>_stderr`; a sweep draws none); "mass drift" is
+|mass - mass(0)|, and w2_projection has the band W2 +- w2_quantisation_bound where it is wide enough to see.  The
+under-resolved stretch (after `resolved_until`) is shaded and a failed run's last good save marked.  The checks of
+the numerics (NUMERICS) sit in a row of their own below the physics; panels that say nothing (missing, all NaN,
+constant) are left out.  A sweep (a `member` dimension) draws the diagnostics of every member, labelled by the swept
+keys; a training (controls `W`, a cost per `iteration`) adds |W_t|_F per layer and J = l(mu_T) + lambda_reg / 2 int
+|W_t|^2 dt over the optimiser's iterations.
 """
 
 import math
@@ -190,12 +190,21 @@ def _free_energy_title(dataset) -> str:
     return "free energy F (dissipated by this flow)" if energy.dissipated else "free energy F (W may raise it)"
 
 
+# The quantisation band is drawn where its width 2 bound reaches this fraction of the largest w2_projection: a panel is
+# some 300 pixels high, and a narrower band (a particle run's certified rearrangement excess, 2e-16 on S^1) is no
+# pixel wide, only a legend entry.
+VISIBLE_BAND = 1e-3
+
+
 def _w2_bound(axis, dataset, time) -> None:
-    """The band W2 +- w2_quantisation_bound (the largest over the run) around an Eulerian w2_projection."""
+    """The band W2 +- w2_quantisation_bound (the largest over the run) around w2_projection (the Eulerian run's in a
+    "both" file, whose attribute it is), where it is wide enough to see (VISIBLE_BAND)."""
     bound = dataset.attrs.get("w2_quantisation_bound")
     single = "member" not in dataset.dims
     if "w2_projection" in dataset and isinstance(bound, float) and 0 < bound < math.inf and single:
         values = dataset["w2_projection"].values
+        if 2 * bound < VISIBLE_BAND * np.nanmax(np.abs(values), initial=0.0):
+            return
         axis.fill_between(time, np.maximum(values - bound, 0), values + bound, color="0.6", alpha=0.18, lw=0,
                           label=f"± {bound:.2g}: w2_quantisation_bound, on the error of W2")
 
@@ -259,13 +268,17 @@ def _diagnostics(subfigure, dataset) -> None:
                 if len(curves) > 1:
                     axis.plot([], [], color="0.3", ls=style, label=label)
                 continue
-            (line,) = axis.plot(time, values, lw=1.4, label=label)
+            # a lone value (a single save, a run failed at its first interval) is a dot: a line of one point is not
+            # drawn, and the panel was empty
+            lone = int(np.isfinite(np.asarray(values, float)).sum()) == 1
+            (line,) = axis.plot(time, values, lw=1.4, label=label, marker="o" if lone else None, ms=3)
             if stderr is not None:
                 axis.fill_between(time, values - 2 * stderr, values + 2 * stderr, color=line.get_color(), alpha=0.25,
                                   lw=0, label=f"{label} ± 2 s.e.")
         if names == ["w2_projection"]:
             _w2_bound(axis, dataset, time)
-        _limits(axis, curves, scale)
+        # a sweep draws no bands (one curve a member): its margins are not theirs
+        _limits(axis, curves if members is None else [(label, values, None) for label, values, _ in curves], scale)
         if members is None and not isinstance(resolved_until, str):
             axis.axvspan(float(resolved_until), time[-1], color="0.88", zorder=0, label="under-resolved")
         if members is None:

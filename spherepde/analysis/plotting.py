@@ -45,7 +45,8 @@ from spherepde.base.errors import CaseError  # noqa: E402
 from spherepde.io.output import check_folder, failed_parts, failure_summary, make_folders  # noqa: E402
 from spherepde.io.summary import open_result, reading  # noqa: E402
 
-PROJECTIONS = ("orthographic", "mollweide")
+PROJECTIONS = ("orthographic", "mollweide")  # the first the default
+DEFAULT_SNAPSHOTS = 4
 FINE_CIRCLE_POINTS = 720  # S^1 densities are drawn on at least this many points (half a degree)
 
 
@@ -77,13 +78,15 @@ def _is_image(path: str) -> bool:
         return file.read(8).startswith(IMAGE_SIGNATURES)
 
 
-def plot_result(path: str, folder: str | None = None, projection: str = "orthographic", animate: bool = False,
-                snapshots: int = 4) -> list[str]:
+def plot_result(path: str, folder: str | None = None, projection: str | None = None, animate: bool = False,
+                snapshots: int | None = None) -> list[str]:
     """Write <stem>.png (and <stem>.gif when `animate`, a frame a save) with `snapshots` saves drawn (S^2 views,
-    S^1 profiles); returns the paths written."""
-    if projection not in PROJECTIONS:
+    S^1 profiles; by default DEFAULT_SNAPSHOTS) in `projection` (S^2 only; by default orthographic); returns the
+    paths written.  Either option given for a file whose figure does not use it is refused (`_check_applies`)."""
+    if projection is not None and projection not in PROJECTIONS:
         raise CaseError(f"plot: projection must be one of {', '.join(PROJECTIONS)}, got {projection!r}")
-    if isinstance(snapshots, bool) or not isinstance(snapshots, numbers.Integral) or snapshots < 1:
+    if snapshots is not None and (isinstance(snapshots, bool) or not isinstance(snapshots, numbers.Integral)
+                                  or snapshots < 1):
         raise CaseError(f"plot: snapshots must be an integer >= 1, got {snapshots!r}")
     targets = figure_paths(path, folder, animate)
     folder = os.path.dirname(targets[0])
@@ -96,16 +99,34 @@ def plot_result(path: str, folder: str | None = None, projection: str = "orthogr
                 or "time" in dataset.dims):
             raise CaseError(f"plot: {path!r} holds no density, no particles, no diagnostics over time and no sweep "
                             "members")
+        _check_applies(dataset, path, projection, snapshots)
         if animate and "member" in dataset.dims:
             raise CaseError(f"plot: --animate draws a single run, not a sweep ({path!r}); animate a member's file")
         if animate and not ("density" in dataset or (_on_sphere(dataset) and "particles" in dataset)):
             raise CaseError(f"plot: --animate draws a single run's density, or its particles on S^2; {path!r} "
                             "has neither")
         make_folders(folder)
-        written = [_save(_overview(dataset, path, projection, snapshots), targets[0])]
+        projection = projection or PROJECTIONS[0]
+        written = [_save(_overview(dataset, path, projection, snapshots or DEFAULT_SNAPSHOTS), targets[0])]
         if animate:
             written.append(_animate(dataset, path, projection, targets[1]))
     return written
+
+
+def _check_applies(dataset, path: str, projection: str | None, snapshots: int | None) -> None:
+    """A one-line CaseError for an option given that the figure of `dataset` does not use, as for --animate of a
+    sweep: --projection outside S^2 pictures, --snapshots without density or particle pictures (silently accepted,
+    `plot s1.nc --projection mollweide` read as if a Mollweide map had been drawn)."""
+    if "member" in dataset.dims:
+        what, pictures = "a sweep, drawn as its members' diagnostics", False
+    elif not {"density", "particles"} & set(dataset.data_vars):
+        what, pictures = "a run without density or saved particles, drawn as its diagnostics", False
+    else:
+        what, pictures = "a run on S^1, drawn over the angle", True
+    if projection is not None and not (pictures and _on_sphere(dataset)):
+        raise CaseError(f"plot: --projection applies to maps of S^2; {path!r} is {what}")
+    if snapshots is not None and not pictures:
+        raise CaseError(f"plot: --snapshots applies to pictures of a density or of particles; {path!r} is {what}")
 
 
 def _save(figure, target: str, write=None) -> str:
@@ -263,30 +284,24 @@ def _particle_angles(dataset, centre: float) -> np.ndarray:
     return np.mod(np.arctan2(x[..., 1], x[..., 0]) - (centre - np.pi), 2 * np.pi) + centre - np.pi
 
 
+# Above the axes' spines (zorder 2.5): the first and last saves' dots lie on the frame's edges, which hid them.
+DOTS_ZORDER = 3
+
+
 def _circle_picture(subfigure, dataset, count: int) -> None:
     """The angle-depth picture (density over angle and time, particles as dots) and `count`
-    profiles, evenly spread from first to last save (particle histograms beside the density where both exist)."""
-    heat, profiles = subfigure.subplots(1, 2, width_ratios=[1.6, 1])
+    profiles, evenly spread from first to last save (particle histograms beside the density where both exist).
+    A single save (a run failed at its first interval) has no depth to draw: its profile alone."""
     centre, times = _circle_centre(dataset), dataset["time"].values
     has_density, has_particles = "density" in dataset, "particles" in dataset
     saved = np.array([_has_density(dataset, index) for index in range(len(times))])
-    if has_density:
-        theta, density = _circle_window(dataset, centre)
-        mesh = _angle_depth_image(heat, theta, times[saved], density[saved])
-        subfigure.colorbar(mesh, ax=heat, label="density ρ [rad⁻¹]", pad=0.01)
-    if has_particles:
-        angles = _particle_angles(dataset, centre)
-        shown = angles[:, drawn(angles.shape[1])]
-        # not clipped: the first and last saves' dots sit on the time limits, and were drawn half
-        heat.scatter(shown.ravel(), np.repeat(times, shown.shape[1]), s=1, c="cyan" if has_density else "C0",
-                     lw=0, alpha=0.6, clip_on=False)
-    _mark_failures(heat, dataset, vertical=False)
-    if failed_parts(dataset):
-        heat.legend(fontsize=8, loc="upper right")
-    _angle_axis(heat, centre)
-    heat.set_ylabel("time (depth)")
-    if times[-1] > times[0]:  # a single save (a run failed at its first interval) keeps matplotlib's range
-        heat.set_ylim(times[0], times[-1])
+    theta, density = _circle_window(dataset, centre) if has_density else (None, None)
+    angles = _particle_angles(dataset, centre) if has_particles else None
+    if len(times) > 1:
+        heat, profiles = subfigure.subplots(1, 2, width_ratios=[1.6, 1])
+        _depth_picture(subfigure, heat, dataset, centre, theta, None if density is None else density[saved], angles)
+    else:
+        profiles = subfigure.subplots(1, 1)
     picks = np.unique(np.linspace(0, len(times) - 1, min(count, len(times))).round().astype(int))
     colours = plt.cm.viridis(np.linspace(0, 0.9, len(picks)))
     for colour, index in zip(colours, picks):
@@ -300,8 +315,32 @@ def _circle_picture(subfigure, dataset, count: int) -> None:
     _angle_axis(profiles, centre)
     profiles.set_ylabel("ρ [rad⁻¹]")
     profiles.legend(fontsize=8, frameon=False)
-    profiles.set_title("profiles" + (" (dashed: particle histograms)" if has_density and has_particles else ""),
+    title = "profiles" if len(times) > 1 else "profile of the one save (no angle-depth picture)"
+    profiles.set_title(title + (" (dashed: particle histograms)" if has_density and has_particles else ""),
                        fontsize=10)
+
+
+def _depth_picture(subfigure, heat, dataset, centre: float, theta, density, angles) -> None:
+    """The angle-depth picture into `heat`: the saved densities (`density` over `theta`, None without) where two or
+    more saves have one (one save's image has no height: it drew nothing, beside a colour bar), and the particles'
+    `angles` (None without) as dots at every save."""
+    times = dataset["time"].values
+    saved = np.array([_has_density(dataset, index) for index in range(len(times))])
+    imaged = density is not None and saved.sum() > 1
+    if imaged:
+        mesh = _angle_depth_image(heat, theta, times[saved], density)
+        subfigure.colorbar(mesh, ax=heat, label="density ρ [rad⁻¹]", pad=0.01)
+    if angles is not None:
+        shown = angles[:, drawn(angles.shape[1])]
+        # not clipped, and above the frame: the first and last saves' dots sit on the time limits
+        heat.scatter(shown.ravel(), np.repeat(times, shown.shape[1]), s=1, c="cyan" if imaged else "C0",
+                     lw=0, alpha=0.6, clip_on=False, zorder=DOTS_ZORDER)
+    _mark_failures(heat, dataset, vertical=False)
+    if failed_parts(dataset):
+        heat.legend(fontsize=8, loc="upper right")
+    _angle_axis(heat, centre)
+    heat.set_ylabel("time (depth)")
+    heat.set_ylim(times[0], times[-1])
 
 
 def _angle_depth_image(axis, theta: np.ndarray, times: np.ndarray, density: np.ndarray):
@@ -384,11 +423,14 @@ def _circle_animation(dataset):
     _angle_axis(curve_axis, centre)
     curve_axis.set_ylabel("ρ [rad⁻¹]")
     saved = np.array([_has_density(dataset, index) for index in range(len(times))])
-    _angle_depth_image(heat, theta, times[saved], density[saved])
+    if saved.sum() > 1:  # one save's image has no height (as in `_depth_picture`)
+        _angle_depth_image(heat, theta, times[saved], density[saved])
     _mark_failures(heat, dataset, vertical=False)
     marker = heat.axhline(times[0], color="cyan", lw=1.2)
     _angle_axis(heat, centre)
     heat.set_ylabel("time (depth)")
+    if len(times) > 1:
+        heat.set_ylim(times[0], times[-1])
     title = figure.suptitle("", parse_math=False)
 
     def update(index):
