@@ -147,6 +147,96 @@ def test_batched_trainings_are_their_serial_trainings(method):
     assert len(evaluations) > 1  # the members did stop at different points
 
 
+def beyond_seeds_members(dim, method, kind, training=False):
+    """Three members beyond the seeds' model on one grid (S^1: lmax 12, S^2: lmax 6), each with its own initial law
+    and seed: `kind` "mlp", a two-layer feed-forward of 3 hidden units whose W1 is drawn from ffn_seed 1 and 2 and
+    given, with their own b and W2; "heads", a second softmax head (beta 2) whose B and V are each member's own.
+    With `training` their own targets, lambda_reg and optimizers, the heads' B and V trained with W."""
+    rng = np.random.default_rng(11)
+    cases = []
+    for k in range(3):
+        model = {"kernel": "unnormalized", "beta": 1.0, "eps": 0.1}
+        if kind == "mlp":
+            model |= {"feed_forward": "mlp", "hidden": 3, "ffn_seed": k + 1,
+                      "b": (0.3 * rng.standard_normal(3)).tolist(),
+                      "W2": (0.5 * rng.standard_normal((dim, 3))).tolist()}
+            if k == 2:
+                model["W1"] = rng.standard_normal((3, dim)).tolist()
+        else:
+            V = [[(0.5 + 0.3 * k) * (i == j == dim - 1) for j in range(dim)] for i in range(dim)]
+            B = [[(i == j) + 0.2 * k * (i < j) for j in range(dim)] for i in range(dim)]
+            model["extra_heads"] = [{"kernel": "softmax", "beta": 2.0, "B": B, "V": V}]
+        table = {"sphere": {"dim": dim, "lmax": 12 if dim == 2 else 6}, "model": model,
+                 "initial": {"kind": "vmf", "mean": [1.0, 0.2 + 0.3 * k, 0.1][:dim], "kappa": 2.0},
+                 "time": {"t_end": 0.4, "dt": 0.1, "save_every": 0.2},
+                 "solver": {"device": "cpu", "method": method, "field": "dense"},
+                 "particles": {"n": 16 if training else 40, "seed": k, "save": 16 if training else 40}}
+        if training:
+            table["control"] = {"loss": "align", "target": [0.3 * k, 1.0, 0.0][:dim], "layers": 2,
+                                "lambda_reg": 0.1 * (k + 1), "optimizer": ("adam", "lbfgs", "gd")[k],
+                                "iterations": 3 + k, "learning_rate": 0.05}
+            if kind == "heads":
+                table["control"]["train"] = ["W", "B", "V"]
+        cases.append(case_from_dict(table))
+    return cases
+
+
+BEYOND = [(dim, method, kind) for dim in (2, 3) for method in ("eulerian", "particles") for kind in ("mlp", "heads")]
+
+
+@pytest.mark.parametrize("dim, method, kind", BEYOND)
+def test_members_beyond_the_seeds_batch_and_are_their_serial_runs(dim, method, kind):
+    """Members that differ in the feed-forward's W1 (ffn_seed), b, W2 or in an extra head's B and V run as one
+    batch (each ran alone: MEMBER_KEYS left those keys out), and each is its serial run: densities and diagnostics
+    to 1e-13 of their scale, particles bit for bit."""
+    cases = beyond_seeds_members(dim, method, kind)
+    assert batches(cases) == [[0, 1, 2]]
+    batched = run_batch(cases, progress=False)
+    finals = set()
+    for case, dataset in zip(cases, batched):
+        assert dataset.attrs["batch_members"] == 3
+        assert_same_file(dataset, run(case, progress=False), 1e-13 if method == "eulerian" else 0)
+        finals.add(float(dataset["order_parameter"].values[-1]))
+    assert len(finals) == 3  # the members did differ
+
+
+@pytest.mark.parametrize("dim, method, kind", BEYOND)
+def test_trainings_beyond_the_seeds_batch_and_are_their_serial_trainings(dim, method, kind):
+    """Adam, L-BFGS and gradient descent trainings of an MLP's W1, b, W2 (W1 from their own ffn_seed) or of W and
+    the heads' B and V (an extra head of each member's own B and V) in one lockstep: each member's trained
+    parameters within 1e-10 of its serial training's, its file within 1e-10 of its scale, a particle training's
+    particles bit for bit."""
+    cases = beyond_seeds_members(dim, method, kind, training=True)
+    assert batches(cases) == [[0, 1, 2]]
+    trained = ("W1", "b", "W2") if kind == "mlp" else ("W", "B", "V")
+    for case, dataset in zip(cases, run_batch(cases, progress=False)):
+        serial = run(case, progress=False)
+        for name in trained:
+            assert np.allclose(dataset[name].values, serial[name].values, rtol=0, atol=1e-10), name
+        assert not np.array_equal(dataset[trained[0]].values[0], dataset[trained[0]].values[-1])  # it did train
+        assert dataset.attrs["optimizer_stop"] == serial.attrs["optimizer_stop"]
+        assert_same_file(dataset, serial, 1e-10)
+        if method == "particles":
+            assert np.array_equal(dataset["particles"].values, serial["particles"].values)
+
+
+def test_members_beyond_the_seeds_share_their_layout():
+    """What the layered transport and the heads' drift read of the layout (the heads' kernels and betas, their
+    number, the hidden width, the activation, the layers) is shared: members differing in it batch apart, those
+    differing in W1, b, W2, ffn_seed or a head's B and V together."""
+    mlp, heads = beyond_seeds_members(2, "eulerian", "mlp"), beyond_seeds_members(2, "eulerian", "heads")
+    head = heads[0]["model"]["extra_heads"][0]
+    variants = [mlp[0], mlp[1], mlp[0].with_overrides(["model.hidden=4", "model.b=[0.0, 0.0, 0.0, 0.0]",
+                                                    "model.W2=[[0.1, 0.0, 0.0, 0.0], [0.0, 0.1, 0.0, 0.0]]"]),
+                mlp[0].with_overrides(["model.activation='relu'"]), heads[0], heads[1],
+                heads[0].with_overrides([f"model.extra_heads=[{{kernel='unnormalized', beta=2.0, V={head['V']}}}]"]),
+                heads[0].with_overrides([f"model.extra_heads=[{{beta=3.0, V={head['V']}}}]"]),
+                heads[0].with_overrides([f"model.extra_heads=[{{V={head['V']}}}, {{V={head['V']}}}]"]),
+                heads[0].with_overrides(["model.beta=1.5"]),
+                mlp[0].with_overrides([f"model.W2={[mlp[0]['model']['W2']] * 2}"])]
+    assert batches(variants) == [[0, 1], [2], [3], [4, 5], [6], [7], [8], [9], [10]]
+
+
 def test_batched_particles_are_their_serial_runs_bit_for_bit():
     """Members of other seeds and V, each of 2 replica systems, with noise (heun's split): identical files."""
     cases = []

@@ -196,6 +196,42 @@ def test_a_sweep_of_trainings_keeps_each_members_results_of_its_attributes(tmp_p
         assert "member_case" in combined and "member_history" not in combined and "member_notes" not in combined
 
 
+MLP = 'eps = 0.1\nfeed_forward = "mlp"\nhidden = 3\nW2 = [[0.4, -0.3, 0.2], [0.1, 0.5, -0.2]]\n'
+PARTICLES = 'device = "cpu"\nmethod = "particles"'
+TRAINING = '[control]\nloss = "align"\ntarget = [0.0, 1.0]\nlayers = 2\noptimizer = "adam"\niterations = 2\n'
+HEADS_S2 = SMALL_S1.replace("dim = 2\nlmax = 16", "dim = 3\nlmax = 8").replace("mean = [1.0, 0.0]",
+                                                                              "mean = [1.0, 0.3, 0.2]")
+
+
+@pytest.mark.parametrize("text, param, tolerance", [
+    (SMALL_S1.replace("eps = 0.1\n", MLP), "model.ffn_seed=1,2", ROUND_OFF),
+    (SMALL_S1.replace("eps = 0.1\n", MLP).replace('device = "cpu"', PARTICLES) + "[particles]\nn = 32\n",
+     "model.b=[0.1,0.0,0.0],[0.0,-0.2,0.3]", 0),
+    (SMALL_S1.replace("eps = 0.1\n", MLP) + TRAINING, "model.ffn_seed=1,2", 1e-10),
+    (SMALL_S1.replace("eps = 0.1\n", MLP).replace('device = "cpu"', PARTICLES) + "[particles]\nn = 16\n"
+     + TRAINING, "model.W1=[[1.0,0.0],[0.0,1.0],[0.5,0.5]],[[0.0,1.0],[1.0,0.0],[-0.5,0.5]]", 0),
+    (HEADS_S2, "model.extra_heads=[{beta=4.0,V=[[0,0,0],[0,0,0],[0,0,1]]}],[{beta=4.0,V=[[0,0,0],[0,0,0],[0,0,2]]}]",
+     ROUND_OFF),
+    (HEADS_S2.replace('device = "cpu"', PARTICLES) + "[particles]\nn = 32\n",
+     "model.extra_heads=[{beta=4.0,B=[[1,0,0],[0,2,0],[0,0,1]]}],[{beta=4.0,B=[[2,0,0],[0,1,0],[0,0,1]]}]", 0),
+], ids=["eulerian-ffn_seed", "particles-b", "training-ffn_seed", "particle-training-W1", "eulerian-s2-heads-V",
+        "particles-s2-heads-B"])
+def test_a_sweep_beyond_the_seeds_batches_its_members(tmp_path, text, param, tolerance):
+    """`spherepde sweep --param` over the feed-forward's ffn_seed (W1 drawn from it), W1, b, or an extra head's B
+    and V, Eulerian and particle runs and trainings of both: one batch of both members (each ran alone), each
+    member's file its serial run's, to round-off (a training's to 1e-10: its trained parameters), particles bit for
+    bit."""
+    case = write_case(tmp_path, text)
+    output = tmp_path / "out"
+    assert main(["sweep", str(case), "--param", param, "--workers", "1", "-o", str(output)]) == 0
+    for member in plan(spherepde.load_case(case), [param], str(output)):
+        serial = spherepde.run(member.case, progress=False)
+        with xr.open_dataset(member.path) as batched:
+            assert batched.attrs["batch_members"] == 2
+            for name in serial.data_vars:
+                assert same_values(batched[name].values, serial[name].values, tolerance), (member.index, name)
+
+
 def test_parameters_seeds_and_bad_members():
     assert parse_param("model.V=[[1,0],[0,1]],[[2,0],[0,2]]") == ("model.V", [[[1, 0], [0, 1]], [[2, 0], [0, 2]]])
     assert parse_param("model.kernel=softmax,unnormalized") == ("model.kernel", ["softmax", "unnormalized"])

@@ -7,16 +7,19 @@ groups the cases of a sweep by what they must share, `run_batch` runs one group 
 serial run returns: its Dataset, or the NumericalFailure (with the last good state) or CaseError that ended it.
 
 What members may differ in (MEMBER_KEYS): the case's name and description, every model matrix and scalar but the
-kernel, the whole [initial] section, particles.seed and particles.save, the [diagnostics] section, and of a
-training's [control] its loss and target, lambda_reg, the optimizer and its learning rate, iterations and
-tolerance, the bow candidates' keys and save_adjoint. Everything else (sphere, time, solver, the particles' size,
-replicas and integrator, the layers and the gradient) is shared, and so must be what it implies: the time scheme of
-a density ("auto" depends on eps), whether beta is infinite, whether the particles are noisy, which sums a particle
-run takes (the direct sums serve beta > 0 only; beyond their unshifted exponent range,
-solvers.particle_field.within_direct_range, the softmax's kernel rows are shifted and the unnormalized kernel takes
-the generic sums: a batch mixing the two would take one way where a member's serial run takes the other, apart at
-round-off; so for a member on the seeds' paths, solvers.particles.on_seeds_paths, beside one off them), and beyond
-the seeds' model the heads (head 0's beta among them), the feed-forward and the layers.
+kernel (beyond the seeds' model the feed-forward's W1, b, W2 and the ffn_seed that draws W1, and the extra heads' B
+and V: every member's parameters_of rides in the programs' theta (M, L, p)), the whole [initial] section,
+particles.seed and particles.save, the [diagnostics] section, and of a training's [control] its loss and target,
+lambda_reg, the optimizer and its learning rate, iterations and tolerance, the bow candidates' keys and
+save_adjoint. Everything else (sphere, time, solver, the particles' size, replicas and integrator, the layers and
+the gradient) is shared, and so must be what it implies: the time scheme of a density ("auto" depends on eps),
+whether beta is infinite, whether the particles are noisy, which sums a particle run takes (the direct sums serve
+beta > 0 only; beyond their unshifted exponent range, solvers.particle_field.within_direct_range, the softmax's
+kernel rows are shifted and the unnormalized kernel takes the generic sums: a batch mixing the two would take one
+way where a member's serial run takes the other, apart at round-off; so for a member on the seeds' paths,
+solvers.particles.on_seeds_paths, beside one off them), and beyond the seeds' model the layout: the heads' number,
+kernels and betas (head 0's among them: the layered transport and the Eulerian adjoint read one beta per head,
+spherepde.model.parameters.Layout.heads), the hidden width, the activation and the layers.
 Particle runs stepped by the CFL rule (no fixed dt) each run alone: their members would take different steps and
 their draws would not be those of their serial runs.
 """
@@ -31,7 +34,10 @@ from spherepde.model.parameters import layout_of
 
 MEMBER_KEYS = {
     "case": None,  # every key
-    "model": {"B", "V", "W", "beta", "eps"},
+    # beyond the seeds: the feed-forward's matrices (W1 drawn from ffn_seed) and the extra heads' B and V ride in
+    # each member's theta_l (parameters_of); their kernels and betas, the hidden width and the activation are the
+    # layout's, shared (batch_key's implied part)
+    "model": {"B", "V", "W", "beta", "eps", "W1", "b", "W2", "ffn_seed", "extra_heads"},
     "initial": None,
     "particles": {"seed", "save"},
     "diagnostics": None,
