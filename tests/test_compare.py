@@ -636,3 +636,23 @@ def test_the_tables_at_t_is_a_dash_where_no_z_exceeds_zero():
     assert rows["mass"][6:8] == ["0.00", "-"]
     assert rows["entropy"][6:8] == ["-", "-"]
     assert rows["order_parameter"][6:8] == ["5.00", "1"]
+
+
+@pytest.mark.parametrize("w2, scale", [([0.0, 0.02, 0.05, 0.08], "linear"), ([1e-4, 1e-3, 0.02, 0.05], "log"),
+                                       ([0.04, 0.05, 0.06, 0.07], "linear")])
+def test_the_w2_panel_draws_zero_on_a_linear_axis_and_decades_on_a_log_one(w2, scale):
+    """Two runs of one seed start at W2 = 0, which a log axis cannot show: it was drawn at 1e-300, taking the axis
+    down 300 decades; values within a decade read better on a linear axis too."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from spherepde.analysis.compare import w2_panel
+
+    figure, axis = plt.subplots()
+    w2_panel(axis, np.arange(4.0), np.array(w2))
+    figure.canvas.draw()
+    assert axis.get_yscale() == scale and np.array_equal(axis.lines[0].get_ydata(), w2)
+    assert axis.get_ylim()[0] >= (0.5 * min(w2) if scale == "log" else -0.1 * max(w2))
+    plt.close(figure)

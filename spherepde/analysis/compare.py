@@ -46,6 +46,7 @@ import numpy as np
 import xarray as xr
 from scipy.special import erfc, stdtr
 
+from spherepde.analysis.diagnostic_panels import spans_a_decade
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
 from spherepde.discretisation.bases import gauss_cell_radius
@@ -527,10 +528,7 @@ def plot_report(report: xr.Dataset, target: str) -> str:
         axis.set_title(f"{name}: {report.attrs[f'verdict_{name}']}", fontsize=9)
         axis.set_xlabel("time")
     if "w2" in report:
-        axis = axes.flat[len(names)]
-        axis.semilogy(time, np.maximum(report["w2"].values, 1e-300), "k.-")
-        axis.set_title("W2(A, B)", fontsize=9)
-        axis.set_xlabel("time")
+        w2_panel(axes.flat[len(names)], time, report["w2"].values)
     for axis in axes.flat[len(names) + ("w2" in report):]:
         axis.set_visible(False)
     title = f"lines: A = {report.attrs['a']};  dots and +-{k:g} stderr bands: B = {report.attrs['b']}"
@@ -542,6 +540,16 @@ def plot_report(report: xr.Dataset, target: str) -> str:
     figure.savefig(target, dpi=100)
     plt.close(figure)
     return target
+
+
+def w2_panel(axis, time: np.ndarray, w2: np.ndarray) -> None:
+    """W2(A, B) over time: on a log axis where its values are positive and span a decade, else linear (a W2 of 0,
+    two runs of one seed at t = 0, drawn at a floor of 1e-300 took the log axis down to it and flattened the rest)."""
+    finite = w2[np.isfinite(w2)]
+    logarithmic = finite.size and finite.min() > 0 and spans_a_decade(finite)
+    (axis.semilogy if logarithmic else axis.plot)(time, w2, "k.-")
+    axis.set_title("W2(A, B)", fontsize=9)
+    axis.set_xlabel("time")
 
 
 def _wrapped(text: str, width: int = 160) -> str:
