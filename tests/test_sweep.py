@@ -242,6 +242,9 @@ def test_parameters_seeds_and_bad_members():
     # a trailing comma was one value less, silently (while "0.1,,0.2" was refused); a repeated value a repeated run
     with pytest.raises(CaseError, match="an empty value after the last comma"):
         parse_param("model.eps=0.1,")
+    for bad in ("model.eps=0.1,,0.2", "model.eps=,0.1", "model.kernel=softmax,,unnormalized"):  # not a member's
+        with pytest.raises(CaseError, match=r"an empty value \(a comma with no value before or after it\)"):
+            parse_param(bad)
     with pytest.raises(CaseError, match=r"0\.1 given twice"):
         parse_param("model.eps=0.1,0.2,0.10")
 

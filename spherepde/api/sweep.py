@@ -78,7 +78,10 @@ def parse_param(item: str) -> tuple[str, list]:
     try:
         values = tomllib.loads(f"v = [{text}]")["v"]
     except tomllib.TOMLDecodeError:
-        values = [parse_override(f"{key}={part}")[1] for part in text.split(",")]
+        parts = text.split(",")
+        if any(not part.strip() for part in parts):  # bare words read as strings: an empty one is no value
+            raise CaseError(f"--param {item!r}: an empty value (a comma with no value before or after it)") from None
+        values = [parse_override(f"{key}={part}")[1] for part in parts]
     if not values:
         raise CaseError(f"--param {item!r}: no values")
     if text.strip().endswith(","):  # TOML takes "[0.1,]" as one value; "0.1,,0.2" is refused as an empty one
