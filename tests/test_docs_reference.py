@@ -89,6 +89,19 @@ def test_every_output_attribute_is_in_the_reference_with_its_meaning():
     assert stale == [], f"entries of {reference.ATTRIBUTES_FILE} that no output holds"
 
 
+
+def test_the_member_attributes_of_any_sweep_share_one_row():
+    """Which attributes the members of a sweep do not share depends on the sweep: a seeded particle sweep's
+    member_seed and member_w2_quantisation_bound had no row (the sample sweep, Eulerian, differs in wall_seconds
+    only), the sweep's own member_case, member_status and member_resolved_until keep theirs."""
+    shown = _literals(reference.output_page())
+    for name in ("member_seed", "member_w2_quantisation_bound", "member_wall_seconds", "member_iterations"):
+        assert reference.pattern(name, reference.SWEEP) == "member_<name>"
+    for name in ("member_case", "member_status", "member_resolved_until"):
+        assert reference.pattern(name, reference.SWEEP) == name
+    assert {"member_<name>", "member_case", "member_status", "member_resolved_until"} <= shown
+    assert reference.output_variables()["member_<name>"].dims == "member"
+
 @pytest.mark.parametrize("command", sorted(reference.cli_options()))
 def test_every_command_line_option_is_in_the_reference_with_its_help(command):
     page = reference.cli_page()

@@ -243,6 +243,26 @@ def test_every_tool_refuses_a_damaged_file_with_one_line(compressed_runs, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.nc"]  # no figure, no report
 
 
+@pytest.mark.parametrize("method", ["eulerian", "particles"])
+def test_a_run_refuses_a_damaged_initial_file_with_one_line(compressed_runs, tmp_path, capsys, method):
+    """initial.kind = "file" naming a file whose density chunk is damaged: the case resolves (the header and the
+    time axis read fine), and the density's read raised netCDF4's RuntimeError, a traceback and exit 1. Now: one
+    line naming initial.path and the file, exit 2, no output file; for the particle sampler too."""
+    path = tmp_path / "damaged.nc"
+    _damaged_copy(compressed_runs["sphere"], path, _fails_reading("density"))
+    case = tmp_path / "case.toml"
+    case.write_text(f'[sphere]\ndim = 3\nlmax = 12\n[initial]\nkind = "file"\npath = "{path}"\n'
+                    f'[time]\nt_end = 0.1\ndt = 0.05\n[solver]\nmethod = "{method}"\ndevice = "cpu"\n'
+                    '[particles]\nn = 20\n')
+    capsys.readouterr()
+    assert main(["run", str(case), "-o", str(tmp_path / "out.nc"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"initial.path: cannot read a density from {str(path)!r}: NetCDF:" in err, err
+    assert err.endswith("the file is damaged"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["case.toml", "damaged.nc"]  # no output, no checkpoint
+
+
 def test_compare_names_a_reader_that_exists():
     """compare() given something other than a Dataset named spherepde.open_result, which the package does not have
     (AttributeError for whoever followed it): it names the reader by its module."""

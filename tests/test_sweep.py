@@ -173,6 +173,21 @@ def test_failed_members_are_not_named_identical(tmp_path):
         "this run"]
 
 
+def test_member_attributes_keep_integers_exact():
+    """member_<name> made every number a float: a seed of a seeded sweep, or of one swept over particles.seed,
+    above 2**53 came back as another seed (2**62 + 1 read 2**62), so the member could not be rerun from sweep.nc.
+    Integers every member has stay 64-bit integers; a number some member lacks is a float, NaN there."""
+    seeds = [2**62 + 1, 7]
+    attrs_of = [{"seed": seed, "n": 100, "steps": steps, "dt": 0.1 * steps} for seed, steps in zip(seeds, (3, 4))]
+    attrs_of[1].pop("dt")
+    variables = sweep_module.member_attributes(attrs_of, {"n": 100})
+    assert sorted(variables) == ["member_dt", "member_seed", "member_steps"]
+    column = np.asarray(variables["member_seed"][1])
+    assert column.dtype == np.int64 and [int(seed) for seed in column] == seeds
+    assert np.asarray(variables["member_steps"][1]).tolist() == [3, 4]
+    dt = np.asarray(variables["member_dt"][1], dtype=float)
+    assert dt[0] == pytest.approx(0.3) and np.isnan(dt[1])
+
 def test_a_sweep_of_trainings_keeps_each_members_results_of_its_attributes(tmp_path):
     """A training's results are attributes (iterations, optimizer_stop, three_phase, ...), which sweep.nc dropped
     where the members differ (so a table over a sweep reopened every member file): now member_<name> variables, each

@@ -259,10 +259,15 @@ DERIVED_SUFFIXES = ("_stderr", "_squared_bias", "_a", "_b", "_difference", "_z",
 def pattern(name: str, kind: str) -> str:
     """The row of the reference that documents `name`: a diagnostic's derived variables (`<name>_stderr`,
     `particles_<name>`, `verdict_<name>`, ...) share one row, the diagnostic itself standing for <diagnostic>."""
+    from spherepde.api.sweep import COMBINED_ELSEWHERE, MEMBER_PREFIX
     from spherepde.io.output import BOTH_PREFIX
 
     if kind == SWEEP and name in sample_outputs()[SWEEP].attrs["swept"].split():
         return "<section>_<key>"
+    if kind == SWEEP and name.startswith(MEMBER_PREFIX) and name.removeprefix(MEMBER_PREFIX) not in COMBINED_ELSEWHERE:
+        # the attributes the members do not share (sweep.member_attributes): which ones depends on the sweep (a
+        # seeded particle sweep's seed and w2_quantisation_bound, a training's iterations), one row for all
+        return MEMBER_PREFIX + "<name>"
     if kind == "both" and name.startswith(BOTH_PREFIX) and name != "particles":
         return BOTH_PREFIX + "<name>"
     for diagnostic in _diagnostic_names():
@@ -319,10 +324,13 @@ def output_variables() -> dict[str, OutputName]:
                 meaning = "the particle run's variable <name>, beside the Eulerian run's <name>"
             elif row == "<section>_<key>":
                 meaning = "the swept case key <section>.<key>: each member's value"
+            elif row == "member_<name>":
+                meaning = ("the global attribute <name> of each member's file, where the members' values differ "
+                           "(integers exact; other numbers as floats, NaN where a member lacks it; texts, \"\" there)")
             else:
                 meaning = variable.attrs.get("long_name", "")
                 meaning = _generic(meaning, name) if row != name else meaning
-            dims = ", ".join(variable.dims) if "<" not in row or row == "<section>_<key>" else \
+            dims = ", ".join(variable.dims) if "<" not in row or row in ("<section>_<key>", "member_<name>") else \
                 "those of <name>" if row.startswith("particles_<") else "those of <diagnostic>"
             units = variable.attrs.get("units", "")
             if row not in rows:

@@ -571,12 +571,14 @@ def _read_members(paths: list[str]) -> tuple[dict, list[dict], bool]:
 # Member attributes that sweep.nc holds otherwise: member_case, member_status, member_resolved_until, its notes and
 # its own history.
 COMBINED_ELSEWHERE = ("case", "status", "resolved_until", "notes", "history")
+MEMBER_PREFIX = "member_"  # of the variables of member_attributes (and of member_case, ...)
 
 
 def member_attributes(attrs_of: list[dict], shared: dict) -> dict:
     """`member_<name>` (member) for each scalar attribute that the member files do not share (a training's iterations,
-    optimizer_stop, escape_rate, three_phase; wall_seconds): numbers as floats (NaN where a member lacks it), else
-    text ("" where it does)."""
+    optimizer_stop, escape_rate, three_phase; wall_seconds; a seeded sweep's seed): integers that every member has
+    as 64-bit integers (a seed of up to 2**63 is no float), other numbers as floats (NaN where a member lacks it),
+    else text ("" where it does)."""
     names = sorted({name for attrs in attrs_of for name in attrs} - set(shared) - set(COMBINED_ELSEWHERE))
     variables = {}
     for name in names:
@@ -587,11 +589,13 @@ def member_attributes(attrs_of: list[dict], shared: dict) -> dict:
         numeric = all(isinstance(value, numbers.Real) and not isinstance(value, bool) for value in present)
         attrs = {"long_name": f"the {name} attribute of each member's file"}
         if numeric:  # every number of a run is nondimensional but its times in seconds (wall_seconds, ...)
-            column = [math.nan if value is None else float(value) for value in values]
+            integral = len(present) == len(values) and all(isinstance(value, numbers.Integral) for value in present)
+            column = (np.array(values, dtype=np.int64) if integral
+                      else [math.nan if value is None else float(value) for value in values])
             attrs["units"] = "s" if name.endswith("seconds") else "1"
         else:
             column = ["" if value is None else str(value) for value in values]
-        variables[f"member_{name}"] = ("member", column, attrs)
+        variables[MEMBER_PREFIX + name] = ("member", column, attrs)
     return variables
 
 

@@ -14,6 +14,13 @@ def unreadable(error: Exception) -> str:
     return "not a NetCDF file" if "did not find a match" in str(error) else str(error)
 
 
+def damaged(error: Exception) -> bool:
+    """Whether `error` is the netCDF library's report of bytes it cannot decode (a compressed chunk whose checksum
+    fails, a corrupt attribute table): netCDF4 raises RuntimeError or AttributeError with nc_strerror's words, which
+    all begin "NetCDF:", and xarray's lazy reads raise it wherever the damaged variable is first read."""
+    return isinstance(error, (RuntimeError, AttributeError)) and str(error).startswith("NetCDF:")
+
+
 class CaseError(ValueError):
     """Bad input: a case key, a value, a file. The message is one line naming the problem.
 

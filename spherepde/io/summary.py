@@ -7,7 +7,7 @@ import os
 import numpy as np
 import xarray as xr
 
-from spherepde.base.errors import CaseError, printable, unreadable
+from spherepde.base.errors import CaseError, damaged, printable, unreadable
 from spherepde.discretisation.transforms.legendre import check_grid
 from spherepde.io.output import BOTH_PREFIX, DIAGNOSTIC_ATTRS, diagnostic_dims, failed_parts, failure_summary
 
@@ -22,15 +22,13 @@ SCALARS = ["mass", "order_parameter", "alignment_E", "alignment_F", "w2_projecti
 
 @contextlib.contextmanager
 def reading(path: str):
-    """Read the result `path` inside: netCDF4's error of a damaged file becomes a one-line CaseError naming it.
-    netCDF4 reports a corrupt chunk (a compressed variable whose checksum fails) or attribute table as RuntimeError or
-    AttributeError with the library's words, "NetCDF: HDF error", and xarray reads lazily: at the open, in check_run,
-    or wherever a reader first touches the damaged variable (plot's particles, compare's load), each a traceback and
-    exit 1 before."""
+    """Read the result `path` inside: netCDF4's error of a damaged file (base.errors.damaged) becomes a one-line
+    CaseError naming it, wherever xarray's lazy reads meet it: at the open, in check_run, or where a reader first
+    touches the damaged variable (plot's particles, compare's load), each a traceback and exit 1 before."""
     try:
         yield
     except (RuntimeError, AttributeError) as error:
-        if not str(error).startswith("NetCDF:"):  # the library's words, nc_strerror's, all begin so
+        if not damaged(error):
             raise
         raise CaseError(f"cannot read result {os.fspath(path)!r}: {error}: the file is damaged") from None
 

@@ -24,7 +24,7 @@ import xarray as xr
 from scipy.special import ive
 
 from spherepde.base.digest import file_sha256
-from spherepde.base.errors import CaseError, unreadable
+from spherepde.base.errors import CaseError, damaged, unreadable
 from spherepde.kernels.funk_hecke import funk_hecke, kernel_degree
 
 
@@ -204,6 +204,11 @@ def stored_density(path: str, time_index: int, dim: int) -> tuple[np.ndarray, in
                 file_dim = 2 if "theta" in dataset["density"].dims else 3
     except (OSError, KeyError, IndexError, ValueError) as error:
         raise CaseError(f"initial.path: cannot read a density from {path!r}: {unreadable(error)}") from None
+    except (RuntimeError, AttributeError) as error:
+        # a damaged compressed chunk is met only when the density itself is read, the header opening fine
+        if not damaged(error):
+            raise
+        raise CaseError(f"initial.path: cannot read a density from {path!r}: {error}: the file is damaged") from None
     if members:
         raise CaseError(f"initial.path: {path!r} is a sweep ({members} members); give one of its member-*.nc files")
     if file_dim is None:
