@@ -336,7 +336,7 @@ def check_file(path: str, what: str, derived_path: int = DERIVED_PATH_BYTES) -> 
 
 
 # zlib with the byte shuffle on the large arrays (densities, particles, the adjoint): the quick-start at lmax 64
-# went from 2.24 MB to 1.66 MB (float64 densities: their low mantissa bits do not compress) for 0.05 s, the same
+# went from 2.23 MB to 1.62 MB (float64 densities: their low mantissa bits do not compress) for 0.05 s, the same
 # at level 1 and 4.  Short series grow under compression (a chunk index each): below COMPRESS_FROM values, none.
 COMPRESSION = {"zlib": True, "complevel": 4, "shuffle": True}
 COMPRESS_FROM = 4096
