@@ -23,21 +23,24 @@ import time
 import warnings
 
 import numpy as np
-import torch
 import xarray as xr
 
 import spherepde
 from spherepde.base.errors import NumericalFailure
+from spherepde.base.threads import run_threads
 from spherepde.io.output import DIAGNOSTIC_ATTRS
 
 CASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", "baseline-inf.toml")
 
 
-def run(device: str, dtype: str, lmax: int, t_end: float, filter_order: int, path: str) -> xr.Dataset:
-    """The run's dataset (up to its last good save if it failed), with its wall time as an attribute."""
-    case = spherepde.load_case(CASE, overrides=["model.beta = 30.0", f"sphere.lmax = {lmax}", f"time.t_end = {t_end}",
-                                                 f"solver.device = '{device}'", f"solver.dtype = '{dtype}'",
-                                                 f"solver.filter_order = {filter_order}"])
+def run(device: str, dtype: str, lmax: int, t_end: float, filter_order: int, threads: int, path: str) -> xr.Dataset:
+    """The run's dataset (up to its last good save if it failed), with its wall and CPU time and its CPU threads
+    (solver.threads = `threads`; 0: the case's "auto") as attributes."""
+    overrides = ["model.beta = 30.0", f"sphere.lmax = {lmax}", f"time.t_end = {t_end}", f"solver.device = '{device}'",
+                 f"solver.dtype = '{dtype}'", f"solver.filter_order = {filter_order}"]
+    if threads:
+        overrides.append(f"solver.threads = {threads}")
+    case = spherepde.load_case(CASE, overrides=overrides)
     start, cpu_start = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the resolution warning is kept in the file's notes
@@ -47,6 +50,7 @@ def run(device: str, dtype: str, lmax: int, t_end: float, filter_order: int, pat
             dataset = failure.dataset
     dataset.attrs["benchmark_wall_seconds"] = time.perf_counter() - start
     dataset.attrs["benchmark_cpu_seconds"] = time.process_time() - cpu_start
+    dataset.attrs["benchmark_threads"] = run_threads(case)  # what spherepde.run ran on (base.threads.threads_for)
     dataset.to_netcdf(path)
     return dataset
 
@@ -58,25 +62,25 @@ def main(argv=None):
     parser.add_argument("--lmax", type=int, default=128)
     parser.add_argument("--t-end", type=float, default=3.0)
     parser.add_argument("--filter-order", type=int, default=0, help="solver.filter_order (0: no filter)")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="CPU threads, solver.threads (0: the case's 'auto': one up to lmax 128, else torch's "
+                             "default)")
     parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "spherepde-benchmarks"))
     parser.add_argument("--reuse", action="store_true", help="read OUT/baseline-*.nc instead of running")
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     os.makedirs(args.out, exist_ok=True)
     results = {}
     for device in args.devices:
         for dtype in args.dtypes:
             path = os.path.join(args.out, f"baseline-{device}-{dtype}.nc")
             dataset = (xr.load_dataset(path) if args.reuse
-                       else run(device, dtype, args.lmax, args.t_end, args.filter_order, path))
+                       else run(device, dtype, args.lmax, args.t_end, args.filter_order, args.threads, path))
             results[device, dtype] = dataset
             print(f"{device:>4} {dtype}: {dataset.attrs['status']} at t = {float(dataset['time'][-1]):g}, "
                   f"{dataset.attrs['benchmark_wall_seconds']:8.1f} s wall "
                   f"({dataset.attrs.get('benchmark_cpu_seconds', float('nan')):.1f} s CPU), "
                   f"{dataset.attrs['steps']} steps, "
-                  f"field {dataset.attrs['field']}, {torch.get_num_threads()} CPU threads, "
+                  f"field {dataset.attrs['field']}, {dataset.attrs.get('benchmark_threads', '?')} CPU threads, "
                   f"resolved until t = {dataset.attrs['resolved_until']}, "
                   f"min density {float(dataset['min_density'].min()):.2e}")
     for device in args.devices:
@@ -85,8 +89,10 @@ def main(argv=None):
             # a failed run keeps its saves up to the failure: compare the saves both reached
             saves = min(dataset.sizes["time"] for dataset in pair)
             times = pair[1]["time"].values[:saves]
-            resolved = [dataset.attrs["resolved_until"] for dataset in pair]
-            resolved = times[-1] if "end" in resolved else min(float(t) for t in resolved)
+            # resolved while both runs are: the earlier loss of resolution ("end": none)
+            lost = [float(dataset.attrs["resolved_until"]) for dataset in pair
+                    if dataset.attrs["resolved_until"] != "end"]
+            resolved = min(lost) if lost else times[-1]
             print(f"\n{device}: float32 vs float64, max |diff| relative to max |float64 value|, over the {saves} saves "
                   f"t <= {times[-1]:g} both runs reached, and over those while resolved (t <= {resolved:g})")
             for name in DIAGNOSTIC_ATTRS:

@@ -17,6 +17,7 @@ ratio and the difference of the two optimal costs (one linear program: round-off
 """
 
 import argparse
+import os
 import warnings
 
 import numpy as np
@@ -27,6 +28,8 @@ import spherepde
 from spherepde.base.device import placement
 from spherepde.discretisation.bases import make_basis
 from spherepde.measures.optimal_transport import exact_transport, merge_atoms, quantise
+
+CASE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cases", "kuramoto-s1.toml")
 
 
 def sorted_order(a_points, a, b_points, b) -> float:
@@ -39,8 +42,8 @@ def kuramoto_particles():
     """(initial, t = 10) particles of the kuramoto-s1 case, n = 1000, as merged atoms with masses."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        case = spherepde.load_case("cases/kuramoto-s1.toml", ["solver.method='particles'", "time.t_end=10",
-                                                                "time.save_every=10", "diagnostics.w2=false"])
+        case = spherepde.load_case(CASE, ["solver.method='particles'", "time.t_end=10", "time.save_every=10",
+                                          "diagnostics.w2=false"])
         positions = spherepde.run(case, progress=False)["particles"].values
     uniform = np.full(positions.shape[1], 1 / positions.shape[1])
     return merge_atoms(positions[0], uniform), merge_atoms(positions[-1], uniform)
