@@ -20,8 +20,9 @@ All times are CPU seconds of one core (torch.set_num_threads(1), time.process_ti
    runs of n0 tokens give sigma (their spread; the dynamics amplifies the fluctuation of the
    order parameter beyond the i.i.d. value std<x, m/|m|>, printed for comparison) and the
    bias (mean error, +- its standard error); the same for Euler-Maruyama at the same dt.
-   n_needed = sigma^2 / (tol^2 - bias^2) makes the RMS error tol (sigma^2 / tol^2, a lower bound,
-   when the bias is not resolved at n0: its standard error >= tol); one run of n_needed tokens
+   n_needed = sigma^2 / (tol^2 - b^2), b = |bias| + its standard error (the bias's bound), makes the RMS
+   error at most tol (sigma^2 / tol^2, a lower bound, when the bias is not resolved at n0: its standard
+   error >= tol); one run of n_needed tokens
    is timed and its actual error printed.  Above --max-n, runs at max_n / 4, max_n / 2 and
    max_n are timed, the cost exponent a of seconds ~ n^a is fitted (least squares in logs) and
    the time at n_needed extrapolated with it: an extrapolation, printed as such.
@@ -153,7 +154,7 @@ def benchmark(name: str, n0: int, replicas: int, max_n: int) -> dict:
         print("the Heun bias alone exceeds the tolerance at dt = 0.05: reduce dt")
         return {}
     n_needed = int(math.ceil(sigma ** 2 / (TOLERANCE ** 2 - effective_bias ** 2)))
-    rule = "sigma^2 / (tol^2 - bias^2)" if effective_bias else "sigma^2 / tol^2"
+    rule = "sigma^2 / (tol^2 - (|bias| + its stderr)^2)" if effective_bias else "sigma^2 / tol^2"
     result = {"eulerian": eulerian_seconds, "eulerian_stepping": stepping_seconds, "n": n_needed,
               "r": fine, "sigma": sigma}
     if n_needed <= max_n:

@@ -696,7 +696,8 @@ def report_cost(parts: dict) -> list:
     lines += ["One CPU core (process_time). Eulerian: the cheapest (lmax, dt) of the ladder within 1e-3, as a whole "
               "`spherepde.run` and its stepping alone (the run less a one-step run; not measured for the beta = 0 "
               "rows, measured before this split). Particles: the time of one run of n_needed = sigma^2 / (tol^2 - "
-              "bias^2) tokens, timed, or extrapolated with the fitted cost exponent where n_needed > max-n.", ""]
+              "b^2) tokens, b = |bias| + its standard error, timed, or extrapolated with the fitted cost exponent "
+              "where n_needed > max-n.", ""]
     rows = []
     for data in parts.values():
         for name, row in (data or {}).get("results", {}).items():
