@@ -219,7 +219,9 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
     finally:
         if checkpoint is not None:
             checkpoint.stepping = False
-    bar.close()
+        # closed on an interrupt too: left open, the bar was drawn again below the command's last line as the
+        # process ended, and that line ran on after the bar
+        bar.close()
     return outcomes(recorders, hooks.failures)
 
 

@@ -386,6 +386,12 @@ class ParticleHooks(Hooks):
     def stop(self, member: int, reason: str, plan: Plan) -> None:
         self.failures[member] = self.recorders[member].failure(reason)
 
+    def after_step(self, plan: Plan, done: int, x: torch.Tensor) -> None:
+        # every step moves the bar and the log lines on (from the plan alone: no wait on a GPU), not only the saves:
+        # a save interval of a large run takes minutes, and a log line is due every 30 s (docs/design.md)
+        t = plan.interval.t0 + done * float(plan.dt.max())
+        self.bar.update(min(t, plan.interval.t1), dt=float(plan.dt.min()))
+
     def check_contraction(self, plan: Plan, field: ParticleField, x: torch.Tensor, W: torch.Tensor, key: str) -> None:
         """Note, once a member, a step too long for the drift's contraction (`contraction_number` >= STIFF_STEP) at
         the start of `plan`'s interval: the first, then those after CONTRACTION_EVERY steps or more since the last
@@ -461,9 +467,11 @@ def run_members(system: ParticleSystem, progress: bool | None = None, controls: 
 
     for recorder in recorders:
         recorder.start_clock()
-    with torch.no_grad():
-        integrate(grid, x, plan_of, begin, step, hooks, timing.get("max_steps"))
-    bar.close()
+    try:
+        with torch.no_grad():
+            integrate(grid, x, plan_of, begin, step, hooks, timing.get("max_steps"))
+    finally:
+        bar.close()  # on an interrupt too (solvers.eulerian.run_members)
     return outcomes(recorders, hooks.failures)
 
 
