@@ -87,36 +87,39 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
     optimizer = OPTIMIZERS[control["optimizer"]](control["learning_rate"])
     costs, losses, norms, first, failure, good = [], [], [], None, None, None
     bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
-    for iteration in range(control["iterations"] + 1):
-        try:
-            gradient = _checked(gradient_of(parameter.detach()), iteration, control.get("loss"))
-        except NumericalFailure as error:
-            if good is None:
-                raise
-            parameter, gradient = good
-            # the controls that failed are a step of the learning rate's from the kept ones: the one optimizer whose
-            # failures the learning rate can mend (L-BFGS's line search backs off from them; the start is model.W)
-            failure = f"{error}; a smaller control.learning_rate takes shorter steps"
-            stop = f"numerical failure at iteration {iteration}: the controls of iteration {iteration - 1} are kept"
-            break
-        good = (parameter, gradient)
-        if first is None:
-            first = gradient
-        costs.append(gradient.cost)
-        losses.append(gradient.loss)
-        norms.append(float(gradient.dW.norm()))
-        bar.update(float(iteration), J=gradient.cost, loss=gradient.loss, grad=norms[-1])
-        stop = None
-        if control["tol"] > 0 and norms[-1] <= control["tol"]:
-            stop = "converged: |dJ/dW|_F <= tol"
-        elif control["tol"] > 0 and len(costs) > 1 and abs(costs[-1] - costs[-2]) <= control["tol"] * abs(costs[-1]):
-            stop = "converged: |J_k - J_(k-1)| <= tol |J_k|"
-        elif iteration == control["iterations"]:
-            stop = "control.iterations reached"
-        if stop is not None:
-            break
-        parameter = optimizer.step(parameter, gradient.dW)
-    bar.close()
+    try:
+        for iteration in range(control["iterations"] + 1):
+            try:
+                gradient = _checked(gradient_of(parameter.detach()), iteration, control.get("loss"))
+            except NumericalFailure as error:
+                if good is None:
+                    raise
+                parameter, gradient = good
+                # the controls that failed are a step of the learning rate's from the kept ones: the one optimizer whose
+                # failures the learning rate can mend (L-BFGS's line search backs off from them; the start is model.W)
+                failure = f"{error}; a smaller control.learning_rate takes shorter steps"
+                stop = f"numerical failure at iteration {iteration}: the controls of iteration {iteration - 1} are kept"
+                break
+            good = (parameter, gradient)
+            if first is None:
+                first = gradient
+            costs.append(gradient.cost)
+            losses.append(gradient.loss)
+            norms.append(float(gradient.dW.norm()))
+            bar.update(float(iteration), J=gradient.cost, loss=gradient.loss, grad=norms[-1])
+            stop = None
+            if control["tol"] > 0 and norms[-1] <= control["tol"]:
+                stop = "converged: |dJ/dW|_F <= tol"
+            elif (control["tol"] > 0 and len(costs) > 1
+                  and abs(costs[-1] - costs[-2]) <= control["tol"] * abs(costs[-1])):
+                stop = "converged: |J_k - J_(k-1)| <= tol |J_k|"
+            elif iteration == control["iterations"]:
+                stop = "control.iterations reached"
+            if stop is not None:
+                break
+            parameter = optimizer.step(parameter, gradient.dW)
+    finally:
+        bar.close()  # on an exception too: a bar left open is drawn again below the last line
     return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient, stop, failure)
 
 
@@ -164,15 +167,17 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
         bar.update(float(len(history) - 1), J=gradient.cost, loss=gradient.loss, grad=float(gradient.dW.norm()))
 
     tol, start = control["tol"], parameter.detach().double().cpu().numpy().ravel()
-    if control["iterations"] == 0:  # scipy takes one step even at maxiter = 0
-        objective(start)
-        stop = "control.iterations reached"
-    else:
-        result = minimize(objective, start, jac=True, method="L-BFGS-B", callback=accept,
-                          options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
-                                   "gtol": tol, "ftol": tol})
-        stop = f"L-BFGS-B: {result.message} ({result.nfev} evaluations, {failures} of them failed runs)"
-    bar.close()
+    try:
+        if control["iterations"] == 0:  # scipy takes one step even at maxiter = 0
+            objective(start)
+            stop = "control.iterations reached"
+        else:
+            result = minimize(objective, start, jac=True, method="L-BFGS-B", callback=accept,
+                              options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
+                                       "gtol": tol, "ftol": tol})
+            stop = f"L-BFGS-B: {result.message} ({result.nfev} evaluations, {failures} of them failed runs)"
+    finally:
+        bar.close()  # on an exception too (optimise)
     controls, final = history[-1]
     return TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],
                           [float(g.dW.norm()) for _, g in history], history[0][1], final, stop)

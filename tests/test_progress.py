@@ -91,3 +91,28 @@ def test_an_interrupted_run_ends_its_bar_line(monkeypatch, capsys, method, hooks
     assert bars[-1].disable  # tqdm's closed bar (held here: one left open is closed only when collected)
     err = capsys.readouterr().err
     assert "0.15/0.5" in err.rsplit("\r", 1)[-1] and err.endswith("]\n"), repr(err[-200:])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "lbfgs"])
+def test_a_training_stopped_by_an_exception_closes_its_bar(monkeypatch, optimizer):
+    """A training's optimizer loop stopped by an exception (a first evaluation's failure, Ctrl-C) left its bar open,
+    drawn again below the command's last line; it closes it as it stops."""
+    import torch
+
+    from solvers import optimizers
+
+    bars = []
+    opened = optimizers.Progress
+
+    def kept(*args, **kwargs):
+        bars.append(opened(*args, **kwargs))
+        return bars[-1]
+
+    def interrupted(controls):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(optimizers, "Progress", kept)
+    control = {"optimizer": optimizer, "iterations": 3, "learning_rate": 0.1, "tol": 0.0}
+    with pytest.raises(KeyboardInterrupt):
+        optimizers.optimise(control, torch.zeros(2, 2, dtype=torch.float64), 1, interrupted, progress=True)
+    assert len(bars) == 1 and bars[0].bar.disable  # tqdm's closed bar

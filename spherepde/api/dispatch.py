@@ -34,8 +34,8 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     from spherepde.io.case import Case
 
     if not isinstance(case, Case):
-        raise TypeError(f"spherepde.run takes a Case (spherepde.load_case(path), load_case_text or case_from_dict), "
-                        f"got {type(case).__name__}")
+        raise TypeError(f"spherepde.run takes a Case (spherepde.load_case(path), spherepde.load_case_text or "
+                        f"spherepde.io.case.case_from_dict), got {type(case).__name__}")
     case = case.checked()  # a case's edits in place applied as --set would apply them (a bad one refused)
     with case.naming_errors():
         check_memory(case)  # for the API: the command line has checked it already, before taking the lock
