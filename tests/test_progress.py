@@ -116,3 +116,17 @@ def test_a_training_stopped_by_an_exception_closes_its_bar(monkeypatch, optimize
     with pytest.raises(KeyboardInterrupt):
         optimizers.optimise(control, torch.zeros(2, 2, dtype=torch.float64), 1, interrupted, progress=True)
     assert len(bars) == 1 and bars[0].bar.disable  # tqdm's closed bar
+
+
+def test_a_line_written_beside_the_bar_stands_whole_above_it_while_a_thread_ticks():
+    """A sweep's member lines, written while its bar is drawn and a thread refreshes the bar's clock: each is a
+    line of its own, the bar drawn again below it (not a line run on after the bar)."""
+    stream = io.StringIO()
+    bar = Progress(2.0, enabled=True, stream=stream, quantity="members")
+    with bar.ticking():
+        bar.write("spherepde: member 0 (model.eps=0.2) completed [1/2]")
+        bar.update(1.0)
+    bar.close()
+    out = stream.getvalue()
+    line = "spherepde: member 0 (model.eps=0.2) completed [1/2]\n"
+    assert line in out and out.index(line) < out.rindex("1/2") and not out.split(line)[0].endswith("]"), repr(out)

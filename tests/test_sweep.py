@@ -538,3 +538,20 @@ def test_resume_reruns_members_saved_at_other_times_and_overwrite_leaves_no_earl
     assert sorted(os.listdir(output)) == ["member-000.nc", "sweep.nc"]
     with xr.open_dataset(output / "sweep.nc") as combined:
         assert list(combined["member"].values) == [0]
+
+
+def test_a_sweep_reports_its_members_done_between_their_ends(tmp_path, monkeypatch, capsys):
+    """A sweep printed a line as each member ended, nothing between: a member of minutes was minutes of silence in
+    a log, where a long run prints a line every 30 s (docs/design.md).  A thread now prints the members done as they
+    fall due (here every 0.25 s; a member takes about a second), each member's line its own."""
+    import functools
+
+    monkeypatch.setattr(sweep_module, "Progress", functools.partial(sweep_module.Progress, log_every_seconds=0.25))
+    case = spherepde.load_case("cases/kuramoto-s1.toml", ["time.t_end=40.0", "sphere.lmax=64"])
+    run_sweep(case, ["model.eps=0.2,0.3"], str(tmp_path / "sweep"), workers=1)
+    lines = capsys.readouterr().err.splitlines()
+    first = lines.index("spherepde: member 0 (model.eps=0.2) completed [1/2]")
+    waiting = [line for line in lines[:first] if line.startswith("spherepde: members=")]
+    assert waiting and all(re.fullmatch(r"spherepde: members=0/2 \(0%\), \d+:\d\d elapsed, time left unknown", line)
+                           for line in waiting), lines
+    assert "spherepde: member 1 (model.eps=0.3) completed [2/2]" in lines and not any("\r" in line for line in lines)

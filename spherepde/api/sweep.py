@@ -45,6 +45,7 @@ from spherepde.api.limits import check_members
 from spherepde.base import memory
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.base.progress import Progress
 from spherepde.io.case import Case, format_override, parse_override
 from spherepde.io.output import check_folder
 
@@ -397,9 +398,11 @@ def default_workers(members: int) -> int:
 
 def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = None, scheduler: str | None = None,
               workers: int | None = None, overwrite: bool = False, resume: bool = False,
-              command: str | None = None) -> str:
+              command: str | None = None, progress: bool | None = None) -> str:
     """Run every member (see the module docstring), write DIR/sweep.nc; returns its path.  `command`: the words that
     made the sweep, for the files' CF history (default: the params and seeds; the command line gives all of its own).
+    `progress`: the members done as a bar or log lines (spherepde.base.progress.Progress; None chooses by the
+    stream, False keeps only a line per member).
 
     Members that fail are reported at the end, after sweep.nc is written from the others:
     CaseError (exit 2) if one had bad input, else NumericalFailure (exit 3).
@@ -443,16 +446,22 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
                   for group in batches([m.case for m in pending], largest=-(-len(pending) // count))]
         from distributed import as_completed
 
-        with _cluster(scheduler, count) as client:
+        # a bar of the members done on a terminal, else a line every 30 s: a member can run for minutes
+        bar = Progress(float(len(pending)), enabled=progress, quantity="members")
+        with _cluster(scheduler, count) as client, bar.ticking():
             futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
                                      [m.path for m in group], threads, pure=False) for group in groups]
             done = 0
-            for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
-                for summary in future.result():
-                    done += 1
-                    summaries[summary["member"]] = summary
-                    print(f"spherepde: {_progress_line(members[summary['member']], summary)} "
-                          f"[{done}/{len(pending)}]", file=sys.stderr)
+            try:
+                for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
+                    for summary in future.result():
+                        done += 1
+                        summaries[summary["member"]] = summary
+                        bar.write(f"spherepde: {_progress_line(members[summary['member']], summary)} "
+                                  f"[{done}/{len(pending)}]")
+                        bar.update(float(done))
+            finally:
+                bar.close()
     alike = identical_results(members, summaries)
     for note in alike:
         print(f"spherepde: note: {note}", file=sys.stderr)

@@ -1,6 +1,8 @@
 """Progress of a run: a bar with time remaining on a terminal, sparse log lines otherwise."""
 
+import contextlib
 import sys
+import threading
 import time
 
 from tqdm import tqdm
@@ -18,10 +20,11 @@ class Progress:
     """
 
     def __init__(self, total: float, enabled: bool | None = None, stream=None, log_every_seconds: float = 30.0,
-                 start: float = 0.0):
+                 start: float = 0.0, quantity: str = "t"):
         # sys.stderr at the call, not at import: a test's or caller's redirection of stderr must be honoured
         stream = sys.stderr if stream is None else stream
-        self.total, self.stream, self.silent = total, stream, enabled is False
+        self.total, self.stream, self.silent, self.quantity, self.t = total, stream, enabled is False, quantity, start
+        self.lock = threading.Lock()  # `ticking`'s thread and the caller's updates
         self.values: dict[str, float] = {}
         use_bar = stream.isatty() if enabled is None else enabled
         bar_format = "{l_bar}{bar}| {n:.3g}/{total:.3g} [{elapsed}<{remaining}{postfix}]"
@@ -31,29 +34,62 @@ class Progress:
 
     def update(self, t: float, **values) -> None:
         """Advance to model time t; `values` replace the previous values of the same names."""
-        self.values.update(values)
-        if self.bar is not None:
-            self.bar.update(t - self.bar.n)
-            if values:
-                self.bar.set_postfix({LOG_NAMES.get(k, k): f"{v:.3g}" for k, v in self.values.items()},
-                                     refresh=False)
-        elif not self.silent and time.monotonic() - self.last_log >= self.log_every:
-            self.last_log = time.monotonic()
-            print(self.log_line(t), file=self.stream, flush=True)
+        with self.lock:
+            self.values.update(values)
+            self.t = t
+            if self.bar is not None:
+                self.bar.update(t - self.bar.n)
+                if values:
+                    self.bar.set_postfix({LOG_NAMES.get(k, k): f"{v:.3g}" for k, v in self.values.items()},
+                                         refresh=False)
+            elif not self.silent and time.monotonic() - self.last_log >= self.log_every:
+                self.last_log = time.monotonic()
+                print(self.log_line(t), file=self.stream, flush=True)
+
+    def write(self, line: str) -> None:
+        """A line of its own: above the bar on a terminal (so that the bar is drawn again below it, not broken)."""
+        with self.lock:
+            if self.bar is not None:
+                self.bar.write(line, file=self.stream)
+            else:
+                print(line, file=self.stream, flush=True)
+
+    @contextlib.contextmanager
+    def ticking(self):
+        """Inside, a thread refreshes the bar's clock every second, and prints the log lines as they fall due, where
+        the work reports rarely (a sweep's members: one of them may take minutes)."""
+        stop, every = threading.Event(), min(1.0, self.log_every)
+
+        def tick():
+            while not stop.wait(every):
+                if self.bar is not None:
+                    with self.lock:
+                        self.bar.refresh()
+                else:
+                    self.update(self.t)
+
+        thread = threading.Thread(target=tick, daemon=True, name="spherepde-progress")
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
 
     def log_line(self, t: float) -> str:
         """"spherepde: t=1.5/6 (25%) dt=0.01 mass=1 min rho=0.02 max |v|=0.9 tail=3e-9, 0:42 elapsed, ~2:06 left"."""
         elapsed = time.monotonic() - self.started
         fraction = t / self.total if self.total else 1.0
         done = t - self.start
-        fields = " ".join(f"{LOG_NAMES.get(k, k)}={v:.4g}" for k, v in self.values.items())
+        fields = "".join(f" {LOG_NAMES.get(k, k)}={v:.4g}" for k, v in self.values.items())
         remaining = f"~{_clock(elapsed * (self.total - t) / done)} left" if done > 0 else "time left unknown"
-        return (f"spherepde: t={t:.4g}/{self.total:.4g} ({100 * fraction:.0f}%) {fields}, "
+        return (f"spherepde: {self.quantity}={t:.4g}/{self.total:.4g} ({100 * fraction:.0f}%){fields}, "
                 f"{_clock(elapsed)} elapsed, {remaining}")
 
     def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
 
 
 def _clock(seconds: float) -> str:
