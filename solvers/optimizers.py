@@ -86,8 +86,8 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
         return quasi_newton(control, parameter, gradient_of, progress)
     optimizer = OPTIMIZERS[control["optimizer"]](control["learning_rate"])
     costs, losses, norms, first, failure, good = [], [], [], None, None, None
-    bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
-    try:
+    bar = Progress(float(max(control["iterations"], 1)), enabled=progress, quantity="iteration")
+    with bar.running():  # a log line every 30 s meanwhile: one evaluation of J and dJ/dW can take longer
         for iteration in range(control["iterations"] + 1):
             try:
                 gradient = _checked(gradient_of(parameter.detach()), iteration, control.get("loss"))
@@ -118,8 +118,6 @@ def optimise(control: dict, W: torch.Tensor, layers: int, gradient_of, progress:
             if stop is not None:
                 break
             parameter = optimizer.step(parameter, gradient.dW)
-    finally:
-        bar.close()  # on an exception too: a bar left open is drawn again below the last line
     return TrainingResult(parameter.detach(), costs, losses, norms, first, gradient, stop, failure)
 
 
@@ -135,7 +133,7 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
 
     shape, dtype, device = parameter.shape, parameter.dtype, parameter.device
     evaluations, history, failures = {}, [], 0
-    bar = Progress(float(max(control["iterations"], 1)), enabled=progress)
+    bar = Progress(float(max(control["iterations"], 1)), enabled=progress, quantity="iteration")
 
     def evaluation(x):
         nonlocal failures
@@ -167,7 +165,7 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
         bar.update(float(len(history) - 1), J=gradient.cost, loss=gradient.loss, grad=float(gradient.dW.norm()))
 
     tol, start = control["tol"], parameter.detach().double().cpu().numpy().ravel()
-    try:
+    with bar.running():  # as optimise's
         if control["iterations"] == 0:  # scipy takes one step even at maxiter = 0
             objective(start)
             stop = "control.iterations reached"
@@ -176,8 +174,6 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
                               options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
                                        "gtol": tol, "ftol": tol})
             stop = f"L-BFGS-B: {result.message} ({result.nfev} evaluations, {failures} of them failed runs)"
-    finally:
-        bar.close()  # on an exception too (optimise)
     controls, final = history[-1]
     return TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],
                           [float(g.dW.norm()) for _, g in history], history[0][1], final, stop)

@@ -141,33 +141,33 @@ class Lockstep:
                 condition.notify_all()
 
         threads = [threading.Thread(target=work, args=(m,), daemon=True) for m in range(len(tasks))]
-        bar = Progress(self.total, enabled=self.progress)
+        bar = Progress(self.total, enabled=self.progress, quantity="round")
         rounds = 0
         for thread in threads:
             thread.start()
         try:
-            while True:
-                with condition:
-                    condition.wait_for(lambda: errors or len(pending) + len(results) == len(tasks))
-                    if errors:
-                        break
-                    if not pending:
-                        break
-                    members = sorted(pending)
-                    controls = torch.stack([pending.pop(m) for m in members])
-                for m, answer in zip(members, self.evaluate(members, controls)):
-                    answers[m] = answer
-                rounds += 1
-                bar.update(min(float(rounds), self.total), members=len(members))
-                with condition:
-                    condition.notify_all()
+            with bar.running():  # a log line every 30 s meanwhile: a round of evaluations can take longer
+                while True:
+                    with condition:
+                        condition.wait_for(lambda: errors or len(pending) + len(results) == len(tasks))
+                        if errors:
+                            break
+                        if not pending:
+                            break
+                        members = sorted(pending)
+                        controls = torch.stack([pending.pop(m) for m in members])
+                    for m, answer in zip(members, self.evaluate(members, controls)):
+                        answers[m] = answer
+                    rounds += 1
+                    bar.update(min(float(rounds), self.total), members=len(members))
+                    with condition:
+                        condition.notify_all()
         finally:
             with condition:
                 abandoned.set()
                 condition.notify_all()
             for thread in threads:
                 thread.join()
-            bar.close()
         if errors:
             interrupt = next((e for e in errors.values() if isinstance(e, KeyboardInterrupt)), None)
             raise interrupt or next(iter(errors.values()))

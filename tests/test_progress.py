@@ -123,10 +123,34 @@ def test_a_line_written_beside_the_bar_stands_whole_above_it_while_a_thread_tick
     line of its own, the bar drawn again below it (not a line run on after the bar)."""
     stream = io.StringIO()
     bar = Progress(2.0, enabled=True, stream=stream, quantity="members")
-    with bar.ticking():
+    with bar.running():
         bar.write("spherepde: member 0 (model.eps=0.2) completed [1/2]")
         bar.update(1.0)
-    bar.close()
     out = stream.getvalue()
     line = "spherepde: member 0 (model.eps=0.2) completed [1/2]\n"
     assert line in out and out.index(line) < out.rindex("1/2") and not out.split(line)[0].endswith("]"), repr(out)
+
+
+def test_a_training_logs_during_an_evaluation_longer_than_the_log_interval(monkeypatch, capsys):
+    """A training's log line came at each iteration's end only, and one evaluation of J and dJ/dW can take minutes
+    at the seeds' scale, where a log gets a line every 30 s (docs/design.md; here every 0.1 s, an evaluation 0.5 s)."""
+    import functools
+    import re
+    import time
+
+    import torch
+
+    from solvers import optimizers
+    from solvers.controlled_forward import Gradient
+
+    monkeypatch.setattr(optimizers, "Progress", functools.partial(Progress, log_every_seconds=0.1))
+
+    def slow(controls):
+        time.sleep(0.5)
+        return Gradient(1.0, 1.0, torch.zeros_like(controls), [], [])
+
+    control = {"optimizer": "gd", "iterations": 1, "learning_rate": 0.1, "tol": 0.0}
+    optimizers.optimise(control, torch.zeros(2, 2, dtype=torch.float64), 1, slow, progress=None)
+    lines = capsys.readouterr().err.splitlines()
+    waiting = [line for line in lines if re.fullmatch(r"spherepde: iteration=0/1 \(0%\), \d+:\d\d elapsed, .*", line)]
+    assert len(waiting) >= 2, lines

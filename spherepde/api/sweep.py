@@ -448,20 +448,17 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
 
         # a bar of the members done on a terminal, else a line every 30 s: a member can run for minutes
         bar = Progress(float(len(pending)), enabled=progress, quantity="members")
-        with _cluster(scheduler, count) as client, bar.ticking():
+        with _cluster(scheduler, count) as client, bar.running():
             futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
                                      [m.path for m in group], threads, pure=False) for group in groups]
             done = 0
-            try:
-                for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
-                    for summary in future.result():
-                        done += 1
-                        summaries[summary["member"]] = summary
-                        bar.write(f"spherepde: {_progress_line(members[summary['member']], summary)} "
-                                  f"[{done}/{len(pending)}]")
-                        bar.update(float(done))
-            finally:
-                bar.close()
+            for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
+                for summary in future.result():
+                    done += 1
+                    summaries[summary["member"]] = summary
+                    bar.write(f"spherepde: {_progress_line(members[summary['member']], summary)} "
+                              f"[{done}/{len(pending)}]")
+                    bar.update(float(done))
     alike = identical_results(members, summaries)
     for note in alike:
         print(f"spherepde: note: {note}", file=sys.stderr)

@@ -55,9 +55,10 @@ class Progress:
                 print(line, file=self.stream, flush=True)
 
     @contextlib.contextmanager
-    def ticking(self):
-        """Inside, a thread refreshes the bar's clock every second, and prints the log lines as they fall due, where
-        the work reports rarely (a sweep's members: one of them may take minutes)."""
+    def running(self):
+        """Inside, a thread refreshes the bar's clock every second and prints the log lines as they fall due, where
+        the work reports rarely (a sweep's members, a training's evaluations: one of them may take minutes); at the
+        end, on an exception too, the bar is closed (left open, it was drawn again below the command's last line)."""
         stop, every = threading.Event(), min(1.0, self.log_every)
 
         def tick():
@@ -75,6 +76,7 @@ class Progress:
         finally:
             stop.set()
             thread.join()
+            self.close()
 
     def log_line(self, t: float) -> str:
         """"spherepde: t=1.5/6 (25%) dt=0.01 mass=1 min rho=0.02 max |v|=0.9 tail=3e-9, 0:42 elapsed, ~2:06 left"."""
