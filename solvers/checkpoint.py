@@ -40,7 +40,6 @@ import json
 import os
 import pickle
 import re
-import sys
 import time
 import tomllib
 
@@ -58,6 +57,7 @@ from solvers.checkpoint_files import (
 )
 from solvers.checkpoint_layout import eulerian_problem, is_int
 from spherepde.base.errors import CaseError
+from spherepde.base.progress import message
 from spherepde.io.case_toml import toml_value
 from spherepde.io.output import make_folders, write_dataset
 
@@ -112,8 +112,8 @@ class Checkpoint:
         if self.interrupted or not self.stepping:
             raise KeyboardInterrupt
         self.interrupted = True
-        print(f"spherepde: interrupted: checkpointing at the end of this {self.unit} (interrupt again to stop at once)",
-              file=sys.stderr)
+        message(f"spherepde: interrupted: checkpointing at the end of this {self.unit} (interrupt again to stop at "
+                "once)")
 
     @property
     def manifest_path(self) -> str:

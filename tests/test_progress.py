@@ -154,3 +154,19 @@ def test_a_training_logs_during_an_evaluation_longer_than_the_log_interval(monke
     lines = capsys.readouterr().err.splitlines()
     waiting = [line for line in lines if re.fullmatch(r"spherepde: iteration=0/1 \(0%\), \d+:\d\d elapsed, .*", line)]
     assert len(waiting) >= 2, lines
+
+
+def test_the_interrupts_line_stands_on_its_own_line_while_a_bar_is_drawn():
+    """The checkpointing run's "interrupted: checkpointing ..." was printed while the bar was drawn, and ran on
+    after the bar on its line; progress.message writes it above the bar, which is drawn again below it."""
+    from spherepde.base.progress import message
+
+    stream = io.StringIO()
+    bar = Progress(2.0, enabled=True, stream=stream)
+    bar.update(1.0)
+    message("spherepde: interrupted: checkpointing at the end of this step", stream)
+    bar.close()
+    segments = stream.getvalue().split("\r")
+    said = next(k for k, segment in enumerate(segments) if "interrupted" in segment)
+    assert segments[said].startswith("spherepde: interrupted") and segments[said].endswith("\n"), segments
+    assert "1/2" in "".join(segments[said + 1:]), segments  # the bar drawn again below it

@@ -94,6 +94,12 @@ class Progress:
                 self.bar.close()
 
 
+def message(line: str, stream=None) -> None:
+    """A line for the user on `stream` (sys.stderr at the call): above the bars drawn there (tqdm.write clears and
+    redraws them), so that it does not run on after one on its line, as a print did; plain where none is drawn."""
+    tqdm.write(line, file=sys.stderr if stream is None else stream)
+
+
 def _clock(seconds: float) -> str:
     """Seconds as h:mm:ss or m:ss."""
     minutes, secs = divmod(int(round(seconds)), 60)
