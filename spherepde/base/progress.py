@@ -11,7 +11,8 @@ LOG_NAMES = {"dt": "dt", "mass": "mass", "min_density": "min rho", "max_speed": 
 
 
 class Progress:
-    """Reports advancement in model time t in [start, total] with the latest run values.
+    """Reports advancement in model time t in [start, total] (or in another `quantity` counted: a training's
+    iterations, a sweep's members done) with the latest run values.
 
     enabled: None chooses by the stream (default: sys.stderr at the call; a bar on a terminal, a log
     line every `log_every_seconds` otherwise), False is silent, True forces the bar. The values passed
@@ -24,7 +25,7 @@ class Progress:
         # sys.stderr at the call, not at import: a test's or caller's redirection of stderr must be honoured
         stream = sys.stderr if stream is None else stream
         self.total, self.stream, self.silent, self.quantity, self.t = total, stream, enabled is False, quantity, start
-        self.lock = threading.Lock()  # `ticking`'s thread and the caller's updates
+        self.lock = threading.Lock()  # `running`'s thread and the caller's updates
         self.values: dict[str, float] = {}
         use_bar = stream.isatty() if enabled is None else enabled
         bar_format = "{l_bar}{bar}| {n:.3g}/{total:.3g} [{elapsed}<{remaining}{postfix}]"
@@ -33,7 +34,7 @@ class Progress:
         self.last_log = self.started
 
     def update(self, t: float, **values) -> None:
-        """Advance to model time t; `values` replace the previous values of the same names."""
+        """Advance to t (of the `quantity`); `values` replace the previous values of the same names."""
         with self.lock:
             self.values.update(values)
             self.t = t
@@ -47,12 +48,9 @@ class Progress:
                 print(self.log_line(t), file=self.stream, flush=True)
 
     def write(self, line: str) -> None:
-        """A line of its own: above the bar on a terminal (so that the bar is drawn again below it, not broken)."""
+        """A line of its own on the stream: above the bar on a terminal (`message`)."""
         with self.lock:
-            if self.bar is not None:
-                self.bar.write(line, file=self.stream)
-            else:
-                print(line, file=self.stream, flush=True)
+            message(line, self.stream)
 
     @contextlib.contextmanager
     def running(self):
