@@ -23,7 +23,7 @@ import torch
 
 from solvers.eulerian_recorder import Recorder
 from solvers.forward_problem import ForwardProblem
-from solvers.timegrid import Hooks, Plan, TimeGrid, check_max_steps, fixed_steps, integrate
+from solvers.timegrid import Hooks, Plan, TimeGrid, check_max_steps, fixed_steps, integrate, show_step
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
 from spherepde.base.real_view import real_state
@@ -123,8 +123,7 @@ class ForwardHooks(Hooks):
         self.failures[member] = self.recorders[member].failure(reason)
 
     def after_step(self, plan: Plan, done: int, state: torch.Tensor) -> None:
-        t = plan.interval.t0 + done * float(plan.dt.max())
-        self.bar.update(min(t, plan.interval.t1), dt=float(plan.dt.min()))
+        t = show_step(self.bar, plan, done)
         checkpoint, recorder = self.checkpoint, self.recorders[0]
         last = plan.interval.index == self.last_interval and done == int(plan.steps[0])
         if checkpoint is not None and checkpoint.due(recorder.steps + done, last):

@@ -52,7 +52,7 @@ from solvers.forward_problem import check_kernel_range
 from solvers.particle_field import HeadsField, ParticleField
 from solvers.particle_recorder import ParticleRecorder
 from solvers.particle_step import DirectStep, noise_time, noise_variance
-from solvers.timegrid import Hooks, Plan, TimeGrid, check_max_steps, fixed_steps, integrate
+from solvers.timegrid import Hooks, Plan, TimeGrid, check_max_steps, fixed_steps, integrate, show_step
 from spherepde.base.device import placement as make_placement
 from spherepde.base.errors import CaseError
 from spherepde.base.garbage import freeze_setup
@@ -387,10 +387,9 @@ class ParticleHooks(Hooks):
         self.failures[member] = self.recorders[member].failure(reason)
 
     def after_step(self, plan: Plan, done: int, x: torch.Tensor) -> None:
-        # every step moves the bar and the log lines on (from the plan alone: no wait on a GPU), not only the saves:
-        # a save interval of a large run takes minutes, and a log line is due every 30 s (docs/design.md)
-        t = plan.interval.t0 + done * float(plan.dt.max())
-        self.bar.update(min(t, plan.interval.t1), dt=float(plan.dt.min()))
+        # every step moves the bar and the log lines on, not only the saves: a save interval of a large run takes
+        # minutes, and a log line is due every 30 s (docs/design.md)
+        show_step(self.bar, plan, done)
 
     def check_contraction(self, plan: Plan, field: ParticleField, x: torch.Tensor, W: torch.Tensor, key: str) -> None:
         """Note, once a member, a step too long for the drift's contraction (`contraction_number` >= STIFF_STEP) at

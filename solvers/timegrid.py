@@ -120,6 +120,15 @@ class Plan:
         return bool((self.steps == self.steps[0]).all() and (self.dt == self.dt[0]).all())
 
 
+def show_step(bar, plan: Plan, done: int) -> float:
+    """Move the progress `bar` (spherepde.base.progress.Progress) after `done` steps of `plan`: to the time of the
+    member with the longest step, within the interval, its dt the shortest step (from the plan alone: no wait on a
+    GPU); returns that time."""
+    t = plan.interval.t0 + done * float(plan.dt.max())
+    bar.update(min(t, plan.interval.t1), dt=float(plan.dt.min()))
+    return t
+
+
 class Hooks:
     """What a run does around its steps (every method optional): `after_step(plan, done, state)` after each
     step of all members (done of plan.steps taken), `at_knot(plan, state)` at the end of each interval,
