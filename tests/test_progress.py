@@ -170,3 +170,23 @@ def test_the_interrupts_line_stands_on_its_own_line_while_a_bar_is_drawn():
     said = next(k for k, segment in enumerate(segments) if "interrupted" in segment)
     assert segments[said].startswith("spherepde: interrupted") and segments[said].endswith("\n"), segments
     assert "1/2" in "".join(segments[said + 1:]), segments  # the bar drawn again below it
+
+
+def test_a_terminal_that_reports_no_width_still_gets_a_bar(monkeypatch):
+    """A fresh pseudo-terminal reports 0 columns (as under `script`): tqdm, asking it for the width of a bar on
+    sys.stderr, then drew empty lines."""
+    import os
+    import pty
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    leader, follower = pty.openpty()
+    assert os.get_terminal_size(follower).columns == 0
+    with os.fdopen(follower, "w") as stream:
+        monkeypatch.setattr(sys, "stderr", stream)
+        progress = Progress(4.0)
+        progress.update(2.0, dt=0.5)
+        progress.close()
+    text = os.read(leader, 65536).decode()
+    os.close(leader)
+    assert "50%|" in text and "2/4" in text and "dt=0.5" in text
+    assert max(len(line) for line in text.replace("\r", "\n").splitlines()) <= 80

@@ -1,6 +1,8 @@
 """Progress of a run: a bar with time remaining on a terminal, sparse log lines otherwise."""
 
 import contextlib
+import os
+import shutil
 import sys
 import threading
 import time
@@ -8,6 +10,17 @@ import time
 from tqdm import tqdm
 
 LOG_NAMES = {"dt": "dt", "mass": "mass", "min_density": "min rho", "max_speed": "max |v|", "tail": "tail"}
+
+
+def terminal_shape(stream) -> tuple[int | None, int | None]:
+    """The bar's (columns, lines): None, None (tqdm asks the terminal, and follows its resizing), but where the
+    terminal reports 0 by 0 (a pseudo-terminal nobody sized: `script`, some containers) tqdm draws nothing at all;
+    there COLUMNS and LINES or 80 by 24 (shutil's fallback)."""
+    try:
+        shape = os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # not a terminal, or a stream without a descriptor
+        return None, None
+    return (None, None) if shape.columns > 0 and shape.lines > 0 else tuple(shutil.get_terminal_size())
 
 
 class Progress:
@@ -29,7 +42,9 @@ class Progress:
         self.values: dict[str, float] = {}
         use_bar = stream.isatty() if enabled is None else enabled
         bar_format = "{l_bar}{bar}| {n:.3g}/{total:.3g} [{elapsed}<{remaining}{postfix}]"
-        self.bar = tqdm(total=total, initial=start, file=stream, unit="t", bar_format=bar_format) if use_bar else None
+        columns, lines = terminal_shape(stream)
+        self.bar = tqdm(total=total, initial=start, file=stream, unit="t", bar_format=bar_format, ncols=columns,
+                        nrows=lines) if use_bar else None
         self.log_every, self.started, self.start = log_every_seconds, time.monotonic(), start
         self.last_log = self.started
 
