@@ -243,7 +243,11 @@ def run_measures(times: np.ndarray, gap: np.ndarray, mean: np.ndarray) -> dict:
     test = turnpike.phases(times, gap)
     angle = turnpike.mean_angle(mean)
     middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
+    plateau = (times >= test["plateau_start"]) & (times <= test["plateau_end"])
     return {"three_phase": test["three_phase"], "escape": test["terminal_lift"] >= 0.1,
+            "relative_variance": test["plateau_relative_variance"], "lift": test["terminal_lift"],
+            "threshold": 0.05 * (gap.max() - test["gap_reference"]), "plateau_sd": float(np.std(gap[plateau])),
+            "order": float(np.median(np.linalg.norm(mean[plateau], axis=-1))),
             "plateau": test["plateau_width"], "initial": test["initial_width"], "terminal": test["terminal_width"],
             "displacement": float(angle[-1] - angle[middle]),
             "rate": turnpike.exponential_rate(times, gap - test["gap_reference"], test["plateau_end"])}
@@ -461,7 +465,7 @@ def report_text(summaries: dict) -> str:
          "CPU s (particles, Eulerian)"], measured)
     lines += rate_section(measures, eulerian)
     lines += turnpike_section(summaries)
-    lines += notes_section(measures, eulerian)
+    lines += notes_section(measures, eulerian, summaries)
     missing = [row.key for row in ROWS if not row.same_as and row.key not in measures]
     lines += ["", "Rows not run yet: " + (", ".join(missing) if missing else "none") + ".", ""]
     lines += cost_lines(summaries)
@@ -548,7 +552,7 @@ def turnpike_section(summaries: dict) -> list:
                                   "smallest Delta on the plateau"], rows)
 
 
-def notes_section(measures: dict, eulerian: dict) -> list:
+def notes_section(measures: dict, eulerian: dict, summaries: dict) -> list:
     """What was tried to explain each kind of disagreement, with the figures that decide it."""
     lines = ["", "## What the disagreements are, and what was tried", ""]
     aligns = [key for key in ("align-l020", "align-l065", "align-l080") if key in eulerian]
@@ -614,17 +618,99 @@ def notes_section(measures: dict, eulerian: dict) -> list:
             "names the vMF law but not its mean), it is 1.45-1.52.  The seed's values lie between, so its candidates "
             "(or its K and tau, which it does not state either) were likely other than ours; we do not reproduce its "
             "bow displacement.")
+    lines += noise_note(measures, summaries) + depth_note(measures, summaries)
     lines.append(
-        "- Not examined here: the eps = 0.1 row (the seed: three phases in 0 / 20, its thermal width hiding the "
-        "clusters; ours: 20 / 20 by the same thresholds, the Eulerian run too); the terminal layer's growth with T "
-        "(the seed's 5.33, 6.15, 7.62 for T = 40, 80, 120, which its own text calls independent of T; ours stays "
-        "near 5); and the align displacement at lambda_2 = 0.65 (ours about 0.01 rad above the seed's 1.55 and "
-        "1.554 +- 0.010, beyond two standard errors).")
+        "- Not examined here: the align displacement at lambda_2 = 0.65 (ours about 0.01 rad above the seed's 1.55 "
+        "and 1.554 +- 0.010, beyond two standard errors).")
     lines.append(
         "- The Eulerian column is the mean-field limit of the same model, not a second estimate of the particles' "
         "means: where the two differ by more than the particles' spread, the particle count (the N rows) is what "
         "to read.")
     return lines
+
+
+def noise_note(measures: dict, summaries: dict) -> list:
+    """The eps = 0.1 row: what the seed's criteria give on our runs, where the noise puts the model (the polarisation
+    threshold and the Gibbs state's order parameter), and which reading of "initial clustering" would give 0 / 20."""
+    from spherepde.analysis import turnpike
+
+    if "eps-1e-1" not in measures:
+        return []
+    runs, case = measures["eps-1e-1"], load_case(BY_KEY["eps-1e-1"], [])
+    B, eps = np.array(case["model"]["B"]), case["model"]["eps"]
+    eps_c = turnpike.polarisation_threshold(B)
+    gibbs = turnpike.circle_order_parameter(turnpike.circle_gibbs_state(B, eps, even=False))
+    order = [run["order"] for run in runs]
+    others = [run["order"] for key, rows in measures.items() if key != "eps-1e-1" and BY_KEY[key].trained
+              for run in rows]
+    cut = sum(run["initial"] + run["terminal"] > 20 for run in runs)
+    # var / mean^2 on the plateau of the particles' interaction energy above a point cluster's, -exp(lambda_1) / 2
+    passing = {}
+    for (key, kind), summary in summaries.items():
+        if kind != "particles" or not BY_KEY[key].trained:
+            continue
+        floor = -0.5 * math.exp(load_case(BY_KEY[key], [])["model"]["B"][0][0])
+        times = np.array(summary["times"])
+        counts = []
+        for member in summary["members"]:
+            if member["status"] == "completed":
+                energy = np.array(member["interaction_energy"])
+                test = turnpike.phases(times, energy)
+                above = energy[(times >= test["plateau_start"]) & (times <= test["plateau_end"])] - floor
+                counts.append(np.var(above) / np.mean(above) ** 2 <= 0.05)
+        passing[key] = (sum(counts), len(counts))
+    rest = [passing[key] for key in passing if key != "eps-1e-1"]
+    return [
+        f"- eps = 0.1.  The seed counts three phases in 0 / 20 ('the equilibrium's thermal width masks the "
+        "clusters', in its plateau column) by criteria it names as 'initial clustering, plateau relative variance "
+        "<= 0.05, terminal energy lift >= 0.1', with no rule or threshold for the first and no denominator for the "
+        "second.  Ours: clustering is Delta(0) above the plateau threshold h (the energy fell into a well, the "
+        "seed's theory's 'low-energy component C(eta)'), relative variance var(Delta on the plateau) / (max Delta "
+        "- min Delta)^2.  On the eps = 0.1 runs each stated criterion passes in "
+        f"{sum(run['relative_variance'] <= 0.05 for run in runs)} / {len(runs)} (largest relative variance "
+        f"{max(run['relative_variance'] for run in runs):.1e}; smallest lift "
+        f"{min(run['lift'] for run in runs):.3f}), and the clusters are there: in the seed's energy eps = 0.1 is "
+        f"far below the polarisation threshold eps_c = {eps_c:.4f} (A = diag(1, 0.65): the even high-noise state "
+        "loses stability to a cluster there, in a supercritical pitchfork; I_1(1) = 0.5652 is the A = I value; "
+        "spherepde.analysis.turnpike.polarisation_threshold), its minimiser is a cluster with order parameter "
+        f"|m| = {gibbs:.4f}, and the Eulerian run sits at it on its plateau (the turnpike table).  A "
+        "concentration criterion is the only reading we found that separates the rows as the seed does: the "
+        f"median |m| on the plateau is {min(order):.4f}-{max(order):.4f} at eps = 0.1 and {min(others):.4f} or "
+        f"more in every other trained particle run (the Gibbs |m| at eps = 1e-2 is "
+        f"{turnpike.circle_order_parameter(turnpike.circle_gibbs_state(B, 1e-2, even=False)):.4f}), so 'clustered' as "
+        f"|m| >= r* with {max(order):.4f} < r* <= {min(others):.4f} (e.g. 0.99) gives 0 / {len(runs)} at eps = 0.1 "
+        "and leaves every other row's count as it is, while a relative variance var / mean^2 of the plateau's "
+        "interaction energy above a point cluster's (-e / 2) passes the 0.05 in "
+        f"{passing['eps-1e-1'][0]} / {passing['eps-1e-1'][1]} runs at eps = 0.1 and in "
+        f"{sum(k for k, _ in rest)} / {sum(n for _, n in rest)} of the other trained runs (eps <= 1e-2), the "
+        "reverse of the seed.  The seed states no such r*, so the test "
+        f"and the verdict stay.  Our widths at eps = 0.1 are noise-limited: in {cut} of {len(runs)} runs the two "
+        "layers are more than 20 wide, where a fluctuation of the 64 tokens' interaction energy (sd "
+        f"{np.median([run['plateau_sd'] for run in runs]):.4f} on the plateau, median over the runs) crosses h "
+        f"(Delta_ref + {np.median([run['threshold'] for run in runs]):.3f}) and cuts the plateau short."]
+
+
+def depth_note(measures: dict, summaries: dict) -> list:
+    """The terminal layer against T: the Eulerian energy gap over the last depth units of the T rows."""
+    keys = [key for key in ("T40", "align-l065", "T120") if (key, "eulerian") in summaries]
+    if len(keys) < 3 or not all(key in measures for key in keys):
+        return []
+    window = 15.0
+    tails = {}
+    for key in keys:
+        summary = summaries[(key, "eulerian")]
+        times = np.array(summary["times"])
+        gap = np.array(summary["free_energy"]) - summary["attributes"]["min_energy"]
+        tails[key] = gap[times >= times[-1] - window]
+    widths = ", ".join(fmt_mean(mean_sd(run["terminal"] for run in measures[key]), 2) for key in keys)
+    return [
+        "- Terminal layer against T.  The seed prints 5.33, 6.15, 7.62 for T = 40, 80, 120 and its key findings "
+        "call the terminal layer 'independent of the total depth T' (width 5.3 ~ 7.6).  Ours is independent of T "
+        f"in its whole profile: the Eulerian energy gap over the last {window:g} units of depth differs between "
+        f"T = 80 and T = 120 by at most {np.abs(tails['T120'] - tails['align-l065']).max():.1e} and between T = 80 "
+        f"and T = 40 by at most {np.abs(tails['T40'] - tails['align-l065']).max():.1e} (of a lift of "
+        f"{tails['align-l065'][-1]:.3f}), so any threshold on the gap gives the same width at every T (particles "
+        f"{widths}); the seed's growth is not reproduced, and its own text does not claim it."]
 
 
 def eulerian_note(row: Row, summaries: dict) -> str:

@@ -13,11 +13,14 @@ from solvers.adjoint import discrete_gradient
 from solvers.controlled_forward import ControlledForward
 from solvers.forward_problem import ForwardProblem
 from spherepde.analysis.turnpike import (
+    circle_gibbs_state,
+    circle_order_parameter,
     exponential_rate,
     free_energy,
     gibbs_minimum,
     h_minus_one_quotient,
     phases,
+    polarisation_threshold,
     rayleigh_quotient,
     turnpike_bound,
     wasserstein_hessian,
@@ -181,3 +184,31 @@ def test_adjoint_grows_towards_the_output_layer_at_the_rayleigh_quotient(loss):
         assert plateau == pytest.approx(quotient, rel=0.01)
     else:
         assert plateau < 0.8 * quotient
+
+
+def test_polarisation_threshold_is_i1_for_the_isotropic_kernel_and_bounds_the_polar_branch():
+    """B = I: the uniform state loses stability to cos theta at eps_c = I_1(1).  B = diag(1, 0.65) (the seed's A):
+    eps_c = 0.6005, above I_1(1) (the even high-noise state is anisotropic); the clustered Gibbs branch exists below
+    it and is gone above it (a supercritical pitchfork), and at eps = 0.1, 0.01 its order parameter is the one the
+    seed-004 report quotes (results/seed004.md, eps = 0.1 note)."""
+    from scipy.special import iv
+
+    assert polarisation_threshold(np.eye(2)) == pytest.approx(float(iv(1, 1.0)), rel=1e-9)
+    A = np.diag([1.0, 0.65])
+    eps_c = polarisation_threshold(A)
+    assert eps_c == pytest.approx(0.6005, abs=1e-4)
+    assert circle_order_parameter(circle_gibbs_state(A, 0.95 * eps_c, even=False)) > 0.2
+    assert circle_order_parameter(circle_gibbs_state(A, 1.05 * eps_c, even=False)) < 1e-8
+    assert circle_order_parameter(circle_gibbs_state(A, 0.1, even=False)) == pytest.approx(0.97906, abs=1e-5)
+    assert circle_order_parameter(circle_gibbs_state(A, 0.01, even=False)) == pytest.approx(0.99814, abs=1e-5)
+
+
+def test_circle_gibbs_state_is_the_spectral_gibbs_minimum():
+    """The grid fixed point of `circle_gibbs_state` and `gibbs_minimum` on the spectral S^1 basis (eps = 0.1, the
+    seed's A): the same order parameter."""
+    problem = ForwardProblem(training_case(lmax=48).with_overrides(["control.layers=1", "model.eps=0.1"]))
+    rho, _ = gibbs_state(problem)
+    mean = [float(problem.basis.integrate(rho * problem.basis.points[..., i])) for i in range(2)]
+    spectral = math.hypot(*mean)
+    assert circle_order_parameter(circle_gibbs_state(np.diag([1.0, 0.65]), 0.1, even=False)) == pytest.approx(
+        spectral, abs=1e-8)

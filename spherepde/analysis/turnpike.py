@@ -288,3 +288,59 @@ def escape_rate(times: np.ndarray, adjoint_norm: np.ndarray, quotient: float) ->
     if not quotient > 0:
         return math.nan
     return exponential_rate(times, adjoint_norm, times[-1] - 1 / quotient)
+
+
+def _circle_kernel(B, points: int) -> np.ndarray:
+    """exp(<x_i, B x_j>) times the trapezoid weight 2 pi / points on the uniform S^1 grid theta_j = 2 pi j / points."""
+    theta = 2 * np.pi * np.arange(points) / points
+    x = np.stack([np.cos(theta), np.sin(theta)], 1)
+    return np.exp(x @ np.asarray(B, dtype=float) @ x.T) * (2 * np.pi / points)
+
+
+def circle_gibbs_state(B, eps: float, even: bool, points: int = 256, tol: float = 1e-13,
+                       iterations: int = 100000) -> np.ndarray:
+    """S^1, the seed's energy (unnormalized kernel, B = V symmetric, beta = 1): a fixed point rho ∝ exp(U[rho] / eps),
+    U(x) = int exp(<x, B y>) drho(y), on the uniform grid theta_j = 2 pi j / points (the trapezoid rule is spectrally
+    accurate for these smooth periodic integrands).  even: the high-noise branch, iterated from the uniform density
+    and kept even under x -> -x by symmetrising each iterate (for B != c I the uniform density is not stationary:
+    its U is I_0(|B x|)); else the polar branch, iterated from a cluster at e_1 (it decays onto the even branch
+    above the polarisation threshold, slowly near it).  Damped iteration in rho."""
+    kernel, weight = _circle_kernel(B, points), 2 * np.pi / points
+    theta = 2 * np.pi * np.arange(points) / points
+    rho = np.full(points, 1 / (2 * np.pi)) if even else np.exp((np.exp(np.cos(theta)) - np.exp(1.0)) / eps)
+    rho /= rho.sum() * weight
+    for _ in range(iterations):
+        potential = kernel @ rho
+        new = np.exp((potential - potential.max()) / eps)
+        new /= new.sum() * weight
+        if even:
+            new = 0.5 * (new + np.roll(new, points // 2))
+        if np.abs(new - rho).max() <= tol * new.max():
+            return new
+        rho = 0.5 * (rho + new)
+    raise RuntimeError(f"the S^1 Gibbs iteration did not converge in {iterations} iterations at eps = {eps}")
+
+
+def circle_order_parameter(rho: np.ndarray) -> float:
+    """|int x drho| of a density on the uniform S^1 grid of `circle_gibbs_state`."""
+    theta = 2 * np.pi * np.arange(len(rho)) / len(rho)
+    return float(abs((rho * np.exp(1j * theta)).sum() * 2 * np.pi / len(rho)))
+
+
+def polarisation_threshold(B, points: int = 256) -> float:
+    """The noise eps_c below which the seed's energy on S^1 (B symmetric, beta = 1) has a clustered (polar) minimiser:
+    the even high-noise state rho_e is stable against odd perturbations s (s(-x) = -s(x), mass-neutral) while
+    <s, H s> = eps int s^2 / rho_e - int int exp(<x, B y>) s s >= 0, i.e. while eps >= the largest odd eigenvalue of
+    sqrt(rho_e) T sqrt(rho_e) (T the kernel's integral operator); eps_c solves eps = that eigenvalue (rho_e depends on
+    eps).  For B = I (rho_e uniform, odd eigenfunction cos theta) eps_c = I_1(1) = 0.5652."""
+    from scipy.optimize import brentq
+
+    kernel = _circle_kernel(B, points)
+    odd = 0.5 * (np.eye(points) - np.roll(np.eye(points), points // 2, axis=1))
+
+    def excess(eps):
+        root = np.sqrt(circle_gibbs_state(B, eps, even=True, points=points))
+        return eps - float(np.linalg.eigvalsh(odd @ (root[:, None] * kernel * root[None, :]) @ odd).max())
+
+    scale = float(np.abs(np.asarray(B, dtype=float)).max())
+    return brentq(excess, 0.05 * scale, 5.0 * scale, xtol=1e-10)
