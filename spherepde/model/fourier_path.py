@@ -8,7 +8,7 @@ With c the coefficients (the state's complex view), n grid points and r_j = irff
 where a is the feed-forward term and R U the rank-r factorisation of the folded attention u = G S c (S the
 synthesis, G the operator of model.dense_operator: u = G rho): its truncated SVD, the singular values below
 dense_operator.truncated_svd's tolerance dropped (their part is below the product's round-off).  The kernel
-exp(beta <x, B y>) is smooth, so r is small (seed 004's A at lmax 64: 30 against 200 points), and R reads the
+exp(beta <x, B y>) is smooth, so r is small (seed 004's A at lmax 64: 29 against 200 points), and R reads the
 coefficients up to the degree of the basis the factors come from only (below: 66 of seed 004's 130).  Per member
 and stage that is two FFTs and at most r (N + n) multiply-adds, where the matrix path spends 3 n N: in torch it pays
 from a few members on, in numpy on the CPU from one (model.transport's cost rule, benchmarks/ensembles.py --paths).

@@ -34,7 +34,7 @@ and the paths:
   lmax 64 about a quarter of the "grid" path's time (benchmarks/ensembles.py).
 * "fourier" (model.fourier_path): on S^1 with the operator attention of the unnormalized kernel, the synthesis
   and the divergence as FFTs and the attention folded with the synthesis into a rank-r product (the kernel is
-  smooth: r = 30 of 200 points for seed 004 at lmax 64), about 2 FFTs and r (N + P) multiply-adds per member
+  smooth: r = 29 of 200 points for seed 004 at lmax 64), about 2 FFTs and r (N + P) multiply-adds per member
   where the matrix path spends 3 P N; more operations, so in torch it pays from about 8 members on at lmax 64; on
   the CPU it runs in numpy (`namespace`), whose operations cost a fifth of torch's, and pays from one member on.
   Its factors come from the coarsest basis that resolves the kernel, so it runs on grids whose operator is not
