@@ -540,6 +540,42 @@ def test_resume_reruns_members_saved_at_other_times_and_overwrite_leaves_no_earl
         assert list(combined["member"].values) == [0]
 
 
+def test_resume_refuses_to_replace_a_member_file_of_another_run(tmp_path, capsys):
+    """--resume keeps an earlier sweep's files of other members (docs/guide/sweeps.md): a file under a member's name
+    that holds another case (an earlier sweep of other --param values) was run again and replaced, its result lost.
+    It is now refused, one line naming the file and --overwrite, exit 2, the file as it was."""
+    case, output = tmp_path / "case.toml", tmp_path / "out"
+    case.write_text(SMALL_S1)
+    base = ["sweep", str(case), "--workers", "1", "-o", str(output)]
+    assert main(base + ["--param", "model.eps=0.1,0.2"]) == 0
+    earlier = (output / "member-001.nc").read_bytes()
+    capsys.readouterr()
+    assert main(base + ["--param", "model.eps=0.1,0.4", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "member-001.nc" in err and "model.eps=0.4" in err and "--overwrite" in err
+    assert (output / "member-001.nc").read_bytes() == earlier
+    with xr.open_dataset(output / "sweep.nc") as combined:
+        assert list(combined["model_eps"].values) == [0.1, 0.2]
+    assert "model.eps=0.2;" in err  # the stored value that differs
+
+
+def test_resume_runs_again_a_member_file_of_its_own_case_from_an_earlier_version(tmp_path):
+    """A member file whose case lacks a key that today's resolved case has (an earlier version's), the keys both hold
+    alike, is the member's own run: --resume runs it again, as for a failed one, and does not refuse it."""
+    import netCDF4
+
+    case, output = tmp_path / "case.toml", tmp_path / "out"
+    case.write_text(SMALL_S1)
+    base = ["sweep", str(case), "--workers", "1", "-o", str(output), "--param", "model.eps=0.1,0.2"]
+    assert main(base) == 0
+    with netCDF4.Dataset(output / "member-001.nc", "a") as dataset:
+        today = dataset.getncattr("case")
+        dataset.setncattr("case", "\n".join(line for line in today.splitlines() if not line.startswith("w2_atoms")))
+    assert main(base + ["--resume"]) == 0
+    with xr.open_dataset(output / "member-001.nc") as rerun:
+        assert rerun.attrs["case"] == today and rerun.attrs["status"] == "completed"
+
+
 def test_a_sweep_reports_its_members_done_between_their_ends(tmp_path, monkeypatch, capsys):
     """A sweep printed a line as each member ended, nothing between: a member of minutes was minutes of silence in
     a log, where a long run prints a line every 30 s (docs/design.md).  A thread now prints the members done as they

@@ -302,6 +302,50 @@ def _completed(member: Member) -> dict | None:
     return None
 
 
+def _stored_case(path: str) -> dict | None:
+    """The resolved case a member file stores (its `case` attribute, parsed), or None where there is no file or it is
+    no result that --resume could keep (unreadable, no case): that member is simply run again."""
+    import xarray as xr
+
+    if not os.path.isfile(path):
+        return None
+    try:
+        with xr.open_dataset(path) as dataset:
+            return tomllib.loads(dataset.attrs["case"])
+    except (OSError, ValueError, KeyError, TypeError, tomllib.TOMLDecodeError):
+        return None
+
+
+def _dotted(table: dict, prefix: str = "") -> dict:
+    """A case's tables flattened to {"model.eps": value, ...}."""
+    flat = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _refuse_other_runs(members: list[Member], folder: str) -> None:
+    """--resume keeps an earlier sweep's files of other members (docs/guide/sweeps.md): a CaseError where a file under
+    a member's name holds another run (an earlier sweep of other --param values), which running the member would
+    replace, destroying that result.  Another run is a key that both cases hold with different values: a key only
+    one holds is a version's addition to the resolved case, and a file of the member's own case (failed, or of an
+    earlier version) is run again as before."""
+    for member in members:
+        stored = _stored_case(member.path)
+        if stored is None:
+            continue
+        stored, own = _dotted(stored), _dotted(tomllib.loads(member.case.text))
+        differing = next((key for key in own if key in stored and stored[key] != own[key]), None)
+        if differing is not None:
+            raise CaseError(f"--resume: {os.path.basename(member.path)} in {folder!r} holds another run than member "
+                            f"{member.index} ({member.label()}): {format_override(differing, stored[differing])}; "
+                            "resuming would replace it: pass --overwrite to run every member again, or -o another "
+                            "folder")
+
+
 @contextlib.contextmanager
 def _cluster(scheduler: str | None, workers: int):
     """A Dask client: on the scheduler at `scheduler`, or on a LocalCluster of `workers` processes."""
@@ -427,6 +471,7 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
                 os.remove(path)
     summaries = {}
     if resume:
+        _refuse_other_runs(members, folder)
         summaries = {m.index: s for m in members if (s := _completed(m)) is not None}
         if summaries:
             print(f"spherepde: keeping {len(summaries)} completed members of {len(members)}", file=sys.stderr)
