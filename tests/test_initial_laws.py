@@ -22,6 +22,7 @@ from spherepde.model.initial import (
     density_from_file,
     initial_density,
     projected_gaussian_density,
+    scaled_radial_moment,
     vmf_lmax,
 )
 from spherepde.model.sampling import DensityFileSampler, initial_particles, projected_gaussian
@@ -76,6 +77,21 @@ def test_closed_form_agrees_with_quadrature_of_the_radial_integral(law):
     assert tau.max() > 0
     if law.endswith("concentrated"):  # the far side needs the continued fraction
         assert tau.min() < RECURSION_SWITCH and reference.min() > 1e-200
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3])
+def test_scaled_radial_moment_against_quadrature(n):
+    """K~_n(tau) = exp(-max(tau, 0)^2 / 2) int_0^inf s^n exp(-s^2/2 + tau s) ds on both sides of RECURSION_SWITCH, n = 0
+    included (it returned K~_1 there: 1 against sqrt(pi / 2) at tau = 0)."""
+    taus = np.array([-12.0, RECURSION_SWITCH - 0.5, -1.0, 0.0, 0.8, 6.0])
+    got = scaled_radial_moment(n, torch.as_tensor(taus)).numpy()
+    for tau, value in zip(taus, got):
+        peak = max(tau, 0.0)  # the integrand, scaled by exp(-peak^2 / 2), peaks near s = peak
+        exact = sum(quad(lambda s: s ** n * math.exp(-s * s / 2 + tau * s - peak * peak / 2), lo, hi, epsabs=0,
+                         epsrel=1e-13, limit=200)[0] for lo, hi in ((0.0, peak), (peak, peak + 40.0)) if hi > lo)
+        assert value == pytest.approx(exact, rel=1e-11, abs=0), (n, tau)
+    if n == 0:
+        assert got[3] == pytest.approx(math.sqrt(math.pi / 2), rel=1e-15)
 
 
 @pytest.mark.parametrize("dim", [2, 3, 4, 5, 8])

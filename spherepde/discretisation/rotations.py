@@ -72,7 +72,7 @@ class SphereRotation:
         Re b_lm = sum_{m'>=0} A+_{l m' m} Re h_m',   Im b_lm = sum_{m'>=0} A-_{l m' m} Im h_m',
         A+-_{l m' m} = d^l_{m m'} +- [m' > 0] (-1)^m' d^l_{m,-m'},
 
-    then b_lm e^{-i m alpha}.  Tables: two real (lmax+1)^3 arrays (34 MiB at lmax 128 in float64),
+    then b_lm e^{-i m alpha}.  Tables: two real (lmax+1)^3 arrays (33 MiB at lmax 128 in float64),
     one batched matmul over l per application.
     """
 

@@ -42,7 +42,7 @@ def kernel_degree(kappa: float, dim: int, tol: float, limit: int = 2 ** 16) -> i
     The ratio mu_l(kappa) / mu_0(kappa) = lambda_l / lambda_0 of `funk_hecke`: computed with
     exponentially scaled Bessel functions, so large kappa neither overflows nor loses digits.  The weights
     fall like exp(-l^2 / (2 kappa)), so the search doubles its range from 64 degrees; ValueError when no
-    degree up to `limit` qualifies (kappa above ~ 1e8 at tol 1e-14, far beyond any grid).
+    degree up to `limit` qualifies (kappa above ~ 6e7 at tol 1e-14, far beyond any grid).
     """
     if kappa == 0:
         return 1

@@ -14,7 +14,7 @@ beta B = 0 both are the mean M = int y drho of a probability measure):
       U = -1/2 <M, V M>,                                    dU/drho (x) = -<x, V M>;
   unnormalized kernel, beta > 0, B symmetric, V = c B (the training paper, arXiv:2605.07772: B = V = A,
   beta = 1, c = 1):
-      U = -c / (2 beta) int int exp(beta <x, B y>) drho drho,    grad_x of dU/drho = -c N(x) = -V m;
+      U = -c / (2 beta) int int exp(beta <x, B y>) drho drho,    grad_x of dU/drho = -c P_x(B N(x)) = -P_x(V m);
 
 and the flow dissipates F when, in addition, W is a multiple of the identity (P_x(w x) = 0; W = 0 in
 practice) and constant.  U is then (c / beta) times the run's `interaction_energy`, the pair integral
