@@ -43,7 +43,7 @@ ds = spherepde.run(case)
 # ``theta`` is the angle in radians; the density is per radian, so it integrates to 1 against
 # ``cell_area``.
 
-# The angles are shown in (-180, 180] degrees, so that the clusters do not straddle the picture's edge.
+# The angles are shown in [-180, 180) degrees, so that the clusters do not straddle the picture's edge.
 order = np.argsort(np.degrees(ds["theta"].values + np.pi) % 360 - 180)
 ds = ds.isel(theta=order)
 theta = np.degrees(ds["theta"].values + np.pi) % 360 - 180

@@ -31,9 +31,10 @@ ds = xr.open_dataset(path)
 print(ds)
 
 # %%
-# Every variable carries ``long_name`` and ``units``; ``mean`` shadows the method
-# ``Dataset.mean``, so read it as ``ds["mean"]``. The density is per steradian: against
-# ``cell_area`` (the quadrature weights, in sr) it integrates to the mass.
+# Every data variable carries ``long_name`` and ``units``, and so does every coordinate but the index
+# ``component`` (a ``long_name`` alone); ``mean`` shadows the method ``Dataset.mean``, so read it as
+# ``ds["mean"]``. The density is per steradian: against ``cell_area`` (the quadrature weights, in sr) it
+# integrates to the mass.
 
 for name in ("density", "cell_area", "order_parameter", "spectral_tail"):
     print(f"{name}: {ds[name].attrs['long_name']} [{ds[name].attrs.get('units', '')}]")
