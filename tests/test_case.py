@@ -265,6 +265,29 @@ def test_an_override_of_dt_or_cfl_replaces_the_other_that_the_file_gives():
         load_case_text(MINIMAL + "dt = 0.01\ncfl = 0.3\n")
 
 
+def test_an_override_of_a_kind_drops_the_keys_the_new_kind_does_not_use():
+    """`--set initial.kind=...` on a case file of another kind: the file's keys that the new kind does not read are
+    dropped (as time.cfl for time.dt), those it reads are kept, and a later override starts without them; a key the
+    override itself sets, or one the file gives for a kind it did not replace, is still refused.  Likewise
+    model.feed_forward and solver.method, the other keys that decide which keys are used."""
+    vmf = load_case_text(MINIMAL + '[initial]\nkind = "vmf"\nmean = [0.0, 1.0]\nkappa = 4.0\n')
+    assert vmf.with_overrides(['initial.kind="uniform"'])["initial"] == {"kind": "uniform"}
+    gaussian = vmf.with_overrides(['initial.kind="projected_gaussian"', "initial.covariance=[[2.0, 0.0], [0.0, 2.0]]"])
+    assert gaussian["initial"] == {"kind": "projected_gaussian", "mean": [0.0, 1.0],
+                                   "covariance": [[2.0, 0.0], [0.0, 2.0]]}
+    assert gaussian.with_overrides(["model.eps=0.3"])["initial"] == gaussian["initial"]
+    assert reloaded(gaussian).data == gaussian.data
+    with pytest.raises(CaseError, match=r"initial.kappa: not used when initial.kind = 'uniform'"):
+        vmf.with_overrides(['initial.kind="uniform"', "initial.kappa=2.0"])
+    with pytest.raises(CaseError, match=r"initial.kappa: not used when initial.kind = 'uniform'"):
+        load_case_text(MINIMAL + '[initial]\nkind = "uniform"\nkappa = 4.0\n', ["model.eps=0.3"])
+    linear = load_case_text(MINIMAL + "[model]\nW = [[0.0, 1.0], [-1.0, 0.0]]\n")
+    mlp = linear.with_overrides(['model.feed_forward="mlp"', "model.hidden=3"])
+    assert "W" not in mlp["model"] and len(mlp["model"]["W1"]) == 3  # W1 (hidden, d)
+    with pytest.raises(CaseError, match=r"model.W: not used when model.feed_forward = 'mlp'"):
+        load_case_text(MINIMAL + '[model]\nfeed_forward = "mlp"\nW = [[0.0, 1.0], [-1.0, 0.0]]\n')
+
+
 def test_overrides_accumulate_and_load_case_applies_them(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text(MINIMAL)

@@ -248,9 +248,9 @@ def _build(table, overrides, source, origin, base_dir, default_name, edits=()) -
         if not isinstance(table, dict):
             raise CaseError(f"a case is a table of [sections], got {type(table).__name__}")
         _check_nesting(table)
-        overridden = _with_overrides(table, overrides, edits)
+        overridden, given = _with_overrides(table, overrides, edits)
         _check_nesting(overridden)  # dotted keys of --set nest tables too
-        inputs = Inputs(overridden, base_dir, default_name)
+        inputs = Inputs(overridden, base_dir, default_name, frozenset(given))
         data = _resolve(inputs)
         return Case(data, source, origin, inputs, copy.deepcopy(data))
     except CaseError as error:
@@ -289,10 +289,10 @@ def _describe_toml_error(error: tomllib.TOMLDecodeError) -> str:
 ALTERNATIVE_KEYS = {("time", "dt"): "cfl", ("time", "cfl"): "dt"}
 
 
-def _with_overrides(table: dict, overrides: Iterable[str], edits=()) -> dict:
+def _with_overrides(table: dict, overrides: Iterable[str], edits=()) -> tuple[dict, set]:
     """A copy of the table, its numpy values as TOML's (`_plain`), with each edit ((section, key), value)
     (Case.edits), then each override "section.key=value", set; a key set replaces its alternative
-    (ALTERNATIVE_KEYS) unless that is set too.  Unknown keys are caught by resolution."""
+    (ALTERNATIVE_KEYS) unless that is set too.  Unknown keys are caught by resolution.  Also the paths set."""
     if isinstance(overrides, str):
         overrides = (overrides,)
     table = _plain(table)  # new tables and lists throughout: the caller's stay as they are
@@ -315,7 +315,7 @@ def _with_overrides(table: dict, overrides: Iterable[str], edits=()) -> dict:
         alternative = ALTERNATIVE_KEYS.get(path)
         if alternative is not None and path[:-1] + (alternative,) not in given:
             parent.pop(alternative, None)
-    return table
+    return table, given
 
 
 # ---------------------------------------------------------------------------------------
@@ -360,6 +360,9 @@ def _resolve_section(section: Section, given: dict, ctx: Context) -> dict:
         reason = key.unused(ctx)
         if reason is not None:
             if key.name in given and not (key.default_passes and given[key.name] == key.default):
+                if _replaced_by_override(key, section.name, ctx.inputs.overridden):
+                    del given[key.name]  # from the inputs' table too: a later with_overrides starts without it
+                    continue
                 raise CaseError(f"{path}: {reason}")
             continue
         if key.name in given:
@@ -373,6 +376,15 @@ def _resolve_section(section: Section, given: dict, ctx: Context) -> dict:
     if section.rules is not None:
         section.rules(resolved, ctx)
     return resolved
+
+
+def _replaced_by_override(key, section: str, overridden: frozenset) -> bool:
+    """Whether a key the case gives but does not use belongs to what an override replaced: its selector (the key
+    whose value decides whether it is used: initial.kind, control.loss, model.feed_forward, solver.method) was
+    overridden and the key itself was not.  Then `--set initial.kind="uniform"` on a vMF case file drops the file's
+    mean and kappa, as `--set time.dt=...` drops its time.cfl, and a sweep may run initial laws of several kinds."""
+    selector = getattr(key.unused, "selector", None)
+    return selector in overridden and (section, key.name) not in overridden
 
 
 def _parsed(path: str, parse, value, ctx: Context):

@@ -252,9 +252,19 @@ def _always_used(ctx) -> None:
     return None
 
 
+def _selected_by(section: str, key: str):
+    """Marks an `unused` rule as decided by the value of section.key, its selector: an override of the selector drops
+    the keys of the case that its new value does not use (spherepde.io.case._replaced_by_override)."""
+    def mark(unused):
+        unused.selector = (section, key)
+        return unused
+    return mark
+
+
 def _only_for(section: str, key: str, *values: str):
     """Keys that belong to some values of another key of their section only (initial.kind, control.loss): a
     reason when they do not apply."""
+    @_selected_by(section, key)
     def unused(ctx) -> str | None:
         value = ctx.section[key]
         if value not in values:
@@ -303,6 +313,7 @@ def _activation_names(value, ctx) -> str:
     return choice(*ACTIVATIONS)(value, ctx)
 
 
+@_selected_by("model", "feed_forward")
 def _mlp_only(ctx) -> str | None:
     """Keys of the two-layer feed-forward: a reason when model.feed_forward is linear."""
     if ctx.section.get("feed_forward", "linear") != "mlp":
@@ -310,6 +321,7 @@ def _mlp_only(ctx) -> str | None:
     return None
 
 
+@_selected_by("model", "feed_forward")
 def _linear_only(ctx) -> str | None:
     if ctx.section.get("feed_forward", "linear") == "mlp":
         return "not used when model.feed_forward = 'mlp' (W2 sigma(W1 x + b) replaces W x)"
@@ -326,6 +338,7 @@ def _second_axis(ctx) -> list[float]:
     return [float(i == 1) for i in range(ctx.dim)]
 
 
+@_selected_by("solver", "method")
 def _eulerian_training_only(ctx) -> str | None:
     """Keys of [control] that only the Eulerian training reads: a reason when training particles."""
     if ctx.data["solver"]["method"] == "particles":
@@ -333,6 +346,7 @@ def _eulerian_training_only(ctx) -> str | None:
     return None
 
 
+@_selected_by("solver", "method")
 def _particle_training_only(ctx) -> str | None:
     """Keys of [control] that only the particle training reads: a reason when training the Eulerian solver."""
     if ctx.data["solver"]["method"] != "particles":

@@ -23,6 +23,7 @@ class Inputs:
     table: dict  # the user's table with overrides applied, before resolution
     base_dir: Path  # where relative file paths start from
     default_name: str  # case.name when the table has none
+    overridden: frozenset = frozenset()  # the (section, key) that overrides and edits set in `table`
 
 
 class Invalid(Exception):
