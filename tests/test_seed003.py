@@ -212,6 +212,25 @@ def test_temperature_error_exponent():
         assert np.all(np.diff(values / np.sqrt(np.log(betas + 1) / betas)) < 0)
 
 
+def test_temperature_coupling_refuses_runs_whose_characteristics_do_not_carry_rho_0():
+    """The bounds push rho_0 along the characteristics of the softmax fields at beta and at inf: rho_t only at
+    eps = 0, with W = 0 and the softmax kernel.  A diffusive, unnormalized or feed-forward run is refused (it got
+    an `upper` computed from flows that do not carry its density); eps = 0 passes to the check of the saves."""
+    import xarray as xr
+
+    def attempt(*overrides):
+        run = xr.Dataset(coords={"time": [0.0, 0.1, 0.3]},
+                         attrs={"case": load("seed003-ablation-symmetric", *overrides).text})
+        with pytest.raises(ValueError) as error:
+            cc.temperature_coupling(run)
+        return str(error.value)
+
+    assert "eps = 0.01 > 0" in attempt("model.eps=0.01")
+    assert "kernel = 'unnormalized'" in attempt("model.kernel='unnormalized'")
+    assert "feed-forward" in attempt("model.W=[[0.0, 0.1, 0.0], [-0.1, 0.0, 0.0], [0.0, 0.0, 0.0]]")
+    assert "equally spaced" in attempt()
+
+
 # ---------------------------------------------------------------------------------------
 # 4. The complex-spectrum ablation does not settle
 # ---------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ nondimensional).
   quadrature, which integrates the degree-2L product exactly.
 * Rates.  Local rates -d log V / dt between saves and the least-squares asymptotic rate.
 * Oscillation: half the peak-to-peak range of a series in a time window.
-* Temperature coupling.  rho_t^beta and rho_t^inf are pushforwards of rho_0 by the flows
-  of their velocity fields; integrating both flows from the same quadrature of rho_0 gives
+* Temperature coupling.  Without noise (eps = 0) rho_t^beta and rho_t^inf are pushforwards of rho_0 by
+  the flows of their velocity fields; integrating both flows from the same quadrature of rho_0 gives
       W2(rho_t^beta, rho_t^inf)^2 <= int |Phi_t^beta(x) - Phi_t^inf(x)|^2 drho_0(x)   (upper bound)
   and, for any unit vector e, W2 >= W1 >= |<e, mean(rho_t^beta) - mean(rho_t^inf)>|   (lower bound).
   Phi^beta is driven by the Eulerian densities saved at equal intervals ds: a Runge-Kutta 4
@@ -209,9 +209,24 @@ def temperature_coupling(dataset, quadrature_lmax: int = 16) -> dict:
 
     Returns {"time", "upper", "lower"} at every other save: `upper` is the L2(rho_0) distance of
     the two flows, `lower` the largest component of the difference of the pushed means.
-    The saves must be equally spaced (checked).
+    The saves must be equally spaced (checked).  Both are bounds only where rho_t^beta and rho_t^inf are the
+    pushforwards of rho_0 by the flows integrated here: eps = 0 (no diffusion), one softmax head with constant B and
+    V, no feed-forward term (W = 0); a ValueError otherwise (at eps > 0 the density spreads while the
+    characteristics do not: `upper` would bound nothing).
     """
     case = load_case_text(dataset.attrs["case"])
+    model = case["model"]
+    unsupported = [reason for reason, present in (
+        (f"eps = {model['eps']:g} > 0", model["eps"] != 0),
+        (f"kernel = {model['kernel']!r}", model["kernel"] != "softmax"),
+        ("beta = inf", model["beta"] == math.inf), ("extra heads", "extra_heads" in model),
+        ("layered B or V", any(np.ndim(model[name]) != 2 for name in ("B", "V"))),
+        ("a feed-forward term", model.get("feed_forward", "linear") != "linear"
+         or np.any(np.asarray(model.get("W", 0.0), dtype=float) != 0)))
+        if present]
+    if unsupported:
+        raise ValueError("temperature_coupling: the characteristics carry rho_0 to rho_t only for eps = 0, one "
+                         f"softmax head at finite beta and W = 0; this run has {', '.join(unsupported)}")
     beta = float(case["model"]["beta"])
     V, B = (torch.tensor(case["model"][name], dtype=torch.float64) for name in ("V", "B"))
     times = dataset["time"].values

@@ -193,7 +193,8 @@ def _normalised(masses: np.ndarray) -> np.ndarray:
 
 def circle_w2(points_a, masses_a, points_b, masses_b) -> tuple[float, float, float]:
     """W2 on S^1 with the chordal cost 2 - 2 cos(theta - phi) by the circular monotone rearrangement: (its W2,
-    its largest displacement, a certified bound on how far that W2 lies above the optimal one).
+    its largest displacement as an angle in [0, pi] (radians, not chordal), a certified bound on how far that W2
+    lies above the optimal one).
 
     With quantile functions q_a, q_b of the angles on [0, 1) (periodic), the coupling
     u -> (q_a(u), q_b(u + s)) costs C(s) = int_0^1 (2 - 2 cos(q_a(u) - q_b(u + s))) du, piecewise linear
