@@ -84,6 +84,19 @@ def test_hemisphere_mass_is_exact_for_band_limited_densities():
     assert np.abs(cc.hemisphere_mass(run, [1, 0, 0]) - 7 / 8).max() < 1e-14
 
 
+def test_hemisphere_mass_is_exact_for_band_limited_densities_on_the_circle():
+    """S^1: rho = (1 + cos t + sin 3t + cos 2t) / (2 pi) has mass 1/2 + 1/pi on {cos t > 0} and 1/2 + 1/(3 pi) on
+    {sin t > 0}; the axis must have the circle's two components."""
+    run = spherepde.run(spherepde.load_case("cases/kuramoto-s1.toml", ["sphere.lmax=16", "time.t_end=0.1",
+                                                                       "time.save_every=0.1"]), progress=False)
+    theta = run["theta"].values
+    run["density"][:] = (1 + np.cos(theta) + np.sin(3 * theta) + np.cos(2 * theta)) / (2 * math.pi)
+    assert np.abs(cc.hemisphere_mass(run, [2, 0]) - (0.5 + 1 / math.pi)).max() < 1e-14
+    assert np.abs(cc.hemisphere_mass(run, [0, 1]) - (0.5 + 1 / (3 * math.pi))).max() < 1e-14
+    with pytest.raises(ValueError, match="2 components"):
+        cc.hemisphere_mass(run, [1, 0, 0])
+
+
 def eulerian_hemisphere_drift(beta: str) -> float:
     case = load("seed003-ablation-symmetric", "solver.method='eulerian'", "sphere.lmax=32", f"model.beta={beta}",
                 "time.t_end=0.25", "time.save_every=0.05", "diagnostics.w2=false")

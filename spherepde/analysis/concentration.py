@@ -8,7 +8,9 @@ nondimensional).
   1{<x, e> > 0} meets rho, and that part is the zonal polynomial
       h_L(s) = sum_{l <= L} c_l P_l(s),   c_l = (2l + 1)/2 int_0^1 P_l = (P_{l-1}(0) - P_{l+1}(0)) / 2
   (c_0 = 1/2), so rho({<x, e> > 0}) = sum_j w_j rho(x_j) h_L(<x_j, e>) with the grid's
-  quadrature, which integrates the degree-2L product exactly.
+  quadrature, which integrates the degree-2L product exactly.  On S^1 the zonal polynomials are
+  Chebyshev's, cos(k phi) = T_k(cos phi): h_L(s) = 1/2 + sum_{1 <= k <= L} (2 sin(k pi / 2) / (k pi)) T_k(s),
+  the Fourier series of the half circle's indicator cut at degree L.
 * Rates.  Local rates -d log V / dt between saves and the least-squares asymptotic rate.
 * Oscillation: half the peak-to-peak range of a series in a time window.
 * Temperature coupling.  Without noise (eps = 0) rho_t^beta and rho_t^inf are pushforwards of rho_0 by
@@ -55,26 +57,34 @@ def second_moments(dataset) -> np.ndarray:
     return np.tensordot(mass, x[..., :, None] * x[..., None, :], axes=(grid, tuple(g - 1 for g in grid)))
 
 
-def step_weights(lmax: int) -> np.ndarray:
-    """Legendre coefficients c_0..c_lmax of the degree-lmax projection h_L of 1{s > 0} on [-1, 1]."""
-    c = np.zeros(lmax + 1)
-    c[0] = 0.5
-    for degree in range(1, lmax + 1):
-        c[degree] = 0.5 * (eval_legendre(degree - 1, 0.0) - eval_legendre(degree + 1, 0.0))
-    return c
+def step_weights(lmax: int, dim: int = 3) -> np.ndarray:
+    """Coefficients c_0..c_lmax of the degree-lmax projection h_L of 1{s > 0}, s = <x, e>, onto the zonal
+    polynomials of S^{dim-1}: Legendre's P_l on S^2, Chebyshev's T_k on S^1 (module docstring)."""
+    degrees = np.arange(1, lmax + 1)
+    if dim == 2:
+        higher = 2 * np.sin(degrees * np.pi / 2) / (degrees * np.pi)
+    else:
+        higher = 0.5 * (eval_legendre(degrees - 1, 0.0) - eval_legendre(degrees + 1, 0.0))
+    return np.concatenate([[0.5], higher])
 
 
 def hemisphere_mass(dataset, axis) -> np.ndarray:
-    """rho_t({<x, axis> > 0}) at every save: exact for an Eulerian S^2 density, the fraction for particles.
+    """rho_t({<x, axis> > 0}) at every save: exact for an Eulerian density (S^1 or S^2), the fraction for particles.
 
     A "both" dataset answers for its density; pass `split_both` halves to get each solver's.
     """
-    axis = np.asarray(axis, dtype=float) / np.linalg.norm(axis)
+    points = grid_points(dataset) if "density" in dataset else dataset["particles"].values
+    axis = np.asarray(axis, dtype=float)
+    if axis.shape != points.shape[-1:] or not np.linalg.norm(axis) > 0:
+        raise ValueError(f"hemisphere_mass: the axis is a nonzero vector of {points.shape[-1]} components (the "
+                         f"result's sphere), got {axis.tolist()}")
+    s = points @ (axis / np.linalg.norm(axis))
     if "density" not in dataset:
-        return (dataset["particles"].values @ axis > 0).mean(-1)
-    s = grid_points(dataset) @ axis
-    h = np.polynomial.legendre.legval(s, step_weights(int(dataset.attrs["lmax"])))
-    return np.einsum("tij,ij->t", dataset["density"].values, dataset["cell_area"].values * h)
+        return (s > 0).mean(-1)
+    zonal = np.polynomial.chebyshev.chebval if points.shape[-1] == 2 else np.polynomial.legendre.legval
+    h = zonal(s, step_weights(int(dataset.attrs["lmax"]), points.shape[-1]))
+    weights = dataset["cell_area"].values * h
+    return np.tensordot(dataset["density"].values, weights, axes=weights.ndim)
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ and min E is attained at a Gibbs fixed point  rho ∝ exp(U / eps),  U(x) = int 
 found by damped fixed-point iteration on the grid from a cluster at the leading eigenvector of B
 (`gibbs_minimum`; both wells +-e_1 have the same energy).  The energy gap is Delta(t) = E(mu_t) - min E.
 
-Three-phase test (`three_phase`), with Delta_ref the median of Delta over the middle half of [0, T]
+Three-phase test (`phases`, its "three_phase"), with Delta_ref the median of Delta over the middle half of [0, T]
 and the threshold h = Delta_ref + 0.05 (max Delta - Delta_ref):
   plateau        the largest interval of save times around T / 2 on which Delta <= h; its start is
                  the initial boundary-layer width tau, T minus its end the terminal width r;
@@ -17,8 +17,8 @@ and the threshold h = Delta_ref + 0.05 (max Delta - Delta_ref):
   flat plateau   var(Delta on the plateau) / (max Delta - min Delta)^2 <= 0.05 (relative variance);
   escape         Delta(T) - Delta_ref >= 0.1 (terminal energy lift).
 Terminal energy rate: least-squares slope a of log(Delta(t) - Delta_ref) over the terminal layer of the
-trained run, Delta - Delta_ref ~ C exp(-a (T - t)) (`terminal_energy_rate`; nonlinear there: the mean
-turns by ~1.5 rad).
+trained run, Delta - Delta_ref ~ C exp(-a (T - t)) (`exponential_rate`: a training's terminal_energy_rate;
+nonlinear there: the mean turns by ~1.5 rad).
 
 Rayleigh quotient (escape rate of linear theory).  Near a critical point mu of E (the Gibbs
 minimum: eps grad log rho = grad U) the forward equation linearises to d_t s = -K H s, with
