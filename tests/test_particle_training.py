@@ -164,8 +164,11 @@ def test_fresh_noise_is_refused_where_it_cannot_work():
         particle_case({"noise": "fresh", "optimizer": "lbfgs"})
     with pytest.raises(CaseError, match="control.tol"):
         particle_case({"noise": "fresh", "tol": 1e-6})
+    # An override of the method drops the particle training's key (docs/guide/case-files.md "Overrides"); set with
+    # it, or in a table of the Eulerian method, it is refused.
+    assert "noise" not in particle_case({"noise": "fresh"}).with_overrides(["solver.method='eulerian'"])["control"]
     with pytest.raises(CaseError, match="control.noise: not used when solver.method"):
-        particle_case({"noise": "fresh"}).with_overrides(["solver.method='eulerian'"])
+        particle_case({"noise": "fresh"}).with_overrides(["solver.method='eulerian'", "control.noise='fresh'"])
 
 
 def test_fresh_noise_gradient_is_an_unbiased_estimate_of_the_mean_field_gradient():
