@@ -177,6 +177,7 @@ def test_a_terminal_that_reports_no_width_still_gets_a_bar(monkeypatch):
     sys.stderr, then drew empty lines."""
     import os
     import pty
+    import select
 
     monkeypatch.delenv("COLUMNS", raising=False)
     leader, follower = pty.openpty()
@@ -186,7 +187,10 @@ def test_a_terminal_that_reports_no_width_still_gets_a_bar(monkeypatch):
         progress = Progress(4.0)
         progress.update(2.0, dt=0.5)
         progress.close()
-    text = os.read(leader, 65536).decode()
+    text = b""
+    while select.select([leader], [], [], 0.5)[0]:  # a pty hands its output over in pieces
+        text += os.read(leader, 65536)
     os.close(leader)
+    text = text.decode()
     assert "50%|" in text and "2/4" in text and "dt=0.5" in text
     assert max(len(line) for line in text.replace("\r", "\n").splitlines()) <= 80
