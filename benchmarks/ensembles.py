@@ -34,6 +34,12 @@ fewest torch (and numpy) operations (floors.lean_fourier_step), and its evaluati
 then its transpose) likewise in numpy (floors.lean_fourier_evaluation): what the per-operation overhead leaves
 reachable.
 
+--fields adds the measurement behind solver.field = "auto" and Transport's path (model.transport's cost model):
+a step with each field (dense, spectral) on each of its paths, forced, on S^2 (softmax and unnormalized, B = I and
+the general B of convergence-s2) at lmax 6-24 and S^1 at lmax 16-256, at 1, 4 and 16 members, beside the
+estimates and the pick, flagging a pick more than 15% slower than the fastest (the field is per member: M = 1's
+fastest; at more members the path within the picked field).  About 15 minutes on one core.
+
 --quick shortens the horizons (the ratios stay per step) for a run of a few minutes.
 """
 
@@ -207,6 +213,66 @@ def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
     return out
 
 
+FIELD_CASES = [("convergence-s2.toml", [], range(8, 25, 2)), ("quickstart.toml", ["time.dt=0.01"], range(6, 25, 2)),
+               ("convergence-s2.toml", ["model.kernel='unnormalized'"], range(8, 25, 2)),
+               ("quickstart.toml", ["time.dt=0.01", "model.kernel='unnormalized'"], range(6, 25, 2)),
+               ("kuramoto-s1.toml", [], (16, 32, 64, 128, 256)),
+               ("seed004-align-l065.toml", ["time.dt=0.02"], (16, 32, 64, 128, 256)),
+               ("seed004-align-l065.toml", ["time.dt=0.02", "model.kernel='softmax'"], (16, 32, 64, 128, 256))]
+
+
+def field_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
+    """Seconds of a forward step of `members` copies of the case with each field on each of its paths, forced
+    ({"dense/matrix": s, ...}), Transport's estimate of each ("dense/matrix:estimate"), and the pick of
+    solver.field = "auto" ("picked": field/path)."""
+    from solvers.forward_problem import ForwardProblem
+    from spherepde.model.transport import MATRIX_BYTES, Transport
+
+    picked = ForwardProblem([load(path, overrides + ["solver.field='auto'"])] * members)
+    out = {"picked": f"{picked.kernels.name}/{picked.transport.path}"}
+    for field in ("dense", "spectral"):
+        problem = ForwardProblem([load(path, overrides + [f"solver.field='{field}'"])] * members)
+        for forced in ("matrix", "fourier", "grid"):
+            try:
+                transport = Transport(problem.basis, problem.batch, problem.kernels, MATRIX_BYTES, path=forced)
+            except ValueError:  # the case has no such path
+                continue
+            if transport.path == forced:
+                problem.transport = transport
+                out[f"{field}/{forced}"] = step_seconds(problem, repeats, problem.cases[0]["time"].get("dt", 0.01))
+                out[f"{field}/{forced}:estimate"] = transport.cost
+    return out
+
+
+def print_field_costs(repeats: int) -> None:
+    """`field_costs` over FIELD_CASES at 1, 4 and 16 members: the measured step (ms) and the estimate (in 1e6
+    multiply-adds) of each field and path, the pick, and the fastest; a pick more than 15% slower is flagged."""
+    from spherepde.base.errors import CaseError
+
+    print("8. solver.field = 'auto' and Transport's path: a step (ms; the estimate in 1e6 multiply-adds), forced; the "
+          "pick; the fastest (M = 1: of all; more members: of the picked field's paths)")
+    flagged = 0
+    for members in (1, 4, 16):
+        for name, overrides, lmaxes in FIELD_CASES:
+            for lmax in lmaxes:
+                try:
+                    costs = field_costs(os.path.join(ROOT, "cases", name), overrides + [f"sphere.lmax={lmax}"],
+                                        members, repeats)
+                except CaseError:  # too coarse for the kernel
+                    continue
+                times = {key: value for key, value in costs.items() if ":" not in key and key != "picked"}
+                field = costs["picked"].split("/")[0]
+                fastest = min((key for key in times if members == 1 or key.startswith(field)), key=times.get)
+                ratio = times[costs["picked"]] / times[fastest]
+                flagged += ratio > 1.15
+                print(f"   {name} {' '.join(o for o in overrides if 'dt' not in o)} lmax {lmax:3d} M = {members:2d}: "
+                      + "  ".join(f"{key} {1e3 * value:7.3f} ({costs[key + ':estimate'] / 1e6:6.2f})"
+                                  for key, value in times.items())
+                      + f"  picked {costs['picked']}, fastest {fastest}" + (f"  <-- {ratio:.2f}x" if ratio > 1.15
+                                                                             else ""))
+    print(f"   picks more than 15% slower than the fastest: {flagged}")
+
+
 def s1_floor(throughput: dict, path: str, members: int) -> float:
     """Seconds per member of an S^1 forward step at one core's throughput (arithmetic_floor): the six stages'
     products at the GEMM rate and their FFTs at the FFT rate, on the path `path`, elementwise work left out."""
@@ -330,6 +396,8 @@ def main(argv=None):
     parser.add_argument("--training", metavar="OLD.npz", help="compare today's bow training with the stored one")
     parser.add_argument("--no-baseline", action="store_true", help="skip the baseline's measurements")
     parser.add_argument("--paths", action="store_true", help="also time the matrix and the grid path")
+    parser.add_argument("--fields", action="store_true",
+                        help="only time each field on each path over a range of grids, beside the auto pick")
     parser.add_argument("--record-baseline-training", metavar="OUT.npz",
                         help="run the baseline's bow training (hours) and store W, J and its CPU time")
     parser.add_argument("--training-iterations", type=int, default=300, metavar="K",
@@ -337,6 +405,9 @@ def main(argv=None):
                              "tol); --training then trains today's code as far")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.fields:
+        print_field_costs(args.repeats)
+        return
     if args.record_baseline_training:
         in_baseline(args.baseline, BASELINE_TRAINING, {"bow": os.path.basename(BOW),
                                                         "overrides": bow_overrides(args.training_iterations),

@@ -6,6 +6,7 @@ import pytest
 import xarray as xr
 
 import spherepde.model.transport as transport
+from solvers.forward_problem import ForwardProblem
 from solvers.particles import ParticleSystem
 from spherepde import run
 from spherepde.api.ensemble import batches, run_batch
@@ -65,22 +66,28 @@ def assert_same_file(batched: xr.Dataset, serial: xr.Dataset, tolerance: float):
             assert batched.attrs[key] == value, key
 
 
-@pytest.mark.parametrize("dim, kernel, beta, field, lmax, extra, torch_costs", [
-    (2, "unnormalized", 1.0, "dense", 24, None, False),    # fourier path (numpy), a folded operator per member
-    (2, "unnormalized", 1.0, "dense", 24, None, True),     # matrix path, a folded operator per member
-    (2, "unnormalized", 1.0, "dense", 128, None, True),    # fourier path batched, the matrix path serially
-    (2, "softmax", 2.0, "spectral", 24, None, False),      # grid path, spectral transforms
-    (3, "softmax", 2.0, "spectral", 8, None, False),
-    (3, "softmax", "inf", "auto", 8, None, False),         # zero temperature
-    (2, "softmax", 2.0, "dense", 24, {"cfl": 0.5}, False),  # CFL: members take different numbers of steps
+@pytest.mark.parametrize("dim, kernel, beta, field, lmax, extra, fourier_costs", [
+    (2, "unnormalized", 1.0, "dense", 24, None, None),         # fourier path (numpy), a folded operator per member
+    (2, "unnormalized", 1.0, "dense", 24, None, "excluded"),   # matrix path, a folded operator per member
+    (2, "unnormalized", 1.0, "dense", 24, None, "torch"),      # fourier path batched, the matrix path serially
+    (2, "softmax", 2.0, "spectral", 24, None, None),           # grid path, spectral transforms
+    (3, "softmax", 2.0, "spectral", 8, None, None),
+    (3, "softmax", "inf", "auto", 8, None, None),              # zero temperature
+    (2, "softmax", 2.0, "dense", 24, {"cfl": 0.5}, None),      # CFL: members take different numbers of steps
 ])
-def test_batched_eulerian_members_are_their_serial_runs(dim, kernel, beta, field, lmax, extra, torch_costs,
+def test_batched_eulerian_members_are_their_serial_runs(dim, kernel, beta, field, lmax, extra, fourier_costs,
                                                          monkeypatch):
-    """With `torch_costs` Transport chooses its path by torch's cost rule (the GPU's choice), else by the CPU's,
-    where the fourier path's numpy program pays from one member on."""
-    if torch_costs:
-        monkeypatch.setattr(transport, "NUMPY_OPERATION_COST", transport.OPERATION_COST)
+    """Transport chooses its path by the CPU's cost rule, where the fourier path's numpy program pays from one
+    member on; with `fourier_costs` "torch" by torch's (the GPU's choice: three members' own operators read in one
+    evaluation cost more than the fourier path's fixed cost, one member's less), with "excluded" with the fourier
+    path priced out (the matrix path's batch of members' own operators)."""
+    if fourier_costs is not None:
+        factor = 1 if fourier_costs == "torch" else 100
+        monkeypatch.setattr(transport, "NUMPY_OPERATION_COST", factor * transport.OPERATION_COST)
     cases = eulerian_members(dim, kernel, beta, field, lmax, extra)
+    expected = {None: None, "excluded": ("matrix", "matrix"), "torch": ("matrix", "fourier")}[fourier_costs]
+    if expected is not None:
+        assert (ForwardProblem(cases[:1]).transport.path, ForwardProblem(cases).transport.path) == expected
     assert batches(cases) == [[0, 1, 2]]
     assert_batch_is_serial(cases)
 

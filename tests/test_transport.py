@@ -321,26 +321,29 @@ def transport_estimates(problem) -> dict:
                                                         1e-10)).cost for name in ("dense", "spectral")}
 
 
-@pytest.mark.parametrize("lmax, field, path", [(8, "dense", "matrix"), (12, "dense", "matrix"),
-                                               (16, "spectral", "grid")])
-def test_auto_field_is_the_dense_one_where_the_transport_folds_it_more_cheaply(lmax, field, path):
-    """convergence-s2 (general B): its transform alone is cheaper spectral at every lmax (make_exp_kernel), but at
-    lmax 8 and 12 the dense field lets the transport fold the attention into the matrix path, estimated cheaper for
-    one member than the spectral field's grid path (measured at lmax 8: 1.1 against 2.2 ms a step); at lmax 16 the
-    operator no longer fits and the spectral field stays.  The pick is each member's own: a batch of four picks
-    what one member does, though at lmax 12 the batch's own estimates favour the spectral field."""
+@pytest.mark.parametrize("kernel, lmax, field, path, batch_field", [
+    ("unnormalized", 8, "dense", "matrix", "dense"), ("softmax", 8, "spectral", "grid", "dense"),
+    ("softmax", 10, "spectral", "grid", "spectral"), ("softmax", 16, "spectral", "grid", "spectral")])
+def test_auto_field_is_the_dense_one_where_the_transport_folds_it_more_cheaply(kernel, lmax, field, path, batch_field):
+    """convergence-s2 (general B): its transform alone is cheaper spectral at every lmax (make_exp_kernel), but with
+    the unnormalized kernel at lmax 8 the dense field lets the transport fold the attention into the matrix path,
+    estimated cheaper for one member than the spectral field's grid path (measured 1.15 against 1.7 ms a step);
+    the softmax kernel's matrix path reads more rows, and from lmax 8 on its reading costs more than the spectral
+    grid path (measured at lmax 10: 3.5 against 2.7 ms; at 8 within 6%, 2.6 against 2.4); at lmax 16 the operator
+    no longer fits.  The pick is each member's own: a batch of four picks what one member does, though at lmax 8
+    with the softmax kernel the batch's own estimates favour the dense field (its matrices read once for four)."""
     import spherepde
     from spherepde.kernels.choice import make_exp_kernel
 
-    serial = ForwardProblem(spherepde.load_case("cases/convergence-s2.toml", [f"sphere.lmax={lmax}"]))
+    overrides = [f"sphere.lmax={lmax}", f"model.kernel='{kernel}'"]
+    serial = ForwardProblem(spherepde.load_case("cases/convergence-s2.toml", overrides))
     model = serial.batch.models[0]
     assert make_exp_kernel(serial.basis, model.B, model.beta, "auto", 1e-10).name == "spectral"
     assert (serial.kernels.name, serial.transport.path) == (field, path)
     estimates = transport_estimates(serial)
     assert min(estimates, key=estimates.get) == field
-    batch = ForwardProblem([spherepde.load_case("cases/convergence-s2.toml", [f"sphere.lmax={lmax}",
-                                                                              f"particles.seed={seed}"])
+    batch = ForwardProblem([spherepde.load_case("cases/convergence-s2.toml", overrides + [f"particles.seed={seed}"])
                             for seed in range(4)])
     assert (batch.kernels.name, batch.transport.path) == (field, path)
     batch_estimates = transport_estimates(batch)
-    assert min(batch_estimates, key=batch_estimates.get) == ("spectral" if lmax >= 12 else "dense")
+    assert min(batch_estimates, key=batch_estimates.get) == batch_field

@@ -76,13 +76,27 @@ from spherepde.model.matrix_path import MatrixPath
 
 # Largest memory (bytes) of the matrices of Transport's "matrix" path (and of the folded attention operators).
 MATRIX_BYTES = 64 * 2 ** 20
-# The fixed cost of one tensor operation on the CPU in multiply-adds (about 6 us at 1e10 per second with the
-# Python and dispatch around it), for the choice between the matrix and the grid path (Transport._grid_cost,
-# _matrix_cost; benchmarks/ensembles.py measures both paths).
-OPERATION_COST = 60_000
+# The costs below are in multiply-adds at 1e10 a second (0.1 ns each; the unit of the transforms' own estimates,
+# kernels.*.cost), measured on one core of the development machine (thread CPU time, benchmarks/ensembles.py
+# --fields prints them and checks the ranking they give against the clock).
+# The fixed cost of one torch operation on the CPU with the Python around it: 2.9 us an operation in the fourier
+# step written as the fewest torch operations (benchmarks/floors.py lean_fourier_step; a bare add takes 1.0 us).
+OPERATION_COST = 30_000
 # The same for an operation of the fourier path's numpy program on the CPU (model.fourier_path, base.arrays): about
-# 1.2 us (measured at the seed-004 shapes, benchmarks/floors.py lean_fourier_step).
+# 1.1 us (the same yardstick in numpy; a bare add takes 0.34 us).
 NUMPY_OPERATION_COST = 12_000
+# A matrix-vector product is bound by reading its matrix, not by its multiply-adds: a product of a vector with a
+# 4-32 MiB float64 matrix ran at 25 GB/s (3.2e9 multiply-adds a second, a third of the reference rate): 0.4
+# multiply-adds per byte read.  Matrices that stay in the core's cache (the L2's 4 MiB here; 1 MiB read at
+# 100-125 GB/s, 2 MiB at 60) cost a quarter of that; the matrix path reads its two matrices at every evaluation, so
+# together up to CACHED_MATRIX_BYTES they count as cached.
+MATRIX_BYTE_COST = 0.4
+CACHED_MATRIX_BYTE_COST = 0.1
+CACHED_MATRIX_BYTES = 2 * 2 ** 20
+# Each multiply-add of a product at the BLAS's GEMM rate, on top of its matrix's reading: a 512^2 GEMM ran at 4.4e10
+# a second (benchmarks/floors.py arithmetic_floor).  A product with M columns is then read + M x arithmetic: at 4
+# MiB it took 165, 205 and 375 us for 1, 4 and 16 columns against 180, 215 and 360 us so modelled.
+GEMM_COST = 0.23
 
 
 def auto_fields(basis, models: list, tol: float, chunk) -> list:
@@ -90,9 +104,10 @@ def auto_fields(basis, models: list, tol: float, chunk) -> list:
     kernels.choice.make_exp_kernel picks for the transform alone ("auto", left to it, where the grid is too large
     for the operator), unless it is the spectral one and the dense field lets the transport fold the attention
     into its operator (the matrix or the fourier path: small S^2 grids, S^1) at a lower estimated cost for that
-    one member (Transport.cost).  The transform's own estimate cannot see that:
-    on convergence-s2 at lmax 8 the spectral field's transform is the cheaper, but its grid path takes 2.2 ms a
-    step against the dense field's matrix path's 1.1 (estimates 1.8e6 and 0.87e6)."""
+    one member (Transport.cost).  The transform's own estimate cannot see that: on convergence-s2 with the
+    unnormalized kernel at lmax 8 the spectral field's transform is the cheaper, but its grid path took 1.7-1.8 ms a
+    step against the dense field's matrix path's 1.15-1.25 (estimates 2.1e6 and 1.7e6); from lmax 10 on (8 with the
+    softmax kernel) the matrix path's reading of its matrices makes the spectral field the faster, and the pick."""
     picks, fields = {}, []
     for model in models:
         key = (float(model.beta), model.B.cpu().double().numpy().tobytes(), model.V.cpu().double().numpy().tobytes(),
@@ -165,8 +180,8 @@ class Transport:
         shared_V = bool((batch.V == batch.V[:1]).all())
         self._frame_V_first = (self._frame_V[:1] if shared_V else self._frame_V).permute(0, 1, 3, 2).contiguous()
         self._operator = self._fixed = self._folded = fourier = None
-        # The fourier path's array library (base.arrays): numpy on the CPU, its per-operation cost a fifth of torch's
-        # (benchmarks/floors.py lean_fourier_step); torch elsewhere.
+        # The fourier path's array library (base.arrays): numpy on the CPU, its per-operation cost about 0.4 of
+        # torch's (benchmarks/floors.py lean_fourier_step); torch elsewhere.
         fourier_namespace = np if basis.placement.device.type == "cpu" else torch
         if batch.zero_temperature:
             self._fixed = self._frame_components(zero_temperature_mean(batch.B, self.points))
@@ -214,28 +229,54 @@ class Transport:
         """Estimated multiply-adds of one evaluation on the grid path: per member the transforms (an FFT 4 n log2 n,
         a Legendre sum 2 (lmax + 1)^2 nlat per field, five fields: the synthesis and the vector divergence's four;
         twice their arithmetic, for the copies and layout changes around them) and the attention's, plus
-        OPERATION_COST for each of about 25 tensor operations."""
+        OPERATION_COST for each of its operations (`_operations`): an evaluation's 20 on S^1 (23 torch dispatches
+        with the unnormalized operator; 46 us at lmax 16) and 55 on S^2, where the transforms' numpy and ducc0 calls
+        escape a count of dispatches: an evaluation at lmax 6, its arithmetic negligible, took 200 us with either
+        kernel."""
         basis = self.basis
         fourier = 4 * basis.grid_size * math.log2(basis.grid_shape[-1])
         transforms = 3 * fourier if basis.dim == 2 else 10 * (basis.lmax + 1) ** 2 * basis.grid_shape[0] + 3 * fourier
-        return self.batch.members * (transforms + attention) + 25 * OPERATION_COST
+        operations = self._operations(20 if basis.dim == 2 else 55)
+        return self.batch.members * (transforms + attention) + operations * OPERATION_COST
 
     def _matrix_cost(self, rows: int) -> float:
-        """Estimated multiply-adds of one evaluation on the matrix path (`rows` grid fields besides rho), plus
-        OPERATION_COST for each of about 6 tensor operations."""
+        """Estimated multiply-adds of one evaluation on the matrix path (`rows` grid fields besides rho): its two
+        matrices (the rows, one per distinct operator, and the divergence) read once at MATRIX_BYTE_COST a byte
+        (CACHED_MATRIX_BYTE_COST where they fit the cache), their multiply-adds for every member at GEMM_COST, and
+        OPERATION_COST for each of its operations (`_operations`), counted as torch dispatches of one evaluation:
+        4 on S^1 with one unnormalized operator (MatrixPath.rate_token), 9 with the unnormalized kernel or the fixed
+        attention elsewhere.  The reading dominates on S^2: at one member the product runs at a third of the
+        reference rate (softmax at lmax 12: 14 MiB, 0.6 ms of the 0.9 ms of an evaluation), so that the spectral
+        field's grid path, though more arithmetic, is the cheaper from lmax 8 on (softmax), 10 (unnormalized)."""
         points, frame_count = self.basis.grid_size, self.basis.dim - 1
         size = 2 * math.prod(self.coefficient_shape)
-        return self.batch.members * ((1 + rows) * points * size + size * frame_count * points) + 6 * OPERATION_COST
+        distinct = 1 if self._operator is None else self._operator.matrix.shape[0]
+        matrix_bytes = (distinct * (1 + rows) * points + frame_count * points) * size * self.points.element_size()
+        reading = matrix_bytes * (CACHED_MATRIX_BYTE_COST if matrix_bytes <= CACHED_MATRIX_BYTES else MATRIX_BYTE_COST)
+        arithmetic = self.batch.members * ((1 + rows) * points * size + size * frame_count * points) * GEMM_COST
+        single_frame = self.basis.dim == 2 and distinct == 1 and self.batch.kernel == "unnormalized" and rows
+        return reading + arithmetic + self._operations(4 if single_frame else 9) * OPERATION_COST
+
+    def _operations(self, evaluation: int) -> int:
+        """The tensor operations a stage of a step costs on a torch path (grid, matrix) whose evaluation takes
+        `evaluation` of them for the unnormalized kernel: plus 10 for the softmax mean's components
+        (`_softmax_components`, in numpy on the CPU: 17 dispatches on the matrix path against 4-9; an S^1
+        evaluation 42 us against 7) where the kernel is softmax, and the 5 of the step's own combination of the
+        stages (solvers.forward_problem: 30 dispatches in a six-stage step besides its evaluations).  The fourier
+        path's numpy step counts its own (`_fourier_cost`)."""
+        softmax = 10 if self.batch.kernel == "softmax" and not self.batch.zero_temperature else 0
+        return evaluation + softmax + 5
 
     def _fourier_cost(self, rank: int, operation: float) -> float:
-        """Estimated multiply-adds of one evaluation on the fourier path: per member two FFTs (4 n log2 n each,
-        doubled for the layout changes around them) and the rank-r attention r (N + P), plus `operation` for each
-        of about 12 operations (the FFTs' own fixed cost counted as more than one).  In torch (OPERATION_COST) the
-        path's step costs about twice the matrix path's at one member and wins from about 8 members on at lmax 64;
-        in numpy on the CPU (NUMPY_OPERATION_COST) it wins from one member on (benchmarks/ensembles.py --paths)."""
+        """Estimated multiply-adds of one evaluation on the fourier path: per member two FFTs (4 n log2 n each) and
+        the rank-r attention r (N + P) (a member's marginal cost at lmax 64 in numpy measured 2.3 us a stage, against
+        2.2 so estimated), plus `operation` for each of about 12 operations (the step's combination of the stages
+        included, the FFTs' own fixed cost counted as more than one).  In torch (OPERATION_COST) the path's step
+        costs more than the matrix path's at one member on small grids; in numpy on the CPU (NUMPY_OPERATION_COST)
+        it wins from one member on, by 1.2-2x at lmax 64-256 (benchmarks/ensembles.py --fields)."""
         points = self.basis.grid_size
         fourier = 4 * points * math.log2(points)
-        return self.batch.members * (4 * fourier + rank * (2 * math.prod(self.coefficient_shape) + points)) \
+        return self.batch.members * (2 * fourier + rank * (2 * math.prod(self.coefficient_shape) + points)) \
             + 12 * operation
 
     def select(self, members: list) -> "Transport":
