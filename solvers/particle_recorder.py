@@ -46,8 +46,13 @@ class ParticleRecorder(RunRecord):
         for independent particles), SE by Hoeffding's projection: std(g) / sqrt(n) with
         g_i = (1/(n-1)) sum_{j != i} (k(x_i, x_j) + k(x_j, x_i)) / 2;
       mass: exactly 1, SE 0.
-    They are exact for independent particles (t = 0) but ignore the correlations the
-    interaction builds: where the dynamics amplifies fluctuations they are too small.
+    They hold for independent particles (t = 0: measured on vMF draws on S^1 and S^2, n = 100, 4000 draws, the
+    spread over the RMS error 0.97-1.01 +- 0.011), except that the Hoeffding projection (as the delta method of the
+    beta B = 0 free energy) keeps the first-order term only: where it vanishes (a rotation-invariant kernel under
+    the uniform law; M = 0) U is degenerate, its spread O(1 / n), and the error reads sqrt(2) times it on average
+    (ratio 0.71-0.73), with chi-square noise; the unbiased second-order estimate is negative there half the time.
+    They ignore the correlations the interaction builds: where the dynamics amplifies fluctuations they are too
+    small (S^2, n = 200, eps = 0.1, t = 3: 2.7 to 2.9 times, for interaction_energy, alignment_E and lyapunov).
     particles.replicas = R > 1 (R independent systems of n / R tokens): batch means, SE =
     std over the R systems of their estimates / sqrt(R), honest at every time (Student t
     with R - 1 degrees of freedom), the value the mean of the R estimates (for the averages

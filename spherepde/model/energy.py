@@ -100,7 +100,8 @@ class FreeEnergy:
 
     def interaction_stderr(self, interaction_stderr: float, points: np.ndarray) -> float:
         """Standard error of U from n independent tokens `points` (n, d): |c / beta| times that of the
-        interaction energy, or at beta B = 0 the delta method std(<x_i, V M>) / sqrt(n) (grad_M U = -V M)."""
+        interaction energy, or at beta B = 0 the delta method std(<x_i, V M>) / sqrt(n) (grad_M U = -V M): the
+        first-order term, sqrt(2) times U's spread on average where M = 0 (there U is degenerate, spread O(1 / n))."""
         if self.weight is None:
             return math.nan
         if self.mean_field:
