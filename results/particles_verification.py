@@ -693,11 +693,14 @@ def report_cost(parts: dict) -> list:
     lines = ["", "## 5. CPU time to an error of 1e-3 in r(10) (criterion 5)", ""]
     if all(data is None for data in parts.values()):
         return lines + ["(not measured)"]
+    unsplit = any(row and "eulerian_stepping" not in row for data in parts.values()
+                  for row in (data or {}).get("results", {}).values())
     lines += ["One CPU core (process_time). Eulerian: the cheapest (lmax, dt) of the ladder within 1e-3, as a whole "
-              "`spherepde.run` and its stepping alone (the run less a one-step run; not measured for the beta = 0 "
-              "rows, measured before this split). Particles: the time of one run of n_needed = sigma^2 / (tol^2 - "
-              "b^2) tokens, b = |bias| + its standard error, timed, or extrapolated with the fitted cost exponent "
-              "where n_needed > max-n.", ""]
+              "`spherepde.run` and its stepping alone (the run less a one-step run"
+              + ("; not measured for the rows measured before this split" if unsplit else "")
+              + "). Particles: the time of one run of n_needed = sigma^2 / (tol^2 - b^2) tokens, b = |bias| + its "
+              "standard error (sigma^2 / tol^2, a lower bound, where n0 does not resolve the bias: its standard error "
+              ">= 1e-3), timed, or extrapolated with the fitted cost exponent where n_needed > max-n.", ""]
     rows = []
     for data in parts.values():
         for name, row in (data or {}).get("results", {}).items():
