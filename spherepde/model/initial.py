@@ -63,11 +63,9 @@ def scaled_radial_moment(n: int, tau: torch.Tensor) -> torch.Tensor:
     """
     x = -tau / math.sqrt(2)
     k0 = math.sqrt(math.pi / 2) * torch.where(x < 0, torch.special.erfc(x), torch.special.erfcx(x))
-    forward = k0
-    if n >= 1:
-        previous, forward = k0, torch.exp(-tau.clamp(min=0) ** 2 / 2) + tau * k0
+    forward = [k0, torch.exp(-tau.clamp(min=0) ** 2 / 2) + tau * k0]  # K~_0, K~_1, then upwards
     for j in range(2, n + 1):
-        previous, forward = forward, (j - 1) * previous + tau * forward
+        forward.append((j - 1) * forward[-2] + tau * forward[-1])
     far = tau.clamp(max=RECURSION_SWITCH)
     top = n + FRACTION_DEPTH
     ratio = (far + torch.sqrt(far * far + 4 * (top + 1))) / 2
@@ -76,7 +74,7 @@ def scaled_radial_moment(n: int, tau: torch.Tensor) -> torch.Tensor:
         ratio = j / (ratio - far)
         if j <= n:
             backward = backward * ratio
-    return torch.where(tau < RECURSION_SWITCH, backward, forward)
+    return torch.where(tau < RECURSION_SWITCH, backward, forward[n])
 
 
 def projected_gaussian_density(points: torch.Tensor, mean, covariance) -> torch.Tensor:
