@@ -192,25 +192,34 @@ def step_seconds(problem, repeats: int, dt: float = 0.01, steps: int = 4) -> flo
         return clock(some_steps, repeats) / steps
 
 
-def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
-    """Seconds of a forward step per path (forced, where the case has it) and the path Transport's estimate
-    picks."""
-    from solvers.forward_problem import ForwardProblem
+def forced_paths(problem, repeats: int, matrix_bytes: int) -> dict:
+    """{path: (seconds of a forward step of `problem`'s members with Transport's path forced, Transport's estimate
+    of it)} for each path the case has; the matrix path's memory limit `matrix_bytes` (the others' MATRIX_BYTES).
+    Leaves the last path forced in `problem`."""
     from spherepde.model.transport import MATRIX_BYTES, Transport
 
-    case = load(path, overrides)
-    problem = ForwardProblem([case] * members)
-    out = {"chosen": problem.transport.path}
+    out = {}
     for forced in ("matrix", "fourier", "grid"):
         try:
-            transport = Transport(problem.basis, problem.batch, problem.kernels, 2 ** 40 if forced == "matrix"
-                                  else MATRIX_BYTES, path=forced)
+            transport = Transport(problem.basis, problem.batch, problem.kernels,
+                                  matrix_bytes if forced == "matrix" else MATRIX_BYTES, path=forced)
         except ValueError:  # the case has no such path
             continue
         if transport.path == forced:
             problem.transport = transport
-            out[forced] = step_seconds(problem, repeats, case["time"].get("dt", 0.01))
+            out[forced] = (step_seconds(problem, repeats, problem.cases[0]["time"].get("dt", 0.01)), transport.cost)
     return out
+
+
+def path_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
+    """Seconds of a forward step per path (forced, where the case has it, the matrix path beyond its memory limit)
+    and the path Transport's estimate picks."""
+    from solvers.forward_problem import ForwardProblem
+
+    problem = ForwardProblem([load(path, overrides)] * members)
+    chosen = problem.transport.path
+    return {"chosen": chosen} | {forced: seconds for forced, (seconds, _) in
+                                 forced_paths(problem, repeats, 2 ** 40).items()}
 
 
 FIELD_CASES = [("convergence-s2.toml", [], range(8, 25, 2)), ("quickstart.toml", ["time.dt=0.01"], range(6, 25, 2)),
@@ -226,21 +235,14 @@ def field_costs(path: str, overrides: list, members: int, repeats: int) -> dict:
     ({"dense/matrix": s, ...}), Transport's estimate of each ("dense/matrix:estimate"), and the pick of
     solver.field = "auto" ("picked": field/path)."""
     from solvers.forward_problem import ForwardProblem
-    from spherepde.model.transport import MATRIX_BYTES, Transport
+    from spherepde.model.transport import MATRIX_BYTES
 
     picked = ForwardProblem([load(path, overrides + ["solver.field='auto'"])] * members)
     out = {"picked": f"{picked.kernels.name}/{picked.transport.path}"}
     for field in ("dense", "spectral"):
         problem = ForwardProblem([load(path, overrides + [f"solver.field='{field}'"])] * members)
-        for forced in ("matrix", "fourier", "grid"):
-            try:
-                transport = Transport(problem.basis, problem.batch, problem.kernels, MATRIX_BYTES, path=forced)
-            except ValueError:  # the case has no such path
-                continue
-            if transport.path == forced:
-                problem.transport = transport
-                out[f"{field}/{forced}"] = step_seconds(problem, repeats, problem.cases[0]["time"].get("dt", 0.01))
-                out[f"{field}/{forced}:estimate"] = transport.cost
+        for forced, (seconds, estimate) in forced_paths(problem, repeats, MATRIX_BYTES).items():
+            out[f"{field}/{forced}"], out[f"{field}/{forced}:estimate"] = seconds, estimate
     return out
 
 
