@@ -26,7 +26,8 @@ probability 0.0027 for a normal z, 0.058 for Student t with 3 degrees of freedom
 
 W2(t) between the two measures, chordal cost |x - y|^2, masses: quadrature weights times
 density (Eulerian) or 1/n for the saved particles, by spherepde.measures.optimal_transport.w2_between
-(S^1: the certified circular monotone rearrangement, else exact OT, quantised above `atoms` atoms) with
+(S^1: the circular monotone rearrangement where certified, else exact OT, quantised above `atoms` atoms where
+that bound is the tighter) with
 its error bound (`w2_bound`): that method's error plus, for each density, the distance from its grid measure to it
 (at most the largest chord from a node to its cell, `measure`: |W2(A, B) - W2(QA, QB)| <= W2(A, QA) + W2(B, QB)).
 On S^1 an Eulerian density is first re-synthesised on REFINED_CIRCLE points

@@ -19,7 +19,8 @@ particles as their positions with masses 1/n.  The computations:
     moving a little mass the long way round can be cheaper: a vMF of kappa = 2 against itself turned by
     0.75 rad (200 atoms) is 9.2e-5 (relative) above exact OT, but von Mises laws of kappa 1 and 3 2.5 rad
     apart (2000 atoms each) 3.0% (1.4162 against 1.3756, certified bound 0.062).  Where the bound exceeds
-    CERTIFIED_W2 and the cost matrix has at most EXACT_PAIRS entries, POT's exact solver is used; S^2 and above:
+    CERTIFIED_W2, POT's exact solver is used where the cost matrix has at most EXACT_PAIRS entries, and above that
+    on both measures quantised where the quantisation bound is below the rearrangement's; S^2 and above:
     exact OT up to EXACT_PAIRS entries, above that both measures quantised to at most `atoms` atoms, with the
     quantisation bound.
   * S^1, two empirical measures of n points each (`circle_transport`): the circular monotone rearrangement by
@@ -137,12 +138,24 @@ def wasserstein2(points_a, masses_a, points_b, masses_b, max_atoms: int = 1000) 
     Returns (W2, error bound from the quantisation; 0 when none was needed); NaN when a
     measure has no positive mass (a density the grid does not see: nothing to normalise).
     """
+    return _quantised_w2(*quantised_pair(points_a, masses_a, points_b, masses_b, max_atoms))
+
+
+def quantised_pair(points_a, masses_a, points_b, masses_b, max_atoms: int):
+    """Both measures, negative masses floored, quantised above `max_atoms` atoms (`quantise`): ((points, masses) of
+    each, the sum of their bounds, which bounds how far a W2 between them lies from the W2 between the originals)."""
     a_points, a, a_bound = quantise(points_a, np.maximum(masses_a, DENSITY_FLOOR), max_atoms)
     b_points, b, b_bound = quantise(points_b, np.maximum(masses_b, DENSITY_FLOOR), max_atoms)
+    return (a_points, a), (b_points, b), a_bound + b_bound
+
+
+def _quantised_w2(measure_a, measure_b, bound: float) -> tuple[float, float]:
+    """(W2 between two measures of `quantised_pair` by exact OT, its bound); (NaN, 0) where one has no mass."""
+    (a_points, a), (b_points, b) = measure_a, measure_b
     if not (a.sum() > 0 and b.sum() > 0):
         return float("nan"), 0.0
     value = exact_transport(a_points, a / a.sum(), b_points, b / b.sum())[0]
-    return float(np.sqrt(max(value, 0.0))), a_bound + b_bound
+    return float(np.sqrt(max(value, 0.0))), bound
 
 
 def w2_projection(points, masses, points_0, masses_0, subspace: np.ndarray | None,
@@ -288,15 +301,27 @@ def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b) -> float:
 
 
 def w2_between(points_a, masses_a, points_b, masses_b, atoms: int) -> tuple[float, float, str]:
-    """W2 between two discrete measures on the sphere (chordal cost): (value, error bound, method)."""
-    if points_a.shape[1] == 2:
-        value, _, bound = circle_w2(points_a, masses_a, points_b, masses_b)
-        if bound <= CERTIFIED_W2 or len(masses_a) * len(masses_b) > EXACT_PAIRS:
-            return value, bound, "circular monotone rearrangement (within w2_bound of W2, by its dual)"
+    """W2 between two discrete measures on the sphere (chordal cost): (value, error bound, method).
+
+    On S^1 the circular rearrangement (`circle_w2`) where its certified excess over W2 is at most CERTIFIED_W2;
+    else, as `paired_transport` decides, POT's exact solver on every pair where the cost matrix has at most
+    EXACT_PAIRS entries, and above that on both measures quantised to `atoms` atoms where the quantisation's bound
+    is below the rearrangement's excess.  Two S^1 densities re-synthesised on 8192 points, von Mises kappa 1 at 0
+    and kappa 3 at 2.5 rad: the rearrangement 1.41622 with bound 0.062, the quantised exact OT 1.37557 with bound
+    8.1e-4 at 4000 atoms (3 s; 2000 atoms 0.5 s, 1.8e-3), exact OT of 2000 points each 1.37557."""
+    rearrangement = "circular monotone rearrangement (within w2_bound of W2, by its dual)"
+    on_circle = points_a.shape[1] == 2
+    if on_circle:
+        circular, _, excess = circle_w2(points_a, masses_a, points_b, masses_b)
+        if excess <= CERTIFIED_W2:
+            return circular, excess, rearrangement
     if len(masses_a) * len(masses_b) <= EXACT_PAIRS:
         value = exact_transport(points_a, _normalised(masses_a), points_b, _normalised(masses_b))[0]
         return math.sqrt(max(value, 0.0)), 0.0, "exact (POT emd)"
-    value, bound = wasserstein2(points_a, masses_a, points_b, masses_b, atoms)
+    pair = quantised_pair(points_a, masses_a, points_b, masses_b, atoms)
+    if on_circle and excess <= pair[2]:
+        return circular, excess, rearrangement
+    value, bound = _quantised_w2(*pair)
     if bound == 0:  # neither measure had more than `atoms` atoms
         return value, bound, "exact (POT emd)"
     return value, bound, f"POT emd of both measures quantised to <= {atoms} atoms (error <= w2_bound)"
