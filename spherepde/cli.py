@@ -388,6 +388,7 @@ def main(argv=None) -> int:
     spherepde`), in which case dask is hidden from it unless the command is `sweep` (`_hide_dask`)."""
     if argv is None:
         _hide_dask(sys.argv[1:])
+        _open_closed_streams()
     status = 1  # an exception that escapes is a failure too
     STOPPED_BY[0] = signal.SIGINT
     previous = signal.signal(signal.SIGTERM, _stop)
@@ -420,6 +421,26 @@ def _hide_dask(words: list[str]) -> None:
     command = next((word for word in words if not word.startswith("-")), None)
     if command != "sweep" and "dask" not in sys.modules:
         sys.modules["dask"] = None
+
+
+def _open_closed_streams() -> None:
+    """/dev/null on the standard streams that were closed when the process started (`spherepde run CASE 2>&-`, a
+    daemon's job).  Python leaves such a stream None: the progress bar failed on a None sys.stderr (exit status 1, no
+    output, the traceback shown nowhere), and the first file opened took the free descriptor, so that what a library
+    writes to descriptor 2 went into it.  Only for a process of our own, as `_hide_dask`."""
+    for number, name in enumerate(("stdin", "stdout", "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            os.fstat(number)
+            continue  # a file of the process holds the descriptor since: leave it
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: `number`, the lower ones being open
+        if null != number:
+            os.dup2(null, number)
+            os.close(null)
+        setattr(sys, name, open(number, "r" if number == 0 else "w", closefd=False))
 
 
 def _forget_escaped_interrupt() -> None:

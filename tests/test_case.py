@@ -687,6 +687,22 @@ def test_a_stored_training_case_reruns_with_the_other_solver_and_a_key_set_where
         load_case_text(particles.text, ["control.noise='fresh'", "solver.method='eulerian'"])
 
 
+@pytest.mark.parametrize("key, value", [("control.save_adjoint", "0"), ("control.checkpoint_every", "false"),
+                                        ("control.checkpoint_every", "0.0")])
+def test_a_key_of_the_other_solver_is_let_through_only_as_its_default_of_the_same_type(key, value):
+    """Types are strict where a key of the other solver.method is let through as its default: 0 == False in Python,
+    so control.save_adjoint = 0 passed a particle training silently, where the Eulerian one refuses it."""
+    with pytest.raises(CaseError, match=rf"{key}: not used when solver.method = 'particles'"):
+        load_case_text(TRAIN + "loss = 'align'\n", [f"{key}={value}", "solver.method='particles'"])
+
+
+def test_a_trained_group_named_twice_is_refused_for_its_own_reason():
+    """control.train's entries are no coordinate values (lyapunov_p's are): the message gave lyapunov_p's reason."""
+    with pytest.raises(CaseError, match=r"control.train: entry \[1\] = 'W' repeats entry \[0\] \(a group is "
+                                        r"trained once: name it once\)$"):
+        load_case_text(TRAIN + "train = ['W', 'W']\n")
+
+
 @pytest.mark.parametrize("path", SHIPPED_CASES, ids=lambda path: path.stem)
 def test_a_case_unedited_is_its_own_checked_case(path):
     """Case.checked() gives back the very case (no second resolution) until its data is edited in place; then

@@ -119,6 +119,20 @@ def test_no_traceback_from_a_fresh_process(tmp_path):
     assert result.stderr.strip().count("\n") == 0 and "model.eps" in result.stderr
 
 
+def test_a_run_with_stderr_closed_keeps_its_exit_status(tmp_path):
+    """`spherepde run CASE 2>&-` (a daemon's job): Python leaves sys.stderr None, on which the progress bar failed
+    after the case was read (exit status 1, no output file, the traceback shown nowhere)."""
+    case = write_case(tmp_path)
+
+    def closed_stderr(*args):
+        return subprocess.run([sys.executable, "-m", "spherepde", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                              preexec_fn=lambda: os.close(2), timeout=300)
+    assert closed_stderr("run", str(case), "-o", "out.nc").returncode == 0
+    with xr.open_dataset(tmp_path / "out.nc") as dataset:
+        assert dataset.attrs["status"] == "completed"
+    assert closed_stderr("run", str(tmp_path / "absent.toml")).returncode == 2
+
+
 def test_existing_output_is_refused_then_overwritten(tmp_path, capsys):
     case = write_case(tmp_path)
     output = tmp_path / "out.nc"

@@ -394,6 +394,16 @@ def test_cli_compare_bad_input(tmp_path, capsys):
     assert "is a sweep (2 members)" in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_compare_makes_a_missing_folder_of_its_report_as_run_and_plot_do(tmp_path, capsys):
+    """The figure's temporary file was drawn before anything made -o's folder: a bare "No such file or directory"
+    after the comparison was done."""
+    case = make_case(2, 8, time={"t_end": 0.1, "dt": 0.05, "save_every": 0.1})
+    write_dataset(spherepde.run(case, progress=False), tmp_path / "alone.nc")
+    stem = tmp_path / "reports" / "new" / "report"
+    assert main(["compare", str(tmp_path / "alone.nc"), str(tmp_path / "alone.nc"), "-o", str(stem), "--no-w2"]) == 0
+    assert sorted(path.name for path in stem.parent.iterdir()) == ["report.nc", "report.png"]
+
+
 def test_compare_names_a_failed_run_and_the_times_it_covers(tmp_path):
     """A failed run keeps its saves before the failure; agreement over those must not read as agreement to
     t_end."""

@@ -51,7 +51,7 @@ from spherepde.analysis.diagnostic_panels import spans_a_decade
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
 from spherepde.discretisation.bases import gauss_cell_radius
-from spherepde.io.output import DIAGNOSTIC_ATTRS, grid_points, history, split_both, write_dataset
+from spherepde.io.output import DIAGNOSTIC_ATTRS, grid_points, history, make_folders, split_both, write_dataset
 from spherepde.io.summary import check_run, open_result, reading
 from spherepde.measures.diagnostics import DENSITY_FLOOR
 from spherepde.measures.optimal_transport import w2_between
@@ -585,6 +585,9 @@ def write_report(report: xr.Dataset, stem: str) -> list[str]:
     stem = report_stem(stem)
     paths = [f"{stem}.nc", f"{stem}.png"]
     temporary = f"{paths[1]}.{uuid.uuid4().hex}.tmp.png"
+    # the figure's temporary file comes first, before write_dataset would make a missing folder of -o (as `run -o`
+    # and `plot -o` do): it failed there with a bare "No such file or directory", the comparison done for nothing
+    make_folders(os.path.dirname(os.path.abspath(stem)))
     written = False
     try:
         plot_report(report, temporary)

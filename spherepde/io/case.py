@@ -359,7 +359,8 @@ def _resolve_section(section: Section, given: dict, ctx: Context) -> dict:
         path = f"{section.name}.{key.name}"
         reason = key.unused(ctx)
         if reason is not None:
-            if key.name in given and not (key.default_passes and given[key.name] == key.default):
+            # the default let through as the very value (type too: 0 for control.save_adjoint's false is no bool)
+            if key.name in given and not (key.default_passes and _same(given[key.name], key.default)):
                 if _replaced_by_override(key, section.name, ctx.inputs.overridden):
                     del given[key.name]  # from the inputs' table too: a later with_overrides starts without it
                     continue

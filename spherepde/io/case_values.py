@@ -138,14 +138,15 @@ def reals(interval: Interval):
     return lambda value, ctx: _each(value, lambda entry: interval.check(_finite(entry)))
 
 
-def distinct(parse):
-    """A list parser whose entries must differ (they become the values of a coordinate)."""
+def distinct(parse, why: str = "the entries are coordinate values and must be distinct"):
+    """A list parser whose entries must differ, for the reason `why` (by default: they become the values of a
+    coordinate)."""
     def parsed(value, ctx) -> list:
         entries = parse(value, ctx)
         for i, entry in enumerate(entries):
             if entry in entries[:i]:
                 raise Invalid(f"entry [{i}] = {entry!r} repeats entry [{entries.index(entry)}] "
-                               "(the entries are coordinate values and must be distinct)")
+                               f"({why})")
         return entries
     return parsed
 
@@ -464,7 +465,7 @@ def head_tables(value, ctx) -> list[dict]:
 
 def trained_groups(value, ctx) -> list[str]:
     """control.train: a nonempty list of distinct parameter groups among "W" (the feed-forward), "B", "V"."""
-    groups = distinct(_each_choice("W", "B", "V"))(value, ctx)
+    groups = distinct(_each_choice("W", "B", "V"), "a group is trained once: name it once")(value, ctx)
     if not groups:
         raise Invalid('expected at least one of "W", "B", "V"')
     return groups
