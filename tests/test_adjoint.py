@@ -168,6 +168,24 @@ def test_a_tape_keeping_the_tokens_of_some_steps_gives_the_gradient_of_one_keepi
         assert torch.equal(discrete_gradient(forward, c0, controls).dW, whole)
 
 
+def test_the_tape_of_the_training_papers_case_is_the_guides():
+    """docs/guide/training.md: one member of cases/seed004-align-l065.toml (8000 steps) keeps every step's state and
+    stage rows; twenty keep every state and, in what TAPE_BYTES leaves, the stage states (the 5 stages of imex-ark436
+    after the step's start, each a state) of floor((2^29 - 8000 x 20 S) / (5 x 20 S)) = 1001 steps, S the bytes of
+    one member's state (the guide said twenty kept every step's stage states)."""
+    import spherepde
+
+    case = spherepde.load_case("cases/seed004-align-l065.toml", ["solver.device='cpu'"])
+    one, twenty = (ControlledForward([case] * members) for members in (1, 20))
+    tape = Tape(one, one.initial(), 0)
+    assert (one.steps, tape.every, tape.rows, tape.token_steps) == (8000, 1, True, 8000)
+    states = twenty.initial()
+    tape = Tape(twenty, states, 0)
+    S = states[0].numel() * states.element_size()
+    assert (tape.every, tape.rows) == (1, False)
+    assert tape.token_steps == (2 ** 29 - 8000 * 20 * S) // (5 * 20 * S) == 1001
+
+
 @pytest.mark.parametrize("batch_bytes", [1, 10 ** 9])
 def test_adjoint_norms_are_the_kept_adjoints_gradients_in_the_forward_densities(monkeypatch, batch_bytes):
     """Gradient.adjoint_norm[n] = (int |grad phi_n|^2 rho_n dsigma)^(1/2), phi_n the kept adjoint and rho_n the

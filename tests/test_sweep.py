@@ -211,6 +211,23 @@ def test_a_sweep_of_trainings_keeps_each_members_results_of_its_attributes(tmp_p
         assert "member_case" in combined and "member_history" not in combined and "member_notes" not in combined
 
 
+def test_members_that_differ_in_a_dimension_combine_with_every_members_values(tmp_path):
+    """Two trainings that save their adjoint, then two that do not: sweep.nc holds each member's own phi, NaN where it
+    has none (xarray's coords="different" refused the `adjoint_time` that the last two lack: no sweep.nc, exit 1)."""
+    training = SMALL_S1 + '[control]\nloss = "align"\ntarget = [0.0, 1.0]\nlayers = 2\niterations = 1\n'
+    params = ["control.save_adjoint=true,false", "control.lambda_reg=0.01,0.1"]
+    members = plan(spherepde.load_case_text(training), params, str(tmp_path))
+    summaries = {s["member"]: s for s in run_batch([m.index for m in members], [m.case.text for m in members],
+                                                     [m.path for m in members])}
+    combine(members[0].case, members, summaries, str(tmp_path / "sweep.nc"), params, None)
+    with xr.open_dataset(tmp_path / "sweep.nc") as combined:
+        for member in members:
+            phi = combined["phi"].isel(member=member.index).values
+            with xr.open_dataset(member.path) as own:
+                assert ("phi" in own) == member.case["control"]["save_adjoint"]
+                assert np.array_equal(phi, own["phi"].values) if "phi" in own else np.isnan(phi).all()
+
+
 MLP = 'eps = 0.1\nfeed_forward = "mlp"\nhidden = 3\nW2 = [[0.4, -0.3, 0.2], [0.1, 0.5, -0.2]]\n'
 PARTICLES = 'device = "cpu"\nmethod = "particles"'
 TRAINING = '[control]\nloss = "align"\ntarget = [0.0, 1.0]\nlayers = 2\noptimizer = "adam"\niterations = 2\n'

@@ -531,8 +531,11 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         dataset = dataset.drop_vars("cell_area", errors="ignore")
         return dataset if same_grid else dataset.drop_dims([dim for dim in GRID_DIMS if dim in dataset.dims])
 
+    # coords="minimal": a member file's coordinates are all dimension coordinates, aligned by the outer join; with
+    # "different", xarray refused one that some members lack (`particle` where particles.save = 0, `adjoint_time`
+    # without control.save_adjoint) once two members before hold it alike
     with xr.open_mfdataset([m.path for m in present], combine="nested", concat_dim="member", preprocess=preprocess,
-                           data_vars="all", coords="different", compat="no_conflicts", join="outer",
+                           data_vars="all", coords="minimal", compat="no_conflicts", join="outer",
                            combine_attrs="drop_conflicts") as data:
         data.attrs = shared  # an attribute of some members only (a mixed-solver sweep's scheme) is not the sweep's
         data = data.assign_coords(member=("member", [m.index for m in present], {"long_name": "sweep member index"}))
