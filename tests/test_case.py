@@ -472,6 +472,16 @@ def test_malformed_toml_names_file_and_line(tmp_path):
         load_case(path)
 
 
+def test_malformed_toml_quotes_its_line_where_tomllib_names_no_key(tmp_path):
+    """A key given twice: tomllib says "Cannot overwrite a value" and the column, not which key; the message quotes
+    the line (its newlines counted as tomllib counts them: a line separator U+2028 in a comment is no line end)."""
+    path = tmp_path / "case.toml"
+    path.write_text("[sphere]\ndim = 2 # \u2028\n[model]\neps = 0.1\n  eps = 0.2\r\n", encoding="utf-8")
+    with pytest.raises(CaseError, match=r"case\.toml: malformed TOML at line 5, column 12 \(`eps = 0\.2`\): Cannot "
+                                        r"overwrite a value$"):
+        load_case(path)
+
+
 def test_missing_case_file(tmp_path):
     with pytest.raises(CaseError, match=r"^cannot read case file '.*x\.toml': No such file or directory$"):
         load_case(tmp_path / "x.toml")

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from spherepde.base.errors import CaseError
+from spherepde.base.errors import CaseError, printable
 from spherepde.io.case_files import regular_file_problem
 from spherepde.io.case_schema import ABSENT, REQUIRED, SCHEMA, Section
 from spherepde.io.case_toml import dumps, toml_value
@@ -217,13 +217,14 @@ def _load_text(text, overrides, origin, base_dir, default_name) -> Case:
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
-        raise CaseError(f"{origin}: {_describe_toml_error(error)}") from None
+        raise CaseError(f"{origin}: {_describe_toml_error(error, text)}") from None
     except RecursionError:
         raise CaseError(f"{origin}: {_TOO_DEEP}") from None
     return _build(table, overrides, text, origin, base_dir, default_name)
 
 
 MAX_NESTING = 8  # tables and lists inside one another: a case needs 3 (a section, a matrix, its rows)
+LINE_QUOTED = 80  # characters of a malformed line quoted in the message
 _TOO_DEEP = (f"malformed TOML: arrays or tables nested inside one another more deeply than a case needs "
              f"(at most {MAX_NESTING} levels)")
 
@@ -276,12 +277,17 @@ def _plain(value):
     return value
 
 
-def _describe_toml_error(error: tomllib.TOMLDecodeError) -> str:
-    """tomllib's "What (at line 4, column 9)" as "malformed TOML at line 4, column 9: What"."""
-    match = re.fullmatch(r"(.*) \((at line \d+, column \d+|at end of document)\)", str(error))
+def _describe_toml_error(error: tomllib.TOMLDecodeError, text: str) -> str:
+    """tomllib's "What (at line 4, column 9)" as "malformed TOML at line 4, column 9 (`the line`): What": the line
+    quoted, since tomllib names no key ("Cannot overwrite a value" for a key given twice)."""
+    match = re.fullmatch(r"(.*) \((at line (\d+), column \d+|at end of document)\)", str(error))
     if match is None:
         return f"malformed TOML: {error}"
-    return f"malformed TOML {match[2]}: {match[1]}"
+    lines = text.split("\n")  # tomllib counts newlines alone (splitlines also cuts at \r, \f, ...)
+    number = int(match[3]) if match[3] else 0
+    line = lines[number - 1].strip() if 1 <= number <= len(lines) else ""
+    quoted = f" (`{printable(line[:LINE_QUOTED])}`)" if line else ""
+    return f"malformed TOML {match[2]}{quoted}: {match[1]}"
 
 
 # Keys of which a case gives one (case_rules): an override of one replaces the other where the table gave it, so
