@@ -80,9 +80,6 @@ class TimeGrid:
         """The layer l whose slice [l T / L, (l + 1) T / L) holds t (t = T in the last)."""
         return min(max(int(math.floor(t * self.layers / self.t_end)), 0), self.layers - 1)
 
-    def layer_start(self, layer: int) -> float:
-        return self.t_end * layer / self.layers
-
 
 def fixed_steps(interval: Interval, dt: float) -> int:
     """Equal steps no longer than dt over the interval."""

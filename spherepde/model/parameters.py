@@ -20,7 +20,6 @@ import torch.nn.functional as functional
 
 ACTIVATIONS = {"tanh": torch.tanh, "relu": torch.relu, "gelu": functional.gelu, "sigmoid": torch.sigmoid,
                "softplus": functional.softplus}
-TRAINABLE = ("W", "B", "V")
 
 
 @dataclass(frozen=True)
