@@ -38,7 +38,9 @@ Two gradients, one step grid (control.gradient):
   ODE components integrated by the explicit part of the same scheme, so it is as accurate as phi.  It
   differs from the discrete gradient by the scheme's truncation error, O(dt^p) (p = 4 for imex-ark436 and
   rk4, 3 for imex-ars443), plus the spectrally small difference between the adjoint of the discretised
-  operator and the discretised adjoint operator (results/adjoint_verification.md measures both).
+  operator and the discretised adjoint operator (results/adjoint_verification.md measures both).  With
+  solver.filter_order the filter, applied once a step and absent from the PDE and from the Hermite
+  interpolation of the states, adds a difference that shrinks far slower than dt^p (docs/guide/training.md).
   Beyond the seeds' model (ForwardProblem.layered: several heads, B and V per layer or trained, a two-layer
   feed-forward; docs/model.md "Beyond the seeds") the control of layer l is its parameter vector theta_l, the
   nonlocal term has one such term per head and the integrand is dF/dtheta, both by
