@@ -138,10 +138,10 @@ def wasserstein2(points_a, masses_a, points_b, masses_b, max_atoms: int = 1000) 
     Returns (W2, error bound from the quantisation; 0 when none was needed); NaN when a
     measure has no positive mass (a density the grid does not see: nothing to normalise).
     """
-    return _quantised_w2(*quantised_pair(points_a, masses_a, points_b, masses_b, max_atoms))
+    return _quantised_w2(*_quantised_pair(points_a, masses_a, points_b, masses_b, max_atoms))
 
 
-def quantised_pair(points_a, masses_a, points_b, masses_b, max_atoms: int):
+def _quantised_pair(points_a, masses_a, points_b, masses_b, max_atoms: int):
     """Both measures, negative masses floored, quantised above `max_atoms` atoms (`quantise`): ((points, masses) of
     each, the sum of their bounds, which bounds how far a W2 between them lies from the W2 between the originals)."""
     a_points, a, a_bound = quantise(points_a, np.maximum(masses_a, DENSITY_FLOOR), max_atoms)
@@ -150,7 +150,7 @@ def quantised_pair(points_a, masses_a, points_b, masses_b, max_atoms: int):
 
 
 def _quantised_w2(measure_a, measure_b, bound: float) -> tuple[float, float]:
-    """(W2 between two measures of `quantised_pair` by exact OT, its bound); (NaN, 0) where one has no mass."""
+    """(W2 between two measures of `_quantised_pair` by exact OT, its bound); (NaN, 0) where one has no mass."""
     (a_points, a), (b_points, b) = measure_a, measure_b
     if not (a.sum() > 0 and b.sum() > 0):
         return float("nan"), 0.0
@@ -318,7 +318,7 @@ def w2_between(points_a, masses_a, points_b, masses_b, atoms: int) -> tuple[floa
     if len(masses_a) * len(masses_b) <= EXACT_PAIRS:
         value = exact_transport(points_a, _normalised(masses_a), points_b, _normalised(masses_b))[0]
         return math.sqrt(max(value, 0.0)), 0.0, "exact (POT emd)"
-    pair = quantised_pair(points_a, masses_a, points_b, masses_b, atoms)
+    pair = _quantised_pair(points_a, masses_a, points_b, masses_b, atoms)
     if on_circle and excess <= pair[2]:
         return circular, excess, rearrangement
     value, bound = _quantised_w2(*pair)
