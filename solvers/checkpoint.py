@@ -58,7 +58,7 @@ from solvers.checkpoint_files import (
 from solvers.checkpoint_layout import eulerian_problem, is_int
 from spherepde.base.errors import CaseError
 from spherepde.base.progress import message
-from spherepde.io.case_toml import toml_value
+from spherepde.io.case_toml import case_differences, toml_value
 from spherepde.io.output import make_folders, write_dataset
 
 FORMAT = 2  # version of the checkpoint layout: 2 added the manifest
@@ -374,14 +374,7 @@ def _shown(value) -> str:
 def _difference(stored: str, current: str) -> str:
     """The first key whose value differs between two resolved case texts."""
     try:
-        a, b = tomllib.loads(stored), tomllib.loads(current)
-    except (tomllib.TOMLDecodeError, RecursionError):
+        key, there, now = next(case_differences(stored, current))
+    except (tomllib.TOMLDecodeError, RecursionError, StopIteration):
         return "the case texts differ"
-    for section in dict.fromkeys(list(a) + list(b)):
-        left, right = a.get(section, {}), b.get(section, {})
-        if not (isinstance(left, dict) and isinstance(right, dict)):
-            continue
-        for key in dict.fromkeys(list(left) + list(right)):
-            if left.get(key) != right.get(key):
-                return f"{section}.{key} = {_shown(left.get(key))} there, {_shown(right.get(key))} now"
-    return "the case texts differ"
+    return f"{key} = {_shown(there)} there, {_shown(now)} now"

@@ -47,6 +47,7 @@ from spherepde.base.device import placement
 from spherepde.base.errors import CaseError, NumericalFailure
 from spherepde.base.progress import Progress
 from spherepde.io.case import Case, format_override, parse_override
+from spherepde.io.case_toml import case_differences
 from spherepde.io.output import check_folder
 
 GRID_DIMS = ("theta", "lat", "lon")
@@ -302,29 +303,19 @@ def _completed(member: Member) -> dict | None:
     return None
 
 
-def _stored_case(path: str) -> dict | None:
-    """The resolved case a member file stores (its `case` attribute, parsed), or None where there is no file or it is
-    no result that --resume could keep (unreadable, no case): that member is simply run again."""
+def _stored_case(path: str) -> str | None:
+    """The resolved case text a member file stores (its `case` attribute), or None where there is no file or it is no
+    result that --resume could keep (unreadable, no case): that member is simply run again."""
     import xarray as xr
 
     if not os.path.isfile(path):
         return None
     try:
         with xr.open_dataset(path) as dataset:
-            return tomllib.loads(dataset.attrs["case"])
-    except (OSError, ValueError, KeyError, TypeError, tomllib.TOMLDecodeError):
+            case = dataset.attrs["case"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _dotted(table: dict, prefix: str = "") -> dict:
-    """A case's tables flattened to {"model.eps": value, ...}."""
-    flat = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            flat.update(_dotted(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return case if isinstance(case, str) else None
 
 
 def _refuse_other_runs(members: list[Member], folder: str) -> None:
@@ -337,11 +328,14 @@ def _refuse_other_runs(members: list[Member], folder: str) -> None:
         stored = _stored_case(member.path)
         if stored is None:
             continue
-        stored, own = _dotted(stored), _dotted(tomllib.loads(member.case.text))
-        differing = next((key for key in own if key in stored and stored[key] != own[key]), None)
+        try:
+            differing = next(((key, there) for key, there, own in case_differences(stored, member.case.text)
+                              if there is not None and own is not None), None)
+        except (tomllib.TOMLDecodeError, RecursionError):  # no case --resume could compare: the member runs again
+            continue
         if differing is not None:
             raise CaseError(f"--resume: {os.path.basename(member.path)} in {folder!r} holds another run than member "
-                            f"{member.index} ({member.label()}): {format_override(differing, stored[differing])}; "
+                            f"{member.index} ({member.label()}): {format_override(*differing)}; "
                             "resuming would replace it: pass --overwrite to run every member again, or -o another "
                             "folder")
 

@@ -1,5 +1,6 @@
 """Writing a resolved case back as TOML text (``Case.text``): sections as [headers], their keys as
-``key = value`` with inline values, floats written with ``repr`` so that reloading gives the same data exactly.
+``key = value`` with inline values, floats written with ``repr`` so that reloading gives the same data exactly;
+and the keys in which two such texts differ (`case_differences`).
 """
 
 from __future__ import annotations
@@ -7,6 +8,7 @@ from __future__ import annotations
 import datetime
 import numbers
 import re
+import tomllib
 
 from spherepde.io.case_values import Invalid, is_list
 
@@ -22,6 +24,28 @@ def dumps(data: dict) -> str:
         lines += [f"{_toml_key(key)} = {toml_value(value)}" for key, value in table.items()]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
+
+
+def case_differences(stored: str, current: str):
+    """(dotted key, its value in `stored`, its value in `current`) for each key whose values differ between two
+    resolved case texts, nested tables followed to their keys, None where a text lacks the key (TOML has no null), in
+    the texts' order: what a resumed run or sweep names when a stored case is not the one run now.
+    tomllib.TOMLDecodeError where a text is no TOML."""
+    a, b = (_dotted(tomllib.loads(text)) for text in (stored, current))
+    for key in dict.fromkeys([*a, *b]):
+        if a.get(key) != b.get(key):
+            yield key, a.get(key), b.get(key)
+
+
+def _dotted(table: dict, prefix: str = "") -> dict:
+    """A case's tables flattened to {"model.eps": value, ...}."""
+    flat = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _toml_key(key) -> str:
