@@ -336,11 +336,21 @@ def _unknown(what: str, shown: str, name: str, known: list[str]) -> CaseError:
     return CaseError(f"unknown {what} {shown!r} ({hint})")
 
 
+def _outside_sections(name: str) -> CaseError:
+    """A key written above the first [section] header: TOML puts it in no table, so it is named as a key, with the
+    section holding a key of that name, if one does."""
+    owners = [section.name for section in SCHEMA if any(key.name == name for key in section.keys)]
+    where = f"write it under [{owners[0]}]" if owners else "keys belong under a [section] header"
+    return CaseError(f"key {name!r} is outside any section ({where})")
+
+
 def _resolve(inputs: Inputs) -> dict:
     """Every section of the schema, in order, resolved from the user's table."""
     table = inputs.table
     names = [section.name for section in SCHEMA]
-    for name in table:
+    for name, value in table.items():
+        if name not in names and not isinstance(value, dict):
+            raise _outside_sections(name)
         if name not in names:
             raise _unknown("section", name, name, names)
     ctx = Context(data={}, section={}, inputs=inputs)
