@@ -11,6 +11,7 @@ import torch
 
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
+from spherepde.io.case_schema import default_of
 
 
 class TrainingResult:
@@ -175,5 +176,9 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
                                        "gtol": tol, "ftol": tol})
             stop = f"L-BFGS-B: {result.message} ({result.nfev} evaluations, {failures} of them failed runs)"
     controls, final = history[-1]
-    return TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],
-                          [float(g.dW.norm()) for _, g in history], history[0][1], final, stop)
+    result = TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],
+                            [float(g.dW.norm()) for _, g in history], history[0][1], final, stop)
+    if control["learning_rate"] != default_of("control", "learning_rate"):  # a choice the user made, and lost
+        result.notes.append(f"control.learning_rate = {control['learning_rate']:g} is not used: L-BFGS's line search "
+                            "sets the step lengths")
+    return result

@@ -122,6 +122,26 @@ def test_lbfgs_finds_the_minimiser_of_a_quadratic():
         assert (float(capped.controls.abs().max()) > 0) == (iterations > 0)
 
 
+def test_lbfgs_ignores_the_learning_rate_and_notes_a_chosen_one():
+    """L-BFGS's steps come from its line search: the trained controls are the same bit for bit at any
+    control.learning_rate, and a value other than the schema's default is named in the output's notes."""
+    from solvers.controlled_forward import Gradient
+    from solvers.optimizers import optimise
+
+    def gradient_of(controls):
+        residual = controls - 0.5
+        return Gradient(float((residual * residual).sum()) / 2, 0.0, residual, [], [])
+
+    results = {rate: optimise({"optimizer": "lbfgs", "iterations": 20, "tol": 0.0, "learning_rate": rate},
+                              torch.zeros(2, 2, dtype=torch.float64), 2, gradient_of, progress=False)
+               for rate in (0.05, 0.5)}
+    assert torch.equal(results[0.05].controls, results[0.5].controls)
+    assert float((results[0.5].controls - 0.5).abs().max()) <= 1e-12
+    assert results[0.05].notes == []
+    assert results[0.5].notes == ["control.learning_rate = 0.5 is not used: L-BFGS's line search sets the step "
+                                  "lengths"]
+
+
 def test_lbfgs_backs_off_from_trial_points_where_the_run_fails():
     """The same kind of quadratic, but J is not finite wherever max |W| > 1.01 max |W*| (as the explicit
     transport fails for too large a W): the line search rejects those trial points and still reaches W*;

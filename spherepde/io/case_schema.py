@@ -148,7 +148,8 @@ control.layers             int in [1, 2**20): the controls piecewise   the commo
                            per-layer list of [model] has this length
 control.optimizer          "adam" | "gd" | "lbfgs" (solvers/training)  "adam"
 control.iterations         int >= 0 (0: the forward run of model.W)    100
-control.learning_rate      real > 0                                    0.05
+control.learning_rate      real > 0 (adam, gd; lbfgs notes another     0.05
+                           value unused)
 control.tol                real >= 0: stop when |J_k - J_{k-1}| <=     0 (never)
                            tol |J_k| or |dJ/dW| <= tol (lbfgs:
                            scipy's ftol and gtol)
@@ -446,3 +447,11 @@ SCHEMA = (
         _Key("seed", integer(SEED), 0, unused=_only_for("control", "loss", "bow")),
     ), control_rules, optional=True),
 )
+
+
+def default_of(section: str, key: str):
+    """The default of section.key where it is a value (not a function of the case, REQUIRED or ABSENT)."""
+    default = next(entry.default for part in SCHEMA if part.name == section for entry in part.keys if entry.name == key)
+    if callable(default) or default is REQUIRED or default is ABSENT:
+        raise ValueError(f"{section}.{key} has no plain default")
+    return default
