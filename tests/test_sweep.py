@@ -299,6 +299,9 @@ def test_parameters_seeds_and_bad_members():
         plan(case, ["model.eps=0.1,-0.1"], "folder")
     with pytest.raises(CaseError, match="given twice"):
         plan(case, ["model.eps=0.1", "model.eps=0.2"], "folder")
+    with pytest.raises(CaseError, match="given twice: model.eps, model.eps"):  # keys read as a case's overrides
+        plan(case, ["model.eps=0.1", " model . eps =0.2"], "folder")
+    assert [m.values for m in plan(case, ["model . eps=0.1,0.2"], "folder")] == [{"model.eps": 0.1}, {"model.eps": 0.2}]
     with pytest.raises(CaseError, match="model.bta"):
         plan(case, ["model.bta=1"], "folder")
 

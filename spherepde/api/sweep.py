@@ -74,7 +74,7 @@ class Member:
 def parse_param(item: str) -> tuple[str, list]:
     """"section.key=v1,v2,..." -> (key, [v1, v2, ...]), the list parsed as TOML (bare words as strings)."""
     key, equals, text = item.partition("=")
-    key = key.strip()
+    key = ".".join(part.strip() for part in key.split("."))  # as parse_override reads it: "model . eps" is model.eps
     if not equals or not text.strip() or len(key.split(".")) < 2 or not all(key.split(".")):
         raise CaseError(f"--param {item!r}: expected section.key=v1,v2,...")
     try:
