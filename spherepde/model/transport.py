@@ -106,8 +106,9 @@ def auto_fields(basis, models: list, tol: float, chunk) -> list:
     into its operator (the matrix or the fourier path: small S^2 grids, S^1) at a lower estimated cost for that
     one member (Transport.cost).  The transform's own estimate cannot see that: on convergence-s2 with the
     unnormalized kernel at lmax 8 the spectral field's transform is the cheaper, but its grid path took 1.7-1.8 ms a
-    step against the dense field's matrix path's 1.15-1.25 (estimates 2.1e6 and 1.7e6); from lmax 10 on (8 with the
-    softmax kernel) the matrix path's reading of its matrices makes the spectral field the faster, and the pick."""
+    step against the dense field's matrix path's 1.15-1.25 (estimates 2.1e6 and 1.7e6); from lmax 10 on (9 with
+    B = I; 8 with the softmax kernel) the matrix path's reading of its matrices makes the spectral field the faster,
+    and the pick."""
     picks, fields = {}, []
     for model in models:
         key = (float(model.beta), model.B.cpu().double().numpy().tobytes(), model.V.cpu().double().numpy().tobytes(),
