@@ -23,3 +23,8 @@ def __getattr__(name: str):
         return getattr(case, name)
     raise AttributeError(f"module 'spherepde' has no attribute {name!r}")
 
+
+def __dir__() -> list[str]:
+    """The module's names with the lazy ones of __getattr__: dir() (a notebook's completion of `spherepde.`) lists
+    only what is already imported otherwise, which left out Case, load_case and load_case_text."""
+    return sorted(set(globals()) | set(__all__))

@@ -30,6 +30,7 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     evaluations of J and dJ/dW in the checkpoint (solvers/journal.py).
     """
     from spherepde.api.limits import check_memory
+    from spherepde.base.garbage import thawed_after
     from spherepde.base.threads import threads_for  # torch is imported by the run, not by `import spherepde`
     from spherepde.io.case import Case
 
@@ -39,7 +40,8 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     case = case.checked()  # a case's edits in place applied as --set would apply them (a bad one refused)
     with case.naming_errors():
         check_memory(case)  # for the API: the command line has checked it already, before taking the lock
-        with threads_for(case):
+        # the objects frozen for the run (the caller's among them) collected again after it: spherepde/base/garbage.py
+        with threads_for(case), thawed_after():
             return _run(case, progress, checkpoint)
 
 
