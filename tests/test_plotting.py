@@ -442,3 +442,61 @@ def test_the_first_and_last_saves_particles_are_drawn_above_the_frame(results):
         assert not dots.get_clip_on()
         assert dots.get_zorder() > max(spine.get_zorder() for spine in heat.spines.values())
         plt.close(figure)
+
+
+def _panel(dataset, start: str):
+    """The diagnostics panel of `dataset` whose title starts with `start` (its figure closed), and its legend's
+    labels."""
+    import matplotlib.pyplot as plt
+
+    figure = plt.figure()
+    _diagnostics(figure, dataset)
+    panel = next(axis for axis in figure.axes if axis.get_title().startswith(start))
+    labels = [text.get_text() for text in panel.get_legend().get_texts()] if panel.get_legend() else []
+    plt.close(figure)
+    return panel, labels
+
+
+def test_a_band_of_nan_standard_errors_has_no_legend_entry(results):
+    """A particle run's lyapunov_stderr is NaN at p >= dim(E) / 4 and finite below: the legend listed a
+    "± 2 s.e." band for p = 0.25 that was not drawn (fill_between of NaN draws nothing)."""
+    with xr.open_dataset(results["s1_particles"]) as dataset:
+        run = dataset.drop_vars(["lyapunov", "density", "cell_area"])
+        time = run.sizes["time"]
+        run = run.assign_coords(lyapunov_p=[0.1, 0.25]).assign(
+            alignment_E=("time", np.linspace(0.5, 0.8, time)),  # E not everything: the panel is drawn
+            lyapunov=(("time", "lyapunov_p"), np.stack([np.linspace(1.0, 0.5, time), np.linspace(2.0, 1.0, time)], 1)),
+            lyapunov_stderr=(("time", "lyapunov_p"), np.stack([np.full(time, 0.01), np.full(time, np.nan)], 1)))
+        panel, labels = _panel(run, "Lyapunov")
+    assert "Eulerian, lyapunov_p = 0.1 ± 2 s.e." in labels and "Eulerian, lyapunov_p = 0.25" in labels, labels
+    assert not any("0.25 ± 2 s.e." in label for label in labels), labels
+    assert len(panel.collections) == 1  # the one band drawn, p = 0.1's
+
+
+def test_the_min_density_panel_gives_the_density_units(results):
+    """min ρ is a value of the density, per radian on S^1 and per steradian on S^2 (the files' units); the panel
+    gave none."""
+    for name, units in (("s1", "rad⁻¹"), ("s2", "sr⁻¹")):
+        with xr.open_dataset(results[name]) as dataset:
+            lowered = dataset["min_density"].values - 0.01 * dataset["time"].values  # not constant: the panel is drawn
+            dataset = dataset.assign(min_density=dataset["min_density"].copy(data=lowered))
+            assert dataset["min_density"].attrs["units"] == {"s1": "radian-1", "s2": "sr-1"}[name]
+            panel, _ = _panel(dataset, "min ρ")
+        assert panel.get_title() == f"min ρ [{units}]", panel.get_title()
+
+
+def test_the_circle_animation_has_a_density_colour_bar(results):
+    """The S^1 animation's angle-depth picture had no colour bar: its colours had no scale. The bar spans the
+    densities drawn and names their units."""
+    import matplotlib.pyplot as plt
+
+    from spherepde.analysis.plotting import _circle_animation
+
+    with xr.open_dataset(results["s1"]) as dataset:
+        figure, _ = _circle_animation(dataset)
+        _, density = _circle_density(dataset)
+    (image,) = [image for axis in figure.axes for image in axis.get_images()]
+    assert image.colorbar is not None and image.colorbar.ax.get_ylabel() == "density ρ [rad⁻¹]"
+    low, high = image.get_clim()
+    assert np.isclose(low, density.min()) and np.isclose(high, density.max())
+    plt.close(figure)

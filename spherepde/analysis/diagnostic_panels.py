@@ -74,8 +74,12 @@ def _curves(dataset, name: str) -> list[tuple[str, object, object]]:
             continue
         for coordinate in values[extra[0]].values:
             pick = {extra[0]: coordinate}
-            curves.append((f"{label}, {extra[0]} = {float(coordinate):g}", values.sel(pick),
-                           None if stderr is None else stderr.sel(pick)))
+            band = None if stderr is None else stderr.sel(pick)
+            # one exponent's errors may all be NaN while another's are not (a particle run's lyapunov at
+            # p >= dim(E) / 4): its band is not drawn, and a legend entry "± 2 s.e." would claim one
+            if band is not None and not (np.nan_to_num(band.values) > 0).any():
+                band = None
+            curves.append((f"{label}, {extra[0]} = {float(coordinate):g}", values.sel(pick), band))
     return curves
 
 
@@ -190,6 +194,16 @@ def _free_energy_title(dataset) -> str:
     return "free energy F (dissipated by this flow)" if energy.dissipated else "free energy F (W may raise it)"
 
 
+# CF units of the density (docs/design.md "Output") as a figure writes them
+UNIT_SYMBOLS = {"radian-1": "rad⁻¹", "sr-1": "sr⁻¹"}
+
+
+def _with_units(title: str, units) -> str:
+    """`title` with the file's `units` in brackets (min ρ is a value of the density: rad⁻¹ on S^1, sr⁻¹ on S^2);
+    unchanged without units."""
+    return f"{title} [{UNIT_SYMBOLS.get(units, units)}]" if units else title
+
+
 # The quantisation band is drawn where its width 2 bound reaches this fraction of the largest w2_projection: a panel is
 # some 300 pixels high, and a narrower band (a particle run's certified rearrangement excess, 2e-16 on S^1) is no
 # pixel wide, only a legend entry.
@@ -283,7 +297,11 @@ def _diagnostics(subfigure, dataset) -> None:
             axis.axvspan(float(resolved_until), time[-1], color="0.88", zorder=0, label="under-resolved")
         if members is None:
             _mark_failures(axis, dataset)
-        axis.set_title(_free_energy_title(dataset) if names == ["free_energy"] else title, fontsize=10)
+        if names == ["free_energy"]:
+            title = _free_energy_title(dataset)
+        elif names == ["min_density"]:
+            title = _with_units(title, dataset["min_density"].attrs.get("units") if "min_density" in dataset else None)
+        axis.set_title(title, fontsize=10)
         axis.set_xlabel("time (depth)")
         axis.grid(True, alpha=0.3)
         if members is None and len(axis.get_legend_handles_labels()[0]) > 1:

@@ -424,7 +424,9 @@ def _circle_animation(dataset):
     curve_axis.set_ylabel("ρ [rad⁻¹]")
     saved = np.array([_has_density(dataset, index) for index in range(len(times))])
     if saved.sum() > 1:  # one save's image has no height (as in `_depth_picture`)
-        _angle_depth_image(heat, theta, times[saved], density[saved])
+        image = _angle_depth_image(heat, theta, times[saved], density[saved])
+        # its colours are densities: without the bar (the still figure has one) they had no scale
+        figure.colorbar(image, ax=heat, label="density ρ [rad⁻¹]", pad=0.01)
     _mark_failures(heat, dataset, vertical=False)
     marker = heat.axhline(times[0], color="cyan", lw=1.2)
     _angle_axis(heat, centre)
