@@ -130,3 +130,6 @@ def test_compare_report_carries_both_runs_cases(outputs):
         cases = [spherepde.load_case_text(attrs[key]) for key in ("case_a", "case_b")]
         assert [case["solver"]["method"] for case in cases] == ["eulerian", "particles"]
         assert all(case.dim == 3 for case in cases)
+        # every real variable gives its units: a diagnostic's values, differences and standard errors the run's own
+        assert [name for name, variable in nc.variables.items()
+                if variable.dtype != str and variable.dtype.kind == "f" and "units" not in variable.ncattrs()] == []

@@ -342,10 +342,11 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
             z = np.where(excess <= 0, 0.0, np.sign(difference - expected) * excess / stderr)
         dims = a[name].dims
         long_name = DIAGNOSTIC_ATTRS[name][0]
-        data[f"{name}_a"] = (dims, va, {"long_name": f"{long_name} ({labels[0]})"})
-        data[f"{name}_b"] = (dims, vb, {"long_name": f"{long_name} ({labels[1]})"})
-        data[f"{name}_difference"] = (dims, difference, {"long_name": f"B - A of {name}"})
-        data[f"{name}_stderr"] = (dims, stderr, {"long_name": f"combined standard error of {name}"})
+        units = {"units": a[name].attrs["units"]} if "units" in a[name].attrs else {}  # min_density's: the sphere's
+        data[f"{name}_a"] = (dims, va, {"long_name": f"{long_name} ({labels[0]})"} | units)
+        data[f"{name}_b"] = (dims, vb, {"long_name": f"{long_name} ({labels[1]})"} | units)
+        data[f"{name}_difference"] = (dims, difference, {"long_name": f"B - A of {name}"} | units)
+        data[f"{name}_stderr"] = (dims, stderr, {"long_name": f"combined standard error of {name}"} | units)
         data[f"{name}_dof"] = (dims, dof, {"long_name": f"degrees of freedom of {name}'s z (Student t; inf: normal)",
                                            "units": "1"})
         if name == "w2_projection":
