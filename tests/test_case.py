@@ -308,6 +308,8 @@ BAD_CASES = [
     ("unknown section", MINIMAL + "[modle]\nbeta = 1\n", "modle", "did you mean 'model'"),
     ("key above every section", "beta = 1\n" + MINIMAL, "'beta' is outside any section", "under [model]"),
     ("unknown key above every section", "bta = 1\n" + MINIMAL, "'bta' is outside any section", "[section]"),
+    ("key of two sections above every section", "seed = 1\n" + MINIMAL, "'seed' is outside any section",
+     "under [particles] or [control]"),
     ("matrix of the wrong size", SPHERE3 + TIME + "[model]\nB = [[1, 0], [0, 1]]\n", "model.B", "3 x 3"),
     ("non-square matrix", SPHERE3 + TIME + "[model]\nB = [[1, 0, 0], [0, 1, 0]]\n", "model.B", "got 2 x 3"),
     ("ragged matrix", MINIMAL + "[model]\nV = [[1, 0], [0]]\n", "model.V", "rows of lengths 2, 1"),

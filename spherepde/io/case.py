@@ -338,9 +338,10 @@ def _unknown(what: str, shown: str, name: str, known: list[str]) -> CaseError:
 
 def _outside_sections(name: str) -> CaseError:
     """A key written above the first [section] header: TOML puts it in no table, so it is named as a key, with the
-    section holding a key of that name, if one does."""
+    sections holding a key of that name, if any do."""
     owners = [section.name for section in SCHEMA if any(key.name == name for key in section.keys)]
-    where = f"write it under [{owners[0]}]" if owners else "keys belong under a [section] header"
+    where = f"write it under {' or '.join(f'[{owner}]' for owner in owners)}" if owners else (
+        "keys belong under a [section] header")
     return CaseError(f"key {name!r} is outside any section ({where})")
 
 
