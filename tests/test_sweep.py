@@ -1,6 +1,7 @@
 """Parameter sweeps on Dask: the members, run in batches, equal serial runs to round-off, the combined
 Dataset has a `member` dimension, seeds are derived, and an existing scheduler works too."""
 
+import contextlib
 import json
 import os
 import re
@@ -611,3 +612,82 @@ def test_a_sweep_reports_its_members_done_between_their_ends(tmp_path, monkeypat
     assert waiting and all(re.fullmatch(r"spherepde: members=0/2 \(0%\), \d+:\d\d elapsed, time left unknown", line)
                            for line in waiting), lines
     assert "spherepde: member 1 (model.eps=0.3) completed [2/2]" in lines and not any("\r" in line for line in lines)
+
+
+class _Batch:
+    """A Dask future of run_batch run in this process, as its task ends on a worker: member 1's worker dies on every
+    try (Dask's KilledWorker: the system killed it for want of memory, say), member 2's file cannot be written."""
+
+    def __init__(self, args):
+        self.key, self.args = f"run_batch-{args[0]}", args
+
+    def result(self):
+        from types import SimpleNamespace
+
+        from distributed import KilledWorker
+
+        if 1 in self.args[0]:
+            raise KilledWorker(self.key, SimpleNamespace(address="tcp://127.0.0.1:1"), 3)
+        if 2 in self.args[0]:
+            raise OSError(f"cannot write {self.args[2][0]!r}: NetCDF: HDF error (is the disk full?)")
+        return run_batch(*self.args)
+
+
+def test_a_batch_whose_worker_dies_fails_its_members_and_the_others_are_combined(tmp_path, monkeypatch, capsys):
+    """A batch whose worker process died on every try (KilledWorker), or whose task raised OSError (a member file on a
+    full disk), ended the sweep with a traceback (exit 1, or exit 2 naming the file), and the members of the other
+    batches, written, were in no sweep.nc.  Its members now fail as a serial run out of memory does (exit 2, one line
+    naming a member), after the others are combined."""
+    import distributed
+
+    class Client:
+        loop = None
+
+        def submit(self, function, *args, pure=True):
+            return _Batch(args)
+
+    monkeypatch.setattr(sweep_module, "_cluster", lambda scheduler, workers: contextlib.nullcontext(Client()))
+    monkeypatch.setattr(distributed, "as_completed", lambda futures, loop=None: iter(futures))
+    case = write_case(tmp_path)
+    output = tmp_path / "out"
+    status = main(["sweep", str(case), "--param", "time.dt=0.05,0.025,0.02", "--workers", "1", "-o", str(output)])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    lines = err.strip().splitlines()
+    assert lines[-1] == ("spherepde: error: 2 of 3 sweep members failed; member 1 (time.dt=0.025): failed: the "
+                         "worker process running its batch died on every try (killed by the system: out of memory?)")
+    assert "member 2 (time.dt=0.02) failed: OSError: cannot write" in err and "Traceback" not in err, err
+    with xr.open_dataset(output / "sweep.nc") as combined:
+        assert list(combined["member"].values) == [0]
+        assert combined.attrs["status"] == "failed: 2 of 3 sweep members (member_status)"
+    assert sorted(os.listdir(output)) == ["member-000.nc", "sweep.nc"]
+
+
+def test_a_local_cluster_needs_no_particular_port(recwarn):
+    """The LocalCluster's scheduler served its HTTP routes (no dashboard) on port 8787: where another process held it
+    (a second sweep, a notebook's cluster) the sweep printed Dask's three-line UserWarning "Port 8787 is already in
+    use"; now any free port of the loopback."""
+    import socket
+    import warnings
+
+    warnings.simplefilter("always")
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        with contextlib.suppress(OSError):  # taken already: by another process, which serves this test as well
+            holder.bind(("", 8787))
+            holder.listen()
+        with sweep_module._cluster(None, 1) as client:
+            port = client.scheduler_info()["services"].get("dashboard")
+    assert not [w for w in recwarn if "already in use" in str(w.message)], [str(w.message) for w in recwarn]
+    assert port != 8787
+
+
+def test_too_many_members_of_one_key_are_counted_once():
+    """One swept key of 10001 values was refused as "10001 = 10001 members"; a product is shown where there is one."""
+    from spherepde.api.limits import check_members
+
+    with pytest.raises(CaseError, match=r"^--param: 10001 members; at most 10000 \(each is a run and a file\)$"):
+        check_members([10001], None)
+    with pytest.raises(CaseError, match=r"^--param: 5001 x 2 seeds = 10002 members; at most 10000"):
+        check_members([5001], 2)
+    check_members([100, 100], None)  # 10000: allowed

@@ -29,8 +29,10 @@ def check_members(counts: list[int], seeds: int | None) -> None:
     MAX_MEMBERS members (before they are enumerated)."""
     members = math.prod(counts) * (seeds or 1)
     if members > MAX_MEMBERS:
-        raise CaseError(f"--param: {' x '.join(map(str, counts))}{f' x {seeds} seeds' if seeds else ''} = {members} "
-                        f"members; at most {MAX_MEMBERS} (each is a run and a file)")
+        factors = [str(count) for count in counts] + ([f"{seeds} seeds"] if seeds else [])
+        # one swept key alone read "10001 = 10001 members": the product only where there is one
+        product = f"{' x '.join(factors)} = " if len(factors) > 1 else ""
+        raise CaseError(f"--param: {product}{members} members; at most {MAX_MEMBERS} (each is a run and a file)")
 
 
 def table_bytes(lmax: int) -> int:

@@ -207,6 +207,23 @@ def run_batch(indices: list, case_texts: list, paths: list, threads: int | None 
     return summaries
 
 
+def _batch_summaries(future, group: list[Member]) -> list:
+    """The summaries of a batch's members (run_batch's), or where the batch ended without them, each member's failure:
+    its worker process died on every try (Dask's KilledWorker: killed by the system, most often for want of memory)
+    or its task raised MemoryError or OSError (a member file that could not be written: a full disk).  These are
+    what a serial run reports as exit 2 (spherepde.cli: out of memory, a file it cannot write); raised here they
+    ended the sweep at once with a traceback, every other batch's members left out of a sweep.nc never written."""
+    from distributed import KilledWorker
+
+    try:
+        return future.result()
+    except (KilledWorker, MemoryError, OSError) as error:
+        why = ("the worker process running its batch died on every try (killed by the system: out of memory?)"
+               if isinstance(error, KilledWorker) else f"{type(error).__name__}: {error or 'out of memory'}")
+        return [{"member": member.index, "path": None, "status": f"failed: {why}", "exit_status": 2}
+                for member in group]
+
+
 def summarise(index: int, path: str, dataset, exit_status: int) -> dict:
     """The few numbers a member reports: status, steps, wall time, final order parameter, from when its results
     are under-resolved (`resolved_until`: "end" where they are not, and for particles), and the digest of its results
@@ -354,8 +371,12 @@ def _cluster(scheduler: str | None, workers: int):
     # glibc's thresholds of a run (spherepde.base.memory) in place of Dask's eager trimming, set before the workers
     # start: glibc reads them once, at a process's start
     environ = {**dask.config.get("distributed.nanny.pre-spawn-environ"), **memory.environment()}
+    # With no dashboard the scheduler still serves its health routes over HTTP, on port 8787 unless told otherwise:
+    # where that port was taken (another sweep, a notebook's cluster) it printed a UserWarning of three lines.  Any
+    # free port of the loopback serves (the dashboard itself stays off: dashboard_address=None).
     with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}), LocalCluster(
             n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
             silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 
@@ -490,9 +511,10 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
         with _cluster(scheduler, count) as client, bar.running():
             futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
                                      [m.path for m in group], threads, pure=False) for group in groups]
+            group_of = {future.key: group for future, group in zip(futures, groups)}
             done = 0
             for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
-                for summary in future.result():
+                for summary in _batch_summaries(future, group_of[future.key]):
                     done += 1
                     summaries[summary["member"]] = summary
                     bar.write(f"spherepde: {_progress_line(members[summary['member']], summary)} "
