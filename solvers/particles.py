@@ -416,7 +416,7 @@ class ParticleHooks(Hooks):
             if m in self.failures:
                 continue
             recorder.steps += int(plan.steps[m])
-            recorder.dt = float(plan.dt[m])
+            recorder.dt = float(np.fmax(recorder.dt, plan.dt[m]))  # the largest: the steps differ between intervals
             if not finite[m]:
                 self.failures[m] = recorder.failure(f"a particle position became non-finite between "
                                                      f"t = {interval.t0:.6g} and {interval.t1:.6g}")

@@ -770,6 +770,16 @@ def test_w2_standard_error_stays_bounded_where_w2_is_round_off():
     assert w2 < 1e-7 and error == pytest.approx(np.sqrt(squared_error), rel=1e-12)
 
 
+def test_the_dt_attribute_is_the_largest_step_taken():
+    """particles.dt = 0.07 with saves every 0.3 to t = 1: equal steps within each interval, 5 of 0.06 in the three
+    whole ones and 2 of 0.05 in the last (0.1).  The attribute gave the last interval's 0.05; it is the largest."""
+    case = particle_case(2, 20, model={"eps": 0.1}, time={"t_end": 1.0, "dt": 0.1, "save_every": 0.3},
+                         particles={"dt": 0.07})
+    dataset = run_particles(case)
+    assert dataset.attrs["steps"] == 3 * 5 + 2
+    assert dataset.attrs["dt"] == pytest.approx(0.06, rel=1e-12)
+
+
 def test_cfl_steps_stay_within_the_noise_steps_bound():
     """The CFL rule reads the drift: where it vanishes (V = 0, W = 0) it asked for a step of the whole save
     interval, which the weak-order-2 noise step cannot take at eps = 1 on S^2 ((d - 2) eps dt / 3 < 1/2), and the
