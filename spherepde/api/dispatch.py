@@ -13,6 +13,9 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
 
     torch runs on solver.threads CPU threads meanwhile (spherepde.base.threads: one on small problems).
 
+    `progress` (on sys.stderr): None chooses by the stream (a bar on a terminal, a line every 30 s in a log), True
+    always a bar, False none.
+
     "both" runs the Eulerian solver and then the particles, and returns one Dataset: the
     Eulerian run's variables and attributes as they are, the particle run's diagnostics and
     attributes prefixed with ``"particles_"``, and the positions `particles` (see
