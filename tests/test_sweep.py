@@ -149,6 +149,8 @@ def test_members_that_compute_the_same_numbers_are_named(tmp_path, monkeypatch, 
         assert np.array_equal(combined["order_parameter"].isel(member=0), combined["order_parameter"].isel(member=2))
         assert not np.array_equal(combined["order_parameter"].isel(member=0),
                                   combined["order_parameter"].isel(member=1))
+        # particle runs have no grid to resolve: the file claimed "resolved_until = end" for them
+        assert "resolved_until" not in combined.attrs and "member_resolved_until" not in combined
     monkeypatch.setattr(sweep_module, "_cluster", None)  # nothing left to run
     assert main(args + ["--resume"]) == 0
     err = capsys.readouterr().err

@@ -570,13 +570,14 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         data["member_case"] = ("member", [m.case.text for m in present],
                                {"long_name": "resolved case of the member (TOML)"})
         data = data.assign(member_attributes(attrs_of, shared))
-        lost = [_resolved_until(summaries[m.index]) for m in present]
-        data["member_resolved_until"] = ("member", np.array(lost), {
-            "long_name": "the member's last resolved save, after which its results are under-resolved (inf: resolved "
-                         "to the end)",
-            "units": "1"})
-        # the sweep is resolved until its earliest member's loss (a member's own is in member_resolved_until)
-        data.attrs["resolved_until"] = "end" if all(map(math.isinf, lost)) else float(min(lost))
+        if any("resolved_until" in attrs for attrs in attrs_of):  # a grid's resolution: not a particle run's
+            lost = [_resolved_until(summaries[m.index]) for m in present]
+            data["member_resolved_until"] = ("member", np.array(lost), {
+                "long_name": "the member's last resolved save, after which its results are under-resolved (inf: "
+                             "resolved to the end)",
+                "units": "1"})
+            # the sweep is resolved until its earliest member's loss (a member's own is in member_resolved_until)
+            data.attrs["resolved_until"] = "end" if all(map(math.isinf, lost)) else float(min(lost))
         notes = list(notes) + ([] if same_grid else ["the members' grids differ: densities are in the member files "
                                                      "only"])
         for member, text in zip(present, notes_of):
