@@ -350,10 +350,8 @@ def _resolve(inputs: Inputs) -> dict:
     table = inputs.table
     names = [section.name for section in SCHEMA]
     for name, value in table.items():
-        if name not in names and not isinstance(value, dict):
-            raise _outside_sections(name)
         if name not in names:
-            raise _unknown("section", name, name, names)
+            raise _unknown("section", name, name, names) if isinstance(value, dict) else _outside_sections(name)
     ctx = Context(data={}, section={}, inputs=inputs)
     for section in SCHEMA:
         given = table.get(section.name, {})
