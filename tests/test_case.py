@@ -766,6 +766,20 @@ def test_a_case_unedited_is_its_own_checked_case(path):
     assert case.edited() and case.checked().data == load_case(path, ["model.beta=0.75"]).data
 
 
+def test_the_text_of_a_case_edited_in_place_is_the_case_it_runs():
+    """Case.text wrote an in-place edit as the table stood: model.ffn_seed = 5 beside the W1 drawn from the old
+    seed (a text that reloads as a case with another W1 than the run's) and a bad value unchecked; it is now the
+    checked case's text."""
+    case = load_case_text(MINIMAL + '[model]\nfeed_forward = "mlp"\nhidden = 4\n')
+    case["model"]["ffn_seed"] = 5
+    assert load_case_text(case.text).data == case.checked().data
+    assert load_case_text(case.text)["model"]["W1"] == load_case_text(MINIMAL + '[model]\nfeed_forward = "mlp"\n'
+                                                                       'hidden = 4\nffn_seed = 5\n')["model"]["W1"]
+    case["model"]["beta"] = -2.0
+    with pytest.raises(CaseError, match=r"^<string>: model.beta: "):
+        assert not case.text
+
+
 def test_data_edited_in_place_runs_as_resolved_or_is_refused():
     """A notebook's edit of case.data: a bad value is refused by spherepde.run and by a sweep's members, one line
     naming the key (it ran, and stored a case no loader accepts); a good one is honoured by the run and carried

@@ -59,8 +59,10 @@ class Case:
 
     @property
     def text(self) -> str:
-        """The resolved case as TOML; ``load_case_text(case.text).data == case.data``."""
-        return dumps(self.data)
+        """The resolved case as TOML; ``load_case_text(case.text).data == case.checked().data``: an in-place edit of
+        `data` is written as the run would take it (its value checked, a CaseError naming a bad one, and what depends
+        on it derived anew), never the edited table as it stands."""
+        return dumps(self.checked().data)
 
     @property
     def dim(self) -> int:
