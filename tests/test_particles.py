@@ -16,7 +16,7 @@ from test_eulerian import hemisphere_mass
 
 import spherepde
 from solvers.particle_field import ParticleField, fused_softmax_mean, hardmax_mean
-from solvers.particles import Integrator, contraction_number, noise_variance, run_particles
+from solvers.particles import Integrator, contraction_number, contraction_within_step, noise_variance, run_particles
 from spherepde.analysis.compare import compare
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError
@@ -319,6 +319,29 @@ def test_contraction_number_is_the_drifts_rate_along_the_flow(theta):
     x = torch.tensor([[math.cos(theta), math.sin(theta)], [math.cos(theta), -math.sin(theta)]], dtype=torch.float64)
     z = contraction_number(ParticleField.from_case(case, batch), x.repeat(4, 1)[None], batch.W, np.array([h]))
     assert z[0] == pytest.approx(h * K * math.cos(2 * theta), rel=1e-3)
+
+
+@pytest.mark.parametrize("delta", [0.0025, 0.003, 0.0021, 0.004])
+def test_the_contraction_within_a_stalled_step_is_found(delta):
+    """seed003-baseline-beta1000's model (B = diag(-1, -1, 1), V = diag(-1, 1, -2)) with two antipodal clusters +-p,
+    p = cos(delta) a + sin(delta) e, a = -(1, 0, 1) / sqrt 2, e = (1, 0, -1) / sqrt 2: each attends to the two in
+    the ratio exp(2 beta <p, B p>), so that along e v = -tanh(2 beta delta) / 2 to first order in delta, contracting
+    at the rate beta sech^2(2 beta delta), beta at delta = 0.  A step of h = 0.01 (|v| = 1/2) takes delta to about
+    delta - h / 2: across the turn, where v(y) = -v(x), so the rate over the step reads 2 / h (z = 2, the
+    particles stall there), a fifth of beta; the probes, 1/32 of a step from the turn at most, find at least
+    beta sech^2(2 beta h / 64)."""
+    beta, h = 1000.0, 0.01
+    case = make_case(3, 8, model={"kernel": "softmax", "beta": beta, "B": [[-1.0, 0.0, 0.0], [0.0, -1.0, 0.0],
+                                                                          [0.0, 0.0, 1.0]],
+                                  "V": [[-1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, -2.0]]})
+    batch = batch_of(case)
+    field = ParticleField.from_case(case, batch)
+    a, e = np.array([-1.0, 0.0, -1.0]) / math.sqrt(2), np.array([1.0, 0.0, -1.0]) / math.sqrt(2)
+    p = math.cos(delta) * a + math.sin(delta) * e
+    x = torch.tensor(np.array([p, p, -p, -p]))[None]
+    assert contraction_number(field, x, batch.W, np.array([h]))[0] == pytest.approx(2.0, abs=0.04)
+    within = contraction_within_step(field, x, batch.W, np.array([h]))[0]
+    assert beta / math.cosh(2 * beta * h / 64) ** 2 * (1 - 1e-3) <= within <= beta * (1 + 1e-3)
 
 
 @pytest.mark.parametrize("dt, noted", [(0.1, True), (0.01, False)])
