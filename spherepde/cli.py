@@ -186,10 +186,16 @@ def command_run(args) -> int:
             if checkpoint is not None:
                 _remove_after_output(checkpoint)
     except NumericalFailure as failure:
-        if failure.dataset is not None:
-            write_dataset(_with_command(failure.dataset, args, output), output)
-        if checkpoint is not None:
-            checkpoint.remove()  # resuming would fail the same way; the output holds the last good state
+        # as a finished run's: the output and the checkpoint's removal before an interrupt acts, else the command
+        # ended "interrupted" with the output written and the checkpoint of a run that has nothing left to do
+        with interrupts.held(absorbed=True) as late:
+            if failure.dataset is not None:
+                write_dataset(_with_command(failure.dataset, args, output), output)
+            if checkpoint is not None:
+                checkpoint.remove()  # resuming would fail the same way; the output holds the last good state
+        if late:
+            print(f"spherepde: {signal.Signals(late[0]).name} came as the output was written; it is complete",
+                  file=sys.stderr)
         raise
     except KeyboardInterrupt:
         if checkpoint is not None and checkpoint.exists():

@@ -217,6 +217,37 @@ def test_blow_up_with_checkpoints_exits_3_keeps_the_last_good_state_and_no_check
     assert not os.path.exists(checkpoint_folder(output))
 
 
+@pytest.mark.parametrize("number", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_as_a_failed_training_writes_its_output_leaves_exit_3_and_no_checkpoint(tmp_path, capsys,
+                                                                                          monkeypatch, number):
+    """A signal as a training that failed (Adam's first step, lr 100, leaves the transport's stability region)
+    writes its last good state: the command exited 130 or 143 "interrupted", its output written and its checkpoint
+    left (a run with nothing left to do, and --resume failed the same way).  It is held over the write, as a
+    finished run's: exit 3, the output of iteration 0, no checkpoint, a line saying the signal came."""
+    import spherepde.io.output as output_module
+
+    case = write_case(tmp_path, TRAINING_CASE.replace("learning_rate = 0.5", "learning_rate = 100.0")
+                      + 'optimizer = "adam"\n')
+    output = tmp_path / "out.nc"
+    write = output_module.write_dataset
+
+    def interrupted_write(dataset, path, *args, **kwargs):
+        if os.path.basename(path) == "out.nc":
+            os.kill(os.getpid(), number)
+        return write(dataset, path, *args, **kwargs)
+
+    monkeypatch.setattr(output_module, "write_dataset", interrupted_write)
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--checkpoint-steps", "1"], capsys)
+    name = signal.Signals(number).name
+    assert status == 3 and f"{name} came as the output was written; it is complete" in err, err
+    assert "numerical failure" in err.strip().splitlines()[-1]
+    with xr.open_dataset(output) as dataset:
+        assert dataset.attrs["status"].startswith("failed: numerical failure")
+        assert dataset.sizes["iteration"] == 1 and float(np.abs(dataset["W"].values).max()) == 0
+    assert not os.path.exists(checkpoint_folder(output))
+    assert not glob.glob(str(tmp_path / "out.nc.*.tmp"))
+
+
 @pytest.mark.parametrize("number, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupt_checkpoints_the_step_it_lands_in_and_the_resumed_run_is_bit_identical(tmp_path, capsys,
                                                                                            number, status):
