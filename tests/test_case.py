@@ -306,6 +306,10 @@ def test_override_may_create_a_missing_section():
 BAD_CASES = [
     ("unknown key", MINIMAL + "[model]\nbta = 1\n", "model.bta", "did you mean 'beta'"),
     ("unknown section", MINIMAL + "[modle]\nbeta = 1\n", "modle", "did you mean 'model'"),
+    ("unknown key of 100 000 characters", MINIMAL + "[model]\n" + "x" * 100_000 + " = 1\n",
+     "unknown key 'model." + "x" * 74 + "...' (expected one of kernel,", ""),
+    ("key of 100 000 characters above every section", "y" * 100_000 + " = 1\n" + MINIMAL,
+     "key '" + "y" * 80 + "...' is outside any section", ""),
     ("key above every section", "beta = 1\n" + MINIMAL, "'beta' is outside any section", "under [model]"),
     ("unknown key above every section", "bta = 1\n" + MINIMAL, "'bta' is outside any section", "[section]"),
     ("key of two sections above every section", "seed = 1\n" + MINIMAL, "'seed' is outside any section",
@@ -345,6 +349,9 @@ BAD_CASES = [
     ("string for an integer", SPHERE + TIME.replace("[time]", "lmax = \"64\"\n[time]"), "sphere.lmax", "string"),
     ("real for an integer", SPHERE + TIME.replace("[time]", "lmax = 64.0\n[time]"), "sphere.lmax", "integer"),
     ("bool for a number", MINIMAL + "[model]\neps = true\n", "model.eps", "boolean"),
+    ("date for a number", MINIMAL + "[model]\neps = 1979-05-27\n", "model.eps", "got the date 1979-05-27"),
+    ("date-time for an integer", SPHERE + TIME.replace("[time]", "lmax = 1979-05-27T07:32:00\n[time]"),
+     "sphere.lmax", "got the date-time 1979-05-27T07:32:00"),
     ("dimension 1", "[sphere]\ndim = 1\n" + TIME, "sphere.dim", "in [2, 2048), got 1"),
     ("missing initial file", MINIMAL + "[initial]\nkind = 'file'\npath = 'no/such/run.nc'\n",
      "initial.path", "No such file"),
@@ -427,7 +434,7 @@ def test_bad_input_is_one_line_naming_the_key(text, key, detail):
     with pytest.raises(CaseError) as raised:
         load_case_text(text)
     message = str(raised.value)
-    assert "\n" not in message
+    assert "\n" not in message and len(message) < 1000
     assert key in message and detail in message
     assert raised.value.exit_status == 2
 

@@ -402,6 +402,33 @@ def test_info_and_plot(tmp_path, capsys):
     assert reader_gone.wait(timeout=120) == 141 and reader_gone.stderr.read() == b""
 
 
+@pytest.mark.parametrize("source, reason", [(None, "it has no 'source' attribute"),
+                                            ("missing", "its 'source' attribute is 'missing'")])
+def test_info_of_a_netcdf_file_not_written_by_spherepde_says_what_its_source_is(tmp_path, capsys, source, reason):
+    """A NetCDF file without a `source` attribute was said to have the source 'missing', as one whose source is the
+    word "missing" is."""
+    foreign = tmp_path / "foreign.nc"
+    attrs = {} if source is None else {"source": source}
+    xr.Dataset({"density": ("theta", np.ones(4))}, attrs=attrs).to_netcdf(foreign)
+    for command in ("info", "plot", "compare"):
+        status, err = run_cli([command, foreign], capsys)
+        assert status == 2 and err.count("\n") == 1 and f"is not a spherepde result ({reason})" in err, err
+
+
+def test_a_missing_or_truncated_result_is_named_once(tmp_path, capsys):
+    """`info` of a missing file said "cannot read result 'x.nc': [Errno 2] No such file or directory: 'x.nc'", and of
+    a truncated one "[Errno -101] NetCDF: HDF error: 'x.nc'": the path twice, with the errno."""
+    case = write_case(tmp_path)
+    output = tmp_path / "out.nc"
+    assert run_cli(["run", case, "-o", output, "--quiet"], capsys)[0] == 0
+    truncated = tmp_path / "truncated.nc"
+    truncated.write_bytes(output.read_bytes()[:4000])
+    for path, reason in ((tmp_path / "missing.nc", "No such file or directory"), (truncated, "NetCDF: HDF error")):
+        for command in ("info", "plot", "compare"):
+            status, err = run_cli([command, path], capsys)
+            assert status == 2 and err == f"spherepde: error: cannot read result {str(path)!r}: {reason}\n", err
+
+
 def test_info_shows_the_particle_runs_own_settings(tmp_path, capsys):
     """A particle run's n, replicas, seed and integrator, and a "both" file's on its particles' line; one save is
     "1 save"."""

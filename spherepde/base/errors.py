@@ -10,8 +10,13 @@ def printable(text: str) -> str:
 
 def unreadable(error: Exception) -> str:
     """Why a file could not be opened as a result, for a message: "not a NetCDF file" where no xarray backend
-    recognised it (xarray's own words then advise installing engines), else the error's words."""
-    return "not a NetCDF file" if "did not find a match" in str(error) else str(error)
+    recognised it (xarray's own words then advise installing engines), else the error's words: an OSError's without
+    its "[Errno 2]" and the path it repeats."""
+    if "did not find a match" in str(error):
+        return "not a NetCDF file"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error)
 
 
 def damaged(error: Exception) -> bool:

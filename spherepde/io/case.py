@@ -335,7 +335,13 @@ def _unknown(what: str, shown: str, name: str, known: list[str]) -> CaseError:
     """"unknown key 'model.bta' (did you mean 'beta'?)", or the list of known names."""
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(known)}"
-    return CaseError(f"unknown {what} {shown!r} ({hint})")
+    return CaseError(f"unknown {what} {_shortened(shown)!r} ({hint})")
+
+
+def _shortened(name: str) -> str:
+    """A name from the case as a message quotes it: its first LINE_QUOTED characters (a key of 100 000 characters
+    made a message of as many)."""
+    return name if len(name) <= LINE_QUOTED else name[:LINE_QUOTED] + "..."
 
 
 def _outside_sections(name: str) -> CaseError:
@@ -344,7 +350,7 @@ def _outside_sections(name: str) -> CaseError:
     owners = [section.name for section in SCHEMA if any(key.name == name for key in section.keys)]
     where = f"write it under {' or '.join(f'[{owner}]' for owner in owners)}" if owners else (
         "keys belong under a [section] header")
-    return CaseError(f"key {name!r} is outside any section ({where})")
+    return CaseError(f"key {_shortened(name)!r} is outside any section ({where})")
 
 
 def _resolve(inputs: Inputs) -> dict:

@@ -7,6 +7,7 @@ default that depends on other keys is a function of the Context alone.
 
 from __future__ import annotations
 
+import datetime
 import math
 import numbers
 import os
@@ -91,6 +92,9 @@ def describe(value) -> str:
         return "a table"
     if isinstance(value, (list, tuple)):
         return f"a list of {len(value)} entries"
+    if isinstance(value, (datetime.date, datetime.time)):  # TOML's dates and times, not Python's reprs of them
+        kind = {datetime.datetime: "date-time", datetime.time: "time"}.get(type(value), "date")
+        return f"the {kind} {value.isoformat()}"
     return repr(value)
 
 

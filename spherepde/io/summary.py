@@ -57,7 +57,8 @@ def _open_result(path: str) -> xr.Dataset:
     source = str(dataset.attrs.get("source", ""))
     if not source.startswith("spherepde"):
         dataset.close()
-        raise CaseError(f"{path!r} is not a spherepde result (its 'source' attribute is {source or 'missing'!r})")
+        found = f"its 'source' attribute is {source!r}" if source else "it has no 'source' attribute"
+        raise CaseError(f"{path!r} is not a spherepde result ({found})")
     if "time" in dataset.coords and "time" not in dataset.dims:
         dataset.close()
         raise CaseError(f"{path!r} holds one save with time as a number, not an axis (a selection such as "

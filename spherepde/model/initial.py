@@ -34,7 +34,8 @@ def vmf_log_normaliser(kappa: float, dim: int) -> float:
         return math.log(1 / (2 * math.pi) if dim == 2 else 1 / (4 * math.pi))
     if dim == 2:
         return -math.log(2 * math.pi * ive(0, kappa))
-    return math.log(kappa / (2 * math.pi)) - math.log1p(-math.exp(-2 * kappa))
+    # kappa / (1 - exp(-2 kappa)) in one division: at a subnormal kappa, log1p(-exp(-2 kappa)) was log(0)
+    return math.log(kappa / -math.expm1(-2 * kappa)) - math.log(2 * math.pi)
 
 
 def vmf_density(points: torch.Tensor, mean, kappa: float) -> torch.Tensor:
@@ -137,7 +138,11 @@ def _remedy(section: dict, basis, tail_tol: float) -> str:
     """What to do about an initial law the grid does not carry: the lmax `vmf_lmax` names where it applies, for
     tail_tol or the refusal's own bound if that is smaller."""
     tolerance = min(tail_tol, INITIAL_TAIL_TOLERANCE)
-    lmax = vmf_lmax(section, basis.dim, tolerance)
+    try:
+        lmax = vmf_lmax(section, basis.dim, tolerance)
+    except ValueError:  # kernel_degree: a kappa beyond any degree up to 2**16
+        key = "initial.kappa" if section["kind"] == "vmf" else "initial.kappas"
+        return f"no sphere.lmax below 2**16 resolves it: lower {key}"
     if lmax is None:
         return "raise sphere.lmax or widen the law"
     return (f"use sphere.lmax >= {max(lmax, basis.lmax + 1)} (its spectral tail is <= {tolerance:g} there) or widen "
