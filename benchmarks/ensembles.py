@@ -275,18 +275,33 @@ def print_field_costs(repeats: int) -> None:
     print(f"   picks more than 15% slower than the fastest: {flagged}")
 
 
+def s1_products(path: str, points: int, size: int, rank: int = 0, rows: int = 0) -> tuple[int, int]:
+    """(multiply-adds in products, FFTs) of one S^1 rate evaluation of one member on the path `path`, with `points`
+    grid points and `size` real coefficients: the matrix path's (rho, u) from the state and the divergence,
+    3 points size; the fourier path's rank-r velocity from the `rows` coefficients its R reads (FourierPath.low:
+    66 of seed 004's 130 at lmax 64) and onto the grid, r (rows + points), and two FFTs; the grid path's operator
+    u = G rho (one frame component a point on S^1), points^2, and two FFTs."""
+    if path == "matrix":
+        return 3 * points * size, 0
+    if path == "fourier":
+        return rank * (rows + points), 2
+    if path == "grid":
+        return points * points, 2
+    raise ValueError(f"no S^1 floor for the {path!r} path")
+
+
 def s1_floor(throughput: dict, path: str, members: int) -> float:
     """Seconds per member of an S^1 forward step at one core's throughput (arithmetic_floor): the six stages'
-    products at the GEMM rate and their FFTs at the FFT rate, on the path `path`, elementwise work left out."""
+    products (`s1_products`) at the GEMM rate and their FFTs at the FFT rate, on the path `path` (with the operator
+    attention), elementwise work left out."""
     from solvers.forward_problem import ForwardProblem
 
     problem = ForwardProblem([load(S1_CASE, S1)] * members)
+    transport = problem.transport
+    assert (transport.path, transport.attention_mode) == (path, "operator"), (transport.path, path)
     stages, points, size = problem.scheme.stages_count, problem.basis.grid_size, problem.lam.shape[1]
-    if path == "matrix":
-        products, ffts = 3 * points * size, 0  # (rho, u) from the state, the divergence
-    else:
-        rank = problem.transport._folded.rank if path == "fourier" else points
-        products, ffts = rank * (size + points), 2
+    rank, rows = (transport._folded.rank, transport._folded.low) if path == "fourier" else (0, 0)
+    products, ffts = s1_products(path, points, size, rank, rows)
     return stages * (2 * products / throughput["gemm"] + ffts * 2.5 * points * math.log2(points) / throughput["fft"])
 
 
@@ -329,7 +344,8 @@ forward = ControlledForward(case)
 c0 = initial_density(case["initial"], forward.problem.basis)
 controls = 0.1 * torch.randn((settings["layers"], 2, 2), generator=torch.Generator().manual_seed(0),
                              dtype=torch.float64)
-out["evaluation"] = clock(lambda: discrete_gradient(forward, c0, controls), 1) / forward.steps
+discrete_gradient(forward, c0, controls)  # warm-up, as today's (training_costs): the first tape's page faults
+out["evaluation"] = clock(lambda: discrete_gradient(forward, c0, controls), settings["repeats"]) / forward.steps
 from solvers.particle_training import ParticleControl
 particles = load(os.path.join(sys.argv[1], "cases", settings["bow"]),
                  ["solver.method='particles'", "particles.n=64", f"time.t_end={settings['particle_t_end']}",

@@ -23,12 +23,14 @@ def clock(function, repeats: int) -> float:
 
 def numpy_step(case):
     """A plain numpy IMEX step of the S^1 case (same grid, stages and dense kernel as the solver's): returns
-    (step(c) -> c, c0)."""
+    (step(c) -> c, c0).  The grid is the solver's basis grid for the case's lmax (200 points at lmax 64)."""
+    from spherepde.base.device import placement
+    from spherepde.discretisation.bases import make_basis
     from spherepde.discretisation.timesteppers import SCHEMES
 
     _, tableau = SCHEMES["imex-ark436"]
     lmax, eps, dt = case["sphere"]["lmax"], case["model"]["eps"], case["time"]["dt"]
-    n = 200
+    n = make_basis(2, lmax, placement("cpu", "float64")).grid_size
     theta = 2 * np.pi * np.arange(n) / n
     x = np.stack([np.cos(theta), np.sin(theta)], 1)
     t = np.stack([-np.sin(theta), np.cos(theta)], 1)
@@ -160,17 +162,29 @@ def _lean_fourier(library: str, members: int, rank: int, lmax: int, points: int)
     return step, transpose
 
 
+def exp_rate(values: np.ndarray, calls: int) -> float:
+    """Seconds per element of one core's float64 exp over `values` (written into a buffer made once; `calls` calls
+    a sample, the median of 3 samples, on the calling thread: torch's threads set to 1 by the caller): the faster of
+    numpy's and torch's.  Which is faster depends on the core (numpy's exp is vectorised with AVX-512 only, a scalar
+    loop without it, 1.6-2.4x torch's there), and a floor takes the faster."""
+    out = np.empty_like(values)
+    tensor, tensor_out = torch.from_numpy(values), torch.from_numpy(out)
+    numpy_seconds = clock(lambda: [np.exp(values, out=out) for _ in range(calls)], 3)
+    torch_seconds = clock(lambda: [torch.exp(tensor, out=tensor_out) for _ in range(calls)], 3)
+    return min(numpy_seconds, torch_seconds) / (calls * values.size)
+
+
 def particle_floor(members: int = 20, n: int = 64, dim: int = 2) -> dict:
     """The arithmetic of one noisy Heun step of the particle evaluation per member (solvers/particle_step.py: two
     stages forward, the two formed again and transposed), and one core's throughput for it: exps 4 n^2; FLOPs of
     the products (the logits 2 d n^2 per stage, the sums 2 d n^2, the kept stage's d^2 more rows and the transpose's
-    d + d^2 rows, 2 n^2 a row), the O(d^2 n) rest left out.  Throughput: numpy's exp on the (20, 64, 64) kernel and
-    a 1024 x 1024 matmul (the core's dgemm peak, which the small batched products do not reach)."""
+    d + d^2 rows, 2 n^2 a row), the O(d^2 n) rest left out.  Throughput: the core's exp on the (20, 64, 64) kernel
+    (`exp_rate`: the faster of numpy's and torch's) and a 1024 x 1024 matmul (the core's dgemm peak, which the small
+    batched products do not reach)."""
     rows = dim + dim * dim
     flops = 2 * (2 * dim + 2 * dim) * n * n + 2 * (2 * dim + 2 * rows) * n * n + 2 * (2 * rows) * n * n
     kernel = np.random.default_rng(0).uniform(-1, 1, (members, n, n))
-    out = np.empty_like(kernel)
-    exp_seconds = clock(lambda: [np.exp(kernel, out=out) for _ in range(20)], 3) / (20 * kernel.size)
+    exp_seconds = exp_rate(kernel, 20)
     square = np.random.default_rng(1).standard_normal((1024, 1024))
     peak = 2 * 1024 ** 3 / clock(lambda: square @ square, 3)
     products = np.random.default_rng(2).standard_normal((members, rows, n))

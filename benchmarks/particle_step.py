@@ -8,8 +8,9 @@ ways side by side, and the arithmetic floor:
              any n);
     torch    the generic path: particle_field.SystemKernel's shifted sums in torch's 1 MiB blocks (a forward run's
              beyond 2896 tokens before 0.2.0; a training's there);
-    floor    2 n^2 exps at numpy's rate on a cache-sized block, plus the stages' products (the logits 2 d n^2 and
-             the sums 2 (d + 1) n^2 flops each) at the core's dgemm peak.
+    floor    2 n^2 exps at the core's rate on a cache-sized block (floors.exp_rate: the faster of numpy's and
+             torch's exp), plus the stages' products (the logits 2 d n^2 and the sums 2 (d + 1) n^2 flops each) at
+             the core's dgemm peak.
 
 One thread, thread CPU time, the median of --repeats steps after one warm-up.
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from floors import clock  # noqa: E402
+from floors import clock, exp_rate  # noqa: E402
 
 import spherepde  # noqa: E402
 from solvers import particle_step  # noqa: E402
@@ -63,9 +64,7 @@ def step_times(n: int, repeats: int) -> dict:
 
 def floor(n: int, dim: int = 3) -> float:
     """Seconds of the arithmetic of a Heun step (module docstring)."""
-    block = np.random.default_rng(0).uniform(-1, 1, (128, 256))
-    out = np.empty_like(block)
-    exp_seconds = clock(lambda: [np.exp(block, out=out) for _ in range(100)], 3) / (100 * block.size)
+    exp_seconds = exp_rate(np.random.default_rng(0).uniform(-1, 1, (128, 256)), 100)
     square = np.random.default_rng(1).standard_normal((1024, 1024))
     peak = 2 * 1024 ** 3 / clock(lambda: square @ square, 3)
     flops = 2 * (2 * dim * n * n + 2 * (dim + 1) * n * n)
