@@ -6,9 +6,10 @@ p = n / R tokens, the d components as rows; per system the coupling C = beta B, 
 
 The program is written once for numpy arrays and for torch tensors (the operators, matmul, exp, cos, sin, where,
 concatenate and ones_like that both name alike): numpy on the CPU, torch elsewhere and under autograd (the tests
-differentiate this very program).  Why numpy on the CPU, measured on one core at S = 20, p = 64, d = 2: the kernel's
-exp 77 us against torch's 194 (numpy's AVX-512 exp, within 0.70 ulp, torch's 0.52), the (S, c, p) x (S, p, p)
-products 13-31 us against torch's batched matmul 34-180, and an op on (S, d, p) arrays 1-5 us against 2-12.
+differentiate this very program).  Why numpy on the CPU, measured on one core at S = 20, p = 64, d = 2: the
+(S, c, p) x (S, p, p) products 13-31 us against torch's batched matmul 34-180, and an op on (S, d, p) arrays 1-5 us
+against 2-12.  The kernel's exp is numpy's where numpy runs its AVX-512 loop (77 us against torch's 194, within 0.70
+ulp, torch's 0.52), else torch's over the same memory (569 us against 241 on an AVX2 core: base.arrays.exp_).
 
 One field evaluation v = P_x(W x + V m) at the stage points X, per system (k_ij = exp(<x_i, C x_j> - s_i),
 Z_i = sum_j k_ij, the shift s_i = 0 or, for the softmax beyond the unshifted kernel's exponent range, the row's largest
@@ -38,7 +39,7 @@ recomputation (the kernels are not stored: at the seed's scale, 20 members, 8000
 import numpy as np
 import torch
 
-from spherepde.base.arrays import einsum, program_namespace
+from spherepde.base.arrays import einsum, exp_, program_namespace
 from spherepde.discretisation.timesteppers import EXPLICIT_TABLEAUX
 from spherepde.kernels.dense import exponent_floor
 
@@ -147,7 +148,7 @@ def kernel_products(xp, X, w, rows, shifted: bool):
             np.maximum(L, floor, out=L)
         else:  # the shift detached: the ratios do not depend on it
             L = (L - L.detach().amax(2, keepdim=True)).clamp(min=floor)
-    k = np.exp(L, out=L) if xp is np else torch.exp(L)
+    k = exp_(L) if xp is np else torch.exp(L)
     return k, rows @ k.swapaxes(1, 2)
 
 

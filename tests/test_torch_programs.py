@@ -130,3 +130,20 @@ def test_the_by_hand_particle_gradient_matches_the_cpu_gradient(kernel, B, accel
     for device_member, cpu_member in zip(gradients(accelerator), gradients("cpu")):
         assert abs(device_member.cost - cpu_member.cost) <= 1e-12 * abs(cpu_member.cost)
         assert float((device_member.dW.cpu() - cpu_member.dW).norm() / cpu_member.dW.norm()) <= 1e-12
+
+
+@pytest.mark.parametrize("vectorised, dtype", [(True, np.float64), (False, np.float64), (False, np.float32)],
+                         ids=["numpy-float64", "torch-float64", "torch-float32"])
+def test_the_in_place_exp_is_exp_either_way(monkeypatch, vectorised, dtype):
+    """base.arrays.exp_ takes numpy's exp or torch's over the same memory by the machine (_numpy_exp_vectorised):
+    either way exp to 1 ulp of the dtype over the exponents a kernel holds, from its floor to 0 and beyond, in place
+    (numpy's float32 exp, which a float32 run took before on any machine, is its own: 2.3 ulp on an AVX2 core)."""
+    from spherepde.base import arrays
+
+    monkeypatch.setattr(arrays, "_numpy_exp_vectorised", lambda dt: vectorised)
+    exponents = np.linspace(-700.0 if dtype == np.float64 else -85.0, 20.0, 100_001)
+    values = exponents.astype(dtype)
+    exact = np.exp(values.astype(np.longdouble))
+    result = arrays.exp_(values)
+    assert result is values
+    assert np.max(np.abs(values - exact) / (np.spacing(exact.astype(dtype)))) <= 1.0
