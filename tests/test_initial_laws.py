@@ -23,6 +23,7 @@ from spherepde.model.initial import (
     initial_density,
     projected_gaussian_density,
     scaled_radial_moment,
+    vmf_density,
     vmf_lmax,
 )
 from spherepde.model.sampling import DensityFileSampler, initial_particles, projected_gaussian
@@ -281,3 +282,17 @@ def test_a_vmf_law_of_extreme_kappa_is_a_one_line_error_or_runs(tmp_path, capsys
         assert status == 0, message
         with xr.open_dataset(tmp_path / "out.nc") as result:
             assert abs(float(result.mass[0]) - 1) < 1e-12
+
+
+@pytest.mark.parametrize("kappa", [1e-300, 1e-17, 1e-12, 1e-8, 1e-4])
+def test_a_nearly_uniform_vmf_law_on_the_sphere_has_mass_one(kappa):
+    """On S^2, C_3(kappa) e^kappa = kappa / (4 pi sinh kappa) e^kappa = (1 + kappa + kappa^2 / 3 + O(kappa^3)) / (4 pi)
+    as kappa -> 0: the density at the mean direction, and the grid mass, to round-off.  The normaliser taken from
+    log1p(-exp(-2 kappa)) was 2.2e-5 off at kappa = 1e-12 and a ValueError below 6e-17."""
+    basis = make_basis(3, 16, CPU64)
+    section = {"kind": "vmf", "mean": [0.0, 0.6, 0.8], "kappa": kappa}
+    expected = (1 + kappa + kappa * kappa / 3) / (4 * math.pi)
+    assert abs(float(vmf_density(torch.tensor([0.0, 0.6, 0.8], dtype=torch.float64), section["mean"], kappa))
+               / expected - 1) <= 1e-14
+    coefficients = initial_density(section, basis)
+    assert abs(float(basis.integrate(basis.synthesis(coefficients))) - 1) <= 1e-13
