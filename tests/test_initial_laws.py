@@ -260,11 +260,12 @@ def test_a_refused_vmf_law_names_the_lmax_that_carries_it(tmp_path, capsys, lmax
         assert float(result.spectral_tail[0]) <= tail_tol
 
 
-@pytest.mark.parametrize("dim, kappa", [(2, 1e308), (2, 2.0 ** 63), (3, 1e308), (3, 1e-308), (3, 5e-324)])
+@pytest.mark.parametrize("dim, kappa", [(2, 1e308), (2, 2.0 ** 63), (2, 3e7), (3, 1e308), (3, 1e-308),
+                                        (3, 5e-324)])
 def test_a_vmf_law_of_extreme_kappa_is_a_one_line_error_or_runs(tmp_path, capsys, dim, kappa):
     """A kappa beyond any grid (1e308: no degree up to 2**16 carries it) was a ValueError traceback from the lmax
-    the refusal names; a subnormal kappa on S^2 was log(0) in the normaliser (`math domain error`): a nearly
-    uniform law, which runs."""
+    the refusal names, and 3e7 named sphere.lmax >= 41424, beyond the key's range; a subnormal kappa on S^2 was
+    log(0) in the normaliser (`math domain error`): a nearly uniform law, which runs."""
     from spherepde.cli import main
 
     case, mean = ("cases/kuramoto-s1.toml", "[1.0, 0.0]") if dim == 2 else ("cases/kuramoto-s2.toml", "[1.0, 0.0, 0.0]")
@@ -276,7 +277,7 @@ def test_a_vmf_law_of_extreme_kappa_is_a_one_line_error_or_runs(tmp_path, capsys
     message = capsys.readouterr().err.strip()
     if kappa > 1:
         assert status == 2 and "\n" not in message
-        assert "no sphere.lmax below 2**16 resolves it: lower initial.kappa" in message
+        assert "no sphere.lmax (at most 32767) resolves it: lower initial.kappa" in message
         assert not (tmp_path / "out.nc").exists()
     else:
         assert status == 0, message

@@ -200,6 +200,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spherepde.discretisation.transforms.legendre import LMAX_LIMIT
 from spherepde.io.case_files import initial_file_digest, pinned_digest, readable_file, time_index
 from spherepde.io.case_rules import control_rules, initial_rules, model_rules, particles_rules, time_rules
 from spherepde.io.case_values import (
@@ -362,7 +363,7 @@ SCHEMA = (
     )),
     Section("sphere", (
         _Key("dim", integer(Interval(2, high=2 ** 11))),
-        _Key("lmax", integer(Interval(2, high=2 ** 15)), 32),
+        _Key("lmax", integer(Interval(2, high=LMAX_LIMIT)), 32),
     )),
     Section("model", (
         _Key("kernel", choice("softmax", "unnormalized"), "softmax"),

@@ -25,6 +25,7 @@ from scipy.special import ive
 
 from spherepde.base.digest import file_sha256
 from spherepde.base.errors import CaseError, damaged, unreadable
+from spherepde.discretisation.transforms.legendre import LMAX_LIMIT
 from spherepde.kernels.funk_hecke import funk_hecke, kernel_degree
 
 
@@ -144,8 +145,10 @@ def _remedy(section: dict, basis, tail_tol: float) -> str:
     try:
         lmax = vmf_lmax(section, basis.dim, tolerance)
     except ValueError:  # kernel_degree: a kappa beyond any degree up to 2**16
+        lmax = LMAX_LIMIT
+    if lmax is not None and lmax >= LMAX_LIMIT:  # kappa above ~3e7: 41424 on S^1 was named
         key = "initial.kappa" if section["kind"] == "vmf" else "initial.kappas"
-        return f"no sphere.lmax below 2**16 resolves it: lower {key}"
+        return f"no sphere.lmax (at most {LMAX_LIMIT - 1}) resolves it: lower {key}"
     if lmax is None:
         return "raise sphere.lmax or widen the law"
     return (f"use sphere.lmax >= {max(lmax, basis.lmax + 1)} (its spectral tail is <= {tolerance:g} there) or widen "
