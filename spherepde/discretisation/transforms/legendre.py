@@ -22,9 +22,9 @@ import math
 
 import numpy as np
 
-# Mantissas of the scaled Legendre recurrence are renormalised once they exceed 2**_RESCALE_BITS.
 # Every grid's degree is below this (sphere.lmax's range in spherepde.io.case_schema).
 LMAX_LIMIT = 2 ** 15
+# Mantissas of the scaled Legendre recurrence are renormalised once they exceed 2**_RESCALE_BITS.
 _RESCALE_BITS = 600
 
 
