@@ -189,10 +189,10 @@ def rfft_into(out, values, axis: int) -> None:
 @functools.cache
 def _numpy_exp_vectorised(dtype) -> bool:
     """Whether numpy's exp of `dtype` runs its AVX-512 loop on this machine, as numpy's dispatch says
-    (numpy.lib.introspect.opt_func_info; where a numpy cannot say, or runs on another architecture, numpy's exp).  Only there is it the faster:
-    measured on one core over the particle step's (20, 64, 64) kernel, 77 us against torch's 194 on an AVX-512
-    core, 569 us against torch's 241 on an AVX2 one (AMD EPYC, numpy 2.4, torch 2.13).  A choice by the machine,
-    not by a timing, so that a run is reproducible bit for bit on it."""
+    (numpy.lib.introspect.opt_func_info; where a numpy cannot say, or runs on another architecture, numpy's exp).
+    Only there is it the faster: measured on one core over the particle step's (20, 64, 64) kernel, 77 us against
+    torch's 194 on an AVX-512 core, 569 us against torch's 241 on an AVX2 one (AMD EPYC, numpy 2.4, torch 2.13).
+    A choice by the machine, not by a timing, so that a run is reproducible bit for bit on it."""
     try:
         from numpy.lib.introspect import opt_func_info
 
