@@ -203,15 +203,13 @@ def _numpy_exp_vectorised(dtype) -> bool:
     return not current.startswith(("X86_V3", "X86_V2", "AVX2", "FMA3", "SSE", "baseline"))
 
 
-def exp_(a):
-    """exp(a) in place, a numpy array or a tensor: numpy's exp on the CPU only where it runs its AVX-512 loop, else
-    torch's over the same memory (`_numpy_exp_vectorised`)."""
-    if isinstance(a, np.ndarray):
-        if _numpy_exp_vectorised(a.dtype):
-            return np.exp(a, out=a)
-        torch.exp(torch.from_numpy(a), out=torch.from_numpy(a))
-        return a
-    return a.exp_()
+def exp_(a: np.ndarray) -> np.ndarray:
+    """exp(a) in place for a numpy array (a torch program takes torch.exp, out of place under autograd): numpy's exp
+    only where it runs its AVX-512 loop, else torch's over the same memory (`_numpy_exp_vectorised`)."""
+    if _numpy_exp_vectorised(a.dtype):
+        return np.exp(a, out=a)
+    torch.from_numpy(a).exp_()
+    return a
 
 
 def amax(a, axis: int):
