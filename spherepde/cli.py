@@ -141,6 +141,16 @@ def _positive(kind):
     return parse
 
 
+def check_distinct(overrides: list, options: str) -> None:
+    """A CaseError where two overrides set one key: the later would replace the earlier without a word."""
+    from spherepde.io.case import parse_override
+
+    keys = [".".join(parse_override(item)[0]) for item in overrides]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise CaseError(f"{', '.join(repeated)} set more than once by {options}: give each key once")
+
+
 def command_run(args) -> int:
     if args.output:
         _hold(args.output, before_reading=True)  # a second writer of it is refused at once
@@ -154,6 +164,7 @@ def command_run(args) -> int:
     if args.device:
         overrides.append(f"solver.device={args.device}")
     case = load_case(args.case, overrides)
+    check_distinct(overrides, "--set, --solver or --device")
     output = f"{case.name}.nc" if args.output is None else args.output
     check_file(output, "-o")
     if args.plot:

@@ -111,6 +111,19 @@ def test_missing_case_file_and_bad_override(tmp_path, capsys):
     assert status == 2 and len(err.strip().splitlines()) == 1
 
 
+def test_a_key_set_twice_is_refused(tmp_path, capsys):
+    """`--set model.eps=0.1 --set model.eps=0.2` ran at 0.2 without a word (a typo in a script's second --set hid
+    the first), and `--set solver.method=... --solver ...` took --solver's."""
+    case = write_case(tmp_path)
+    output = tmp_path / "o.nc"
+    for words in (["--set", "model.eps=0.1", "--set", "model . eps=0.2"],
+                  ["--set", "solver.method='eulerian'", "--solver", "particles"]):
+        status, err = run_cli(["run", case, *words, "-o", output], capsys)
+        assert status == 2 and "set more than once" in err and len(err.strip().splitlines()) == 1
+        assert not output.exists()
+    assert run_cli(["run", case, "--set", "model.eps=0.2", "--set", "model.beta=0.5", "-o", output], capsys)[0] == 0
+
+
 def test_no_traceback_from_a_fresh_process(tmp_path):
     case = write_case(tmp_path, SMALL_S1.replace("eps = 0.1", "eps = -1.0"))
     result = subprocess.run([sys.executable, "-m", "spherepde", "run", str(case)], capture_output=True, text=True,
