@@ -13,6 +13,7 @@ circle_w2's cuts were merged as sorted runs.
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -45,7 +46,7 @@ def measure(settings: dict, commit: str | None = None) -> dict:
     """{n: {seconds, value}} of today's code, or of the code at `commit`."""
     if commit is None:
         output = subprocess.run([sys.executable, "-c", MEASURE, ROOT, json.dumps(settings)], check=True,
-                                capture_output=True, text=True).stdout
+                                capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
     else:
         output = in_baseline(commit, MEASURE, settings)
     return json.loads(output.strip().splitlines()[-1])

@@ -478,6 +478,17 @@ def main(argv=None):
           f"against spherepde's M = 1 {twenty / single['evaluation']:6.3f}")
 
     particles = particle_costs(20, particle_t_end, args.repeats)
+    old = None
+    if not args.no_baseline:
+        settings = {"s1_case": os.path.basename(S1_CASE), "s1": S1, "t_end": t_end, "layers": layers,
+                    "repeats": args.repeats, "bow": os.path.basename(BOW), "particle_t_end": particle_t_end}
+        old = baseline_costs(args.baseline, settings)
+    print(f"3. particle trainings, N = 64, T = {particle_t_end:g} ({particles['steps']} steps): one evaluation "
+          f"per member at M = 20 {particles['evaluation']:.3f} s" + ("" if old is None else
+          f", the baseline's serial evaluation {old['particle_evaluation']:.2f} s: "
+          f"{old['particle_evaluation'] / particles['evaluation']:.1f}x cheaper   (criterion >= 50)"))
+    print_particle_floor(particles)
+
     s2_single, s2_batch = sphere_costs(1, args.repeats), sphere_costs(16, max(1, args.repeats - 1))
     print(f"4. S^2 softmax, lmax 32, {s2_single['field']} field ({s2_single['path']} path): step per member "
           f"{1e3 * s2_single['step']:.2f} ms at M = 1, {1e3 * s2_batch['step']:.2f} ms at M = 16: ratio "
@@ -487,22 +498,10 @@ def main(argv=None):
         print(f"   trained (align, 4 layers, T = 0.4), M = {members:2d}: an evaluation of J and dJ/dW "
               f"{1e3 * costs['evaluation']:.2f} ms per member and step, {costs['evaluation'] / costs['step']:.2f} "
               "forward steps")
-    if not args.no_baseline:
-        settings = {"s1_case": os.path.basename(S1_CASE), "s1": S1, "t_end": t_end, "layers": layers,
-                    "repeats": args.repeats, "bow": os.path.basename(BOW), "particle_t_end": particle_t_end}
-        old = baseline_costs(args.baseline, settings)
-        print(f"3. particle trainings, N = 64, T = {particle_t_end:g} ({particles['steps']} steps): one evaluation "
-              f"per member at M = 20 {particles['evaluation']:.3f} s, the baseline's serial evaluation "
-              f"{old['particle_evaluation']:.2f} s: {old['particle_evaluation'] / particles['evaluation']:.1f}x "
-              "cheaper   (criterion >= 50)")
-        print_particle_floor(particles)
+    if old is not None:
         print(f"5. the baseline ({args.baseline}): forward step {1e3 * old['step']:.3f} ms "
               f"({old['step'] / single['step']:.1f}x today's), evaluation per step {1e3 * old['evaluation']:.3f} ms "
               f"({old['evaluation'] / single['evaluation']:.1f}x today's)")
-    else:
-        print(f"3. particle trainings: one evaluation per member at M = 20 {particles['evaluation']:.3f} s "
-              f"({particles['steps']} steps)")
-        print_particle_floor(particles)
     if args.paths:
         print("7. Transport's paths, a step (ms), forced; the path the estimate picks:")
         for path, overrides in ((S1_CASE, ["sphere.lmax=64", "solver.field='dense'"]),

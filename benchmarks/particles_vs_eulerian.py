@@ -127,6 +127,9 @@ def benchmark(name: str, n0: int, replicas: int, max_n: int) -> dict:
         outcome = ("unstable" if math.isnan(error)
                    else f"error {error:.2e}, {seconds:7.3f} s (stepping {stepping:.3f} s)")
         print(f"  eulerian lmax {lmax:>3} dt {dt:<5g}: {outcome}")
+    if not passing:
+        print(f"no Eulerian run of the ladder is within {TOLERANCE:g} of the reference: extend the ladder")
+        return {}
     eulerian_seconds, lmax, dt, eulerian_error, stepping_seconds = passing[0]
     print(f"cheapest Eulerian run within {TOLERANCE:g}: lmax {lmax}, dt {dt:g}: error {eulerian_error:.2e} in "
           f"{eulerian_seconds:.3f} s, stepping alone {stepping_seconds:.3f} s")
