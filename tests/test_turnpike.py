@@ -19,6 +19,7 @@ from spherepde.analysis.turnpike import (
     free_energy,
     gibbs_minimum,
     h_minus_one_quotient,
+    mean_angle,
     phases,
     polarisation_threshold,
     rayleigh_quotient,
@@ -104,6 +105,28 @@ def test_three_phase_test_on_a_synthetic_gap():
     assert exponential_rate(times, gap - test["gap_reference"], test["plateau_end"]) == pytest.approx(0.5, rel=0.05)
     flat = phases(times, 0.5 * np.exp(-2 * times) + 1e-4)
     assert not flat["three_phase"] and flat["terminal_lift"] < 0.1
+
+
+def test_three_phase_test_without_a_plateau_reports_no_boundary_layers():
+    """A gap with a bump at T / 2 (above the threshold there): no plateau, so no widths and no flatness, where the
+    test reported the boundary layers T / 2 = 20 wide and the relative variance 0 of the single save at T / 2."""
+    times = np.linspace(0, 40, 401)
+    gap = 0.5 * np.exp(-2 * times) + 1e-4 + 0.3 * np.exp(-0.5 * (times - 20) ** 2)
+    test = phases(times, gap)
+    assert test["plateau_width"] == 0.0 and not test["three_phase"]
+    assert math.isnan(test["initial_width"]) and math.isnan(test["terminal_width"])
+    assert math.isnan(test["plateau_relative_variance"])
+
+
+def test_mean_angle_is_the_angle_turned_across_the_branch_cut():
+    """A cluster in the well at -e_1 that turns by -1.6 rad towards e_2 crosses atan2's cut at -e_1: the
+    difference of its angles is -1.6 (the reported terminal displacement was -1.6 + 2 pi = 4.68)."""
+    times = np.linspace(0, 16, 33)
+    turned = -1.6 * (times / 16) ** 8  # the turn at the plateau's middle (t = 8) 6e-3 rad
+    theta = math.pi + 0.05 + turned  # starts below -e_1: atan2 = -pi + 0.05
+    angle = mean_angle(0.98 * np.stack([np.cos(theta), np.sin(theta)], -1))
+    assert angle[-1] - angle[16] == pytest.approx(turned[-1] - turned[16], abs=1e-12)
+    assert angle - angle[0] == pytest.approx(turned, abs=1e-12)  # continuous: no 2 pi jump
 
 
 def test_turnpike_bound_recovers_the_rate_of_an_exact_profile_and_fails_on_a_bump():

@@ -12,7 +12,8 @@ found by damped fixed-point iteration on the grid from a cluster at the leading 
 Three-phase test (`phases`, its "three_phase"), with Delta_ref the median of Delta over the middle half of [0, T]
 and the threshold h = Delta_ref + 0.05 (max Delta - Delta_ref):
   plateau        the largest interval of save times around T / 2 on which Delta <= h; its start is
-                 the initial boundary-layer width tau, T minus its end the terminal width r;
+                 the initial boundary-layer width tau, T minus its end the terminal width r (none when
+                 Delta(T / 2) > h: width 0, tau, r and the relative variance below NaN);
   clustering     Delta(0) > h (the energy falls across the initial layer);
   flat plateau   var(Delta on the plateau) / (max Delta - min Delta)^2 <= 0.05 (relative variance);
   escape         Delta(T) - Delta_ref >= 0.1 (terminal energy lift).
@@ -104,9 +105,14 @@ def free_energy(model, exp_kernel, basis, rho: torch.Tensor) -> float:
 
 
 def mean_angle(mean: np.ndarray) -> np.ndarray:
-    """S^1: signed angle atan2(m_2, m_1) of the mean (radians); S^2: angle between the mean and e_1."""
+    """S^1: signed angle atan2(m_2, m_1) of the mean (radians), unwrapped along the first (time) axis of a series;
+    S^2: angle between the mean and e_1.
+
+    Unwrapped so that a difference of two saves is the angle the mean has turned: atan2 jumps by 2 pi where the
+    mean crosses -e_1, and a cluster in the well at -e_1 turned by -1.60 rad towards e_2 read as 4.68 rad."""
     if mean.shape[-1] == 2:
-        return np.arctan2(mean[..., 1], mean[..., 0])
+        angle = np.arctan2(mean[..., 1], mean[..., 0])
+        return np.unwrap(angle, axis=0) if angle.ndim else angle
     return np.arccos(np.clip(mean[..., 0] / np.linalg.norm(mean, axis=-1), -1, 1))
 
 
@@ -128,15 +134,19 @@ def phases(times: np.ndarray, gap: np.ndarray) -> dict:
     spread = max(gap.max() - gap.min(), 1e-300)
     relative_variance = float(np.var(gap[plateau]) / spread ** 2)
     lift = float(gap[-1] - reference)
+    # Without a plateau (Delta(T / 2) > h) the boundary layers and the plateau's flatness are undefined: NaN, not
+    # the widths T / 2 and the zero variance of the single save at T / 2.
+    found = bool(below[centre])
     result = {
         "gap_reference": reference,
         "plateau_start": float(times[start]), "plateau_end": float(times[end]),
-        "plateau_width": float(times[end] - times[start]) if below[centre] else 0.0,
-        "initial_width": float(times[start]), "terminal_width": float(T - times[end]),
-        "clustering": bool(gap[0] > threshold), "plateau_relative_variance": relative_variance,
+        "plateau_width": float(times[end] - times[start]) if found else 0.0,
+        "initial_width": float(times[start]) if found else math.nan,
+        "terminal_width": float(T - times[end]) if found else math.nan,
+        "clustering": bool(gap[0] > threshold), "plateau_relative_variance": relative_variance if found else math.nan,
         "terminal_lift": lift,
     }
-    result["three_phase"] = bool(below[centre] and result["clustering"] and relative_variance <= 0.05 and lift >= 0.1)
+    result["three_phase"] = bool(found and result["clustering"] and relative_variance <= 0.05 and lift >= 0.1)
     return result
 
 
