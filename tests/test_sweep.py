@@ -559,8 +559,10 @@ def test_resume_reruns_members_saved_at_other_times_and_overwrite_leaves_no_earl
     narrow = ["sweep", str(case), "--param", "initial.kappa=2.0,5000.0", "--workers", "1", "-o", str(output)]
     assert main(narrow + ["--overwrite"]) == 2
     assert sorted(os.listdir(output)) == ["member-000.nc", "sweep.nc"]
-    with xr.open_dataset(output / "sweep.nc") as combined:
-        assert list(combined["member"].values) == [0]
+    with xr.open_dataset(output / "sweep.nc") as combined:  # member 1 without results: not the old file's
+        assert list(combined["member"].values) == [0, 1]
+        assert combined["member_status"].values[1].startswith("bad input")
+        assert np.isnan(combined["order_parameter"].sel(member=1).values).all()
 
 
 def test_resume_refuses_to_replace_a_member_file_of_another_run(tmp_path, capsys):
@@ -659,8 +661,10 @@ def test_a_batch_whose_worker_dies_fails_its_members_and_the_others_are_combined
     assert lines[-1] == ("spherepde: error: 2 of 3 sweep members failed; member 1 (time.dt=0.025): failed: the "
                          "worker process running its batch died on every try (killed by the system: out of memory?)")
     assert "member 2 (time.dt=0.02) failed: OSError: cannot write" in err and "Traceback" not in err, err
-    with xr.open_dataset(output / "sweep.nc") as combined:
-        assert list(combined["member"].values) == [0]
+    with xr.open_dataset(output / "sweep.nc") as combined:  # the failed members' places kept, their results NaN
+        assert list(combined["member"].values) == [0, 1, 2]
+        assert combined["member_status"].values[1].startswith("failed: the worker process")
+        assert np.isnan(combined["order_parameter"].sel(member=[1, 2]).values).all()
         assert combined.attrs["status"] == "failed: 2 of 3 sweep members (member_status)"
     assert sorted(os.listdir(output)) == ["member-000.nc", "sweep.nc"]
 

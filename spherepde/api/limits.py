@@ -94,23 +94,60 @@ def check_memory(case) -> None:
     smaller tables, and ends the process from C where it cannot allocate them: the grid's bound comes first)."""
     solver = case["solver"]
     available = available_memory()
-    if solver["method"] in ("particles", "both") and available is not None:
-        n = case["particles"]["n"]
-        needed = PARTICLE_COPIES * n * case.dim * (8 if solver["dtype"] == "float64" else 4)
-        if needed > available:
-            raise CaseError(f"particles.n: {n} particles need at least {_size(needed)} of memory; this machine has "
-                            f"{_size(available)} available (fewer particles)")
+    needed = particle_bytes(case)
+    if needed and available is not None and needed > available:
+        raise CaseError(f"particles.n: {case['particles']['n']} particles need at least {_size(needed)} of memory; "
+                        f"this machine has {_size(available)} available (fewer particles)")
     if case.dim != 3 or solver["method"] == "particles":
         return
     lmax = case["sphere"]["lmax"]
-    if solver["backend"] == "shtns":  # its grid works in float64 whatever the run's dtype
-        needed = grid_bytes(lmax, 8, least_nlat=32)
-    else:
-        needed = grid_bytes(lmax, 8 if solver["dtype"] == "float64" else 4) + table_bytes(lmax)
+    needed = grid_state_bytes(case) + shared_table_bytes(case)
     if available is not None and needed > available:
         raise CaseError(f"sphere.lmax: the S^2 grid of lmax {lmax} needs about {_size(needed)} of memory for its "
                         f"arrays{'' if solver['backend'] == 'shtns' else ' and spherical-harmonic tables'}; this "
                         f"machine has {_size(available)} available (lower sphere.lmax)")
+
+
+def particle_bytes(case) -> int:
+    """A lower bound of the memory a run's particles take: PARTICLE_COPIES copies of their (n, d) positions (0 for
+    an Eulerian run)."""
+    solver = case["solver"]
+    if solver["method"] not in ("particles", "both"):
+        return 0
+    return PARTICLE_COPIES * case["particles"]["n"] * case.dim * (8 if solver["dtype"] == "float64" else 4)
+
+
+def grid_state_bytes(case) -> int:
+    """A lower bound of the memory an Eulerian S^2 run's grid arrays take (`grid_bytes`; the shtns backend's grid
+    works in float64 whatever the run's dtype); 0 for a particle run and on S^1."""
+    solver = case["solver"]
+    if case.dim != 3 or solver["method"] == "particles":
+        return 0
+    if solver["backend"] == "shtns":
+        return grid_bytes(case["sphere"]["lmax"], 8, least_nlat=32)
+    return grid_bytes(case["sphere"]["lmax"], 8 if solver["dtype"] == "float64" else 4)
+
+
+def shared_table_bytes(case) -> int:
+    """The memory of building the torch transform's spherical-harmonic tables of an Eulerian S^2 run
+    (`table_bytes`), which the members of a batch share; 0 for the shtns backend, a particle run and S^1."""
+    solver = case["solver"]
+    if case.dim != 3 or solver["method"] == "particles" or solver["backend"] == "shtns":
+        return 0
+    return table_bytes(case["sphere"]["lmax"])
+
+
+def largest_batch(cases: list, workers: int) -> int | None:
+    """The most members of `cases` that one batch may hold so that `workers` batches running at once on this
+    machine fit the memory it has left: a batch holds each member's particles and grid arrays (`particle_bytes`,
+    `grid_state_bytes`) and one set of tables (`shared_table_bytes`).  At least 1 (a member alone was checked by
+    `check_memory`); None where the memory cannot be read or the members hold nothing that grows with them."""
+    available = available_memory()
+    per_member = max(particle_bytes(case) + grid_state_bytes(case) for case in cases)
+    if available is None or per_member == 0:
+        return None
+    tables = max(shared_table_bytes(case) for case in cases)
+    return max(1, (available // workers - tables) // per_member)
 
 
 def _size(count: int) -> str:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spherepde.api.limits import check_members
+from spherepde.api.limits import check_members, largest_batch
 from spherepde.base import memory
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError, NumericalFailure
@@ -479,6 +479,9 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
     if existing and not (overwrite or resume):
         raise CaseError(f"sweep folder {folder!r} holds an earlier sweep ({os.path.basename(existing[0])}); pass "
                         "--resume to keep its completed members or --overwrite to run them all again")
+    if resume and not existing:  # as `run --resume` without a checkpoint: a mistyped -o would run every member
+        raise CaseError(f"--resume: {folder!r} holds no member file of this sweep nor its {COMBINED} to resume from; "
+                        "run the sweep without --resume")
     if overwrite:  # an earlier sweep's files would stay beside this one's, read as its own (a member that now fails)
         for name in os.listdir(folder) if os.path.isdir(folder) else ():
             path = os.path.join(folder, name)
@@ -502,8 +505,15 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
 
         count = workers or default_workers(len(pending))
         threads = None if scheduler else max(1, (os.cpu_count() or 1) // count)
-        groups = [[pending[i] for i in group]
-                  for group in batches([m.case for m in pending], largest=-(-len(pending) // count))]
+        largest = -(-len(pending) // count)
+        # a batch holds every member's state at once: split where the local workers' batches would not fit this
+        # machine's memory (a remote cluster's workers have their own)
+        fitting = None if scheduler else largest_batch([m.case for m in pending], count)
+        if fitting is not None and fitting < largest:
+            largest = fitting
+            print(f"spherepde: note: batches of at most {fitting} members, so that {count} running at once fit the "
+                  f"memory available", file=sys.stderr)
+        groups = [[pending[i] for i in group] for group in batches([m.case for m in pending], largest=largest)]
         from distributed import as_completed
 
         # a bar of the members done on a terminal, else a line every 30 s: a member can run for minutes
@@ -531,7 +541,8 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
 def combine(case: Case, members: list[Member], summaries: dict, target: str, params: list[str],
             seeds: int | None, command: str | None = None, notes: tuple = ()) -> None:
     """Write the members' files of a sweep of `case` as one Dataset along `member` (xr.open_mfdataset), atomically,
-    with the sweep's own `notes` before the members'."""
+    with the sweep's own `notes` before the members'.  Every member has its place on `member`, those without a file
+    (bad input found as it started, a worker that died) too: their swept values, case and status, NaN results."""
     import dask
     import xarray as xr
 
@@ -555,26 +566,32 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
                            combine_attrs="drop_conflicts") as data:
         data.attrs = shared  # an attribute of some members only (a mixed-solver sweep's scheme) is not the sweep's
         data = data.assign_coords(member=("member", [m.index for m in present], {"long_name": "sweep member index"}))
+        # a member without a file stays in the sweep, its results NaN: left out, its bad input or lost worker was
+        # told by the exit status alone, and a selection by its parameters met a combination that was never asked
+        data = data.reindex(member=[m.index for m in members])
+        data["member"].attrs["long_name"] = "sweep member index"
         swept = []
-        for key in present[0].values:
-            column = _member_coordinate(key, [m.values[key] for m in present])
+        for key in members[0].values:
+            column = _member_coordinate(key, [m.values[key] for m in members])
             swept.append(key.replace(".", "_"))
             data = data.assign_coords({swept[-1]: column})
         if seeds:
-            data = data.assign_coords(seed=("member", [m.seed for m in present], {"long_name": "particles.seed"}))
+            data = data.assign_coords(seed=("member", [m.seed for m in members], {"long_name": "particles.seed"}))
             swept.append("seed")
         # the member coordinates that by_parameters unstacks into one dimension each
         data.attrs["swept"] = " ".join(swept)
-        data["member_status"] = ("member", [summaries[m.index]["status"] for m in present],
+        data["member_status"] = ("member", [summaries[m.index]["status"] for m in members],
                                  {"long_name": "status of the member's run"})
-        data["member_case"] = ("member", [m.case.text for m in present],
+        data["member_case"] = ("member", [m.case.text for m in members],
                                {"long_name": "resolved case of the member (TOML)"})
-        data = data.assign(member_attributes(attrs_of, shared))
+        attrs_of_member = dict(zip([m.index for m in present], attrs_of))
+        data = data.assign(member_attributes([attrs_of_member.get(m.index, {}) for m in members], shared))
         if any("resolved_until" in attrs for attrs in attrs_of):  # a grid's resolution: not a particle run's
             lost = [_resolved_until(summaries[m.index]) for m in present]
-            data["member_resolved_until"] = ("member", np.array(lost), {
+            lost_of = dict(zip([m.index for m in present], lost))
+            data["member_resolved_until"] = ("member", np.array([lost_of.get(m.index, math.nan) for m in members]), {
                 "long_name": "the member's last resolved save, after which its results are under-resolved (inf: "
-                             "resolved to the end)",
+                             "resolved to the end; NaN: no results)",
                 "units": "1"})
             # the sweep is resolved until its earliest member's loss (a member's own is in member_resolved_until)
             data.attrs["resolved_until"] = "end" if all(map(math.isinf, lost)) else float(min(lost))

@@ -180,10 +180,16 @@ def _check_grid(dataset: xr.Dataset) -> None:
 def _first_finite_save(density: xr.DataArray) -> np.ndarray:
     """The first save of `density` (time, ...) finite everywhere (a failed run's later saves are NaN padding), read
     alone (a run's first save is finite, and a file of many saves is not read whole where it is opened); a
-    CaseError where none is."""
+    CaseError where none is.  In a sweep, everywhere but on the members without results (NaN at every save)."""
     for index in range(density.sizes["time"]):
-        values = density.isel(time=index).values
-        if np.isfinite(values).all():
+        save = density.isel(time=index)
+        values = save.values
+        finite = np.isfinite(values)
+        if "member" in save.dims:  # a member is finite or, without results, NaN at every point of a save
+            finite = np.moveaxis(finite, save.dims.index("member"), 0).reshape(save.sizes["member"], -1)
+            if finite.any() and (finite.all(axis=1) | ~finite.any(axis=1)).all():
+                return values
+        elif finite.all():
             return values
     raise CaseError("its density is not finite at any save")
 
