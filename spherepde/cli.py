@@ -373,10 +373,16 @@ def command_sweep(args) -> int:
         raise CaseError("sweep needs the optional Dask packages: pip install 'spherepde[sweep]' "
                         "(or bash scripts/setup.sh test)")
     from spherepde import load_case
-    from spherepde.api.sweep import COMBINED, run_sweep
+    from spherepde.api.sweep import COMBINED, parse_param, run_sweep
+    from spherepde.io.case import parse_override
     from spherepde.io.output import check_folder
 
     case = load_case(args.case, args.set)
+    check_distinct(args.set, "--set")
+    swept = {parse_param(item)[0] for item in args.param} & {".".join(parse_override(item)[0]) for item in args.set}
+    if swept:
+        raise CaseError(f"{', '.join(sorted(swept))} both swept by --param and set by --set: the sweep would take "
+                        "--param's values alone; give it once")
     folder = f"{case.name}-sweep" if args.output is None else args.output
     check_folder(folder, "sweep -o")
     _hold(os.path.join(folder, COMBINED))

@@ -697,3 +697,17 @@ def test_too_many_members_of_one_key_are_counted_once():
     with pytest.raises(CaseError, match=r"^--param: 5001 x 2 seeds = 10002 members; at most 10000"):
         check_members([5001], 2)
     check_members([100, 100], None)  # 10000: allowed
+
+
+def test_a_key_set_twice_or_both_swept_and_set_is_refused(tmp_path, capsys):
+    """`--set time.t_end=0.1 --set time.t_end=0.2` ran at 0.2, and `--param model.eps=0.2,0.3 --set model.eps=0.5`
+    at 0.2 and 0.3 without a word: both refused, exit 2, before any member runs."""
+    case = write_case(tmp_path)
+    for words, said in ((["--param", "model.eps=0.2,0.3", "--set", "time.t_end=0.1", "--set", "time.t_end=0.2"],
+                         "time.t_end set more than once"),
+                        (["--param", "model . eps=0.2,0.3", "--set", "model.eps=0.5"], "model.eps both swept")):
+        output = tmp_path / "sweep"
+        assert main(["sweep", str(case), *words, "--workers", "1", "-o", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1
+        assert not output.exists()
