@@ -271,9 +271,10 @@ def _diagnostics(subfigure, dataset) -> None:
     member_lines = []  # a sweep's legend: a member's colour, the same in every panel
     for axis, (title, names, scale) in zip(axes, panels):
         # a panel of several variables names each curve by its variable (alignment_E beside alignment_F)
-        curves = [(f"{name}, {label}" if len(names) > 1 else label, values, stderr)
-                  for name in names for label, values, stderr in _curves(dataset, name)]
-        for k, (label, values, stderr) in enumerate(curves):
+        styled = [(MEMBER_CURVE_STYLES[n], (f"{name}, {label}" if len(names) > 1 else label, values, stderr))
+                  for n, name in enumerate(names) for label, values, stderr in _curves(dataset, name)]
+        curves = [curve for _, curve in styled]
+        for k, (variable_style, (label, values, stderr)) in enumerate(styled):
             if members is not None:  # colour by member, line style by curve (told apart in the panel's legend)
                 style = MEMBER_CURVE_STYLES[k % len(MEMBER_CURVE_STYLES)]
                 lines = [_member_curve(axis, time, np.asarray(values.isel(member=i)), colours[i], style, member,
@@ -285,7 +286,10 @@ def _diagnostics(subfigure, dataset) -> None:
             # a lone value (a single save, a run failed at its first interval) is a dot: a line of one point is not
             # drawn, and the panel was empty
             lone = int(np.isfinite(np.asarray(values, float)).sum()) == 1
-            (line,) = axis.plot(time, values, lw=1.4, label=label, marker="o" if lone else None, ms=3)
+            # a panel's later variables dashed: alignment_F equals alignment_E wherever V B^T and V share their top
+            # eigenspace (B = I, B = V) and, drawn solid over it, hid it
+            (line,) = axis.plot(time, values, lw=1.4, ls=variable_style, label=label, marker="o" if lone else None,
+                                ms=3)
             if stderr is not None:
                 axis.fill_between(time, values - 2 * stderr, values + 2 * stderr, color=line.get_color(), alpha=0.25,
                                   lw=0, label=f"{label} ± 2 s.e.")

@@ -4,7 +4,7 @@
 
 - S^2: density snapshots in orthographic views of both hemispheres (centred on the final
   mean direction and its antipode, graticule every 30 degrees) or in the Mollweide
-  projection, on one colour scale;
+  projection, each save on its own colour scale (0 to its largest value);
 - S^1: the angle-depth picture (density over angle and time) and density profiles (as many as the S^2
   snapshots);
 - the diagnostics of docs/design.md "Diagnostics" as time series, the under-resolved stretch (after
@@ -193,7 +193,23 @@ def _title(dataset, path: str) -> str:
     if "particles" in case and dataset.attrs.get("solver") in ("particles", "both"):
         details += f", n = {case['particles'].get('n')} particles"
     title = f"{title}\n{details.strip(', ')}" if details else title
-    return "\n".join([title] + [textwrap.fill(line, 150) for line in _failure_lines(dataset)])
+    return "\n".join([title] + _training_lines(dataset, case) + [textwrap.fill(line, 150)
+                                                                  for line in _failure_lines(dataset)])
+
+
+def _training_lines(dataset, case: dict) -> list[str]:
+    """A training's line (a cost per `iteration`): its loss, and J = l(mu_T) + lambda_reg / 2 int |W_t|^2 dt at the
+    first and last iterations; the title said "run" alone, as of an uncontrolled flow."""
+    if "iteration" not in dataset.dims or "loss" not in dataset:
+        return []
+    control, cost, iterations = case.get("control", {}), dataset["loss"].values, dataset["iteration"].values
+    kept = np.flatnonzero(np.isfinite(cost))
+    line = f"trained control (loss = {control.get('loss')}, lambda_reg = {control.get('lambda_reg')})"
+    if kept.size:
+        line += (f": J = {cost[kept[0]]:.4g} at iteration {iterations[kept[0]]}, {cost[kept[-1]]:.4g} at iteration "
+                 f"{iterations[kept[-1]]}")
+    stop = dataset.attrs.get("optimizer_stop")
+    return [line + (f" ({stop})" if stop else "")]
 
 
 def _failure_lines(dataset) -> list[str]:
@@ -419,7 +435,9 @@ def _circle_animation(dataset):
     theta, density = _circle_window(dataset, centre)
     figure, (curve_axis, heat) = plt.subplots(1, 2, figsize=(9.5, 4), layout="constrained", width_ratios=[1, 1.2])
     (curve,) = curve_axis.plot(theta, density[0], color="C3")
-    curve_axis.set_ylim(0, 1.05 * float(np.nanmax(density)))
+    # down to the least value, not to 0: an under-resolved density dips below 0, which the still figure's profiles
+    # show and the frames cut off
+    curve_axis.set_ylim(1.05 * min(0.0, float(np.nanmin(density))), 1.05 * float(np.nanmax(density)))
     _angle_axis(curve_axis, centre)
     curve_axis.set_ylabel("ρ [rad⁻¹]")
     saved = np.array([_has_density(dataset, index) for index in range(len(times))])

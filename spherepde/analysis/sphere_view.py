@@ -199,8 +199,11 @@ class SphereView:
             for axis, (lat, lon, inside), frame in zip(axes, self.disks, self.frames):
                 if self.density and self.saved[index]:
                     image = np.ma.masked_where(~inside, self.density.sample(index, lat, lon))
-                    axis.imshow(image, origin="lower", extent=(-1, 1, -1, 1), cmap=CMAP, norm=self.scale(index),
-                                interpolation="bilinear")
+                    # the samples are the pixels' centres (`_disk_points`): the image reaches half a pixel beyond
+                    # them, else it was shrunk by a pixel against the graticule, the limb and the particles
+                    edge = 1 + 1 / (PIXELS - 1)
+                    axis.imshow(image, origin="lower", extent=(-edge, edge, -edge, edge), cmap=CMAP,
+                                norm=self.scale(index), interpolation="bilinear")
                 else:
                     axis.add_patch(plt.Circle((0, 0), 1, color="0.95"))
                 _graticule(axis, frame, lines)
@@ -219,9 +222,13 @@ class SphereView:
                             norm=self.scale(index), shading="gouraud", rasterized=True)
         else:
             axis.set_facecolor("0.95")
+        # the orthographic views' graticule, labelled as their centres are (longitude in [0, 360), the file's): an
+        # unlabelled map did not say where longitude 0 is nor which way is east
+        longitudes, latitudes = np.arange(-150, 180, 30), np.arange(-60, 90, 30)
+        axis.set_xticks(np.radians(longitudes), [f"{lon % 360}°" if lon % 60 == 0 else "" for lon in longitudes],
+                        fontsize=6, color="0.6")
+        axis.set_yticks(np.radians(latitudes), [f"{lat}°" for lat in latitudes], fontsize=6)
         axis.grid(True, color=lines, lw=0.4, alpha=0.35)
-        axis.set_xticklabels([])
-        axis.set_yticklabels([])
         if self.particles is not None:
             x = self.particles[index, drawn(self.particles.shape[1])]
             axis.scatter(np.arctan2(x[:, 1], x[:, 0]), np.arcsin(np.clip(x[:, 2], -1, 1)), s=3, c=self.dots, lw=0,
