@@ -49,6 +49,9 @@ BETAS = ["10", "30", "1000", "inf"]
 MAIN_ROWS = [(beta, "uniform") for beta in BETAS] + [("30", "gaussian"), ("10", "perturbed")]
 
 
+STABLE_KEY = "main-p-beta1000-dt0.001"  # the beta = 1000 particles at a step within Heun's stability
+
+
 def main_key(kind: str, beta: str, law: str) -> str:
     """Run key of a main-table run: kind "p" (particles) or "e0" (Eulerian at eps = 0)."""
     return f"main-{kind}-beta{beta}" if law == "uniform" else f"main-{kind}-{law}-beta{beta}"
@@ -216,7 +219,11 @@ DIFFERENCES = [
     "the pair is a fixed point. The tokens leave it for +-e2 later (the figure's plateau).",
     "- beta = 1000: the transition comes at t = 17.8, consistent with the seed's 't > 15' (the run behind the "
     "previous version of this table stopped at t = 10.5 with non-finite particle positions; rerun with the current "
-    "code, whose particle attention shifts each row of exponents by its maximum, it completes). With n = 8000 "
+    "code, whose particle attention shifts each row of exponents by its maximum, it completes). The case's step, "
+    "dt = 0.01 (the seed's too, with Euler), is five times beyond Heun's stability on the pair of clusters the "
+    "tokens pass through, which contracts at rate beta: the same sample at dt = 0.001 moves to F one save "
+    "earlier, at t = 17.5, and sits on the pair at alignment_E 0.5000 where the stalled tokens read 0.502 (the "
+    "table after the main one). With n = 8000 "
     "it starts at about the same time but is not complete at t = 20 (alignment_F 0.16, alignment_E 0.42). More "
     "tokens delay every transition (n = 8000 against 2000: 15 against 13 at beta = 10, 16.2 against 14.5 at "
     "beta = 30): the states the tokens leave, the pair on E and the plateau of the previous item, are unstable "
@@ -278,6 +285,10 @@ def plan(full: bool, smoke: bool = False, backend: str = "shtns") -> list:
         # Pi_# rho_0 has two atoms (+-e_1), so exact OT against all n particles is cheap: no quantisation.
         exact = "diagnostics.w2_atoms=8000"
         runs.append(Run(main_key("p", beta, law), case, [particles, exact]))
+        if beta == "1000":
+            # the pair of clusters at +-(1, 0, 1)/sqrt 2 contracts at rate beta: Heun is stable there only for
+            # dt < 2 / beta, and at the case's dt = 0.01 the tokens stall off the pair (contraction_within_step)
+            runs.append(Run(STABLE_KEY, case, [particles, exact, "particles.dt=0.001"]))
         if full and law == "uniform":
             runs.append(Run(f"main-p8000-beta{beta}", case, [particles, "particles.n=8000", exact]))
         t_eul = 0.25 if beta == "1000" and not full else 0.5
@@ -486,6 +497,20 @@ def main_section(data: dict) -> list:
             row = main_row(data[f"main-p8000-beta{beta}"])
             lines.append(f"| {beta} | {fmt(row['max_E'])} ({fmt(row['t_max_E'])}) | {fmt(row['t_F'])} | "
                          f"{fmt(row['w2_min'])} ({fmt(row['t_w2_min'])}) | {fmt(row['w2_end'])} |")
+    if STABLE_KEY in data and main_key("p", "1000", "uniform") in data:
+        lines += ["", "beta = 1000 at two particle steps (n = 2000, the same sample): the pair of clusters at "
+                  "+-(1, 0, 1)/sqrt 2 contracts at rate beta = 1000 (solvers.particles.contraction_within_step), "
+                  "where Heun needs dt < 0.002; at the table's dt = 0.01 the tokens stall just off the pair "
+                  "(alignment_E on it at t = 12):", "",
+                  "| particles.dt | max align E (t) | align E at t = 12 | first t align F > align E (align F at the "
+                  "end) | W2 min (t) |", "| --- | --- | --- | --- | --- |"]
+        for key in (main_key("p", "1000", "uniform"), STABLE_KEY):
+            dataset = data[key]
+            row = main_row(dataset)
+            plateau = float(dataset["alignment_E"].sel(time=12.0, method="nearest"))
+            lines.append(f"| {fmt(float(dataset.attrs['dt']))} | {fmt(row['max_E'])} ({fmt(row['t_max_E'])}) | "
+                         f"{fmt(plateau, 4)} | {fmt(row['t_F'])} ({fmt(row['F_end'])}) | {fmt(row['w2_min'])} "
+                         f"({fmt(row['t_w2_min'])}) |")
     lines += ["",
               "Eulerian at eps = 0 while resolved (spectral tail <= 1e-6), against the particles at the same t:",
               "",
