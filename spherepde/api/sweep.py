@@ -580,7 +580,7 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
             swept.append("seed")
         # the member coordinates that by_parameters unstacks into one dimension each
         data.attrs["swept"] = " ".join(swept)
-        data["member_status"] = ("member", [summaries[m.index]["status"] for m in members],
+        data["member_status"] = ("member", [_own_status(summaries[m.index]) for m in members],
                                  {"long_name": "status of the member's run"})
         data["member_case"] = ("member", [m.case.text for m in members],
                                {"long_name": "resolved case of the member (TOML)"})
