@@ -66,7 +66,8 @@ lift, relative variance), so the constant I(rho_*) changes none of its results; 
 near 0 when the particles sit at the Gibbs state.  Dropping eps Ent changes the test where the width
 of the cluster changes (the initial clustering, which it makes look larger), not its moving along the
 circle (the terminal escape).  Only for the seed's model (unnormalized kernel, eps > 0, finite beta,
-d = 2 or 3); otherwise the phase attributes are NaN and three_phase "false".
+d = 2 or 3); otherwise the phase attributes are NaN and three_phase "untested" (not "false": the test did
+not run).
 
 Output: the particle solver's Dataset of the trained run (diagnostics, `particles`) plus `W`, `layer_time`,
 `loss`, `terminal_loss`, `gradient_norm` (training_output.control_variables; beyond the seeds theta's variables of
@@ -414,7 +415,7 @@ def phase_variables(case, dataset: xr.Dataset, general: bool = False) -> dict:
     attrs = dict.fromkeys(("plateau_width", "initial_width", "terminal_width", "plateau_relative_variance",
                            "terminal_lift", "terminal_displacement",
                            "gibbs_interaction_energy"), math.nan)
-    attrs["three_phase"] = "false"
+    attrs["three_phase"] = "untested"
     model = case["model"]
     if (not general and model["kernel"] == "unnormalized" and model["eps"] > 0 and math.isfinite(model["beta"])
             and case.dim in (2, 3)):

@@ -153,7 +153,8 @@ def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Data
     terminal_displacement, min_energy.
 
     The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0); for
-    other models (and beyond the seeds' model) the energy-based attributes are NaN and three_phase is "false"."""
+    other models (and beyond the seeds' model) the energy-based attributes are NaN and three_phase is "untested"
+    (not "false": the seed counts its eps = 0 trainings three-phase, which this energy cannot test)."""
     problem = forward.problem
     model, basis, exp_kernel = problem.batch.models[member], problem.basis, problem.kernels.member(member)
     times = dataset["time"].values
@@ -162,7 +163,7 @@ def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Data
     attrs = dict.fromkeys(("plateau_width", "initial_width", "terminal_width", "plateau_relative_variance",
                            "terminal_lift", "terminal_energy_rate", "escape_rate", "adjoint_rate", "rayleigh_quotient",
                            "h_minus_one_quotient", "h_minus_one_norm", "terminal_displacement", "min_energy"), math.nan)
-    attrs["three_phase"] = "false"
+    attrs["three_phase"] = "untested"
     if (problem.layouts[member].seeds_model and model.kernel == "unnormalized" and model.eps > 0
             and not model.zero_temperature):
         centre = int(np.argmin(np.abs(times - 0.5 * times[-1])))

@@ -1,13 +1,17 @@
 """Training through the particle system (solvers/particle_training.py): autograd gradient, regulariser,
 common random numbers, agreement with the particle solver, the training run and its output."""
 
+import math
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 import xarray as xr
 
+import spherepde
 from solvers.controlled_forward import central_differences_of
-from solvers.particle_training import ParticleControl
+from solvers.particle_training import ParticleControl, phase_variables
 from spherepde.base.errors import CaseError
 from spherepde.cli import main
 from spherepde.io.case import case_from_dict
@@ -196,3 +200,14 @@ def test_fresh_noise_gradient_is_an_unbiased_estimate_of_the_mean_field_gradient
                                    controls).dW
     assert bool((standard_error > 0).all())
     assert float(((mean - mean_field) / standard_error).abs().max()) <= 4.0
+
+
+def test_the_three_phase_test_says_untested_where_it_does_not_run():
+    """Beyond the seed's model (here the softmax kernel; also eps = 0) the energy the test reads is not the seed's:
+    three_phase read "false", as if the test had run and failed (the seed counts its eps = 0 trainings
+    three-phase), where it was never run."""
+    case = spherepde.load_case(Path(__file__).resolve().parent.parent / "cases" / "quickstart.toml")
+    times = np.linspace(0.0, 1.0, 5)
+    dataset = xr.Dataset({"mean": (("time", "dim"), np.tile([0.5, 0.0, 0.0], (5, 1)))}, coords={"time": times})
+    phase_variables(case, dataset)
+    assert dataset.attrs["three_phase"] == "untested" and math.isnan(dataset.attrs["plateau_width"])
