@@ -115,3 +115,13 @@ def test_a_trainings_title_gives_its_cost_at_the_first_and_last_iterations(s1):
     assert ("trained control (loss = align, lambda_reg = 0.01): J = 2 at iteration 0, 0.75 at iteration 3 "
             "(control.tol reached)") in title
     assert "trained" not in _title(s1, "run.nc")
+
+
+def test_a_title_names_every_head_and_an_mlp(s1):
+    # the title named head 0's kernel and beta alone, as of a one-head linear model
+    case = spherepde.load_case_text(s1.attrs["case"], ["model.feed_forward='mlp'", "model.hidden=8",
+                                                        "model.activation='relu'",
+                                                        "model.extra_heads=[{kernel = 'softmax', beta = 4.0}]"])
+    title = _title(s1.assign_attrs(case=case.text), "run.nc")
+    assert "; extra heads: softmax beta = 4.0; MLP feed-forward (8 relu units)" in title
+    assert "extra heads" not in _title(s1, "run.nc") and "MLP" not in _title(s1, "run.nc")

@@ -187,6 +187,13 @@ def _title(dataset, path: str) -> str:
     case = _case(dataset)
     model = case.get("model", {})
     details = ", ".join(f"{name} = {model[name]}" for name in ("kernel", "beta", "eps") if name in model)
+    # the other heads and an MLP feed-forward named too: the line read as a one-head model's
+    heads = model.get("extra_heads") or []
+    if isinstance(heads, list) and heads:
+        details += "; extra heads: " + ", ".join(f"{head.get('kernel')} beta = {head.get('beta')}" for head in heads
+                                                 if isinstance(head, dict))
+    if model.get("feed_forward") == "mlp":
+        details += f"; MLP feed-forward ({model.get('hidden')} {model.get('activation')} units)"
     title = dataset.attrs.get("title", os.path.basename(path))
     if "lmax" in dataset.attrs:
         details += f", lmax = {dataset.attrs['lmax']}"
