@@ -141,11 +141,16 @@ def _positive(kind):
     return parse
 
 
-def check_distinct(overrides: list, options: str) -> None:
-    """A CaseError where two overrides set one key: the later would replace the earlier without a word."""
+def override_key(item: str) -> str:
+    """The key "section.key" that the override "section.key=value" sets (its parts stripped)."""
     from spherepde.io.case import parse_override
 
-    keys = [".".join(parse_override(item)[0]) for item in overrides]
+    return ".".join(parse_override(item)[0])
+
+
+def check_distinct(overrides: list, options: str) -> None:
+    """A CaseError where two overrides set one key: the later would replace the earlier without a word."""
+    keys = [override_key(item) for item in overrides]
     repeated = sorted({key for key in keys if keys.count(key) > 1})
     if repeated:
         raise CaseError(f"{', '.join(repeated)} set more than once by {options}: give each key once")
@@ -374,12 +379,11 @@ def command_sweep(args) -> int:
                         "(or bash scripts/setup.sh test)")
     from spherepde import load_case
     from spherepde.api.sweep import COMBINED, parse_param, run_sweep
-    from spherepde.io.case import parse_override
     from spherepde.io.output import check_folder
 
     case = load_case(args.case, args.set)
     check_distinct(args.set, "--set")
-    swept = {parse_param(item)[0] for item in args.param} & {".".join(parse_override(item)[0]) for item in args.set}
+    swept = {parse_param(item)[0] for item in args.param} & {override_key(item) for item in args.set}
     if swept:
         raise CaseError(f"{', '.join(sorted(swept))} both swept by --param and set by --set: the sweep would take "
                         "--param's values alone; give it once")
