@@ -222,7 +222,7 @@ class SphereView:
                             norm=self.scale(index), shading="gouraud", rasterized=True)
         else:
             axis.set_facecolor("0.95")
-        # the orthographic views' graticule, labelled as their centres are (longitude in [0, 360), the file's): an
+        # the graticule labelled in longitudes in [0, 360), the file's and the orthographic views' centres': an
         # unlabelled map did not say where longitude 0 is nor which way is east
         longitudes, latitudes = np.arange(-150, 180, 30), np.arange(-60, 90, 30)
         axis.set_xticks(np.radians(longitudes), [f"{lon % 360}°" if lon % 60 == 0 else "" for lon in longitudes],
