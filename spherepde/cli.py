@@ -338,7 +338,8 @@ def _checkpoint(case, output: str, args):
     stored = checkpoint is not None and checkpoint.exists()
     if args.resume:
         if not stored:
-            what = "; the output exists: pass --overwrite to run again" if os.path.exists(output) else ""
+            what = ("; the output exists: pass --overwrite to run again" if os.path.exists(output) else
+                    " (a run stopped before its first checkpoint keeps none): run without --resume")
             raise CaseError(f"--resume: no checkpoint {checkpoint.folder!r} to resume from{what}")
         checkpoint.verify(case)
         print(f"spherepde: resuming {output} ({checkpoint.describe()})", file=sys.stderr)

@@ -149,7 +149,8 @@ def test_existing_checkpoint_is_named_and_never_replaced_silently(tmp_path, caps
     case = write_case(tmp_path, SMALL_S1)  # 10 steps of 0.05
     output = tmp_path / "out.nc"
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
-    assert status == 2 and "no checkpoint" in err and len(err.strip().splitlines()) == 1
+    assert status == 2 and "no checkpoint" in err and "run without --resume" in err
+    assert len(err.strip().splitlines()) == 1
 
     interrupt(case, output, checkpoints=3)
     status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
