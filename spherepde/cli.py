@@ -210,8 +210,7 @@ def command_run(args) -> int:
             if checkpoint is not None:
                 checkpoint.remove()  # resuming would fail the same way; the output holds the last good state
         if late:
-            print(f"spherepde: {signal.Signals(late[0]).name} came as the output was written; it is complete",
-                  file=sys.stderr)
+            _say_late(late, "the output was written; it is complete")
         raise
     except KeyboardInterrupt:
         if checkpoint is not None and checkpoint.exists():
@@ -226,8 +225,7 @@ def command_run(args) -> int:
             print(f"spherepde: warning: {part}{note}", file=sys.stderr)
     print(f"spherepde: wrote {output}", file=sys.stderr)
     if late:
-        print(f"spherepde: {signal.Signals(late[0]).name} came as the output was written; it is complete, and the "
-              "command ends here", file=sys.stderr)
+        _say_late(late, "the output was written; it is complete, and the command ends here")
         return 0
     if args.plot:
         from spherepde.analysis.plotting import plot_result
@@ -434,11 +432,15 @@ def main(argv=None) -> int:
             if "spherepde.io.output" in sys.modules:  # only it makes folders
                 sys.modules["spherepde.io.output"].settle_made_folders(failed=status != 0)
         if late:
-            print(f"spherepde: {signal.Signals(late[0]).name} came as the command ended; its exit status stands",
-                  file=sys.stderr)
+            _say_late(late, "the command ended; its exit status stands")
         _forget_escaped_interrupt()
         if argv is None:
             _ignore_late_signals()
+
+
+def _say_late(late: list, when: str) -> None:
+    """The line saying that a signal held off (`interrupts.held`, its numbers in `late`) came as `when`."""
+    print(f"spherepde: {signal.Signals(late[0]).name} came as {when}", file=sys.stderr)
 
 
 def _ignore_late_signals() -> None:
