@@ -31,7 +31,6 @@ particles as their positions with masses 1/n.  The computations:
     (spherepde.measures.sample_statistics).
 """
 
-import collections
 import math
 
 import numpy as np
@@ -276,35 +275,33 @@ def circle_w2(points_a, masses_a, points_b, masses_b) -> tuple[float, float, flo
 
 
 def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b) -> float:
-    """A lower bound on the optimal chordal transport cost between (angles_a, a) and (angles_b, b): the
-    potentials u_i + v_j = c_ij along the coupling's support edges (index_a[k], index_b[k]) (a breadth-first
-    walk from each unvisited atom: any offset between parts keeps the bound valid), made dual-feasible by
-    c-transforms, u = v^c and then v = u^c (`circle_c_transform`); the dual value a u + b v is the optimal cost
-    when the coupling is optimal, and below it in every case."""
-    neighbours_a, neighbours_b = [[] for _ in a], [[] for _ in b]
-    for i, j in zip(index_a, index_b):
-        neighbours_a[i].append(j)
-        neighbours_b[j].append(i)
-    u, v = np.full(len(a), np.nan), np.full(len(b), np.nan)
-    # visited atoms are marked apart from their potentials: a NaN angle gives a NaN potential, which as the mark of an
-    # unvisited atom re-queued that atom for ever
-    seen_a, seen_b = np.zeros(len(a), dtype=bool), np.zeros(len(b), dtype=bool)
-    for root in range(len(a)):
-        if seen_a[root]:
-            continue
-        u[root], seen_a[root], queue = 0.0, True, collections.deque([(True, root)])
-        while queue:
-            on_a, node = queue.popleft()
-            for other in (neighbours_a if on_a else neighbours_b)[node]:
-                known, seen = (v, seen_b) if on_a else (u, seen_a)
-                if not seen[other]:
-                    i, j = (node, other) if on_a else (other, node)
-                    known[other] = 2 - 2 * math.cos(angles_a[i] - angles_b[j]) - (u[i] if on_a else v[j])
-                    seen[other] = True
-                    queue.append((not on_a, other))
-    on_circle_a, on_circle_b = (np.stack([np.cos(t), np.sin(t)], 1) for t in (angles_a, angles_b))
-    u = circle_c_transform(on_circle_a, on_circle_b, np.nan_to_num(v))
-    v = circle_c_transform(on_circle_b, on_circle_a, u)
+    """A lower bound on the optimal chordal transport cost between (angles_a, a) and (angles_b, b) from the
+    coupling's support pieces (index_a[k], index_b[k]), given in their cyclic order.
+
+    Potentials by Rockafellar's construction along that order, as `circle_transport` builds them: u_i + v_j = c_ij
+    on every piece, so where consecutive pieces (i, j), (i', j') share an atom the step u_i' - u_i is
+    c_i'j - c_ij; where they share none (cuts that coincide, as for a measure against itself turned by whole
+    cells, or a piece of round-off length left out at a kink) it is free between c_i'j' - c_ij' and c_i'j - c_ij,
+    the bounds that u + v <= c on the two crossed pairs set, and one fraction of every such interval closes the
+    cycle.  A walk that fixed each connected part of the support on its own left the offsets between the parts
+    arbitrary: the bound of a density against itself turned by one cell was the whole W2.  Then c-transforms,
+    u = v^c and v = u^c (`circle_c_transform`), make the pair dual-feasible: the dual value a u + b v is the
+    optimal cost when the coupling is optimal, and below it in every case."""
+    index_a, index_b = np.asarray(index_a), np.asarray(index_b)
+    cost = lambda i, j: 2 - 2 * np.cos(angles_a[i] - angles_b[j])  # noqa: E731
+    next_a, next_b = np.roll(index_a, -1), np.roll(index_b, -1)
+    lower = cost(next_a, next_b) - cost(index_a, next_b)
+    upper = cost(next_a, index_b) - cost(index_a, index_b)
+    width = (upper - lower).sum()
+    fraction = float(np.clip(-lower.sum() / width, 0.0, 1.0)) if width > 0 else 0.0
+    on_pieces = np.concatenate([[0.0], np.cumsum(lower + fraction * (upper - lower))[:-1]])
+    # v from each b-atom's first piece (one cut by the cycle's start has two, either will do); u = v^c below
+    first_b = np.unique(index_b, return_index=True)
+    v = cost(index_a, index_b)[first_b[1]] - on_pieces[first_b[1]]
+    on_circle = lambda t: np.stack([np.cos(t), np.sin(t)], 1)  # noqa: E731
+    # atoms without a piece (round-off mass) stay out of the first c-transform, which any value of theirs would bias
+    u = circle_c_transform(on_circle(angles_a), on_circle(angles_b[first_b[0]]), v)
+    v = circle_c_transform(on_circle(angles_b), on_circle(angles_a), u)
     return float(a @ u + b @ v)
 
 
