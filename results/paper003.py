@@ -179,7 +179,7 @@ NOISE_READING = [
     "with the deterministic ones.",
     "- beta = 1000 (--full). With noise the particles stay on E to t = 20 at every eps (alignment 0.991, 0.997, "
     "0.999 at the end for eps = 1e-2, 3e-3, 1e-3); without, they leave at t = 9.5 and F wins at 17.75 (the seed: "
-    "mass moves to F after t = 15; with n = 8000 they too leave E at t = 10, but F only reaches 0.16 by t = 20). "
+    "mass moves to F after t = 15; with n = 8000 they too leave E at t = 10.25, but F only reaches 0.16 by t = 20). "
     "The Eulerian runs at eps = 1e-2 (lmax 128) and 3e-3 (lmax 224) stay on E, resolved (tails 4e-7 and 9.5e-8), "
     "with 1 - alignment 0.0093124 and 0.0032120 at t = 20 against the theory's 0.0092851 and 0.0032103 (beta eps "
     "= 10 and 3). At eps = 1e-3 the clusters need lmax 336 (resolving_lmax), about 5 CPU hours: not run here. "
@@ -229,7 +229,7 @@ DIFFERENCES = [
     "beta = 30): the states the tokens leave, the pair on E and the plateau of the previous item, are unstable "
     "fixed points of the mean-field flow, and the sample's O(n^-1/2) asymmetry is what the flow amplifies away "
     "from them, so each is left later by about log(8000 / 2000) / (2 sigma) = 0.69 / sigma at growth rate sigma "
-    "(leaving E at beta = 1000: 10 against 9.5). beta = inf: no transition, and W2(rho_t, Pi_# rho_0) -> 0, as in "
+    "(leaving E at beta = 1000: 10.25 against 9.5). beta = inf: no transition, and W2(rho_t, Pi_# rho_0) -> 0, as in "
     "the seed.",
     "- The initial law matters for the timing: at beta = 30 the projected Gaussian law moves to F at t = 9.25, close "
     "to the seed's ~8, against 14.5 from the uniform law, whose tokens first stall on the two-cluster fixed point "
