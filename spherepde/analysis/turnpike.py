@@ -164,7 +164,8 @@ def turnpike_bound(times: np.ndarray, gap: np.ndarray) -> tuple[float, float]:
     C = max(Delta(0), Delta(T)) (the bound at the ends is C (1 + exp(-a T))), and a the largest rate for which the
     bound holds at every save time (0 when Delta exceeds 2 C somewhere: no exponential bound with this C).  Each
     time t in (0, T) bounds a by the root of Delta(t) = C (exp(-a t) + exp(-a (T - t))) (the right side falls in
-    a), found by bisection; times with Delta(t) <= 0 (round-off below min E on the plateau) bound nothing."""
+    a), found by bisection; times with Delta(t) <= 0 bound nothing (on the plateau the run's energy can lie
+    below the reference min E by the discretisation's error, which exceeds round-off)."""
     T = times[-1]
     C = float(max(gap[0], gap[-1]))
     inner = (times > 0) & (times < T) & (gap > 0)
