@@ -81,6 +81,22 @@ def test_a_W_per_layer_keeps_F_dissipated_only_where_every_layer_is_a_multiple_o
     assert FreeEnergy.of("unnormalized", 1.0, I, I, [zero, (0.3 * I).tolist()], 0.1).dissipated
 
 
+def test_a_sweeps_free_energy_title_holds_for_every_member(tmp_path):
+    """A sweep of W = 0 and a rotation: the panel's title came from the base case alone, "dissipated by this flow"
+    over a member whose F rises (by 1.3e-2 between two saves); it now names the members' disagreement."""
+    import xarray as xr
+
+    from spherepde.analysis.diagnostic_panels import _free_energy_title
+    from spherepde.api.sweep import run_sweep
+
+    case = seed004_without_training(["time.t_end=3.0"])
+    run_sweep(case, ["model.W=[[0.0, 0.0], [0.0, 0.0]], [[0.0, -0.5], [0.5, 0.0]]"], str(tmp_path))
+    with xr.open_dataset(tmp_path / "sweep.nc") as sweep:
+        rises = sweep["free_energy"].diff("time").max("time").values
+        assert rises[0] < 0 < rises[1]
+        assert _free_energy_title(sweep) == "free energy F (dissipated in some members only)"
+
+
 def test_which_models_have_a_free_energy():
     """F exists for V symmetric at beta B = 0 and for the unnormalized kernel with V = c B, B symmetric; it is
     dissipated only without a drift from W; elsewhere it is NaN."""

@@ -38,8 +38,13 @@ NUMERICS = ("min_density", "spectral_tail", "mass")
 
 def _case(dataset) -> dict:
     """The run's resolved case (attribute `case`) as a table; {} if absent or unreadable."""
+    return _case_of(dataset.attrs.get("case", ""))
+
+
+def _case_of(text: str) -> dict:
+    """A resolved case's text as a table; {} if unreadable."""
     try:
-        return tomllib.loads(dataset.attrs.get("case", ""))
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError:
         return {}
 
@@ -182,16 +187,30 @@ def _filled_axes(subfigure, count: int, per_row: int = PANELS_PER_ROW, **subplot
 
 
 def _free_energy_title(dataset) -> str:
-    """The free-energy panel's title: whether this flow dissipates F (spherepde.model.energy)."""
+    """The free-energy panel's title: whether this flow dissipates F (spherepde.model.energy); in a sweep, whether
+    every member's does (members may differ in eps, W or the kernel, so the base case's answer is not theirs)."""
     from spherepde.model.energy import FreeEnergy
 
-    model = _case(dataset).get("model", {})
-    try:
-        energy = FreeEnergy.of(model["kernel"], float(model["beta"]), model["B"], model["V"], model["W"],
-                               float(model["eps"]), controlled=bool(_case(dataset).get("control")))
-    except (KeyError, TypeError, ValueError):
-        return "free energy F"
-    return "free energy F (dissipated by this flow)" if energy.dissipated else "free energy F (W may raise it)"
+    def dissipated(case: dict) -> bool | None:
+        model = case.get("model", {})
+        try:
+            return FreeEnergy.of(model["kernel"], float(model["beta"]), model["B"], model["V"], model["W"],
+                                 float(model["eps"]), controlled=bool(case.get("control"))).dissipated
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    if "member_case" in dataset:
+        cases = [_case_of(str(text)) for text in dataset["member_case"].values]
+    else:
+        cases = [_case(dataset)]
+    verdicts = {dissipated(case) for case in cases}
+    if verdicts == {True}:
+        return "free energy F (dissipated by this flow)"
+    if verdicts == {False}:
+        return "free energy F (W may raise it)"
+    if verdicts == {True, False}:
+        return "free energy F (dissipated in some members only)"
+    return "free energy F"
 
 
 # CF units of the density (docs/design.md "Output") as a figure writes them
