@@ -628,6 +628,36 @@ def test_w2_projection_verdict_subtracts_the_finite_n_bias_of_particle_runs():
     assert np.allclose(swapped["w2_projection_bias"].values, -reports[0]["w2_projection_bias"].values)
 
 
+def test_the_report_figure_draws_where_A_agrees_by_the_verdicts_rule():
+    """The stationary Kuramoto pair of the test above, particles seed 1: A (the Eulerian w2_projection, ~0) lies
+    outside B +- 3 stderr at every save after t = 0, the band the figure drew, while the verdict, which subtracts
+    the particles' finite-n bias and allows the runs' quantisation bounds, says "agrees".  The band is now the
+    verdict's, B - bias +- (k stderr + tolerance_w2_projection), and holds A."""
+    import matplotlib.pyplot as plt
+
+    from solvers.particles import run_particles
+    from spherepde.analysis.compare import report_figure
+
+    sections = dict(model={"kernel": "unnormalized", "beta": 0.0, "V": [[1.0, 0.0], [0.0, 1.0]], "eps": 0.25},
+                    initial={"kind": "vmf", "mean": [1.0, 0.0], "kappa": 0.8314620248 / 0.25},
+                    time={"t_end": 1.0, "dt": 0.05, "save_every": 0.25}, diagnostics={"lyapunov_p": [0.1]})
+    eulerian = spherepde.run(make_case(2, 128, **sections), progress=False)
+    particles = run_particles(make_case(2, 128, **sections).with_overrides(["particles.n=300", "particles.seed=1"]))
+    report = compare(eulerian, particles, w2=False)
+    a, b, se, bias = (report[f"w2_projection_{part}"].values for part in ("a", "b", "stderr", "bias"))
+    k, tolerance = report.attrs["k"], report.attrs["tolerance_w2_projection"]
+    assert report.attrs["verdict_w2_projection"] == "agrees" and np.all(np.abs(b - a)[1:] > k * se[1:])
+    assert tolerance == pytest.approx(report.attrs["w2_projection_floor"] + report.attrs["atol"], rel=1e-12)
+    figure = report_figure(report)
+    (axis,) = [axis for axis in figure.get_axes() if axis.get_title().startswith("w2_projection")]
+    vertices = axis.collections[0].get_paths()[0].vertices
+    for t, low, high in zip(report["time"].values, b - bias - k * se - tolerance, b - bias + k * se + tolerance):
+        drawn = vertices[vertices[:, 0] == t, 1]
+        assert drawn.min() == pytest.approx(low, abs=1e-12) and drawn.max() == pytest.approx(high, abs=1e-12)
+    assert np.all((b - bias - k * se - tolerance <= a) & (a <= b - bias + k * se + tolerance))
+    plt.close(figure)
+
+
 def test_one_systems_iid_errors_fall_short_and_the_report_says_so():
     """The i.i.d. standard errors of one system ignore the correlations the interaction builds: over 40 seeds of
     cases/kuramoto-s1.toml (n = 200, t = 10, particles.replicas = 1) the spread of the mean is more than 1.3 times

@@ -323,7 +323,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         raise CaseError("compare: the two runs use different diagnostics.lyapunov_p")
     eps = max(float(np.finfo(np.dtype(run.attrs.get("dtype", "float64"))).eps) for run in (a, b))
     rtol = ROUND_OFF_EPS * eps if eps > np.finfo(np.float64).eps else 0.0
-    data, verdicts, probabilities, lines, fewest = {}, {}, {}, [], math.inf
+    data, verdicts, probabilities, tolerances, lines, fewest = {}, {}, {}, {}, [], math.inf
     for name in DIAGNOSTIC_ATTRS:
         if name not in a or name not in b or a[name].size == 0:  # diagnostics.lyapunov_p = []: no values
             continue
@@ -355,6 +355,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
         data[f"{name}_z"] = (dims, z, {"long_name": f"(B - A{' - bias' if name == 'w2_projection' else ''}) beyond "
                                                     f"the tolerance, over the stderr, of {name}", "units": "1"})
         verdicts[name] = _verdict(va, vb - expected, stderr, k, tolerance)
+        tolerances[name] = float(tolerance)
         probabilities[name] = max_z_probability(z, dof)
         fewest = min(fewest, float(np.min(dof[~np.isnan(z) & (stderr > 0)], initial=math.inf)))
         lines.extend(_table_rows(name, a, va, vb, difference, stderr, z, dof,
@@ -394,6 +395,7 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
     }
     attrs.update({f"verdict_{name}": verdict for name, verdict in verdicts.items()})
     attrs.update({f"max_z_probability_{name}": value for name, value in probabilities.items()})
+    attrs.update({f"tolerance_{name}": value for name, value in tolerances.items()})
     last = f"t={a['time'].values[-1]:g}"
     header = (f"{'diagnostic':<20} {'A(' + last + ')':>13} {'B(' + last + ')':>13} {'B-A':>11} {'max|B-A|':>10} "
               f"{'stderr':>10} "
@@ -499,10 +501,23 @@ def _table_row(name, times, va, vb, difference, stderr, z, dof, verdict) -> str:
 
 
 def plot_report(report: xr.Dataset, target: str) -> str:
-    """One panel per diagnostic (A, B and the band B +- k stderr, per component) and one for W2(t)."""
+    """REPORT.png: `report_figure`'s figure."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure = report_figure(report)
+    figure.savefig(target, dpi=100)
+    plt.close(figure)
+    return target
+
+
+def report_figure(report: xr.Dataset):
+    """One panel per diagnostic and one for W2(t): A's line, B's dots and, per component, the band where A agrees
+    with B by the verdict's rule, B - bias +- (k stderr + tolerance_<diagnostic>) (bias: w2_projection_bias, 0 for
+    the others).  A band of B +- k stderr alone hid what the verdict allows: a w2_projection of particles lies above
+    the Eulerian one by its finite-n bias, and an A outside that band was yet within the verdict."""
     import matplotlib.pyplot as plt
 
     names = [name for name in DIAGNOSTIC_ATTRS if f"{name}_a" in report
@@ -517,14 +532,18 @@ def plot_report(report: xr.Dataset, target: str) -> str:
     time, k = report["time"].values, report.attrs["k"]
     for axis, name in zip(axes.flat, names):
         a, b, se = (report[f"{name}_{part}"].values for part in ("a", "b", "stderr"))
+        bias = report[f"{name}_bias"].values if f"{name}_bias" in report else np.zeros(b.shape)
+        # a report written before tolerance_<diagnostic> was stored: atol, which every verdict allows
+        tolerance = report.attrs.get(f"tolerance_{name}", report.attrs["atol"])
         extra = report[f"{name}_a"].dims[1:]
         for j in range(int(np.prod(a.shape[1:]))):
             column = (slice(None), j) if a.ndim > 1 else slice(None)
             label = f"{extra[0]} = {report[extra[0]].values[j]:g}" if extra else None
             line, = axis.plot(time, a[column], lw=1.5, label=label)
             axis.plot(time, b[column], "o", ms=3, color=line.get_color())
-            axis.fill_between(time, b[column] - k * se[column], b[column] + k * se[column], alpha=0.25,
-                              color=line.get_color(), lw=0)
+            half_width = k * se[column] + tolerance
+            axis.fill_between(time, b[column] - bias[column] - half_width, b[column] - bias[column] + half_width,
+                              alpha=0.25, color=line.get_color(), lw=0)
         if extra:
             axis.legend(fontsize=7, frameon=False)
         axis.set_title(f"{name}: {report.attrs[f'verdict_{name}']}", fontsize=9)
@@ -533,15 +552,14 @@ def plot_report(report: xr.Dataset, target: str) -> str:
         w2_panel(axes.flat[len(names)], time, report["w2"].values)
     for axis in axes.flat[len(names) + ("w2" in report):]:
         axis.set_visible(False)
-    title = f"lines: A = {report.attrs['a']};  dots and +-{k:g} stderr bands: B = {report.attrs['b']}"
+    title = (f"lines: A = {report.attrs['a']};  dots: B = {report.attrs['b']};  bands: where A agrees with B, "
+             f"B - bias +- ({k:g} stderr + tolerance)")
     title += f"\nconstant in both runs: {', '.join(constant)}" if constant else ""
     failed = report.attrs.get("failed", "")
     # parse_math off: file names are text, and a "$" in one started mathtext (a traceback, no figure)
     figure.suptitle(title + (f"\n{_wrapped(failed)}" if failed else ""), fontsize=9,
                     color="firebrick" if failed else "black", parse_math=False)
-    figure.savefig(target, dpi=100)
-    plt.close(figure)
-    return target
+    return figure
 
 
 def w2_panel(axis, time: np.ndarray, w2: np.ndarray) -> None:
