@@ -271,7 +271,7 @@ def pattern(name: str, kind: str) -> str:
     if kind == "both" and name.startswith(BOTH_PREFIX) and name != "particles":
         return BOTH_PREFIX + "<name>"
     for diagnostic in _diagnostic_names():
-        for prefix in ("verdict_", "max_z_probability_"):
+        for prefix in ("verdict_", "max_z_probability_", "tolerance_"):
             if name == prefix + diagnostic:
                 return f"{prefix}<diagnostic>"
         for suffix in DERIVED_SUFFIXES:

@@ -152,7 +152,8 @@ control.learning_rate      real > 0 (adam, gd; lbfgs notes another     0.05
                            value unused)
 control.tol                real >= 0: stop when |J_k - J_{k-1}| <=     0 (never)
                            tol |J_k| or |dJ/dW| <= tol (lbfgs:
-                           scipy's ftol and gtol)
+                           scipy's ftol and gtol: relative to
+                           max(|J|, 1), the largest entry of dJ/dW)
 control.gradient           "discrete" (exact gradient of the           "discrete"
                            discretised J) | "continuous" (the adjoint
                            PDE discretised on its own); Eulerian only
@@ -169,7 +170,8 @@ control.noise              "common" (every evaluation of J sees the    "common"
                            not with lbfgs or tol > 0); particles only
 control.kappa_cand         bow: real >= 0, vMF concentration of the    2.0
                            candidates
-control.tau                bow: real > 0, softmax temperature          1.0
+control.tau                bow: real > 0, the softmax's inverse        1.0
+                           temperature: scores tau <x, c_k>
 control.K                  bow: int in [2, 2**20), number of           16
                            candidates (scores: atoms x K; one
                            candidate has probability 1 whatever mu)
