@@ -43,7 +43,7 @@ part() {  # part NAME SECONDS COMMAND...: run COMMAND under a time limit, output
     nproc
 } >"$OUT/gpu_env.txt" 2>&1
 
-part cuda_tests 120 python3 -m pytest -m cuda -q -p no:cacheprovider tests
+part cuda_tests 120 python3 -m pytest -m cuda -n 0 -q -p no:cacheprovider tests  # one process: one GPU context, as measured
 part baseline_run 120 python3 benchmarks/baseline_run.py --devices cuda --filter-order 16 --out /tmp/baseline
 part step_rate 100 python3 benchmarks/step_rate.py --devices cpu cuda
 part particles_s2 200 python3 results/particles_verification.py --only s2 --device cuda
