@@ -148,7 +148,7 @@ class AdjointOperator:
     The softmax term applies the scalings exp(-beta |B^T y|) (in rho / Z) and exp(beta |B x|) (of the
     transposed transform) separately, so it stays in floating-point range only while beta sigma_max(B)
     is at most ln of the dtype's largest number (709.78 in float64, 88.72 in float32;
-    controlled_forward.check_continuous_range refuses a case beyond); the discrete gradient has no such limit.
+    forward_problem.check_kernel_range refuses a case beyond); the discrete gradient has no such limit.
     """
 
     def __init__(self, forward: ControlledForward):

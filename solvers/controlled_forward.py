@@ -74,8 +74,6 @@ class ControlledForward:
                                                     for plan in self.plans])
         self.losses = [make_loss(member["control"], member.dim) for member in cases]
         self.layered = self.problem.layered
-        if control["gradient"] == "continuous" and not self.layered:
-            check_continuous_range(self.problem)
         placement = self.problem.placement
         if self.layered:  # lambda per entry of theta_l (M, p), and the trained entries (p,)
             like = placement.tensor(0.0)
@@ -203,27 +201,6 @@ class ControlledForward:
             rho = basis.synthesis(problem.coefficients(state)).reshape(state.shape[0], -1)
             values.append(torch.sqrt(((gradient ** 2).sum(1) * rho * self.weights).sum(1).clamp_min(0)))
         return torch.cat(values).reshape(len(states), members)
-
-
-def check_continuous_range(problem: ForwardProblem) -> None:
-    """A CaseError where the continuous gradient of the seeds' model cannot be formed in the run's dtype: its softmax
-    term (solvers.adjoint.AdjointOperator) transforms rho / Z, scaled by exp(-beta |B^T y|), with the transposed
-    kernel and multiplies the result by that kernel's scale exp(log_scale(x)), log_scale <= beta |B x| <= beta |B|_2,
-    apart.  Beyond the dtype's largest number, beta |B|_2 > ln(largest) (88.72 in float32, 709.78 in float64), that
-    scale is inf and dJ/dW NaN while the forward run and the discrete gradient are finite: bad input, not a numerical
-    failure of the first evaluation, whose advice (a smaller time.dt) cannot mend it."""
-    bound = math.log(torch.finfo(problem.placement.real).max)
-    for member, model in enumerate(problem.batch.models):
-        if model.kernel != "softmax" or model.zero_temperature:
-            continue
-        coupling = model.beta * float(torch.linalg.matrix_norm(model.B.double(), ord=2))
-        if coupling > bound:
-            who = f" (member {member})" if len(problem.batch.models) > 1 else ""
-            wider = " or solver.dtype = 'float64'" if coupling <= math.log(torch.finfo(torch.float64).max) else ""
-            raise CaseError(f"control.gradient: the continuous adjoint of the softmax kernel scales its transform by "
-                            f"exp(beta |B|_2) = exp({coupling:.4g}){who}, beyond {problem.placement.name}'s "
-                            f"largest number exp({bound:.4g}); take control.gradient = 'discrete' (the exact gradient "
-                            f"of the discretised J, no such limit){wider}")
 
 
 class DensityCheck:

@@ -343,10 +343,15 @@ def check_kernel_range(case) -> None:
     the hardmax of beta = inf: 4e-16 from it at beta = 1e300 in float64); the unnormalized kernel's, which no shift
     bounds, where exp(beta <B^T x, y>) reaches exp(beta |B|_2) beyond the dtype's largest number (beta |B|_2 >
     709.8 in float64, 88.7 in float32).  The model's entries are checked against that number first
-    (`check_parameter_range`)."""
+    (`check_parameter_range`).  An Eulerian training of the seeds' model with control.gradient = "continuous" is
+    held to the unnormalized kernel's bound with the softmax kernel too: its adjoint (solvers.adjoint.AdjointOperator)
+    applies the softmax's scalings exp(-beta |B^T y|) and exp(beta |B x|) apart, so beyond it dJ/dW is NaN where the
+    forward run and the discrete gradient are finite (bad input: a smaller time.dt cannot mend it)."""
     dtype = case["solver"]["dtype"]
     largest = torch.finfo(getattr(torch, dtype)).max
     check_parameter_range(case)
+    continuous = (case["solver"]["method"] == "eulerian" and case["control"].get("gradient") == "continuous"
+                  and layout_of(case).seeds_model)
     for model, name, where in kernel_entries(case):
         head = name.rsplit(".", 1)[0]  # "model" or "model.extra_heads[h]": the table of the head's beta and B
         norm = float(torch.linalg.matrix_norm(model.B, ord=2))  # beta <B^T x, y> reaches beta |B|_2
@@ -361,6 +366,13 @@ def check_kernel_range(case) -> None:
                             f"exp({model.beta * norm:.4g}) (beta = {model.beta:.3g} times |B| = {norm:.3g}{where}), "
                             f"beyond {dtype}'s largest number exp({math.log(largest):.4g}); lower {head}.beta or "
                             f"{head}.B, or take the softmax kernel")
+        if continuous and model.kernel == "softmax" and model.beta * norm > math.log(largest):
+            in_float64 = model.beta * norm <= math.log(torch.finfo(torch.float64).max)
+            wider = " or solver.dtype = 'float64'" if in_float64 else ""
+            raise CaseError(f"control.gradient: the continuous adjoint of the softmax kernel scales its transform by "
+                            f"exp(beta |B|_2) = exp({model.beta * norm:.4g}), beyond {dtype}'s largest number "
+                            f"exp({math.log(largest):.4g}); take control.gradient = 'discrete' (the exact gradient of "
+                            f"the discretised J, no such limit){wider}")
 
 
 def check_solver_choices(case, device_type: str | None) -> None:

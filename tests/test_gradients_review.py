@@ -70,3 +70,19 @@ def test_continuous_gradient_within_the_dtypes_exponent_range_is_the_float64_one
     single = continuous_gradient(forward32, None, W).dW.double()
     double = discrete_gradient(forward64, None, W).dW
     assert float((single - double).norm() / double.norm()) < 1e-5
+
+
+def test_a_sweep_refuses_a_member_beyond_the_continuous_gradients_range_before_any_runs(tmp_path):
+    """The refusal sits in the case checks that a sweep makes of every member before the first runs: a sweep of
+    beta = 1 and 90 (float32) named member 1 only as it started, after member 0's training."""
+    import os
+
+    import pytest
+
+    from spherepde.api.sweep import run_sweep
+    from spherepde.base.errors import CaseError
+
+    folder = tmp_path / "out"
+    with pytest.raises(CaseError, match=r"sweep member 1 \(model.beta=90.0\): control.gradient: .* exp\(90\)"):
+        run_sweep(softmax_case(1.0, "float32"), ["model.beta=1.0,90.0"], str(folder))
+    assert not folder.exists() or not os.listdir(folder)
