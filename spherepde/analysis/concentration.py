@@ -215,7 +215,7 @@ def initial_quadrature(case, lmax: int = 16) -> tuple[torch.Tensor, torch.Tensor
 
 
 def temperature_coupling(dataset, quadrature_lmax: int = 16) -> dict:
-    """Upper and lower bounds on W2(rho_t^beta, rho_t^inf) from a finite-beta Eulerian S^2 result.
+    """Upper and lower bounds on W2(rho_t^beta, rho_t^inf) from a finite-beta Eulerian result (S^1 or S^2).
 
     Returns {"time", "upper", "lower"} at every other save: `upper` is the L2(rho_0) distance of
     the two flows, `lower` the largest component of the difference of the pushed means.
@@ -243,7 +243,10 @@ def temperature_coupling(dataset, quadrature_lmax: int = 16) -> dict:
     ds = float(times[1] - times[0])
     if not np.allclose(np.diff(times), ds, rtol=1e-9, atol=1e-12):
         raise ValueError("temperature_coupling needs equally spaced saves")
-    keys = torch.tensor(grid_points(dataset).reshape(-1, 3))
+    if "density" not in dataset:
+        raise ValueError("temperature_coupling: the characteristics are driven by an Eulerian density; this result "
+                         "has none (a particle run)")
+    keys = torch.tensor(grid_points(dataset).reshape(-1, case.dim))
     area = torch.tensor(dataset["cell_area"].values.reshape(-1))
     densities = torch.tensor(dataset["density"].values.reshape(len(times), -1))
 
