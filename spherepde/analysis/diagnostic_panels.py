@@ -289,9 +289,13 @@ def _diagnostics(subfigure, dataset) -> None:
                         else np.full(len(members), np.inf))
     member_lines = []  # a sweep's legend: a member's colour, the same in every panel
     for axis, (title, names, scale) in zip(axes, panels):
-        # a panel of several variables names each curve by its variable (alignment_E beside alignment_F)
-        styled = [(MEMBER_CURVE_STYLES[n], (f"{name}, {label}" if len(names) > 1 else label, values, stderr))
-                  for n, name in enumerate(names) for label, values, stderr in _curves(dataset, name)]
+        # a panel of several variables names each curve by its variable (alignment_E beside alignment_F) in a legend,
+        # also where one of them is there alone: the gap panel of a particle training draws interaction_gap, which
+        # lacks eps Ent, and without its name it read as the Eulerian E - min E; styles by the variables present
+        named = len(names) > 1
+        present = [(name, own) for name, own in ((name, _curves(dataset, name)) for name in names) if own]
+        styled = [(MEMBER_CURVE_STYLES[n], (f"{name}, {label}" if named else label, values, stderr))
+                  for n, (name, own) in enumerate(present) for label, values, stderr in own]
         curves = [curve for _, curve in styled]
         for k, (variable_style, (label, values, stderr)) in enumerate(styled):
             if members is not None:  # colour by member, line style by curve (told apart in the panel's legend)
@@ -299,7 +303,7 @@ def _diagnostics(subfigure, dataset) -> None:
                 lines = [_member_curve(axis, time, np.asarray(values.isel(member=i)), colours[i], style, member,
                                        member_until[i]) for i, member in enumerate(members)]
                 member_lines = member_lines or lines
-                if len(curves) > 1:
+                if named:
                     axis.plot([], [], color="0.3", ls=style, label=label)
                 continue
             # a lone value (a single save, a run failed at its first interval) is a dot: a line of one point is not
@@ -327,9 +331,9 @@ def _diagnostics(subfigure, dataset) -> None:
         axis.set_title(title, fontsize=10)
         axis.set_xlabel("time (depth)")
         axis.grid(True, alpha=0.3)
-        if members is None and len(axis.get_legend_handles_labels()[0]) > 1:
+        if members is None and (named or len(axis.get_legend_handles_labels()[0]) > 1):
             axis.legend(fontsize=7, frameon=False)
-        elif members is not None and len(curves) > 1:
+        elif members is not None and named:
             handles = [line for line in axis.get_lines() if line.get_label() in {label for label, _, _ in curves}]
             axis.legend(handles=handles, fontsize=7, frameon=False)
     for axis, (title, _, draw) in zip(axes[len(panels):], training):
