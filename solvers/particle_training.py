@@ -429,11 +429,10 @@ def phase_variables(case, dataset: xr.Dataset, general: bool = False) -> dict:
             "long_name": "interaction energy of the particles (U-statistic) minus that of the Gibbs minimiser",
             "units": "1"})
         test = turnpike.phases(times, gap)
-        middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
         attrs.update({key: test[key] for key in ("plateau_width", "initial_width", "terminal_width",
                                                  "plateau_relative_variance", "terminal_lift")})
-        attrs.update({
-            "three_phase": "true" if test["three_phase"] else "false",
-            "terminal_displacement": float(angle[-1] - angle[middle]), "gibbs_interaction_energy": reference})
+        attrs.update({"three_phase": turnpike.verdict(test),
+                      "terminal_displacement": turnpike.terminal_displacement(times, angle, test),
+                      "gibbs_interaction_energy": reference})
     dataset.attrs.update(attrs)
     return variables

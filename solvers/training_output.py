@@ -172,18 +172,19 @@ def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Data
         gap = dataset["free_energy"].values - theory["min_energy"]
         variables["energy_gap"] = (("time",), gap, {"long_name": "energy gap E(mu_t) - min E", "units": "1"})
         test = turnpike.phases(times, gap)
-        middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
         attrs.update({key: test[key] for key in ("plateau_width", "initial_width", "terminal_width",
                                                  "plateau_relative_variance", "terminal_lift")})
         attrs.update({key: theory[key] for key in ("rayleigh_quotient", "h_minus_one_quotient", "h_minus_one_norm",
                                                    "min_energy")})
+        # the terminal and plateau rates are fits over the layers the test finds: none without a plateau
         attrs.update({
-            "three_phase": "true" if test["three_phase"] else "false",
-            "terminal_energy_rate": turnpike.exponential_rate(times, gap - test["gap_reference"], test["plateau_end"]),
+            "three_phase": turnpike.verdict(test),
+            "terminal_energy_rate": (turnpike.exponential_rate(times, gap - test["gap_reference"], test["plateau_end"])
+                                     if test["plateau"] else math.nan),
             "escape_rate": turnpike.escape_rate(np.array(first.times), np.array(first.adjoint_norm),
                                                 theory["rayleigh_quotient"]),
-            "adjoint_rate": turnpike.exponential_rate(times, dataset["adjoint_norm"].values, test["plateau_start"],
-                                                      test["plateau_end"]),
-            "terminal_displacement": float(angle[-1] - angle[middle])})
+            "adjoint_rate": (turnpike.exponential_rate(times, dataset["adjoint_norm"].values, test["plateau_start"],
+                                                       test["plateau_end"]) if test["plateau"] else math.nan),
+            "terminal_displacement": turnpike.terminal_displacement(times, angle, test)})
     dataset.attrs.update(attrs)
     return variables

@@ -23,7 +23,9 @@ from spherepde.analysis.turnpike import (
     phases,
     polarisation_threshold,
     rayleigh_quotient,
+    terminal_displacement,
     turnpike_bound,
+    verdict,
     wasserstein_hessian,
 )
 from spherepde.base.device import placement
@@ -116,6 +118,19 @@ def test_three_phase_test_without_a_plateau_reports_no_boundary_layers():
     assert test["plateau_width"] == 0.0 and not test["three_phase"]
     assert math.isnan(test["initial_width"]) and math.isnan(test["terminal_width"])
     assert math.isnan(test["plateau_relative_variance"])
+    # no terminal layer to measure: the mean's turn from T / 2 (here 1.0 rad of a steady rotation) was reported
+    angle = 0.05 * times
+    assert math.isnan(terminal_displacement(times, angle, test)) and verdict(test) == "false"
+    with_plateau = phases(times, 0.5 * np.exp(-2 * times) + 1e-4 + 0.3 * np.exp(-0.5 * (40 - times)))
+    middle = 0.5 * (with_plateau["plateau_start"] + with_plateau["plateau_end"])
+    assert terminal_displacement(times, angle, with_plateau) == pytest.approx(0.05 * (40 - middle), abs=0.05 * 0.1)
+
+
+def test_three_phase_test_without_a_save_in_the_middle_half_is_untested():
+    """Saves at 0 and T only: no Delta_ref, no test; the verdict read "false", as a test run and failed."""
+    test = phases(np.array([0.0, 8.0]), np.array([0.5, 0.6]))
+    assert not test["tested"] and verdict(test) == "untested"
+    assert math.isnan(terminal_displacement(np.array([0.0, 8.0]), np.array([0.0, 0.3]), test))
 
 
 def test_mean_angle_is_the_angle_turned_across_the_branch_cut():
@@ -235,3 +250,20 @@ def test_circle_gibbs_state_is_the_spectral_gibbs_minimum():
     spectral = math.hypot(*mean)
     assert circle_order_parameter(circle_gibbs_state(np.diag([1.0, 0.65]), 0.1, even=False)) == pytest.approx(
         spectral, abs=1e-8)
+
+
+def test_a_training_saved_at_its_ends_only_is_untested_and_measures_no_terminal_layer():
+    """seed004-align-l065 shrunk and saved at t = 0 and T only: no save in the middle half, so no reference and no
+    test, and no plateau to measure a terminal layer from.  It stored three_phase "false" and a terminal
+    displacement and energy rate taken from T / 2 (the save at t = 0 standing in for the plateau's middle)."""
+    import warnings
+
+    import spherepde
+
+    case = spherepde.load_case("cases/seed004-align-l065.toml", [
+        "sphere.lmax=32", "time.t_end=2.0", "time.save_every=2.0", "control.layers=2", "control.iterations=0"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the shrunk grid loses resolution: not what this test reads
+        attrs = spherepde.run(case, progress=False).attrs
+    assert attrs["three_phase"] == "untested"
+    assert all(math.isnan(attrs[name]) for name in ("terminal_displacement", "terminal_energy_rate", "adjoint_rate"))

@@ -13,7 +13,8 @@ Three-phase test (`phases`, its "three_phase"), with Delta_ref the median of Del
 and the threshold h = Delta_ref + 0.05 (max Delta - Delta_ref):
   plateau        the largest interval of save times around T / 2 on which Delta <= h; its start is
                  the initial boundary-layer width tau, T minus its end the terminal width r (none when
-                 Delta(T / 2) > h: width 0, tau, r and the relative variance below NaN);
+                 Delta(T / 2) > h: width 0, tau, r and the relative variance below NaN, and so the terminal
+                 rates and `terminal_displacement`; no test, "untested", without a save in the middle half);
   clustering     Delta(0) > h (the energy falls across the initial layer);
   flat plateau   var(Delta on the plateau) / (max Delta - min Delta)^2 <= 0.05 (relative variance);
   escape         Delta(T) - Delta_ref >= 0.1 (terminal energy lift).
@@ -104,6 +105,24 @@ def free_energy(model, exp_kernel, basis, rho: torch.Tensor) -> float:
     return model.eps * entropy + interaction
 
 
+def verdict(test: dict) -> str:
+    """A run's three_phase attribute from `phases`' result: "true", "false", or "untested" where no save lies in the
+    middle half of [0, T] (no reference Delta_ref, so no test: "false" read as a test run and failed)."""
+    if not test["tested"]:
+        return "untested"
+    return "true" if test["three_phase"] else "false"
+
+
+def terminal_displacement(times: np.ndarray, angle: np.ndarray, test: dict) -> float:
+    """The angle the mean turns across the terminal layer: mean_angle at T minus at the save nearest the plateau's
+    middle (radians); NaN without a plateau, where there is no terminal layer to measure (the centre save stood in
+    for the plateau, and the angle from T / 2 was reported as the layer's)."""
+    if not test["plateau"]:
+        return math.nan
+    middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
+    return float(angle[-1] - angle[middle])
+
+
 def mean_angle(mean: np.ndarray) -> np.ndarray:
     """S^1: signed angle atan2(m_2, m_1) of the mean (radians), unwrapped along the first (time) axis of a series;
     S^2: angle between the mean and e_1.
@@ -120,7 +139,7 @@ def phases(times: np.ndarray, gap: np.ndarray) -> dict:
     """The three-phase test of the module docstring on the energy gap Delta(t) at the save times."""
     T = times[-1]
     middle = (times >= 0.25 * T) & (times <= 0.75 * T)
-    reference = float(np.median(gap[middle]))
+    reference = float(np.median(gap[middle])) if middle.any() else math.nan
     threshold = reference + 0.05 * (gap.max() - reference)
     centre = int(np.argmin(np.abs(times - 0.5 * T)))
     below = gap <= threshold
@@ -135,9 +154,11 @@ def phases(times: np.ndarray, gap: np.ndarray) -> dict:
     relative_variance = float(np.var(gap[plateau]) / spread ** 2)
     lift = float(gap[-1] - reference)
     # Without a plateau (Delta(T / 2) > h) the boundary layers and the plateau's flatness are undefined: NaN, not
-    # the widths T / 2 and the zero variance of the single save at T / 2.
+    # the widths T / 2 and the zero variance of the single save at T / 2.  Without a save in the middle half there
+    # is no reference either, and no test.
     found = bool(below[centre])
     result = {
+        "tested": bool(middle.any()), "plateau": found,
         "gap_reference": reference,
         "plateau_start": float(times[start]), "plateau_end": float(times[end]),
         "plateau_width": float(times[end] - times[start]) if found else 0.0,
