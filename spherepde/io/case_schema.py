@@ -88,7 +88,7 @@ time.max_steps             int >= 1 (safety limit on the step count)   absent (n
 solver.method              "eulerian" | "particles" | "both"           "eulerian"
 solver.field               "auto" | "dense" | "spectral"               "auto"
 solver.backend             "auto" | "torch" | "shtns" (S^2 only:       "auto"
-                           sphere.dim = 3)
+                           sphere.dim = 3; on the CPU in float64)
 solver.device              "auto" | "cpu" | "cuda"                     "auto"
 solver.dtype               "float64" | "float32"                       "float64"
 solver.chunk               "auto" | int >= 1: rows per block of dense  "auto": a 1 MiB block on
