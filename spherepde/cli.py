@@ -41,6 +41,7 @@ every key of a case file, with its default: the docstring of spherepde/io/case_s
     "sweep": """examples (needs the sweep extra: pip install 'spherepde[sweep]'):
   spherepde sweep cases/kuramoto-s1.toml --param model.eps=0.2,0.4,0.6 --param model.beta=0,1 --workers 2
   spherepde sweep cases/kuramoto-s1.toml --param model.eps=0.3,0.5 --set 'solver.method="particles"' --seeds 4
+  spherepde sweep cases/kuramoto-s1.toml --set 'solver.method="particles"' --seeds 20
   spherepde sweep CASE.toml --param model.eps=0.1,0.2 --scheduler tcp://HOST:8786""",
 }
 
@@ -112,10 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = _command(commands, "sweep", "run a case for every combination of parameter values (Dask)")
     sweep.add_argument("case", help="case file (TOML)")
-    sweep.add_argument("--param", action="append", required=True, metavar="SECTION.KEY=V1,V2,...",
+    sweep.add_argument("--param", action="append", default=[], metavar="SECTION.KEY=V1,V2,...",
                        help="a swept key and its values (parsed as TOML); repeatable: members are all combinations")
     sweep.add_argument("--seeds", type=_positive(int), default=None, metavar="N",
-                       help="N replicates of each combination, particles.seed derived from the case seed")
+                       help="N replicates of each combination (of the case alone without --param), particles.seed "
+                            "derived from the case seed")
     sweep.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                        help="override a case key for every member; repeatable")
     sweep.add_argument("-o", "--output", help="folder for the member files and sweep.nc (default: <case name>-sweep)")
@@ -380,6 +382,9 @@ def command_sweep(args) -> int:
     from spherepde.api.sweep import COMBINED, parse_param, run_sweep
     from spherepde.io.output import check_folder
 
+    if not args.param and not args.seeds:
+        raise CaseError("sweep: nothing to sweep: give --param SECTION.KEY=V1,V2,... (the values), --seeds N "
+                        "(replicates of a particle case), or both")
     case = load_case(args.case, args.set)
     check_distinct(args.set, "--set")
     swept = {parse_param(item)[0] for item in args.param} & {override_key(item) for item in args.set}

@@ -267,6 +267,24 @@ def test_a_sweep_beyond_the_seeds_batches_its_members(tmp_path, text, param, tol
                 assert same_values(batched[name].values, serial[name].values, tolerance), (member.index, name)
 
 
+def test_seeds_alone_sweep_replicates_of_the_case(tmp_path, capsys):
+    """`sweep CASE --seeds N` without --param (the seeds' statistics of one row): N members whose particle.seed are
+    the seeds spawned from the case's, each its serial run bit for bit; --param was required, and a sweep of
+    neither is refused in one line."""
+    case = write_case(tmp_path)
+    particles = ["--set", "solver.method='particles'", "--set", "particles.n=200"]
+    assert main(["sweep", str(case), "-o", str(tmp_path / "none")] + particles) == 2
+    assert "nothing to sweep" in capsys.readouterr().err
+    assert main(["sweep", str(case), "--seeds", "3", "-o", str(tmp_path / "seeds")] + particles) == 0
+    seeds = derived_seeds(spherepde.load_case(str(case))["particles"]["seed"], 3)
+    with xr.open_dataset(tmp_path / "seeds" / "sweep.nc") as combined:
+        assert [int(seed) for seed in combined["seed"].values] == seeds
+        for member, seed in enumerate(seeds):
+            serial = spherepde.run(spherepde.load_case(str(case), [
+                "solver.method='particles'", "particles.n=200", f"particles.seed={seed}"]), progress=False)
+            np.testing.assert_array_equal(combined["particles"].isel(member=member).values, serial["particles"].values)
+
+
 def test_parameters_seeds_and_bad_members():
     assert parse_param("model.V=[[1,0],[0,1]],[[2,0],[0,2]]") == ("model.V", [[[1, 0], [0, 1]], [[2, 0], [0, 2]]])
     assert parse_param("model.kernel=softmax,unnormalized") == ("model.kernel", ["softmax", "unnormalized"])
