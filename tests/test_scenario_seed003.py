@@ -63,6 +63,30 @@ def test_snapshot_colour_scale_reaches_the_peak_it_draws(tmp_path):
     plt.close(figure)
 
 
+def test_animation_colour_bar_reaches_the_peak_its_frames_draw(tmp_path):
+    # the same run: the animation's one scale for every frame came from the solver's grid too (3.29 at t = 1, the
+    # frames drawing 3.58), so the colour bar stopped short of the peaks and cut them flat
+    from spherepde.analysis.plotting import _sphere_animation
+
+    case = spherepde.load_case(CASES / "seed003-baseline-beta30.toml", [
+        "solver.device='cpu'", "solver.method='eulerian'", "sphere.lmax=24", "time.t_end=1.0",
+        "time.save_every=0.5"])
+    path = tmp_path / "beta30.nc"
+    write_dataset(spherepde.run(case, progress=False), path)
+    dataset = xr.load_dataset(path)
+    peak = max(band_limited_maximum(dataset, index) for index in range(dataset.sizes["time"]))
+    figure, update = _sphere_animation(dataset, str(path), "orthographic")
+    tops = set()
+    for index in range(dataset.sizes["time"]):
+        update(index)
+        drawn = [image for axis in figure.axes for image in axis.get_images()]
+        assert drawn and all(float(image.get_array().max()) <= image.norm.vmax for image in drawn)
+        tops |= {image.norm.vmax for image in drawn}
+    (top,) = tops  # one scale for every frame, the colour bar's
+    assert 0.99 * peak < top <= peak, (top, peak)
+    plt.close(figure)
+
+
 def test_temperature_coupling_on_the_circle_follows_independent_characteristics():
     # eps = 0, softmax at beta = 1, B = V = I, vMF(kappa 1) at e1: the coupling failed on S^1 (reshaped its
     # nodes into triples); here both flows run in numpy from 400 equal-angle nodes of rho_0

@@ -414,6 +414,7 @@ def _animate(dataset, path: str, projection: str, target: str, fps: int = 6) -> 
 def _sphere_animation(dataset, path: str, projection: str):
     """The figure and frame function of an S^2 animation: the view of each save."""
     view = SphereView(dataset, path, projection)
+    view.scale_to_drawn_peaks()
     width = 8.4 if view.panels == 2 else 7.6
     figure = plt.figure(figsize=(width, 4.6), layout="constrained")
     axes = list(figure.subplots(1, view.panels, squeeze=False, subplot_kw=view.axes_kwargs())[0])

@@ -207,6 +207,15 @@ class SphereView:
         self.maxima[index] = max(self.maxima[index], self.density.maximum(index))
         return PowerNorm(0.5, 0.0, float(self.maxima[index]))
 
+    def scale_to_drawn_peaks(self) -> None:
+        """The run's scale (animations) up to the largest value drawn over all saves, the fine grids' maxima: the
+        solver's grid misses the peaks between its nodes, and a colour bar that stopped at its largest value (10.9
+        where a frame drew 12.3) cut the peaks of the frames flat.  One more fine grid a save (0.15-0.3 s)."""
+        if self.density:
+            self.maxima = np.array([max(top, self.density.maximum(index)) if self.saved[index] else top
+                                    for index, top in enumerate(self.maxima)])
+            self.norm = PowerNorm(0.5, 0.0, float(self.maxima.max()))
+
     def draw(self, axes: list, index: int) -> None:
         """Draw save `index` into `axes` (`panels` of them)."""
         lines = "white" if self.density else "0.5"
