@@ -43,9 +43,9 @@ def initial_rules(initial: dict, ctx) -> None:
 
 _MAX_SAVES = 10 ** 6  # the save times are a list in memory
 _MAX_STEPS_PER_SAVE = 10 ** 12  # beyond this a run would never end
-# The stiffest diffusion mode over one step, dt eps lmax (lmax + 1): an IMEX step weighs terms
-# dt lam U_i of that size against O(1) coefficients, and imex-ark436 amplifies their rounding
-# error beyond ~1e17 in float32 (~1e35 in float64); float32's eps lmax^2 overflows near 3e38.
+# The stiffest diffusion mode over one step, dt eps lmax (lmax + 1): an IMEX step forms terms
+# dt lam U_i of that size (its update leaves them out: spherepde.discretisation.timesteppers._terms,
+# the S^1 heat equation in float32 exact to round-off at 1e15), and float32's eps lmax^2 overflows near 3e38.
 _MAX_DIFFUSION_STIFFNESS = 1e15
 
 

@@ -44,9 +44,9 @@ model.extra_heads          nonempty list of tables {kernel, beta, B,   absent (o
                            kernel and beta, identity B and V
 model.eps                  real >= 0, with eps lmax (lmax + 1) h <=    0.0
                            1e15 for the longest step h = min(t_end,
-                           save_every, time.dt): stiffer diffusion
-                           steps lose every digit (imex-ark436 grows
-                           rounding errors from ~1e17 in float32)
+                           save_every, time.dt) (a cap far beyond
+                           resolved runs; up to it a step's rounding
+                           stays at the dtype's, float32's included)
 initial.kind               "uniform" | "vmf" | "vmf_mixture" |         "uniform"
                            "projected_gaussian" | "file"
 initial.mean               vmf: nonzero length-d vector, made unit;    required
