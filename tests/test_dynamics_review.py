@@ -53,6 +53,7 @@ def test_eulerian_mean_follows_the_layers_rotation_and_the_heat_decay():
         np.testing.assert_allclose(mean, expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow  # 22 s for the three: a guard with no defect behind it, ~2 s.e. of power against a wrong knot
 @pytest.mark.parametrize("integrator", ["euler", "heun", "rk4"])
 def test_particles_follow_the_layers_rotation_and_the_heat_kernel(integrator):
     """Per token, <x_t, R(t) x_0> averages exp(-eps t) on S^1 whatever the step: within 4 standard errors of the

@@ -39,17 +39,29 @@ def band_limited_maximum(dataset, index: int, nodes: int = 60) -> float:
     return float(-minimize(lambda p: -density(*p), start, method="Nelder-Mead", options={"xatol": 1e-8}).fun)
 
 
-def test_snapshot_colour_scale_reaches_the_peak_it_draws(tmp_path):
-    # beta = 30 from the uniform law, eps = 0: two clusters at +-e1 sharpen between the nodes of the lmax 24 grid,
-    # whose largest value (3.29 at t = 1) the snapshots' scale and title took for the density's (3.58): the drawn
-    # peak was cut flat
+@pytest.fixture(scope="module")
+def beta30(tmp_path_factory):
+    """(its file's path, the dataset read back) of seed003-baseline-beta30 at lmax 24 to t = 1, saved every 0.5."""
     case = spherepde.load_case(CASES / "seed003-baseline-beta30.toml", [
         "solver.device='cpu'", "solver.method='eulerian'", "sphere.lmax=24", "time.t_end=1.0",
         "time.save_every=0.5"])
-    path = tmp_path / "beta30.nc"
+    path = tmp_path_factory.mktemp("beta30") / "beta30.nc"
     write_dataset(spherepde.run(case, progress=False), path)
-    dataset = xr.load_dataset(path)
-    peak = band_limited_maximum(dataset, 2)
+    return path, xr.load_dataset(path)
+
+
+@pytest.fixture(scope="module")
+def beta30_peaks(beta30):
+    """band_limited_maximum of each save of `beta30` (4 s a save: computed once for the tests that read them)."""
+    return [band_limited_maximum(beta30[1], index) for index in range(beta30[1].sizes["time"])]
+
+
+def test_snapshot_colour_scale_reaches_the_peak_it_draws(beta30, beta30_peaks):
+    # beta = 30 from the uniform law, eps = 0: two clusters at +-e1 sharpen between the nodes of the lmax 24 grid,
+    # whose largest value (3.29 at t = 1) the snapshots' scale and title took for the density's (3.58): the drawn
+    # peak was cut flat
+    path, dataset = beta30
+    peak = beta30_peaks[2]
     assert peak > 1.05 * float(dataset["density"].values[2].max())  # the grid misses the peak
     view = SphereView(dataset, str(path), "orthographic")
     view.own_scale = True
@@ -63,18 +75,13 @@ def test_snapshot_colour_scale_reaches_the_peak_it_draws(tmp_path):
     plt.close(figure)
 
 
-def test_animation_colour_bar_reaches_the_peak_its_frames_draw(tmp_path):
+def test_animation_colour_bar_reaches_the_peak_its_frames_draw(beta30, beta30_peaks):
     # the same run: the animation's one scale for every frame came from the solver's grid too (3.29 at t = 1, the
     # frames drawing 3.58), so the colour bar stopped short of the peaks and cut them flat
     from spherepde.analysis.plotting import _sphere_animation
 
-    case = spherepde.load_case(CASES / "seed003-baseline-beta30.toml", [
-        "solver.device='cpu'", "solver.method='eulerian'", "sphere.lmax=24", "time.t_end=1.0",
-        "time.save_every=0.5"])
-    path = tmp_path / "beta30.nc"
-    write_dataset(spherepde.run(case, progress=False), path)
-    dataset = xr.load_dataset(path)
-    peak = max(band_limited_maximum(dataset, index) for index in range(dataset.sizes["time"]))
+    path, dataset = beta30
+    peak = max(beta30_peaks)
     figure, update = _sphere_animation(dataset, str(path), "orthographic")
     tops = set()
     for index in range(dataset.sizes["time"]):
