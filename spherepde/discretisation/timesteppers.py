@@ -14,7 +14,8 @@ part the transport -div(rho v).  Three families share one tableau format:
 All three are one mechanism (`RungeKutta`): every stage input U_i and the update are linear combinations,
 each term possibly multiplied by a diagonal propagator exp(f dt lam) (Lawson), of the step's start c and
 of the stage terms E_j = dt N(U_j) and I_j = dt lam U_j, followed for implicit stages by the diagonal solve
-U_i = R_i / (1 - dt ai_ii lam).  Explicit RK on lam c + N(c) is the IMEX scheme whose implicit tableau is
+U_i = R_i / (1 - dt ai_ii lam); a stiffly accurate IMEX scheme's update is its last stage plus such a combination
+of the E_j (`_terms`).  Explicit RK on lam c + N(c) is the IMEX scheme whose implicit tableau is
 its explicit one.  The terms are kept as the rows of one buffer, so that a stage costs one matrix-vector
 product over the rows, not a Python loop over them, and the state may carry a leading member axis with a
 member's own lam (eps) and dt.  `adjoint` is the exact transpose of one step (reverse-mode differentiation
@@ -204,11 +205,10 @@ def _terms(tableau: Tableau, family: str) -> tuple[list[StageTerms], StageTerms,
     from_last_stage = family == "imex" and tuple(b_implicit) == tuple(implicit[-1])
     if not from_last_stage:
         return stages, combination(1, tableau.b, b_implicit, s), diagonal, False
-    correction = [0.0] + [float(b - a) for b, a in zip(tableau.b, tableau.a[-1])]
     row = [0.0] * rows
-    for j in range(s):
-        row[2 * j + 1] = correction[j + 1]
-    update = StageTerms(((None, tuple(row)),) if any(row) else ())
+    for j, (b, a) in enumerate(zip(tableau.b, tableau.a[-1])):
+        row[2 * j + 1] = float(b - a)
+    update = StageTerms(((None, tuple(row)),) if any(row) else ())  # none: c' = U_s (ARS443)
     return stages, update, diagonal, True
 
 
