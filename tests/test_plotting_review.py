@@ -125,3 +125,16 @@ def test_a_title_names_every_head_and_an_mlp(s1):
     title = _title(s1.assign_attrs(case=case.text), "run.nc")
     assert "; extra heads: softmax beta = 4.0; MLP feed-forward (8 relu units)" in title
     assert "extra heads" not in _title(s1, "run.nc") and "MLP" not in _title(s1, "run.nc")
+
+
+def test_a_both_files_under_resolved_span_names_the_eulerian_run():
+    """The span after resolved_until covers both runs' curves of a "both" file, but only the Eulerian run has a
+    spectral tail to lose: its legend said "under-resolved" over the particles' curves too."""
+    case = spherepde.load_case_text(SMALL_S1).with_overrides(["solver.method='both'", "particles.n=200"])
+    dataset = spherepde.run(case, progress=False).assign_attrs(resolved_until=0.25)
+    figure = plt.figure()
+    _diagnostics(figure, dataset)
+    spans = {text.get_text() for axis in figure.get_axes() if axis.get_legend()
+             for text in axis.get_legend().get_texts() if "resolved" in text.get_text()}
+    assert spans == {"Eulerian under-resolved"}
+    plt.close(figure)

@@ -321,7 +321,9 @@ def _diagnostics(subfigure, dataset) -> None:
         # a sweep draws no bands (one curve a member): its margins are not theirs
         _limits(axis, curves if members is None else [(label, values, None) for label, values, _ in curves], scale)
         if members is None and not isinstance(resolved_until, str):
-            axis.axvspan(float(resolved_until), time[-1], color="0.88", zorder=0, label="under-resolved")
+            # a "both" file's resolution is its Eulerian run's: the particle curves under the span are not in question
+            under = "Eulerian under-resolved" if dataset.attrs.get("solver") == "both" else "under-resolved"
+            axis.axvspan(float(resolved_until), time[-1], color="0.88", zorder=0, label=under)
         if members is None:
             _mark_failures(axis, dataset)
         if names == ["free_energy"]:
