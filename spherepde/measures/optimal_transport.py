@@ -292,9 +292,7 @@ def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b) -> float:
     next_a, next_b = np.roll(index_a, -1), np.roll(index_b, -1)
     lower = cost(next_a, next_b) - cost(index_a, next_b)
     upper = cost(next_a, index_b) - cost(index_a, index_b)
-    width = (upper - lower).sum()
-    fraction = float(np.clip(-lower.sum() / width, 0.0, 1.0)) if width > 0 else 0.0
-    on_pieces = np.concatenate([[0.0], np.cumsum(lower + fraction * (upper - lower))[:-1]])
+    on_pieces = _potential_round_the_cycle(lower, upper)
     # v from each b-atom's first piece (one cut by the cycle's start has two, either will do); u = v^c below
     first_b = np.unique(index_b, return_index=True)
     v = cost(index_a, index_b)[first_b[1]] - on_pieces[first_b[1]]
@@ -303,6 +301,17 @@ def _circle_lower_bound(angles_a, a, angles_b, b, index_a, index_b) -> float:
     u = circle_c_transform(on_circle(angles_a), on_circle(angles_b[first_b[0]]), v)
     v = circle_c_transform(on_circle(angles_b), on_circle(angles_a), u)
     return float(a @ u + b @ v)
+
+
+def _potential_round_the_cycle(lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """u at the pieces of a cyclic coupling (u = 0 at the first), each step u_(k+1) - u_k in [lower_k, upper_k], the
+    bounds that u + v <= c on the two pairs crossing the consecutive pieces set.  Round the circle the steps must
+    sum to 0: sum(lower) = n (C(k) - C(k + 1)) <= 0 <= n (C(k - 1) - C(k)) = sum(upper) at the best shift k, so one
+    fraction of every interval closes the cycle (clipped to [0, 1] elsewhere: the c-transforms after it keep the
+    dual value a lower bound whatever u is)."""
+    width = (upper - lower).sum()
+    fraction = float(np.clip(-lower.sum() / width, 0.0, 1.0)) if width > 0 else 0.0
+    return np.concatenate([[0.0], np.cumsum(lower + fraction * (upper - lower))[:-1]])
 
 
 def w2_between(points_a, masses_a, points_b, masses_b, atoms: int) -> tuple[float, float, str]:
@@ -444,11 +453,7 @@ def circle_transport(points: np.ndarray, targets: np.ndarray, slack: float = 0.0
     # and (i, partner(i+1)), which for a cost convex in the displacement imply it for all pairs
     upper = chordal(following, targets[partner]) - paired
     lower = np.roll(paired, -1) - chordal(sorted_points, np.roll(targets[partner], -1, axis=0))
-    # round the circle the steps must sum to 0: sum(lower) = n (C(k) - C(k + 1)) <= 0 <= n (C(k - 1) - C(k)) =
-    # sum(upper) at the best shift k, so one fraction of each interval closes the cycle
-    width = (upper - lower).sum()
-    fraction = float(np.clip(-lower.sum() / width, 0.0, 1.0)) if width > 0 else 0.0
-    u = np.concatenate([[0.0], np.cumsum(lower + fraction * (upper - lower))[:-1]])
+    u = _potential_round_the_cycle(lower, upper)
     cost = float(paired.mean())
     v = circle_c_transform(targets, sorted_points, u, slack * math.sqrt(max(cost, 0.0)))
     u_of = np.empty(points.shape[0])
