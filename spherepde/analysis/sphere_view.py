@@ -202,18 +202,22 @@ class SphereView:
         `maxima[index]` then holds (the titles'), else the run's."""
         if not self.own_scale:
             return self.norm
-        # the solver's grid misses the peaks between its nodes (a cluster at lmax 24: 10.9 against the fine grid's
-        # 12.3): on that scale the top of each peak was one flat colour and the title understated its maximum
+        return PowerNorm(0.5, 0.0, self._drawn_peak(index))
+
+    def _drawn_peak(self, index: int) -> float:
+        """maxima[index] raised to the largest value drawn of save `index`, its fine grid's: the solver's grid misses
+        the peaks between its nodes (a cluster at lmax 24: 10.9 against the fine grid's 12.3), and on a scale that
+        stopped there the top of each peak was one flat colour and the title understated its maximum."""
         self.maxima[index] = max(self.maxima[index], self.density.maximum(index))
-        return PowerNorm(0.5, 0.0, float(self.maxima[index]))
+        return float(self.maxima[index])
 
     def scale_to_drawn_peaks(self) -> None:
-        """The run's scale (animations) up to the largest value drawn over all saves, the fine grids' maxima: the
-        solver's grid misses the peaks between its nodes, and a colour bar that stopped at its largest value (10.9
-        where a frame drew 12.3) cut the peaks of the frames flat.  One more fine grid a save (0.15-0.3 s)."""
+        """The run's scale (animations) up to the largest value drawn over all saves (`_drawn_peak`): a colour bar
+        that stopped at the solver's grid's largest value cut the peaks of the frames flat.  One more fine grid a
+        save (0.15-0.3 s)."""
         if self.density:
-            self.maxima = np.array([max(top, self.density.maximum(index)) if self.saved[index] else top
-                                    for index, top in enumerate(self.maxima)])
+            for index in np.flatnonzero(self.saved):
+                self._drawn_peak(index)
             self.norm = PowerNorm(0.5, 0.0, float(self.maxima.max()))
 
     def draw(self, axes: list, index: int) -> None:
