@@ -55,7 +55,9 @@ def departures(densities: np.ndarray, weights: np.ndarray, masses_0: np.ndarray,
     """Why each grid density of `densities` (M, P) is no longer one of its run, or None (a list of M): its mass
     int rho dsigma moved from its masses_0 (M,) by more than sqrt(machine epsilon of `real`) relative (the scheme
     conserves it to round-off: module doc; a density that is not finite fails here, its mass not being finite), or
-    |rho| exceeds BLOW_UP_FACTOR times that mass over the smallest quadrature cell.  One program for all members: a
+    |rho| exceeds BLOW_UP_FACTOR times that mass over the smallest quadrature cell.  Where both hold the peak is
+    named: the mass of a blown-up density is a sum cancelling far above round-off (a drift of -6.2e199 in a batch,
+    -1 alone, from values near 1e216), its peak a maximum, the same in any order.  One program for all members: a
     training's batch checks them at every knot."""
     members = len(masses_0)
     masses = densities.reshape(members, -1) @ weights.reshape(-1)
@@ -63,15 +65,15 @@ def departures(densities: np.ndarray, weights: np.ndarray, masses_0: np.ndarray,
     tolerance = math.sqrt(torch.finfo(real).eps)
     bounds = BLOW_UP_FACTOR * np.abs(masses_0) / weights.min()
     drifted = ~(np.abs(masses - masses_0) <= tolerance * np.abs(masses_0))
-    failing = drifted | ~(peaks <= bounds)
+    blown_up = np.isfinite(peaks) & ~(peaks <= bounds)
     reasons = [None] * members
-    if not failing.any():
+    if not (drifted | blown_up).any():
         return reasons
-    for m in np.flatnonzero(failing):
-        reasons[m] = (f"the mass drifted from {masses_0[m]:.6g} by {masses[m] - masses_0[m]:.3g} (relative "
-                      f"tolerance {tolerance:.2g})" if drifted[m] else
-                      f"|rho| reached {peaks[m]:.3g}, above {bounds[m]:.3g} ({BLOW_UP_FACTOR:g} x all the mass in one "
-                      "cell)")
+    for m in np.flatnonzero(drifted | blown_up):
+        reasons[m] = (f"|rho| reached {peaks[m]:.3g}, above {bounds[m]:.3g} ({BLOW_UP_FACTOR:g} x all the mass in one "
+                      "cell)" if blown_up[m] else
+                      f"the mass drifted from {masses_0[m]:.6g} by {masses[m] - masses_0[m]:.3g} (relative "
+                      f"tolerance {tolerance:.2g})")
     return reasons
 
 
