@@ -107,19 +107,21 @@ class ForwardHooks(Hooks):
     A failure says when the steps were too long for the explicit transport (ForwardProblem.unstable_steps), found
     by taking the steps again from the last save every running member passed (`saved`: (state, t), the run's
     start at first; `since_save`: the plans of the intervals after it) with each layer's drive (`drives`);
-    `step_key` is the case key that set the steps ("time.dt" or "time.cfl"); `last_interval` the index of the
-    run's last interval (where a checkpoint marked `at_end` is due at the last step)."""
+    `timing` holds the case key that set the steps ("dt" or "cfl", with its value); `last_interval` the index of
+    the run's last interval (where a checkpoint marked `at_end` is due at the last step)."""
 
     def __init__(self, problem: ForwardProblem, recorders: list, bar: Progress, saved: tuple, drives: list,
-                 step_key: str, checkpoint=None, last_interval: int = -1):
+                 timing: dict, checkpoint=None, last_interval: int = -1):
         self.problem, self.recorders, self.bar, self.checkpoint = problem, recorders, bar, checkpoint
         self.last_interval = last_interval
-        self.saved, self.drives, self.step_key = saved, drives, step_key
+        self.saved, self.drives = saved, drives
+        self.step_key, self.cfl = ("time.dt", None) if "dt" in timing else ("time.cfl", timing["cfl"])
         self.since_save, self.failures = [], {}
 
     def unstable(self, member: int) -> str | None:
         """ForwardProblem.first_unstable_step of the member since the last save."""
-        return self.problem.first_unstable_step(*self.saved, self.since_save, self.drives, self.step_key, member)
+        return self.problem.first_unstable_step(*self.saved, self.since_save, self.drives, self.step_key, member,
+                                                self.cfl)
 
     def stop(self, member: int, reason: str, plan: Plan) -> None:
         self.failures[member] = self.recorders[member].failure(reason)
@@ -200,8 +202,7 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
             recorder.record(0.0, coefficients[m])
         t_start = 0.0
     bar = Progress(timing["t_end"], enabled=progress, start=t_start)
-    hooks = ForwardHooks(problem, recorders, bar, (c, t_start), drives, "time.dt" if "dt" in timing else "time.cfl",
-                         checkpoint, len(grid.intervals) - 1)
+    hooks = ForwardHooks(problem, recorders, bar, (c, t_start), drives, timing, checkpoint, len(grid.intervals) - 1)
 
     def plan_of(interval, state):
         plan, speeds = step_plan(problem, interval, state, drives[interval.layer], timing)

@@ -124,13 +124,16 @@ class ForwardProblem:
             return np.zeros(self.lam.shape[0])
         return (-self.lam).amax(1).cpu().double().numpy()
 
-    def unstable_steps(self, state: torch.Tensor, drive: torch.Tensor, dt, t: float, key: str) -> list:
+    def unstable_steps(self, state: torch.Tensor, drive: torch.Tensor, dt, t: float, key: str,
+                       cfl: float | None = None) -> list:
         """Per member, where its steps were too long for the scheme's explicit stages: the sentence that says so,
         else None.  The transport's modes at `state` (M, N) with the layer's `drive` are about i m |v| (orders m <=
         lmax), so a step dt (per member, (M,)) is beyond its stability when lmax max|v| dt exceeds
         timesteppers.stability_bound on the imaginary axis; where the stages take the diffusion too ("rk4"), when
         dt max|eps lam| exceeds it on the negative real axis.  `t` is the state's time, `key` the case key that
-        sets the step ("time.dt" or "time.cfl")."""
+        sets the step ("time.dt" or "time.cfl", then `cfl` its value: the rule sets dt from max|v| at the save
+        interval's start, and max|v| may grow before the step, so that the advice is time.cfl times the ratio of
+        the bound to the step's lmax max|v| dt, not the bound itself)."""
         lmax, scheme = self.basis.lmax, self.scheme.scheme
         transport, diffusion = stability_bound(scheme, 1j), stability_bound(scheme, -1)
         speeds = self.transport.max_speed(state, drive).cpu().double().numpy()
@@ -139,10 +142,9 @@ class ForwardProblem:
         for speed, rate, step in zip(speeds, stiffness, np.broadcast_to(dt, speeds.shape)):
             parts = []
             if math.isfinite(speed) and lmax * speed * step > transport:
-                within = transport / (lmax * speed) if key == "time.dt" else transport
                 parts.append(f"lmax max|v| dt = {lmax} x {speed:.3g} x {step:.3g} = {lmax * speed * step:.3g} at "
                              f"t = {t:.6g}, above {transport:.3g}, beyond which {scheme}'s explicit stages amplify "
-                             f"a transport's modes: take {key} below {within:.3g}")
+                             f"a transport's modes: {_shorter(key, step, transport / (lmax * speed), cfl)}")
             if math.isfinite(rate) and rate * step > diffusion:
                 parts.append(f"dt max|eps lam| = {step:.3g} x {rate:.3g} = {rate * step:.3g}, above {diffusion:.3g}, "
                              f"beyond which {scheme}'s explicit stages amplify the diffusion's modes: take time.dt "
@@ -151,16 +153,15 @@ class ForwardProblem:
             if not parts and rate > 0 and math.isfinite(both) and both > diffusion:
                 # |Re z| + |Im z| <= the real axis's bound lies within RK4's region; beyond it, modes of the
                 # transport and the diffusion together may grow where each alone would not
-                within = diffusion / (lmax * speed + rate) if key == "time.dt" else diffusion
                 parts.append(f"(lmax max|v| + max|eps lam|) dt = ({lmax} x {speed:.3g} + {rate:.3g}) x {step:.3g} = "
                              f"{both:.3g} at t = {t:.6g}, above {diffusion:.3g}, beyond which {scheme}'s explicit "
-                             f"stages may amplify modes of the transport and the diffusion together: take {key} below "
-                             f"{within:.3g} or an IMEX scheme")
+                             f"stages may amplify modes of the transport and the diffusion together: "
+                             f"{_shorter(key, step, diffusion / (lmax * speed + rate), cfl)} or an IMEX scheme")
             sentences.append("; ".join(parts) or None)
         return sentences
 
     def first_unstable_step(self, state: torch.Tensor, t: float, plans: list, drives: list, key: str,
-                            member: int) -> str | None:
+                            member: int, cfl: float | None = None) -> str | None:
         """The sentence of `unstable_steps` for `member` at the first state whose step was beyond the bound, the
         steps of `plans` (consecutive intervals from `state` at t, each with its layer's drive of `drives`) taken
         again; None where every step from a finite state was within it.  Finiteness is checked at knots only, and
@@ -170,7 +171,7 @@ class ForwardProblem:
         for plan in plans:
             drive, factors, dt = drives[plan.interval.layer], self.factors(plan), float(plan.dt[member])
             for k in range(int(plan.steps[member])):
-                said = self.unstable_steps(state, drive, plan.dt, t, key)[member]
+                said = self.unstable_steps(state, drive, plan.dt, t, key, cfl)[member]
                 if said is not None or not bool(torch.isfinite(state[member]).all()):
                     return said
                 state, t = self.step(state, drive, factors), plan.interval.t0 + (k + 1) * dt
@@ -251,6 +252,15 @@ class ForwardProblem:
         """The step factors of an interval's plan: dt one float when the members share it, else per member."""
         dt = float(plan.dt[0]) if (plan.dt == plan.dt[0]).all() else self.placement.tensor(plan.dt)[:, None]
         return self.scheme.factors(self.lam, dt)
+
+
+def _shorter(key: str, step: float, within: float, cfl: float | None) -> str:
+    """The advice for a step `step` that should have been below `within`: time.dt below it; under time.cfl (its
+    value `cfl`), which set the step from max|v| at the save interval's start while max|v| may have grown since,
+    time.cfl smaller by their ratio."""
+    if key == "time.dt":
+        return f"take time.dt below {within:.3g}"
+    return f"time.cfl sets dt from max|v| at each save: take time.cfl below {cfl * within / step:.3g}"
 
 
 def shared_layout(layouts: list) -> Layout:

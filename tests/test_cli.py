@@ -2,17 +2,21 @@
 
 import math
 import os
+import re
 import resource
 import signal
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 import xarray as xr
 
 import spherepde
+from spherepde.base.errors import NumericalFailure
 from spherepde.cli import main
+from spherepde.io.case import case_from_dict
 from spherepde.io.output import write_dataset
 
 SMALL_S1 = """
@@ -527,9 +531,35 @@ def test_steps_beyond_the_transport_bound_fail_saying_which_step_is_stable(schem
     assert stated in err and err.strip().endswith(f"take time.dt below {bound / 16:.3g}"), err
     with xr.open_dataset(tmp_path / "out.nc") as dataset:  # the last good state said in the message is the file's
         assert f"at t = {dataset['time'].values[-1]:g}, above {bound:.3g}" in err, err
-    # steps by the CFL rule: the number is time.cfl itself (|v| = 1 everywhere), and the advice is about it
-    status, err = run_timed(tmp_path, capsys, ROTATION_S1, f'cfl = {1.2 * bound!r}\nscheme = "{scheme}"')
-    assert status == 3 and err.strip().endswith(f"take time.cfl below {bound:.3g}"), err
+    # steps by the CFL rule (|v| = 1 everywhere): the advice is about time.cfl, scaled by the bound over the step's
+    # lmax max|v| dt (16 dt, dt = 10 / ceil(10 / (cfl / 16)) the step taken between saves 10 apart)
+    cfl = 1.2 * bound
+    status, err = run_timed(tmp_path, capsys, ROTATION_S1, f'cfl = {cfl!r}\nscheme = "{scheme}"')
+    step = 10 / math.ceil(10 / (cfl / 16))
+    assert status == 3 and err.strip().endswith(f"take time.cfl below {cfl * bound / (16 * step):.3g}"), err
+
+
+def test_a_cfl_run_whose_speed_grew_within_a_save_interval_is_advised_a_smaller_cfl():
+    """time.cfl = 2, within rk4's 2.83, sets dt from max|v| at each save; V = 8 I concentrates the density so that
+    max|v| grows 1.5-fold within a save interval of 0.5 and a step's lmax max|v| dt reaches 2.99.  The advice was
+    "take time.cfl below 2.83", above the run's own 2, which changes nothing; it is now 2 x 2.83 / 2.99 = 1.89,
+    the cfl that would have kept that step within the bound: the numbers of the message agree to its digits."""
+    from spherepde.discretisation.timesteppers import stability_bound
+
+    case = case_from_dict({"sphere": {"dim": 2, "lmax": 16},
+                           "model": {"kernel": "unnormalized", "beta": 1.0, "eps": 0.0, "V": [[8.0, 0.0], [0.0, 8.0]]},
+                           "initial": {"kind": "vmf", "mean": [1.0, 0.0], "kappa": 2.0},
+                           "time": {"t_end": 2.0, "save_every": 0.5, "cfl": 2.0, "scheme": "rk4"},
+                           "solver": {"device": "cpu"}})
+    with pytest.raises(NumericalFailure) as failure, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the resolution lost before the failure
+        spherepde.run(case, progress=False)
+    said = re.search(r"lmax max\|v\| dt = 16 x (\S+) x (\S+) = (\S+) at .*take time.cfl below (\S+)$",
+                     str(failure.value))
+    speed, step, product, advised = (float(said[k]) for k in range(1, 5))
+    bound = stability_bound("rk4", 1j)
+    assert product > bound and math.isclose(product, 16 * speed * step, rel_tol=5e-3)
+    assert math.isclose(advised, 2.0 * bound / product, rel_tol=5e-3) and advised < 2.0
 
 
 def test_in_float32_a_speed_whose_square_overflows_still_says_which_step_is_stable(tmp_path, capsys):
