@@ -173,10 +173,16 @@ class Checkpoint:
         self.last_steps, self.last_clock = steps, time.monotonic()
         self._remove_unnamed(manifest)
 
-    def forget_segments(self) -> None:
+    def forget_segments(self, kept: int = 0) -> None:
         """Start the list of segments again: the next `write` stores its segment as the first and its state
-        names only the segments written from then on (the files before are deleted once it is committed)."""
+        names only the segments written from then on (the files before are deleted once it is committed).  `kept`:
+        the steps of the run that the segments to come hold again from its start (a resumed training that left its
+        stored path: the evaluations still on it), after which the next checkpoint is due by `every_steps`; the
+        committed checkpoint is no longer the one the run goes on from."""
         self.segments, self.saves, self.files = [], 0, {}
+        # counted from the committed checkpoint's steps, a training that left its path after evaluation k of S stored
+        # wrote no checkpoint until evaluation S + every_steps: a kill lost evaluations k + 1 to S + every_steps - 1
+        self.last_steps, self.committed_steps = kept, None
 
     def read_state(self) -> dict:
         """The stored state, its file checked against the manifest (its size and digest), or a one-line

@@ -79,14 +79,14 @@ class Journal:
                     self.replayed = []
                 self.stop_if_interrupted()
                 return _answer(evaluation, controls)
-            note = (f"the resumed training left its stored path at evaluation {self.count}: the {len(self.replay) + 1} "
-                    "stored evaluations from there on were made again")
+            note = (f"the resumed training left its stored path at evaluation {self.count + 1}: the "
+                    f"{len(self.replay) + 1} stored evaluations from there on were made again")
             warnings.warn(note, RuntimeWarning, stacklevel=2)
             self.notes.append(note)
             # the checkpoint is written anew, from the evaluations still on the path, at its next write
             self.replay, self.unsaved = [], self.replayed
             self.stored, self.chain = 0, self.start
-            self.checkpoint.forget_segments()
+            self.checkpoint.forget_segments(kept=self.count)
         try:
             gradient = self.gradient_of(controls)
         except NumericalFailure as failure:

@@ -445,7 +445,7 @@ def test_a_resumed_training_whose_path_differs_makes_the_rest_again(tmp_path, ca
     status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
     assert status == 0 and "(3 evaluations of J and dJ/dW)" in err, err
     assert len(calls) == total - 3  # the 3 stored evaluations replayed: the stored path is the optimizer's now
-    note = "left its stored path at evaluation 1: the 2 stored evaluations from there on were made again"
+    note = "left its stored path at evaluation 2: the 2 stored evaluations from there on were made again"
     assert f"warning: the resumed training {note}" in err
     with xr.open_dataset(output) as dataset:
         assert f"the resumed training {note}" in dataset.attrs["notes"].splitlines()
