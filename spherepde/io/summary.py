@@ -195,8 +195,8 @@ def _first_finite_save(density: xr.DataArray) -> np.ndarray:
 
 
 def _attribute(value) -> str:
-    """An attribute as text, a float to 10 significant digits (a save time 3 x 0.1 reads 0.3, not
-    0.30000000000000004)."""
+    """An attribute or a save time as text, a float to 10 significant digits (a save time 3 x 0.1 reads 0.3, not
+    0.30000000000000004; t_end = 1.234375 reads so, not 1.23438)."""
     return f"{value:.10g}" if isinstance(value, (float, np.floating)) else str(value)
 
 
@@ -219,7 +219,8 @@ def describe(path: str) -> str:
             lines += _member_lines(dataset)
         elif "time" in dataset.coords and dataset.sizes["time"]:
             times = dataset["time"].values
-            lines.append(f"  time: {times[0]:g} .. {times[-1]:g} ({len(times)} save{'s' if len(times) > 1 else ''})")
+            lines.append(f"  time: {_attribute(times[0])} .. {_attribute(times[-1])} "
+                         f"({len(times)} save{'s' if len(times) > 1 else ''})")
             lines.append(f"  {'diagnostic':<28} {'first':>14} {'last':>14}  (last: the last save that has it)")
             for name in SCALARS + [BOTH_PREFIX + name for name in SCALARS]:  # a "both" file holds both runs'
                 if name in dataset:
