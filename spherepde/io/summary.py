@@ -245,16 +245,23 @@ def _course(loss: np.ndarray) -> str:
     return f"J {loss[0]:.8g} -> {loss[-1]:.8g} over {len(loss) - 1} iterations" if len(loss) else "no iteration"
 
 
+# The parameter variables of a training's file (solvers.training_output.parameter_variables), each (layer, ...).
+PARAMETERS = ("W", "W1", "b", "W2", "B", "V")
+
+
 def _training_lines(dataset) -> list[str]:
-    """A training file: its optimizer's course (J first and last, why it stopped), |W| per layer and the
+    """A training file: its optimizer's course (J first and last, why it stopped), the Frobenius norm per layer of
+    each parameter it stores (W, or an MLP's W1, b, W2; B and V beyond the seeds' model, over their heads) and the
     seed-004 attributes."""
     attrs = dataset.attrs
     lines = [f"  training: {attrs.get('optimizer')}, {_course(dataset['loss'].values)}; "
              f"stop: {attrs.get('optimizer_stop')}"]
-    if "W" in dataset:
-        with np.errstate(over="ignore"):  # a W that blew a run up prints as inf
-            norms = np.linalg.norm(dataset["W"].values, axis=(1, 2))
-        lines.append("  |W_l|_F per layer: " + " ".join(f"{norm:.3g}" for norm in norms))
+    for name in PARAMETERS:
+        if name in dataset and dataset[name].dims[0] == "layer":
+            values = dataset[name].values
+            with np.errstate(over="ignore"):  # a W that blew a run up prints as inf
+                norms = np.linalg.norm(values.reshape(len(values), -1), axis=1)
+            lines.append(f"  |{name}_l|_F per layer: " + " ".join(f"{norm:.3g}" for norm in norms))
     names = ("three_phase", "plateau_width", "terminal_displacement", "escape_rate", "rayleigh_quotient")
     found = [f"{name} = {_attribute(attrs[name])}" for name in names if name in attrs]
     if found:
