@@ -17,6 +17,7 @@ which the sweep shows: the members with the same ratio end at the same r.
 """
 
 import pathlib
+import shutil
 import tempfile
 
 import matplotlib.pyplot as plt
@@ -36,6 +37,7 @@ with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_
                      folder, scheduler=cluster.scheduler_address)
 with xr.open_dataset(path) as sweep:
     sweep = sweep.load()
+shutil.rmtree(folder)  # the members' files and sweep.nc: what follows reads the loaded copy
 print(sweep["model_eps"].values, sweep.attrs["swept"])
 grid = by_parameters(sweep)
 print(grid["order_parameter"].sizes)

@@ -11,6 +11,7 @@ which reproduces the run.
 
 import os
 import pathlib
+import shutil
 import tempfile
 
 import matplotlib.pyplot as plt
@@ -63,3 +64,4 @@ snapshots.set(title="density along the meridian lon = 0")
 snapshots.legend()
 plt.show()
 ds.close()
+shutil.rmtree(os.path.dirname(path))
