@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 import torch
-from floors import clock, lean_fourier_step
+from floors import clock, lean_fourier_step, use_threads
 
 
 def per_call(function, repeats: int, calls: int) -> float:
@@ -81,7 +81,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    use_threads(1)
     print("torch.compile on the CPU (Inductor), one thread, thread CPU time of one call\n")
     compiled = torch.compile(fourier_step, dynamic=False)
     for members in (1, 20):

@@ -55,7 +55,15 @@ import warnings
 
 import numpy as np
 import torch
-from floors import arithmetic_floor, clock, lean_fourier_evaluation, lean_fourier_step, numpy_step, particle_floor
+from floors import (
+    arithmetic_floor,
+    clock,
+    lean_fourier_evaluation,
+    lean_fourier_step,
+    numpy_step,
+    particle_floor,
+    use_threads,
+)
 
 import spherepde
 
@@ -422,7 +430,7 @@ def main(argv=None):
                         help="with --record-baseline-training: stop after K L-BFGS iterations (default 300, i.e. at "
                              "tol); --training then trains today's code as far")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    use_threads(1)
     if args.fields:
         print_field_costs(args.repeats)
         return

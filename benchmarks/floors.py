@@ -1,5 +1,6 @@
 """The physical yardsticks of benchmarks/ensembles.py: a plain numpy step of the S^1 case, one core's throughput
-(matrix products, FFTs, exp) and the arithmetic of a particle step; `clock`, the thread-CPU timer they share."""
+(matrix products, FFTs, exp) and the arithmetic of a particle step; `clock`, the thread-CPU timer they share, and
+`use_threads`, which the benchmarks that read it set first."""
 
 import math
 import statistics
@@ -7,8 +8,19 @@ import time
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from spherepde.base.arrays import irfft, rfft
+
+
+def use_threads(count: int) -> None:
+    """`count` threads for torch and for numpy's BLAS, for the rest of the process (as a run's
+    spherepde.base.threads.threads_for).  torch.set_num_threads alone leaves numpy's OpenBLAS its own threads, whose
+    share of a product `clock` (the calling thread's CPU time) does not see: on a 2-core machine without
+    OMP_NUM_THREADS=1, particle_floor's 1024^2 numpy GEMM read 30-32 GFLOP/s of one thread's CPU time against
+    16-18 on one thread."""
+    torch.set_num_threads(count)
+    threadpool_limits(limits=count, user_api="blas")
 
 
 def clock(function, repeats: int) -> float:
@@ -174,15 +186,22 @@ def exp_rate(values: np.ndarray, calls: int) -> float:
     return min(numpy_seconds, torch_seconds) / (calls * values.size)
 
 
-def particle_floor(members: int = 20, n: int = 64, dim: int = 2) -> dict:
-    """The arithmetic of one noisy Heun step of the particle evaluation per member (solvers/particle_step.py: two
-    stages forward, the two formed again and transposed), and one core's throughput for it: exps 4 n^2; FLOPs of
-    the products (the logits 2 d n^2 per stage, the sums 2 d n^2, the kept stage's d^2 more rows and the transpose's
-    d + d^2 rows, 2 n^2 a row), the O(d^2 n) rest left out.  Throughput: the core's exp on the (20, 64, 64) kernel
-    (`exp_rate`: the faster of numpy's and torch's) and a 1024 x 1024 matmul (the core's dgemm peak, which the small
-    batched products do not reach)."""
+def particle_flops(n: int = 64, dim: int = 2) -> int:
+    """FLOPs of the products with the (n, n) kernel in one noisy Heun step of the particle evaluation per member
+    (solvers/particle_step.py: two stages forward, the two formed again and transposed): the logits 2 d n^2 per
+    stage, the sums 2 d n^2, the kept stage's d^2 more rows and the transpose's d + d^2 rows, 2 n^2 a row; the
+    O(d^2 n) rest left out."""
     rows = dim + dim * dim
-    flops = 2 * (2 * dim + 2 * dim) * n * n + 2 * (2 * dim + 2 * rows) * n * n + 2 * (2 * rows) * n * n
+    return 2 * (2 * dim + 2 * dim) * n * n + 2 * (2 * dim + 2 * rows) * n * n + 2 * (2 * rows) * n * n
+
+
+def particle_floor(members: int = 20, n: int = 64, dim: int = 2) -> dict:
+    """The arithmetic of one noisy Heun step of the particle evaluation per member, and one core's throughput for
+    it: exps 4 n^2 (the two stages' kernels, formed again by the transpose), FLOPs `particle_flops`.  Throughput:
+    the core's exp on the (20, 64, 64) kernel (`exp_rate`: the faster of numpy's and torch's) and a 1024 x 1024
+    matmul (the core's dgemm peak, which the small batched products do not reach)."""
+    rows = dim + dim * dim
+    flops = particle_flops(n, dim)
     kernel = np.random.default_rng(0).uniform(-1, 1, (members, n, n))
     exp_seconds = exp_rate(kernel, 20)
     square = np.random.default_rng(1).standard_normal((1024, 1024))

@@ -18,6 +18,7 @@ import time
 
 import torch
 from ensembles import BASELINE, BOW, in_baseline, load
+from floors import use_threads
 
 CHILD = r'''
 import json, os, sys, time, warnings
@@ -70,7 +71,7 @@ def main(argv=None):
     parser.add_argument("--commits", nargs="*", default=[], help="commits measured batched like today's code")
     parser.add_argument("--serial-commit", default=BASELINE, help=f"measured serially (default {BASELINE})")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    use_threads(1)
     settings = {"overrides": overrides(args.t_end)}
     rows = [(f"{args.serial_commit} serial", json.loads(in_baseline(args.serial_commit, CHILD, dict(
         settings, members=1)).strip().splitlines()[-1]))]

@@ -23,10 +23,9 @@ import sys
 import warnings
 
 import numpy as np
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from floors import clock, exp_rate  # noqa: E402
+from floors import clock, exp_rate, use_threads  # noqa: E402
 
 import spherepde  # noqa: E402
 from solvers import particle_step  # noqa: E402
@@ -76,7 +75,7 @@ def main(argv=None):
     parser.add_argument("--n", type=int, nargs="+", default=[250, 1000, 2000, 2800, 5000, 10000])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    use_threads(1)
     print(f"a Heun step of one system on S^2 (seed 003, beta = 30), 1 CPU thread, thread CPU time, median of "
           f"{args.repeats}; blocks of {particle_step.KERNEL_BLOCK_BYTES // 1024} KiB of query rows")
     print(f"{'n':>6} {'whole ms':>9} {'blocks ms':>10} {'torch ms':>9} {'floor ms':>9}   whole/blocks  torch/blocks"
