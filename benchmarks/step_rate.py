@@ -27,6 +27,7 @@ import warnings
 
 import numpy as np
 import torch
+from floors import use_threads
 
 import spherepde
 from solvers.forward_problem import ForwardProblem
@@ -108,7 +109,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--peak-gbs", type=float, default=None, help="nominal memory bandwidth of the GPU, GB/s")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = False
     bandwidth = {device: copy_bandwidth(torch.device(device)) for device in args.devices if device == "cuda"}
     for device, value in bandwidth.items():
