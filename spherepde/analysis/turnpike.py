@@ -1,15 +1,17 @@
 """Seed-004 diagnostics of a trained forward run: energy gap, turnpike plateau, terminal escape.
 
-All quantities are nondimensional (t is depth).  With the seed's model (unnormalized kernel,
-B = V = A symmetric, beta = 1) the energy is the run's `free_energy`,
+All quantities are nondimensional (t is depth).  For the unnormalized kernel with B symmetric and V = c B (the
+seed's model: B = V = A, beta = 1, c = 1) the energy is the run's `free_energy` (spherepde/model/energy.py), the
+pair integral weighted by w = c / beta (`energy_weight`; 1 in the seed),
 
-    E(mu) = eps int rho log rho dsigma - 1/2 int int exp(beta <x, B y>) dmu(x) dmu(y),
+    E(mu) = eps int rho log rho dsigma - w/2 int int exp(beta <x, B y>) dmu(x) dmu(y),
 
-and min E is attained at a Gibbs fixed point  rho ∝ exp(U / eps),  U(x) = int exp(beta <x, B y>) dmu(y),
+and min E is attained at a Gibbs fixed point  rho ∝ exp(w U / eps),  U(x) = int exp(beta <x, B y>) dmu(y),
 found by damped fixed-point iteration on the grid from a cluster at the leading eigenvector of B
 (`gibbs_minimum`; both wells +-e_1 have the same energy).  The energy gap is Delta(t) = E(mu_t) - min E.
 
-Three-phase test (`phases`, its "three_phase"), with Delta_ref the median of Delta over the middle half of [0, T]
+Three-phase test (`phases`, its "three_phase"; "untested" without a save in the middle half of [0, T] or with a
+gap that is not finite), with Delta_ref the median of Delta over the middle half of [0, T]
 and the threshold h = Delta_ref + 0.05 (max Delta - Delta_ref):
   plateau        the largest interval of save times around T / 2 on which Delta <= h; its start is
                  the initial boundary-layer width tau, T minus its end the terminal width r (none when
@@ -26,7 +28,7 @@ Rayleigh quotient (escape rate of linear theory).  Near a critical point mu of E
 minimum: eps grad log rho = grad U) the forward equation linearises to d_t s = -K H s, with
 K f = -div(rho grad f) and H the flat second variation of E,
 
-    H s = eps s / rho - T[s],   <s, H s> = eps int s^2 / rho - int int exp(beta <x, B y>) s(x) s(y),
+    H s = eps s / rho - w T[s],   <s, H s> = eps int s^2 / rho - w int int exp(beta <x, B y>) s(x) s(y),
 
 and the adjoint to d_t phi = H K phi, i.e. phi_t = exp(-(T - t) H K) g backward from phi_T = g = dl/dmu.
 H K is self-adjoint for <f, h>_K = int grad f . grad h dmu, with the Rayleigh quotient
@@ -42,10 +44,10 @@ plateau at the smallest eigenvalue present in g (equal to R_mu(g) when g is an e
 align gradient -<x, e_2> is to 1e-3: the rotation of the cluster).
 
 The seed prints R = |grad g|^2_{L2(mu)} / |g|^2_{H^-1(mu)} instead; for a cluster of width s that is
-~ 1/s^4 ~ eps^-2, not a rate (hundreds at eps = 0.05, where the adjoint grows at ~1), so we report it
-apart as `h_minus_one_quotient`, with |g|^2_{H^-1(mu)} = int |grad u|^2 dmu, u the solution of the
-weighted Poisson problem -div(rho grad u) = rho (g - int g dmu) (exact quadrature on S^1; conjugate
-gradients in spectral space, preconditioned by the inverse of -rho_mean Lap, on S^2).
+~ 1/s^4 ~ eps^-2, not a rate (2.6e3 for the align gradient at eps = 0.05, A = diag(1, 0.65), where the
+adjoint grows at 0.91), so we report it apart as `h_minus_one_quotient`, with |g|^2_{H^-1(mu)} = int |grad u|^2 dmu,
+u the solution of the weighted Poisson problem -div(rho grad u) = rho (g - int g dmu) (exact quadrature on S^1;
+conjugate gradients in spectral space, preconditioned by the inverse of -rho_mean Lap, on S^2).
 
 Escape rate (`escape_rate`): the slope of log |grad phi_t|_{L2(mu_t)} of the adjoint at the initial
 control (the first gradient step, the seed's 1-GD) over the last 1 / R_mu(g) of depth, to be compared
@@ -59,21 +61,30 @@ import numpy as np
 import torch
 
 from spherepde.model.attention import principal_subspace
+from spherepde.model.energy import FreeEnergy
 
 # Density floor of the weighted norms, relative to max rho: the H^-1(mu) norm weighs errors by 1 / rho, and a
 # spectral density is known only to ~1e-16 of its maximum (it even dips below zero in its tails).
 DENSITY_FLOOR = 1e-10
 
 
+def energy_weight(model) -> float:
+    """w = c / beta of the pair integral in E (module docstring): the energy the flow dissipates for the unnormalized
+    kernel with B symmetric, V = c B (spherepde/model/energy.py, the run's `free_energy`); 1, the seed's E, for a
+    model without such an energy (its Gibbs state is then no stationary state of the flow)."""
+    energy = FreeEnergy.of_model(model)
+    return 1.0 if energy.weight is None or energy.mean_field else energy.weight
+
+
 def gibbs_minimum(model, exp_kernel, basis, direction: torch.Tensor, damping: float = 0.5, tol: float = 1e-12,
                   iterations: int = 5000) -> tuple[torch.Tensor, float]:
-    """(rho, E(rho)) at the Gibbs fixed point rho ∝ exp(U[rho] / eps) near the cluster at `direction`.
+    """(rho, E(rho)) at the Gibbs fixed point rho ∝ exp(w U[rho] / eps) near the cluster at `direction`.
 
     Damped iteration in U: U <- (1 - damping) U + damping T[rho(U)], stopped when the update is below
     tol |U|, or below 64 units of the grid's roundoff where that is larger (a float32 grid's update stalls at a
     few of its ulps, 2.4e-7).  Raises RuntimeError when it does not converge.
     """
-    eps = model.eps
+    eps = model.eps / energy_weight(model)  # rho ∝ exp(U / (eps / w))
     points = basis.points
     tol = max(tol, 64 * torch.finfo(points.dtype).eps)
     potential = math.exp(model.beta) * (points @ direction)  # a cluster at `direction` as a start
@@ -97,9 +108,9 @@ def _gibbs_density(potential: torch.Tensor, eps: float, basis) -> torch.Tensor:
 
 
 def free_energy(model, exp_kernel, basis, rho: torch.Tensor) -> float:
-    """E = eps int rho log rho - 1/2 int int exp(beta <x, B y>) rho rho (quadrature on the grid; rho log rho = 0 where
-    rho <= 0)."""
-    interaction = -0.5 * float(basis.integrate(_interaction_potential(exp_kernel, rho) * rho))
+    """E = eps int rho log rho - w/2 int int exp(beta <x, B y>) rho rho, w = `energy_weight` (quadrature on the grid;
+    rho log rho = 0 where rho <= 0)."""
+    interaction = -0.5 * energy_weight(model) * float(basis.integrate(_interaction_potential(exp_kernel, rho) * rho))
     positive = rho.clamp_min(0)
     entropy = float(basis.integrate(torch.where(positive > 0, positive * torch.log(positive.clamp_min(1e-300)), 0.0)))
     return model.eps * entropy + interaction
@@ -107,7 +118,8 @@ def free_energy(model, exp_kernel, basis, rho: torch.Tensor) -> float:
 
 def verdict(test: dict) -> str:
     """A run's three_phase attribute from `phases`' result: "true", "false", or "untested" where no save lies in the
-    middle half of [0, T] (no reference Delta_ref, so no test: "false" read as a test run and failed)."""
+    middle half of [0, T] or the gap is not finite (no reference Delta_ref, so no test: "false" read as a test run
+    and failed)."""
     if not test["tested"]:
         return "untested"
     return "true" if test["three_phase"] else "false"
@@ -155,10 +167,11 @@ def phases(times: np.ndarray, gap: np.ndarray) -> dict:
     lift = float(gap[-1] - reference)
     # Without a plateau (Delta(T / 2) > h) the boundary layers and the plateau's flatness are undefined: NaN, not
     # the widths T / 2 and the zero variance of the single save at T / 2.  Without a save in the middle half there
-    # is no reference either, and no test.
+    # is no reference either, and no test; nor with a NaN gap (a model whose run has no free_energy), which the
+    # comparisons read as "above the threshold" everywhere.
     found = bool(below[centre])
     result = {
-        "tested": bool(middle.any()), "plateau": found,
+        "tested": bool(middle.any() and np.isfinite(gap).all()), "plateau": found,
         "gap_reference": reference,
         "plateau_start": float(times[start]), "plateau_end": float(times[end]),
         "plateau_width": float(times[end] - times[start]) if found else 0.0,
@@ -263,18 +276,19 @@ def h_minus_one_quotient(basis, rho: torch.Tensor, g: torch.Tensor) -> tuple[flo
 
 
 def wasserstein_hessian(model, exp_kernel, basis, rho: torch.Tensor, velocity: torch.Tensor) -> float:
-    """Hess_W E(mu)[X, X] = eps int s^2 / rho - int s T[s], s = -div(rho X), at a critical point mu of E.
+    """Hess_W E(mu)[X, X] = eps int s^2 / rho - w int s T[s], s = -div(rho X), at a critical point mu of E.
 
-    E is the seed's energy (unnormalized kernel, V = B symmetric: the forward equation is then the
-    Wasserstein gradient flow of E).  X: tangent field (*grid, d) in ambient coordinates.  At a critical
-    point eps grad log rho = grad U, U = T[rho], so s / rho = -(div X + X . grad U / eps) is computed from
-    smooth fields: a spectral s = -div(rho X) divided by rho would blow up its truncation error in the
-    tails, where rho ~ 1e-30."""
+    E is the energy of the module docstring (unnormalized kernel, V = c B, B symmetric: the forward equation is then
+    the Wasserstein gradient flow of E; w = c / beta, `energy_weight`).  X: tangent field (*grid, d) in ambient
+    coordinates.  At a critical point eps grad log rho = w grad U, U = T[rho], so s / rho = -(div X + w X . grad U
+    / eps) is computed from smooth fields: a spectral s = -div(rho X) divided by rho would blow up its truncation
+    error in the tails, where rho ~ 1e-30."""
+    weight = energy_weight(model)
     potential = _interaction_potential(exp_kernel, rho)
     grad_potential = basis.gradient(basis.analysis(potential))
-    ratio = -(basis.synthesis(basis.divergence(velocity)) + (velocity * grad_potential).sum(-1) / model.eps)
+    ratio = -(basis.synthesis(basis.divergence(velocity)) + weight * (velocity * grad_potential).sum(-1) / model.eps)
     s = rho * ratio
-    interaction = float(basis.integrate(s * _interaction_potential(exp_kernel, s)))
+    interaction = weight * float(basis.integrate(s * _interaction_potential(exp_kernel, s)))
     return model.eps * float(basis.integrate(rho * ratio * ratio)) - interaction
 
 
