@@ -14,6 +14,7 @@ from solvers.controlled_forward import ControlledForward, Gradient
 from solvers.optimizers import TrainingResult
 from spherepde.analysis import turnpike
 from spherepde.base.errors import NumericalFailure
+from spherepde.model.energy import FreeEnergy
 from spherepde.model.initial import INITIAL_TAIL_TOLERANCE
 from spherepde.model.parameters import Layout, layout_of
 
@@ -152,9 +153,10 @@ def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Data
     gradient at the initial control), adjoint_rate, rayleigh_quotient, h_minus_one_quotient, h_minus_one_norm,
     terminal_displacement, min_energy.
 
-    The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0); for
-    other models (and beyond the seeds' model) the energy-based attributes are NaN and three_phase is "untested"
-    (not "false": the seed counts its eps = 0 trainings three-phase, which this energy cannot test)."""
+    The energy and its Gibbs minimum are those of the seed's model (unnormalized kernel, eps > 0, B symmetric and V =
+    c B, beta B != 0: spherepde.model.energy); for other models (and beyond the seeds' model) the energy-based
+    attributes are NaN and three_phase is "untested" (not "false": the seed counts its eps = 0 trainings
+    three-phase, which this energy cannot test)."""
     problem = forward.problem
     model, basis, exp_kernel = problem.batch.models[member], problem.basis, problem.kernels.member(member)
     times = dataset["time"].values
@@ -164,8 +166,9 @@ def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Data
                            "terminal_lift", "terminal_energy_rate", "escape_rate", "adjoint_rate", "rayleigh_quotient",
                            "h_minus_one_quotient", "h_minus_one_norm", "terminal_displacement", "min_energy"), math.nan)
     attrs["three_phase"] = "untested"
+    energy = FreeEnergy.of_model(model)
     if (problem.layouts[member].seeds_model and model.kernel == "unnormalized" and model.eps > 0
-            and not model.zero_temperature):
+            and not model.zero_temperature and energy.weight is not None and not energy.mean_field):
         centre = int(np.argmin(np.abs(times - 0.5 * times[-1])))
         theory = turnpike.plateau_theory(model, exp_kernel, basis, forward.losses[member],
                                          torch.as_tensor(dataset["mean"].values[centre]))

@@ -81,3 +81,21 @@ def test_a_gap_that_is_not_finite_is_untested():
     assert verdict(phases(times, gap)) == "true"
     assert verdict(phases(times, np.full_like(times, math.nan))) == "untested"
     assert verdict(phases(times, np.where(times == 0, math.nan, gap))) == "untested"
+
+
+def test_a_training_whose_model_has_no_free_energy_reports_no_energy_theory():
+    """V = diag(1, 0.5) is no multiple of B = diag(1, 0.65): the flow dissipates no free energy (the run's
+    free_energy is NaN), so the Gibbs minimum, its energy and the Hessian's Rayleigh quotient describe nothing of it.
+    The training reported them anyway (here rayleigh_quotient 0.91, min_energy -1.31); they are NaN and three_phase
+    "untested" now, while V = 2 B, whose energy the flow dissipates with weight c / beta = 2, keeps them finite."""
+    import spherepde
+
+    base = training_case(lmax=24, t_end=2.0, dt=0.04, control={"iterations": 1, "layers": 4})
+    for V, has_energy in (("[[1.0, 0.0], [0.0, 0.5]]", False), ("[[2.0, 0.0], [0.0, 1.3]]", True)):
+        dataset = spherepde.run(base.with_overrides([f"model.V={V}"]))
+        theory = [dataset.attrs[name] for name in ("min_energy", "rayleigh_quotient", "h_minus_one_quotient")]
+        assert np.isfinite(dataset["free_energy"].values).all() == has_energy
+        assert np.isfinite(theory).all() if has_energy else np.isnan(theory).all(), (V, theory)
+        assert ("energy_gap" in dataset) == has_energy
+        if not has_energy:
+            assert dataset.attrs["three_phase"] == "untested"
