@@ -7,8 +7,9 @@ at the Kantorovich potentials (u, v):
 
     W2^2 ~ (1/n) sum_i h_i,   h_i = u(x_i) + v(y_i),   SE(W2^2) = std(h) / sqrt(n),   SE(W2) = SE(W2^2) / (2 W2),
 
-which leaves out the upward bias of an empirical W2^2, about c / n; `half_sample_bias` estimates it from the
-sample itself by Richardson extrapolation over the sample size (a half-sample jackknife):
+(for R independent systems of n / R particles, batch means of h: SE(W2^2) = std over the systems of their means
+of h / sqrt(R)), which leaves out the upward bias of an empirical W2^2, about c / n; `half_sample_bias` estimates it
+from the sample itself by Richardson extrapolation over the sample size (a half-sample jackknife):
 
     b_n = mean over halves H of W2^2(mu_H, nu_H) - W2^2(mu_n, nu_n).
 """
@@ -26,7 +27,7 @@ def mean_and_error(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean()), float(values.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
 
 
-def paired_w2(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[float, float, float]:
+def paired_w2(points: np.ndarray, targets: np.ndarray, max_atoms: int, systems: int = 1) -> tuple[float, float, float]:
     """W2 between the empirical measures of `points` and of `targets` (paired: row i of both is particle i).
 
     On S^1 the circular monotone rearrangement of all n pairs (`optimal_transport.circle_transport`, no
@@ -36,12 +37,17 @@ def paired_w2(points: np.ndarray, targets: np.ndarray, max_atoms: int) -> tuple[
     Standard error by linearisation at the Kantorovich potentials (u, v): W2^2 ~ (1/n) sum_i h_i with
     h_i = u(x_i) + v(y_i) (u, v extended off the atoms by c-transforms), so SE(W2^2) = std(h) / sqrt(n) and
     SE(W2) = SE(W2^2) / (2 W2), at most sqrt(SE(W2^2)) (|a - b| <= sqrt(|a^2 - b^2|) for a, b >= 0): the delta
-    method fails as W2 -> 0, where a W2 of round-off (t = 0) made it thousands.  Returns (W2, SE, error bound:
-    quantisation, or the rearrangement's certified excess).
+    method fails as W2 -> 0, where a W2 of round-off (t = 0) made it thousands.  Where the rows are `systems` = R > 1
+    independent systems of n / R consecutive rows (particles.replicas), SE(W2^2) is by batch means of the same h:
+    std over the systems of their means of h / sqrt(R), which holds the correlations the interaction builds within
+    a system.  Not the spread of the systems' own W2s: each has the larger finite-size bias of n / R particles, and
+    so the smaller slope 1 / (2 W2) of the square root (kuramoto-s1, n = 800, 8 systems, t = 0.5 to 5, 100 seeds:
+    the spread of W2 was 1.06 to 1.45 times that error, 0.89 to 1.09 times this one).  Returns (W2, SE, error
+    bound: quantisation, or the rearrangement's certified excess).
     """
     cost, h, bound = paired_transport(points, targets, max_atoms)
     w2 = math.sqrt(max(cost, 0.0))
-    _, error = mean_and_error(h)
+    _, error = mean_and_error(h.reshape(systems, -1).mean(1) if systems > 1 else h)
     return w2, min(error / (2 * w2) if w2 > 0 else math.inf, math.sqrt(error)), bound
 
 
