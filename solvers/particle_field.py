@@ -56,18 +56,10 @@ class EmpiricalMeasure:
                           device=self.points.device)
 
 
-def system_rows(chunk: int | str, points: torch.Tensor) -> int:
-    """Query rows per block of the systems' kernels (points (S, p, d)): `block_rows(chunk)`, for "auto" shared among
-    the S systems, whose blocks are taken together (kernels.dense.dense_exp_kernel's rule): a block of all S systems
-    holds the bytes of one, not S times them (S = 400 systems of 1000 tokens: 1 MiB, not 400 MiB)."""
-    rows = block_rows(chunk, points.shape[-2], points.dtype, points.device)
-    return max(1, rows // points.shape[0]) if chunk == "auto" else rows
-
-
 def hardmax_mean(B: torch.Tensor, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
     """m(x_i) = x_{j*}, j* = argmax_j <x_i, B x_j> = argmax_j <B^T x_i, x_j>, per system: B (S, d, d), points
-    (S, n, d) (blocks of `system_rows(chunk)` rows)."""
-    rows = system_rows(chunk, points)
+    (S, n, d) (blocks of `block_rows(chunk)` rows, "auto" shared among the S systems)."""
+    rows = block_rows(chunk, points.shape[-2], points.dtype, points.device, points.shape[0])
     queries = torch.matmul(points, B)
     keys = points.transpose(-1, -2).contiguous()
     # Each block's indices go straight into one array made beforehand: kept block by block, the small arrays took
@@ -81,8 +73,8 @@ def hardmax_mean(B: torch.Tensor, points: torch.Tensor, chunk: int | str) -> tor
 
 def fused_softmax_mean(B: torch.Tensor, beta: torch.Tensor, points: torch.Tensor, chunk: int | str) -> torch.Tensor:
     """m(x_i) = sum_j softmax_j(beta <B^T x_i, x_j>) x_j by fused attention per system (B (S, d, d), beta (S,),
-    points (S, n, d)), `system_rows(chunk)` query rows per call."""
-    rows = system_rows(chunk, points)
+    points (S, n, d)), `block_rows(chunk)` query rows per call, "auto" shared among the S systems."""
+    rows = block_rows(chunk, points.shape[-2], points.dtype, points.device, points.shape[0])
     queries = beta[:, None, None] * torch.matmul(points, B)
     m = torch.empty_like(points)
     for start in range(0, points.shape[-2], rows):

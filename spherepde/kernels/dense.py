@@ -71,16 +71,19 @@ def exponent_floor(dtype: torch.dtype) -> float:
     return math.log(torch.finfo(dtype).tiny) + 4.0
 
 
-def block_rows(chunk: int | str, columns: int, dtype: torch.dtype, device: torch.device) -> int:
+def block_rows(chunk: int | str, columns: int, dtype: torch.dtype, device: torch.device, batch: int = 1) -> int:
     """Rows per block of a dense kernel matrix with `columns` columns: solver.chunk, or for "auto" the rows of
     CPU_BLOCK_BYTES on the CPU (at least CPU_BLOCK_MIN_ROWS) and on a GPU GPU_BLOCK_ROWS, at most those of
-    GPU_BLOCK_BYTES (at least one)."""
+    GPU_BLOCK_BYTES (at least one), shared among the `batch` matrices whose blocks are taken together: the block's
+    bytes, not its rows, are what the cache holds (400 systems of 1000 tokens: 1 MiB a block, not 400 MiB)."""
     if chunk != "auto":
         return chunk
     row_bytes = columns * (torch.finfo(dtype).bits // 8)
     if device.type != "cpu":
-        return max(1, min(GPU_BLOCK_ROWS, GPU_BLOCK_BYTES // row_bytes))
-    return max(CPU_BLOCK_MIN_ROWS, CPU_BLOCK_BYTES // row_bytes)
+        rows = max(1, min(GPU_BLOCK_ROWS, GPU_BLOCK_BYTES // row_bytes))
+    else:
+        rows = max(CPU_BLOCK_MIN_ROWS, CPU_BLOCK_BYTES // row_bytes)
+    return max(1, rows // max(batch, 1))
 
 
 def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch.Tensor, beta,
@@ -91,9 +94,7 @@ def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch
     holding `block_rows(chunk, ...)` rows of the kernel matrix at a time (for "auto", of all batch members
     together).
     """
-    rows = block_rows(chunk, y.shape[-2], y.dtype, y.device)
-    if chunk == "auto":  # the block's bytes, not its rows, are what the cache holds: share them among the members
-        rows = max(1, rows // max(math.prod(x.shape[:-2]), 1))
+    rows = block_rows(chunk, y.shape[-2], y.dtype, y.device, math.prod(x.shape[:-2]))
     queries, keys, bound = _logit_operands(x, y, C, beta)
     blocks, log_scales = [], []
     for start in range(0, x.shape[-2], rows):
