@@ -81,14 +81,16 @@ def step_plan(problem: ForwardProblem, interval, c: torch.Tensor, a: torch.Tenso
     """(the plan of an interval, the members' max |v| at its start or None): time.dt, or the CFL rule
     dt = cfl / (lmax max|v|) of each member's own velocity, dt = cfl / (lmax max|v| + max|eps lam|) where the
     scheme takes the diffusion explicitly too (rk4: stable to 2.78 / max|eps lam| for the diffusion alone, as to
-    2.83 / (lmax max|v|) for the transport alone; the sum keeps the modes of both within the region); members
-    whose velocity is not finite or asks for more than MAX_STEPS_PER_SAVE steps are stopped."""
+    2.83 / (lmax max|v|) for the transport alone; the sum keeps the modes of both within the region), dt = cfl /
+    (lmax max(max|v|, eps)) where it takes the diffusion implicitly (ForwardProblem.implicit_diffusion_speed);
+    members whose velocity is not finite or asks for more than MAX_STEPS_PER_SAVE steps are stopped."""
     members = c.shape[0]
     if "dt" in timing:
         steps = np.full(members, fixed_steps(interval, timing["dt"]))
         return Plan(interval, steps, interval.length / steps), None
     speeds = problem.transport.max_speed(c, a).cpu().double().numpy()
-    rates = speeds * problem.basis.lmax + problem.explicit_stiffness()  # 1 / dt at cfl = 1
+    lmax = problem.basis.lmax
+    rates = np.maximum(speeds * lmax + problem.explicit_stiffness(), problem.implicit_diffusion_speed() * lmax)
     steps, stopped = np.ones(members, dtype=np.int64), {}
     for m, (speed, rate) in enumerate(zip(speeds, rates)):
         dt_max = interval.length if rate == 0 else min(interval.length, timing["cfl"] / rate)

@@ -78,7 +78,10 @@ time.dt                    real > 0 (not together with time.cfl; a     absent
 time.cfl                   real > 0 (not together with time.dt):       0.5 when dt is absent
                            dt = cfl / (lmax max|v|) at the start of
                            each interval between knots (saves, layers);
-                           rk4: cfl / (lmax max|v| + max|eps lam|)
+                           rk4: cfl / (lmax max|v| + max|eps lam|);
+                           IMEX: cfl / (lmax max(max|v|, eps)) (the
+                           implicit diffusion is accurate to degrees
+                           l <~ sqrt(lmax / cfl))
 time.save_every            real > 0, at most 1e6 saves up to t_end     t_end / 20
 time.scheme                "auto" | "imex-ark436" | "imex-ars443"  "auto": imex-ark436 when
                            | "rk4" | "lawson-rk4" (rk4 is explicit     eps > 0, else rk4
