@@ -148,7 +148,9 @@ def report(summaries: dict) -> str:
     lines = ["# Adjoint and training gradient: verification (issue 4)", "", REGENERATE, "",
              "## 1. Gradient vs central finite differences of the discrete J (h = 1e-5, float64)", "",
              "Small cases: A = diag(1, 0.65[, 0.4]) as B = V, beta = 1, eps = 0.05, vMF(kappa 2) start, T = 0.5, "
-             "2 layers, lambda_reg = 0.1, W random (seed 1, scale 0.3); scheme imex-ark436.", ""]
+             "2 layers (the S^2 rows: 1 layer, T and dt of their label), S^1 at lmax 12, lambda_reg = 0.1, W random "
+             "(seed 1, scale 0.3); scheme imex-ark436. Each entry is |g - g_FD| / |g_FD| (Frobenius norms over all "
+             "layers' W).", ""]
     lines += harness.table(["case", "steps", "discrete vs FD", "continuous vs FD", "discrete s", "continuous s"],
                            [[row["case"], row["steps"], f"{row['discrete_vs_fd']:.1e}",
                              f"{row['continuous_vs_fd']:.1e}", f"{row['discrete_seconds']:.2f}",
@@ -179,7 +181,7 @@ def report(summaries: dict) -> str:
               f"{s['steps']} steps of {s['state_bytes']} B; it keeps {kept} ({s['steps'] * s['state_bytes'] / 1024:.1f}"
               f" KiB) and the tokens of {s['token_steps']} steps. Checkpointed, K = {s['checkpoint_every']}: at most "
               f"{stored} states = {stored * s['state_bytes'] / 1024:.1f} KiB. "
-              "On S^2 a state is 16 (lmax + 1)^2 B (lmax 64: 68 KiB).", ""]
+              f"On S^2 a state is 16 (lmax + 1)^2 B (lmax 64: {16 * 65 ** 2 / 1024:.1f} KiB).", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -221,7 +221,8 @@ def report(summaries: dict) -> str:
                            [[row["dtype"]] + [f"{row[name]:.1e}" for name in ("scalar_synthesis", "scalar_analysis",
                                                                              "vector_synthesis", "vector_analysis")]
                             for row in s["rows"]])
-    lines += ["", "## 2. Heat equation: max relative error of exp(-eps l(l+1) t) decay over modes above round-off", ""]
+    lines += ["", "## 2. Heat equation: max relative error of the exp(-eps lambda_l t) decay over modes above "
+              "round-off (lambda_l = l^2 on S^1, l(l+1) on S^2: the Laplacian's eigenvalues)", ""]
     lines += harness.table(["sphere", "scheme", "dt", "max rel. error", "highest degree checked"],
                            [[f"S^{row['dim'] - 1}", row["scheme"], row["dt"], f"{row['max_relative_error']:.1e}",
                              row["highest_degree"]] for row in summaries["heat"]["rows"]])

@@ -611,7 +611,7 @@ def report_lyapunov(data: dict, reference: dict) -> list:
     accurate = np.array(reference["accurate"])
     bias = np.array(reference["grid"]) - accurate
     lines = ["", f"lyapunov (p = {reference['p']}): the Eulerian run's grid quadrature of the singular integrand is "
-             f"off by {bias.min():+.4f} .. {bias.max():+.4f} (against adaptive quadrature of the same band-limited "
+             f"off by {bias.min():+.1e} .. {bias.max():+.1e} (against adaptive quadrature of the same band-limited "
              "density, `singular_lyapunov`; at t = 0 that agrees with quadrature of the exact vMF law).  The "
              "particles against the accurate value:", ""]
     rows, rms = [], []

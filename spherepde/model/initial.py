@@ -115,8 +115,21 @@ def initial_density(section: dict, basis, tail_tol: float = 1e-6) -> torch.Tenso
     at which a vMF law or a mixture of them has spectral tail <= tail_tol (diagnostics.tail_tol: `vmf_lmax`)."""
     kind = section["kind"]
     if kind == "file":
-        return density_from_file(pinned_file(section), section["time"], basis)
-    points = basis.points
+        # held to the same bound as an analytic law: read onto a coarser grid than its own (truncated), a file's
+        # density would otherwise start, warned only, from the law that a vmf case of the same density is refused
+        coefficients = density_from_file(pinned_file(section), section["time"], basis)
+    else:
+        coefficients = basis.analysis(analytic_density(section, basis, tail_tol))
+    tail = float(basis.spectral_tail(coefficients))
+    if tail > INITIAL_TAIL_TOLERANCE:
+        raise CaseError(f"initial: the grid of sphere.lmax = {basis.lmax} does not resolve this {kind} law (spectral "
+                        f"tail {tail:.2g} > {INITIAL_TAIL_TOLERANCE:g} at t = 0): {_remedy(section, basis, tail_tol)}")
+    return coefficients
+
+
+def analytic_density(section: dict, basis, tail_tol: float) -> torch.Tensor:
+    """rho_0 of an analytic [initial] law on the grid of `basis`; a CaseError where its quadrature mass is not 1."""
+    kind, points = section["kind"], basis.points
     if kind == "uniform":
         rho = torch.full(basis.grid_shape, 1 / basis.area, dtype=points.dtype, device=points.device)
     elif kind == "vmf":
@@ -130,12 +143,7 @@ def initial_density(section: dict, basis, tail_tol: float = 1e-6) -> torch.Tenso
     if not abs(mass - 1) <= INITIAL_MASS_TOLERANCE:
         raise CaseError(f"initial: the grid of sphere.lmax = {basis.lmax} does not resolve this {kind} law (its "
                         f"quadrature mass there is {mass:.3g}, not 1): {_remedy(section, basis, tail_tol)}")
-    coefficients = basis.analysis(rho)
-    tail = float(basis.spectral_tail(coefficients))
-    if tail > INITIAL_TAIL_TOLERANCE:
-        raise CaseError(f"initial: the grid of sphere.lmax = {basis.lmax} does not resolve this {kind} law (spectral "
-                        f"tail {tail:.2g} > {INITIAL_TAIL_TOLERANCE:g} at t = 0): {_remedy(section, basis, tail_tol)}")
-    return coefficients
+    return rho
 
 
 def _remedy(section: dict, basis, tail_tol: float) -> str:
@@ -150,7 +158,7 @@ def _remedy(section: dict, basis, tail_tol: float) -> str:
         key = "initial.kappa" if section["kind"] == "vmf" else "initial.kappas"
         return f"no sphere.lmax (at most {LMAX_LIMIT - 1}) resolves it: lower {key}"
     if lmax is None:
-        return "raise sphere.lmax or widen the law"
+        return "raise sphere.lmax" if section["kind"] == "file" else "raise sphere.lmax or widen the law"
     return (f"use sphere.lmax >= {max(lmax, basis.lmax + 1)} (its spectral tail is <= {tolerance:g} there) or widen "
             "the law")
 
