@@ -23,6 +23,7 @@ one, and F is that paper's energy E(mu) (its turnpike reference).  With a traine
 same F is still the attention part's energy (the turnpike's energy gap is measured in it), but W may
 raise it.
 
+With V = 0 there is no attention drift, whatever the kernel: U = 0 and F = eps S (the heat flow's entropy).
 Nowhere else is there such an F: the softmax at beta > 0 (its drift N / Z is no W2 gradient), beta = inf,
 and the unnormalized kernel with V not a multiple of a symmetric B.  There `free_energy` is NaN.
 
@@ -119,6 +120,8 @@ def _close(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _interaction_weight(kernel: str, beta: float, B: np.ndarray, V: np.ndarray) -> tuple[float | None, bool, str]:
     """(c / beta or 0, mean_field, reason): how U is built from the interaction energy, or (None, False, why not)."""
+    if not V.any():  # no attention drift, whatever the kernel: the heat flow, F = eps S (U = -1/2 <M, 0 M> = 0)
+        return 0.0, True, ""
     if math.isinf(beta):
         return None, False, "beta = inf: the field B^T x / |B^T x| is no gradient of an interaction energy"
     if beta == 0 or not B.any():
