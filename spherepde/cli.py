@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint-steps", type=_positive(int), metavar="N",
                      help="checkpoint every N steps, a training every N evaluations of J and dJ/dW "
                           "(default: by wall time only)")
-    run.add_argument("--checkpoint-minutes", type=_positive(float), default=CHECKPOINT_MINUTES, metavar="M",
+    # no default here: a run that keeps no checkpoint refuses the option given, as it refuses --checkpoint-steps
+    run.add_argument("--checkpoint-minutes", type=_positive(float), metavar="M",
                      help=f"checkpoint every M minutes of wall time (default {CHECKPOINT_MINUTES:g})")
     run.add_argument("--plot", action="store_true", help="also write the figure <output>.png")
     run.add_argument("--quiet", action="store_true", help="no progress output")
@@ -123,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("-o", "--output", help="folder for the member files and sweep.nc (default: <case name>-sweep)")
     sweep.add_argument("--scheduler", metavar="ADDRESS", help="an existing Dask scheduler (default: a local cluster)")
     sweep.add_argument("--workers", type=_positive(int), metavar="N",
-                       help="local cluster size (default: one per GPU, else one per core, at most one per member)")
+                       help="local cluster size (default: one per GPU, else one per core, at most one per member); "
+                            "with --scheduler, the workers its batches are shared by (default: those connected)")
     again = sweep.add_mutually_exclusive_group()
     again.add_argument("--overwrite", action="store_true", help="replace existing member files")
     again.add_argument("--resume", action="store_true", help="keep the completed members of an earlier sweep")
@@ -320,12 +322,14 @@ def _checkpoint(case, output: str, args):
 
     unsaved = _not_checkpointed(case)
     if unsaved is not None:
-        for flag, given in (("--resume", args.resume), ("--checkpoint-steps", args.checkpoint_steps is not None)):
+        for flag, given in (("--resume", args.resume), ("--checkpoint-steps", args.checkpoint_steps is not None),
+                            ("--checkpoint-minutes", args.checkpoint_minutes is not None)):
             if given:
                 raise CaseError(f"{flag}: {unsaved}")
         checkpoint = None
     else:
-        checkpoint = Checkpoint(output, args.checkpoint_steps, args.checkpoint_minutes, resume=args.resume)
+        minutes = CHECKPOINT_MINUTES if args.checkpoint_minutes is None else args.checkpoint_minutes
+        checkpoint = Checkpoint(output, args.checkpoint_steps, minutes, resume=args.resume)
         if os.path.lexists(checkpoint.folder) and not os.path.isdir(checkpoint.folder):
             raise CaseError(f"{checkpoint.folder!r} exists and is not a folder: the run keeps its checkpoint "
                             "there; move it away or choose another output file")

@@ -501,41 +501,49 @@ def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = No
                   "one (sweep.nc leaves them out; --overwrite removes them)", file=sys.stderr)
     pending = [m for m in members if m.index not in summaries]
     if pending:
-        from spherepde.api.ensemble import batches
-
-        count = workers or default_workers(len(pending))
+        # a remote cluster's batches are shared by its own workers, counted once connected, not by this machine's
+        count = workers or (None if scheduler else default_workers(len(pending)))
         threads = None if scheduler else max(1, (os.cpu_count() or 1) // count)
-        largest = -(-len(pending) // count)
-        # a batch holds every member's state at once: split where the local workers' batches would not fit this
-        # machine's memory (a remote cluster's workers have their own)
-        fitting = None if scheduler else largest_batch([m.case for m in pending], count)
-        if fitting is not None and fitting < largest:
-            largest = fitting
-            print(f"spherepde: note: batches of at most {fitting} members, so that {count} running at once fit the "
-                  f"memory available", file=sys.stderr)
-        groups = [[pending[i] for i in group] for group in batches([m.case for m in pending], largest=largest)]
         from distributed import as_completed
 
         # a bar of the members done on a terminal, else a line every 30 s: a member can run for minutes
         bar = Progress(float(len(pending)), enabled=progress, quantity="members")
-        with _cluster(scheduler, count) as client, bar.running():
-            futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
-                                     [m.path for m in group], threads, pure=False) for group in groups]
-            group_of = {future.key: group for future, group in zip(futures, groups)}
-            done = 0
-            for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
-                for summary in _batch_summaries(future, group_of[future.key]):
-                    done += 1
-                    summaries[summary["member"]] = summary
-                    bar.write(f"spherepde: {_progress_line(members[summary['member']], summary)} "
-                              f"[{done}/{len(pending)}]")
-                    bar.update(float(done))
+        with _cluster(scheduler, count) as client:
+            groups = _groups(pending, count or max(1, len(client.nthreads())), local=scheduler is None)
+            with bar.running():
+                futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
+                                         [m.path for m in group], threads, pure=False) for group in groups]
+                group_of = {future.key: group for future, group in zip(futures, groups)}
+                done = 0
+                for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
+                    for summary in _batch_summaries(future, group_of[future.key]):
+                        done += 1
+                        summaries[summary["member"]] = summary
+                        bar.write(f"spherepde: {_progress_line(members[summary['member']], summary)} "
+                                  f"[{done}/{len(pending)}]")
+                        bar.update(float(done))
     alike = identical_results(members, summaries)
     for note in alike:
         print(f"spherepde: note: {note}", file=sys.stderr)
     combine(case, members, summaries, combined, params, seeds, command, alike)
     _raise_failures(members, summaries)
     return combined
+
+
+def _groups(pending: list[Member], count: int, local: bool) -> list[list[Member]]:
+    """The batches of the `pending` members for `count` workers: members that share a grid and the shapes of their
+    state (spherepde.api.ensemble.batches), at most ceil(members / count) in each so that every worker has work, and
+    (`local`: a remote cluster's workers have their own memory) few enough that `count` batches running at once fit
+    this machine's memory: a batch holds every member's state at once."""
+    from spherepde.api.ensemble import batches
+
+    largest = -(-len(pending) // count)
+    fitting = largest_batch([m.case for m in pending], count) if local else None
+    if fitting is not None and fitting < largest:
+        largest = fitting
+        print(f"spherepde: note: batches of at most {fitting} members, so that {count} running at once fit the "
+              f"memory available", file=sys.stderr)
+    return [[pending[i] for i in group] for group in batches([m.case for m in pending], largest=largest)]
 
 
 def combine(case: Case, members: list[Member], summaries: dict, target: str, params: list[str],
