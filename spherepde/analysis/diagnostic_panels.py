@@ -49,13 +49,20 @@ def _case_of(text: str) -> dict:
         return {}
 
 
+def time_text(t: float) -> str:
+    """A saved time as the figures write it: to 6 significant digits, the save's own time (at 3, the profile of the
+    save at t = 1.125 was labelled "t = 1.12" and one at 119.5 "t = 120"), without the round-off of k save_every
+    (0.30000000000000004 reads "0.3")."""
+    return f"{t:.6g}"
+
+
 def _mark_failures(axis, dataset, vertical: bool = True) -> None:
     """A dashed red line at the last good save of each run of the file that failed (vertical: on a time axis
     along x; else along y), labelled for the legend."""
     for which, _, last_good in failed_parts(dataset):
         if last_good is not None:
             (axis.axvline if vertical else axis.axhline)(last_good, color="firebrick", ls="--", lw=1.0,
-                                                         label=f"{which} failed after t = {last_good:.3g}")
+                                                         label=f"{which} failed after t = {time_text(last_good)}")
 
 
 def _curves(dataset, name: str) -> list[tuple[str, object, object]]:

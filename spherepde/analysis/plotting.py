@@ -39,6 +39,7 @@ from spherepde.analysis.diagnostic_panels import (  # noqa: E402
     _filled_axes,
     _mark_failures,
     panel_rows,
+    time_text,
 )
 from spherepde.analysis.sphere_view import CMAP, SphereView, _final_mean, _has_density, drawn  # noqa: E402
 from spherepde.base.errors import CaseError  # noqa: E402
@@ -245,8 +246,8 @@ def _sphere_snapshots(subfigure, dataset, path: str, projection: str, count: int
         """"t = 0.5 (max ρ 0.64)", and where the Eulerian run of a "both" file had failed by then, that its density
         is missing."""
         if view.density and not view.saved[index]:
-            return f"t = {times[index]:.3g} (Eulerian run failed: particles only)"
-        return f"t = {times[index]:.3g}" + (f" (max ρ {view.maxima[index]:.2g})" if view.density else "")
+            return f"t = {time_text(times[index])} (Eulerian run failed: particles only)"
+        return f"t = {time_text(times[index])}" + (f" (max ρ {view.maxima[index]:.2g})" if view.density else "")
 
     if view.panels == 2:
         for column, index in enumerate(picks):
@@ -328,7 +329,7 @@ def _circle_picture(subfigure, dataset, count: int) -> None:
     picks = np.unique(np.linspace(0, len(times) - 1, min(count, len(times))).round().astype(int))
     colours = plt.cm.viridis(np.linspace(0, 0.9, len(picks)))
     for colour, index in zip(colours, picks):
-        label = f"t = {times[index]:.3g}"
+        label = f"t = {time_text(times[index])}"
         if has_density and saved[index]:
             profiles.plot(theta, density[index], color=colour, label=label)
         if has_particles:
@@ -430,7 +431,7 @@ def _sphere_animation(dataset, path: str, projection: str):
         view.draw(axes, index)
         for axis, label in zip(axes, view.labels()):
             axis.set_title(label, fontsize=8, color="0.3")
-        title.set_text(f"{dataset.attrs.get('title', '')}: t = {times[index]:.3g}")
+        title.set_text(f"{dataset.attrs.get('title', '')}: t = {time_text(times[index])}")
         return []
 
     return figure, update
@@ -464,7 +465,7 @@ def _circle_animation(dataset):
     def update(index):
         curve.set_ydata(density[index])
         marker.set_ydata([times[index], times[index]])
-        title.set_text(f"{dataset.attrs.get('title', '')}: t = {times[index]:.3g}")
+        title.set_text(f"{dataset.attrs.get('title', '')}: t = {time_text(times[index])}")
         return [curve, marker, title]
 
     return figure, update
