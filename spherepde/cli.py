@@ -215,6 +215,8 @@ def command_run(args) -> int:
                 checkpoint.remove()  # resuming would fail the same way; the output holds the last good state
         if late:
             _say_late(late, "the output was written; it is complete")
+        elif args.plot and failure.dataset is not None:
+            _plot(output)  # the last good state, the failure marked: what the user looks at to see what went wrong
         raise
     except KeyboardInterrupt:
         if checkpoint is not None and checkpoint.exists():
@@ -232,11 +234,16 @@ def command_run(args) -> int:
         _say_late(late, "the output was written; it is complete, and the command ends here")
         return 0
     if args.plot:
-        from spherepde.analysis.plotting import plot_result
-
-        for path in plot_result(output):
-            print(f"spherepde: wrote {path}", file=sys.stderr)
+        _plot(output)
     return 0
+
+
+def _plot(output: str) -> None:
+    """`run --plot`: the figure of the result file `output`."""
+    from spherepde.analysis.plotting import plot_result
+
+    for path in plot_result(output):
+        print(f"spherepde: wrote {path}", file=sys.stderr)
 
 
 def _remove_after_output(checkpoint) -> None:

@@ -385,13 +385,15 @@ def test_numerical_failure_exits_3_and_keeps_last_good_state(tmp_path, capsys):
     unstable = unstable.replace("eps = 0.1", "eps = 0.0")
     case = write_case(tmp_path, unstable)
     output = tmp_path / "out.nc"
-    status, err = run_cli(["run", case, "-o", output, "--quiet"], capsys)
+    status, err = run_cli(["run", case, "-o", output, "--quiet", "--plot"], capsys)
     assert status == 3, err
     assert "numerical failure" in err
     with xr.open_dataset(output) as dataset:
         assert dataset.attrs["status"].startswith("failed")
         assert np.isfinite(dataset["density"].values).all()
         assert dataset.sizes["time"] >= 1
+    # --plot draws the last good state as `plot` would (it wrote no figure when the run failed)
+    assert (tmp_path / "out.png").stat().st_size > 0 and f"wrote {tmp_path / 'out.png'}" in err
     # eps = 0 concentrates beyond lmax 16 (tail 8e-6 at t = 1, 0.29 at t = 4), then undershoots and fails: the
     # message says the run had lost its resolution, and what to change
     concentrating = SMALL_S1.replace("beta = 2.0", "beta = 8.0").replace("eps = 0.1", "eps = 0.0").replace(
