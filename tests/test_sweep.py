@@ -730,3 +730,19 @@ def test_a_key_set_twice_or_both_swept_and_set_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1
         assert not output.exists()
+
+
+def test_an_interrupted_sweep_says_how_to_continue(local_sweep, monkeypatch, capsys, tmp_path):
+    """Ctrl-C during a sweep (here as its cluster starts) ends with 130 and says where the members completed are
+    kept and that --resume runs the others (it said "interrupted" only, where `run` names --resume)."""
+    case_path, _ = local_sweep
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_module, "_cluster", interrupted)
+    output = tmp_path / "interrupted"
+    assert main(["sweep", str(case_path), "--param", PARAMS[0], "-o", str(output)]) == 130
+    err = capsys.readouterr().err
+    assert f"the members completed are kept in {output}; the same command with --resume runs the others" in err, err
+    assert err.strip().endswith("spherepde: interrupted")
