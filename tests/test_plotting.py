@@ -500,3 +500,21 @@ def test_the_circle_animation_has_a_density_colour_bar(results):
     low, high = image.get_clim()
     assert np.isclose(low, density.min()) and np.isclose(high, density.max())
     plt.close(figure)
+
+
+def test_circle_window_of_antipodal_clusters_cuts_between_them(tmp_path):
+    """Two equal clusters at 0 and pi (mean 0): the window [c - pi, c + pi] is centred opposite the density's
+    minimum, so that both clusters are drawn whole; centred on 0 as it was, its edges fell on the cluster at pi."""
+    overrides = ['initial.kind="vmf_mixture"', "initial.means=[[1.0, 0.0], [-1.0, 0.0]]", "initial.kappas=[8.0, 8.0]",
+                 "model.eps=0.0"]
+    path = tmp_path / "antipodal.nc"
+    write_dataset(spherepde.run(spherepde.load_case_text(SMALL_S1, overrides), progress=False), path)
+    with xr.open_dataset(path) as dataset:
+        assert np.abs(dataset["mean"].values[-1]).max() < 1e-12
+        centre = _circle_centre(dataset)
+        theta, density = _circle_window(dataset, centre)
+        assert np.isclose(abs(np.cos(centre)), 0, atol=1e-12)  # pi/2 or 3pi/2: the two minima's opposites
+        final = density[-1]
+        assert max(final[0], final[-1]) < 1e-3 * final.max()
+        peaks = theta[[np.argmax(np.where(sign * np.cos(theta) > 0, final, 0)) for sign in (1, -1)]]
+        assert np.allclose(np.cos(peaks), [1, -1], atol=1e-3)

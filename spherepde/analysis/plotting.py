@@ -270,12 +270,19 @@ def _sphere_snapshots(subfigure, dataset, path: str, projection: str, count: int
 
 
 def _circle_centre(dataset) -> float:
-    """The middle of the angle window: the final mean angle rounded to a multiple of pi/2, so
-    that a cluster is drawn whole and the ticks stay round."""
+    """The middle of the angle window, rounded to a multiple of pi/2 so that the ticks stay round: the final mean
+    angle, so that a cluster is drawn whole; where the mean vanishes (a symmetric law, antipodal clusters) opposite
+    the last saved density's minimum, so that the window's edges cut where there is least mass (centred on 0,
+    clusters at 0 and pi had the one at pi split across both edges); without a density 0."""
     mean = _final_mean(dataset, 2)
-    if np.linalg.norm(mean) <= 1e-6:
-        return 0.0
-    return float(np.pi / 2 * np.round(np.arctan2(mean[1], mean[0]) / (np.pi / 2)))
+    if np.linalg.norm(mean) > 1e-6:
+        angle = np.arctan2(mean[1], mean[0])
+    else:
+        saved = [index for index in range(dataset.sizes["time"]) if _has_density(dataset, index)]
+        if not saved:
+            return 0.0
+        angle = dataset["theta"].values[int(np.argmin(dataset["density"].isel(time=saved[-1]).values))] + np.pi
+    return float(np.pi / 2 * np.round(angle / (np.pi / 2)))
 
 
 def _circle_density(dataset) -> tuple[np.ndarray, np.ndarray]:
