@@ -212,7 +212,7 @@ def failed_parts(dataset: xr.Dataset) -> list[tuple[str, str, float | None]]:
 
 def failure_summary(which: str, last_good: float | None) -> str:
     """One of `failed_parts` in words, as `info` and the figures show it."""
-    kept = "no save kept" if last_good is None else f"its saves end at t = {last_good:.4g}, its last good state"
+    kept = "no save kept" if last_good is None else f"its saves end at t = {last_good:.6g}, its last good state"
     return f"{which} run FAILED ({kept})"
 
 
