@@ -13,6 +13,7 @@ import torch
 from solvers.forward_problem import ForwardProblem
 from solvers.records import RunRecord
 from solvers.timegrid import Plan
+from spherepde.discretisation.bases import TAIL_ROUND_OFF_EPS
 from spherepde.io.output import DIAGNOSTIC_ATTRS, eulerian_dataset
 from spherepde.measures import diagnostics as diag
 from spherepde.measures.optimal_transport import grid_w2_bound, w2_projection
@@ -51,7 +52,9 @@ class Recorder(RunRecord):
         self.want_w2 = diagnostics["w2"]
         self.w2_atoms, self.w2_error_bound = diagnostics["w2_atoms"], 0.0
         self.w2_grid_bound = grid_w2_bound(self.subspace_E, basis.cell_radius)
-        self.tail_tol = diagnostics["tail_tol"]
+        # a tail_tol below the dtype's round-off (TAIL_ROUND_OFF_EPS) is raised to it: under it a float32 run warned
+        # "under-resolved from the start" of a density resolved to round-off
+        self.tail_tol = max(diagnostics["tail_tol"], TAIL_ROUND_OFF_EPS * torch.finfo(basis.placement.real).eps)
         self.densities = []
         self.resolved_until = None
         self.steps = 0
@@ -103,7 +106,7 @@ class Recorder(RunRecord):
             self.resolved_until = self.times[-1] if self.times else 0.0
             which = f"after t = {self.resolved_until:.4g}" if self.times else "from the start"
             message = (f"resolution lost at t = {t:.4g}: spectral tail {row['spectral_tail']:.2e} > "
-                       f"diagnostics.tail_tol = {self.tail_tol:.0e}; results {which} are under-resolved (increase "
+                       f"{self._tolerance_name()}; results {which} are under-resolved (increase "
                        "sphere.lmax or add eps)")
             warnings.warn(message, RuntimeWarning, stacklevel=2)
             self.notes.append(message)
@@ -155,8 +158,14 @@ class Recorder(RunRecord):
         if self.resolved_until is None:
             return ""
         last = f"spectral tail {self.rows[-1]['spectral_tail']:.2g} at the last save, " if self.rows else ""
-        return (f"; it was under-resolved after t = {self.resolved_until:.4g} ({last}diagnostics.tail_tol = "
-                f"{self.tail_tol:.0e}): increase sphere.lmax or eps")
+        return (f"; it was under-resolved after t = {self.resolved_until:.4g} ({last}{self._tolerance_name()}): "
+                "increase sphere.lmax or eps")
+
+    def _tolerance_name(self) -> str:
+        """The tolerance the tail was held to: diagnostics.tail_tol, or the round-off floor that replaced it."""
+        if self.tail_tol > self.case["diagnostics"]["tail_tol"]:
+            return f"tolerance {self.tail_tol:.2g}: {TAIL_ROUND_OFF_EPS} epsilons of {self.basis.placement.name}"
+        return f"diagnostics.tail_tol = {self.tail_tol:.0e}"
 
     def unsaved(self, stored: int):
         """The saves after the first `stored` ones, as a Dataset (a checkpoint segment); None if none."""

@@ -50,7 +50,7 @@ from scipy.special import erfc, stdtr
 from spherepde.analysis.diagnostic_panels import spans_a_decade
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
-from spherepde.discretisation.bases import gauss_cell_radius
+from spherepde.discretisation.bases import TAIL_ROUND_OFF_EPS, gauss_cell_radius
 from spherepde.io.output import DIAGNOSTIC_ATTRS, grid_points, history, make_folders, split_both, write_dataset
 from spherepde.io.summary import check_run, open_result, reading
 from spherepde.measures.diagnostics import DENSITY_FLOOR
@@ -258,10 +258,10 @@ def _verdict(a, b, stderr, k: float, atol: float) -> str:
 # float32 runs of a case lay within 2.7e-7 (mass) to 2e-6 (entropy) of the float64 run, up to 17 eps, and with
 # standard errors of 0 (Eulerian runs) every such difference read as |z| = inf, "disagrees".
 ROUND_OFF_EPS = 64
-# spectral_tail's tolerance is then 8 eps (9.5e-7 in float32): above the float32 tails measured (6e-9 to 6e-8 on
-# grids resolved in float64), below diagnostics.tail_tol's default 1e-6, so a run past the resolution threshold
-# still disagrees with a resolved one.
-TAIL_SCALE = 8 / ROUND_OFF_EPS
+# spectral_tail's tolerance is then TAIL_ROUND_OFF_EPS = 8 eps (9.5e-7 in float32): above the float32 tails measured
+# (6e-9 to 6e-8 on grids resolved in float64), below diagnostics.tail_tol's default 1e-6, so a run past the
+# resolution threshold still disagrees with a resolved one.
+TAIL_SCALE = TAIL_ROUND_OFF_EPS / ROUND_OFF_EPS
 
 
 def _round_off_scale(run: xr.Dataset, name: str, values: np.ndarray) -> float:

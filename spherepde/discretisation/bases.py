@@ -44,6 +44,11 @@ from spherepde.discretisation.transforms.fourier import FourierTransform
 from spherepde.discretisation.transforms.legendre import dealiased_gauss_latitudes, gauss_legendre
 from spherepde.geometry.ambient import inner
 
+# A spectral tail is a ratio of norms whose top-degree coefficients are rounded at the norm's scale: float32 runs of
+# densities whose float64 tails are 1e-15 to 1e-17 read 2e-9 to 8e-8 (0.7 of an epsilon, lmax 16-96, S^1 and S^2).
+# Tails are resolved to round-off below this many epsilons of their dtype (9.5e-7 in float32, 1.8e-15 in float64).
+TAIL_ROUND_OFF_EPS = 8
+
 
 class _SpectralBasis:
     """What S^1 and S^2 share once their transforms and frames are defined."""
