@@ -140,4 +140,5 @@ def _interaction_weight(kernel: str, beta: float, B: np.ndarray, V: np.ndarray) 
 
 LABEL = ("eps * entropy + U, the free energy the flow dissipates where one exists (spherepde/model/energy.py): "
          "U = -1/2 <M, V M> at beta B = 0 (V symmetric), (c / beta) * interaction_energy for the unnormalized "
-         "kernel with V = c B, B symmetric; NaN where no U exists (softmax at beta > 0, beta = inf, other V)")
+         "kernel with V = c B, B symmetric, 0 at V = 0 (any kernel); NaN where no U exists (softmax at beta > 0, "
+         "beta = inf, other V)")
