@@ -203,6 +203,21 @@ def test_compare_an_eulerian_run_with_itself_and_a_coarser_one(tmp_path):
     assert 0.04 < float(report["w2"][0]) <= float(report["w2_bound"][0])
 
 
+def test_the_report_names_the_problem_keys_in_which_the_two_cases_differ():
+    """Two runs of different problems (eps 0.1 and 0.2) are compared as any two runs, and the report says in which
+    keys of the model, start or training their cases differ (it said nothing: the verdicts read as one case solved
+    two ways); runs of one problem on two grids and time steps name none."""
+    case = make_case(3, 8, model={"beta": 2.0, "eps": 0.1}, time={"t_end": 0.2, "dt": 0.05, "save_every": 0.1})
+    first = spherepde.run(case, progress=False)
+    other = spherepde.run(case.with_overrides(["model.eps=0.2", "initial.kappa=3.0"]), progress=False)
+    lines = compare(first, other, w2=False).attrs["report"].splitlines()
+    assert [line for line in lines if line.startswith("cases:")] == [
+        "cases: A and B differ in initial.kappa (1.0 vs 3.0), model.eps (0.1 vs 0.2): the verdicts say whether two "
+        "problems give the same values, not whether one problem is solved alike"]
+    finer = spherepde.run(case.with_overrides(["sphere.lmax=10", "time.dt=0.025"]), progress=False)
+    assert not any(line.startswith("cases:") for line in compare(first, finer, w2=False).attrs["report"].splitlines())
+
+
 def test_a_float32_run_agrees_with_its_float64_run_to_its_round_off():
     """Both exact (standard errors 0): a float32 run's differences from the float64 run (up to 2e-6 relative) read
     as |z| = inf against atol = 1e-9 alone; within 64 float32 epsilons of max |A| they agree (a mean's component

@@ -47,7 +47,7 @@ import numpy as np
 import xarray as xr
 from scipy.special import erfc, stdtr
 
-from spherepde.analysis.diagnostic_panels import spans_a_decade
+from spherepde.analysis.diagnostic_panels import _case, spans_a_decade
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
 from spherepde.discretisation.bases import TAIL_ROUND_OFF_EPS, gauss_cell_radius
@@ -278,6 +278,27 @@ def _round_off_scale(run: xr.Dataset, name: str, values: np.ndarray) -> float:
     return scale
 
 
+# The sections of a case that state the problem (the model, its start, its training); the others say how it is
+# solved (grid, steps, solver, particles), for how long, or what is recorded.
+PROBLEM_SECTIONS = ("model", "initial", "control")
+
+
+def problem_differences(a: xr.Dataset, b: xr.Dataset) -> list[str]:
+    """The keys of PROBLEM_SECTIONS whose values differ between the two runs' stored cases, as "key (A vs B)": where
+    there are some, the runs are two problems, not one solved two ways."""
+    case_a, case_b = _case(a), _case(b)
+    keys = sorted({(section, key) for case in (case_a, case_b) for section in PROBLEM_SECTIONS
+                   for key in case.get(section, {})})
+
+    def value(case, section, key) -> str:
+        text = str(case.get(section, {}).get(key, "absent"))
+        return text if len(text) <= 40 else text[:37] + "..."
+
+    return [f"{section}.{key} ({value(case_a, section, key)} vs {value(case_b, section, key)})"
+            for section, key in keys if case_a and case_b
+            and case_a.get(section, {}).get(key) != case_b.get(section, {}).get(key)]
+
+
 def check_options(k: float, atol: float, atoms: int) -> None:
     """A one-line CaseError naming the first of compare's options out of its range."""
     from spherepde.io.case_schema import ATOMS_BELOW
@@ -406,6 +427,10 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
                   f"(t <= {run['time'].values[-1]:g})"
                   for label, run in (("A", a), ("B", b)) if run.attrs.get("status", "completed") != "completed"]
     attrs["failed"] = "\n".join(unfinished)  # shown in the report's figure too
+    differences = problem_differences(a, b)
+    if differences:
+        lines.append(f"cases: A and B differ in {', '.join(differences)}: the verdicts say whether two problems give "
+                     "the same values, not whether one problem is solved alike")
     for label, run in zip("AB", (a, b)):
         if int(run.attrs.get("replicas", 0)) == 1 and int(run.attrs.get("n", 0)) > 1:
             lines.append(f"{label}: its standard errors are the i.i.d. formulas of one system of n = "
