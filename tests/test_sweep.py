@@ -89,7 +89,7 @@ def test_by_parameters_of_a_sweep_of_one_key(tmp_path):
                                   combined["order_parameter"].isel(member=index).values)
 
 
-def test_a_sweep_with_a_failed_member_says_so_in_its_status(local_sweep, tmp_path):
+def test_a_sweep_with_a_failed_member_says_so_in_its_status(local_sweep, tmp_path, capsys):
     # the members' statuses differ, and the combined file dropped the attribute (info showed "status None")
     with xr.open_dataset(local_sweep[1] / "sweep.nc") as combined:
         assert combined.attrs["status"] == "completed"
@@ -103,6 +103,15 @@ def test_a_sweep_with_a_failed_member_says_so_in_its_status(local_sweep, tmp_pat
         assert combined["member_status"].values[0] == "completed"
         assert combined["member_status"].values[1].startswith("failed")
         assert "take time.dt below" in combined["member_status"].values[1]  # the serial run's advice, kept
+        failed = combined["order_parameter"].isel(member=1).dropna("time")
+        last, end = float(failed["time"][-1]), float(combined["time"][-1])
+    # info's column of final order parameters gives the failed member's last good one at its own time (it stood
+    # beside the others' values at t_end unmarked)
+    capsys.readouterr()
+    assert main(["info", str(output / "sweep.nc")]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith(("0 ", "1 "))]
+    assert last < end and f"{float(failed[-1]):.8g} at t = {last:.6g}" in " ".join(rows[1])
+    assert "at t =" not in " ".join(rows[0])
 
 
 def test_swept_integers_stay_integers_and_mixed_numbers_are_floats():

@@ -270,13 +270,19 @@ def _training_lines(dataset) -> list[str]:
 
 
 def _member_lines(dataset) -> list[str]:
-    """A sweep file: one line per member with its swept values, status and final order parameter."""
+    """A sweep file: one line per member with its swept values, status and final order parameter (a member whose
+    saves end earlier, failed: with the time of its last)."""
     swept = [name for name in dataset.coords if dataset[name].dims == ("member",) and name != "member"]
     lines = ["  " + " ".join(f"{name:>14}" for name in ["member", *swept, "order_parameter"]) + " status"]
+    end = dataset["time"].values[-1]
     for i in range(dataset.sizes["member"]):
-        final = dataset["order_parameter"].isel(member=i).dropna("time").values if "order_parameter" in dataset else []
+        final = dataset["order_parameter"].isel(member=i).dropna("time") if "order_parameter" in dataset else []
         cells = [str(int(dataset["member"].values[i]))] + [f"{dataset[name].values[i]}" for name in swept]
-        cells.append(f"{final[-1]:.8g}" if len(final) else "-")
+        if len(final):
+            last = final["time"].values[-1]
+            cells.append(f"{final.values[-1]:.8g}" + (f" at t = {last:.6g}" if last < end else ""))
+        else:
+            cells.append("-")
         status = dataset["member_status"].values[i] if "member_status" in dataset else "-"
         lines.append("  " + " ".join(f"{cell:>14}" for cell in cells) + f" {status}")
     if "loss" in dataset:  # a sweep of trainings: each member's course
