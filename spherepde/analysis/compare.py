@@ -287,6 +287,8 @@ def problem_differences(a: xr.Dataset, b: xr.Dataset) -> list[str]:
     """The keys of PROBLEM_SECTIONS whose values differ between the two runs' stored cases, as "key (A vs B)": where
     there are some, the runs are two problems, not one solved two ways."""
     case_a, case_b = _case(a), _case(b)
+    if not (case_a and case_b):  # a file without its case (not written by spherepde run): nothing to tell
+        return []
     keys = sorted({(section, key) for case in (case_a, case_b) for section in PROBLEM_SECTIONS
                    for key in case.get(section, {})})
 
@@ -295,8 +297,7 @@ def problem_differences(a: xr.Dataset, b: xr.Dataset) -> list[str]:
         return text if len(text) <= 40 else text[:37] + "..."
 
     return [f"{section}.{key} ({value(case_a, section, key)} vs {value(case_b, section, key)})"
-            for section, key in keys if case_a and case_b
-            and case_a.get(section, {}).get(key) != case_b.get(section, {}).get(key)]
+            for section, key in keys if case_a.get(section, {}).get(key) != case_b.get(section, {}).get(key)]
 
 
 def check_options(k: float, atol: float, atoms: int) -> None:
