@@ -9,8 +9,9 @@ The velocity is spherepde.model.heads's drift at the grid points, in the tangent
 v_k = <e_k, u> (the frame is tangent, so P_x drops out), with the masses q_j = w_j rho(y_j) of the grid; the
 divergence is the basis's weak form, so that mass is conserved to round-off as on the seeds' paths.  The
 transpose of an evaluation is torch autograd of that one evaluation (the dense attention is differentiable in
-every parameter, and its graph lives for one stage): exact to round-off, as the hand-written transposes of
-spherepde.model.transport are.
+every parameter, and its graph lives for one stage; on the shtns backend, whose transforms autograd does not see,
+the basis's transposes of the transforms around autograd of the flux): exact to round-off, as the hand-written
+transposes of spherepde.model.transport are.
 """
 
 import math
@@ -53,9 +54,13 @@ class LayeredTransport:
     def velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rho (M, P), v (M, K, P)) of the state."""
         rho = self.basis.synthesis(complex_state(state, self.coefficient_shape)).reshape(state.shape[0], -1)
+        return rho, self.grid_velocity(rho, drive)
+
+    def grid_velocity(self, rho: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
+        """v (M, K, P) of the grid densities rho (M, P)."""
         u = drift(self.layout, self.layout.unpack(drive), self.points, self.points, rho * self.weights, rho,
                   self.chunk)
-        return rho, torch.einsum("kpi,mpi->mkp", self.frame, u)
+        return torch.einsum("kpi,mpi->mkp", self.frame, u)
 
     def __call__(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
         """-div(rho v) (M, N)."""
@@ -64,11 +69,30 @@ class LayeredTransport:
         return real_state(-self.basis.divergence_frame(flux))
 
     def vjp(self, state: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(state_bar, drive_bar): the cotangents of the state and of theta_l for the cotangent b (M, N) of the rate."""
+        """(state_bar, drive_bar): the cotangents of the state and of theta_l for the cotangent b (M, N) of the rate:
+        torch autograd of the evaluation, or, where the basis's transforms are not torch's (the shtns backend's are
+        numpy's: autograd's graph would end at them), `transposed_flux`."""
+        if self.basis.backend == "shtns":
+            return self.transposed_flux(state, drive, b)
         with torch.enable_grad():
             state, drive = state.detach().requires_grad_(True), drive.detach().requires_grad_(True)
             state_bar, drive_bar = torch.autograd.grad(self(state, drive), (state, drive), b)
         return state_bar, drive_bar
+
+    def transposed_flux(self, state: torch.Tensor, drive: torch.Tensor,
+                        b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`vjp` with the transforms transposed by the basis (divergence_adjoint, synthesis_adjoint, as
+        Transport.vjp does) and autograd of the flux rho v on the grid alone between them."""
+        members = state.shape[0]
+        rho = self.basis.synthesis(complex_state(state, self.coefficient_shape)).reshape(members, -1)
+        flux_bar = -self.basis.divergence_adjoint(complex_state(b, self.coefficient_shape)).reshape(
+            (members, -1, rho.shape[1]))
+        with torch.enable_grad():
+            rho, drive = rho.detach().requires_grad_(True), drive.detach().requires_grad_(True)
+            flux = rho[:, None] * self.grid_velocity(rho, drive)
+            rho_bar, drive_bar = torch.autograd.grad(flux, (rho, drive), flux_bar)
+        state_bar = self.basis.synthesis_adjoint(rho_bar.reshape((members,) + self.grid_shape))
+        return real_state(state_bar), drive_bar
 
     def rate_token(self, state: torch.Tensor, drive: torch.Tensor, rows: bool = True) -> tuple[torch.Tensor,
                                                                                               torch.Tensor]:
