@@ -57,7 +57,9 @@ class Recorder(RunRecord):
         self.tail_tol = max(diagnostics["tail_tol"], TAIL_ROUND_OFF_EPS * torch.finfo(basis.placement.real).eps)
         self.densities = []
         self.resolved_until = None
-        self.steps = 0
+        self.steps = self.steps_at_save = 0
+        # the filter's factor F_l of each coefficient (*coeff), None without one (solver.filter_order = 0)
+        self.filter = None if problem.filter is None else problem.filter.reshape(basis.degree.shape + (2,))[..., 0]
         if self.fixed_attention:
             seeds = problem.layouts[member].seeds_model
             self.free_energy = FreeEnergy.of_model(model, controlled or not seeds,
@@ -97,16 +99,32 @@ class Recorder(RunRecord):
             "free_energy": self.free_energy(entropy, energy, m),
             "min_density": float(density.min()),
             "spectral_tail": float(basis.spectral_tail(c)),
+            "filter_loss": self._filter_loss(c),
         }
         return density, row
 
+    def _filter_loss(self, c: torch.Tensor) -> float:
+        """||(1 - F) c|| / ||c||: the fraction of the L2 norm one step's filter F takes from the state c, 0 without a
+        filter.  spectral_tail is measured after the filter, which empties the top third at every step: this is
+        what the filter removes instead."""
+        if self.filter is None:
+            return 0.0
+        return float(torch.sqrt(self.basis.norm_squared(c - self.filter * c) / self.basis.norm_squared(c)))
+
     def keep(self, t: float, density: np.ndarray, row: dict) -> None:
-        """Append a measured state to the saves, noting when the resolution is first lost."""
-        if row["spectral_tail"] > self.tail_tol and self.resolved_until is None:
+        """Append a measured state to the saves, noting when the resolution is first lost: its spectral tail, or what
+        the filter took from it over the save interval (its steps times `filter_loss`), exceeds the tolerance."""
+        filtered = row["filter_loss"] * (self.steps - self.steps_at_save)
+        self.steps_at_save = self.steps
+        if max(row["spectral_tail"], filtered) > self.tail_tol and self.resolved_until is None:
             self.resolved_until = self.times[-1] if self.times else 0.0
             which = f"after t = {self.resolved_until:.4g}" if self.times else "from the start"
-            message = (f"resolution lost at t = {t:.4g}: spectral tail {row['spectral_tail']:.2e} > "
-                       f"{self._tolerance_name()}; results {which} are under-resolved (increase "
+            tolerance, tail = self._tolerance_name(), row["spectral_tail"]
+            cause = (f"spectral tail {tail:.2e} > {tolerance}" if tail > self.tail_tol else
+                     f"the spectral filter (solver.filter_order = {self.case['solver']['filter_order']}) took "
+                     f"{filtered:.2e} of the L2 norm since the last save > {tolerance} (the spectral tail, "
+                     f"measured after the filter, is {tail:.2e})")
+            message = (f"resolution lost at t = {t:.4g}: {cause}; results {which} are under-resolved (increase "
                        "sphere.lmax or add eps)")
             warnings.warn(message, RuntimeWarning, stacklevel=2)
             self.notes.append(message)
@@ -203,4 +221,6 @@ class Recorder(RunRecord):
         recorder.times, recorder.densities, recorder.rows = times, densities, rows
         for key, value in scalars.items():
             setattr(recorder, key, value)
+        # the checkpoint holds the steps to its last knot, a save unless the layers add knots between saves
+        recorder.steps_at_save = recorder.steps
         return recorder
