@@ -77,12 +77,13 @@ def directional_errors(layout, theta, gradient, cost, seed=1) -> dict:
     return errors
 
 
+# the default run keeps one case (3 s); the others (5-12 s each) run with -m slow
 @pytest.mark.parametrize("dim, lmax, heads, hidden, activation, layers", [
-    (2, 10, ("softmax", "unnormalized"), 3, "tanh", 2),
-    (2, 10, ("softmax", "unnormalized", "inf"), 2, "gelu", 3),
-    (2, 10, ("unnormalized",), 0, "tanh", 4),
+    pytest.param(2, 10, ("softmax", "unnormalized"), 3, "tanh", 2, marks=pytest.mark.slow),
+    pytest.param(2, 10, ("softmax", "unnormalized", "inf"), 2, "gelu", 3, marks=pytest.mark.slow),
+    pytest.param(2, 10, ("unnormalized",), 0, "tanh", 4, marks=pytest.mark.slow),
     (2, 10, ("softmax",), 3, "softplus", 1),
-    (3, 6, ("softmax", "inf"), 2, "sigmoid", 2),
+    pytest.param(3, 6, ("softmax", "inf"), 2, "sigmoid", 2, marks=pytest.mark.slow),
 ])
 def test_the_discrete_and_continuous_gradients_of_every_group_are_central_differences(dim, lmax, heads, hidden,
                                                                                      activation, layers):

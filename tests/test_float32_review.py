@@ -82,7 +82,8 @@ def test_float32_tokens_stay_on_the_sphere_and_near_the_float64_tokens(mode):
     assert np.abs(single[-1] - single[0]).max() > 1e-2  # the tokens moved
 
 
-@pytest.mark.parametrize("gradient", ["discrete", "continuous"])
+# the continuous gradient (8 s) runs with -m slow
+@pytest.mark.parametrize("gradient", ["discrete", pytest.param("continuous", marks=pytest.mark.slow)])
 def test_a_float32_gradient_is_the_float64_one_to_its_round_off(gradient):
     """One gradient step from W = 0 at learning rate 1 stores W = -dJ/dW: 200 forward and 200 adjoint steps, so
     within 400 u relative (2.4e-5; measured 6e-6) of the float64 gradient."""
