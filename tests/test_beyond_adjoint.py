@@ -144,6 +144,7 @@ BEYOND = {"feed_forward": "mlp", "hidden": 3, "b": [0.1, -0.2, 0.05], "W2": [[0.
 TRAIN = {"train": ["W", "B", "V"], "lambda_reg": {"W": 0.01, "B": 0.02, "V": 0.03}}
 
 
+@pytest.mark.slow  # 20 s a case; the default run checks the continuous gradient in test_beyond_gradients_review.py
 @pytest.mark.parametrize("kernel, scheme, order", [("unnormalized", "imex-ark436", 4), ("softmax", "imex-ars443", 3)])
 def test_continuous_gradient_converges_to_the_discrete_one_at_the_scheme_order(kernel, scheme, order):
     """dJ/dB, dJ/dV and the FFN's gradient: continuous against discrete as dt halves (0.05, 0.025, 0.0125; S^1,
@@ -182,6 +183,7 @@ def test_the_gradient_at_B_zero_matches_central_differences(kernel):
     assert float((gradient - differences).norm() / differences.norm()) <= 1e-6
 
 
+@pytest.mark.slow  # 24 s
 def test_a_training_with_the_continuous_gradient_follows_the_discrete_one():
     """control.gradient = "continuous" trains the general model: 3 gradient-descent steps (rate lr) from the
     case's theta_0 with either gradient.  Their iterates differ by delta_K <= lr sum_k |e_k| (1 + lr Lip)^(K - k),
