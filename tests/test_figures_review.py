@@ -111,8 +111,7 @@ def test_s2_snapshot_titles_are_the_saved_times(mixture, tmp_path):
 def test_a_failure_is_summarised_at_the_time_of_its_last_good_save():
     """info's and the figures' title line names the last good save's time as the labels do (6 digits): at 4 a
     failure after the save at t = 1.03125 (save_every 1/32) read "t = 1.031"."""
-    from spherepde.analysis.diagnostic_panels import time_text
-    from spherepde.io.output import failure_summary
+    from spherepde.io.output import failure_summary, time_text
 
     summary = failure_summary("eulerian", 1.03125)
     assert summary == "eulerian run FAILED (its saves end at t = 1.03125, its last good state)"

@@ -16,7 +16,7 @@ import tomllib
 
 import numpy as np
 
-from spherepde.io.output import BOTH_PREFIX, failed_parts
+from spherepde.io.output import BOTH_PREFIX, failed_parts, time_text
 
 # (title, variables, y scale): one panel each; "mass drift" is |mass - mass(0)|.  The physics first; the checks of
 # the numerics (NUMERICS) in a lower row of their own, so that they never take a physics panel's place.
@@ -47,13 +47,6 @@ def _case_of(text: str) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError:
         return {}
-
-
-def time_text(t: float) -> str:
-    """A saved time as the figures write it: to 6 significant digits, the save's own time (at 3, the profile of the
-    save at t = 1.125 was labelled "t = 1.12" and one at 119.5 "t = 120"), without the round-off of k save_every
-    (0.30000000000000004 reads "0.3")."""
-    return f"{t:.6g}"
 
 
 def _mark_failures(axis, dataset, vertical: bool = True) -> None:

@@ -39,11 +39,10 @@ from spherepde.analysis.diagnostic_panels import (  # noqa: E402
     _filled_axes,
     _mark_failures,
     panel_rows,
-    time_text,
 )
 from spherepde.analysis.sphere_view import CMAP, SphereView, _final_mean, _has_density, drawn  # noqa: E402
 from spherepde.base.errors import CaseError  # noqa: E402
-from spherepde.io.output import check_folder, failed_parts, failure_summary, make_folders  # noqa: E402
+from spherepde.io.output import check_folder, failed_parts, failure_summary, make_folders, time_text  # noqa: E402
 from spherepde.io.summary import open_result, reading  # noqa: E402
 
 PROJECTIONS = ("orthographic", "mollweide")  # the first the default

@@ -210,9 +210,16 @@ def failed_parts(dataset: xr.Dataset) -> list[tuple[str, str, float | None]]:
     return failed
 
 
+def time_text(t: float) -> str:
+    """A saved time as `info` and the figures write it: to 6 significant digits, the save's own time (at 3, the
+    profile of the save at t = 1.125 was labelled "t = 1.12" and one at 119.5 "t = 120"), without the round-off of
+    k save_every (0.30000000000000004 reads "0.3")."""
+    return f"{t:.6g}"
+
+
 def failure_summary(which: str, last_good: float | None) -> str:
     """One of `failed_parts` in words, as `info` and the figures show it."""
-    kept = "no save kept" if last_good is None else f"its saves end at t = {last_good:.6g}, its last good state"
+    kept = "no save kept" if last_good is None else f"its saves end at t = {time_text(last_good)}, its last good state"
     return f"{which} run FAILED ({kept})"
 
 
