@@ -241,6 +241,18 @@ def test_polarisation_threshold_is_i1_for_the_isotropic_kernel_and_bounds_the_po
     assert circle_order_parameter(circle_gibbs_state(A, 0.01, even=False)) == pytest.approx(0.99814, abs=1e-5)
 
 
+def test_polarisation_threshold_beyond_the_first_bracket_and_without_a_pitchfork():
+    """B = 8 I: eps_c = I_1(8) = 399.9, far above 5 max|B_ij| (the fixed bracket it was sought in, which made brentq
+    raise "f(a) and f(b) must have different signs" from c = 6 on).  B = -I: sinh(<x, B y>) is negative
+    semidefinite, so the even state is stable at every eps: 0.0 (it raised too).  B = diag(1, -1): the positive
+    direction alone polarises, at I_1(1) as for B = I."""
+    from scipy.special import iv
+
+    assert polarisation_threshold(8 * np.eye(2)) == pytest.approx(float(iv(1, 8.0)), rel=1e-9)
+    assert polarisation_threshold(-np.eye(2)) == 0.0
+    assert polarisation_threshold(np.diag([1.0, -1.0])) == pytest.approx(float(iv(1, 1.0)), rel=1e-9)
+
+
 def test_circle_gibbs_state_is_the_spectral_gibbs_minimum():
     """The grid fixed point of `circle_gibbs_state` and `gibbs_minimum` on the spectral S^1 basis (eps = 0.1, the
     seed's A): the same order parameter."""

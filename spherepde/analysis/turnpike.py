@@ -378,7 +378,10 @@ def polarisation_threshold(B, points: int = 256) -> float:
     the even high-noise state rho_e is stable against odd perturbations s (s(-x) = -s(x), mass-neutral) while
     <s, H s> = eps int s^2 / rho_e - int int exp(<x, B y>) s s >= 0, i.e. while eps >= the largest odd eigenvalue of
     sqrt(rho_e) T sqrt(rho_e) (T the kernel's integral operator); eps_c solves eps = that eigenvalue (rho_e depends on
-    eps).  For B = I (rho_e uniform, odd eigenfunction cos theta) eps_c = I_1(1) = 0.5652."""
+    eps).  For B = c I (rho_e uniform, odd eigenfunction cos theta) eps_c = I_1(c): 0.5652 at c = 1.  0.0 where the
+    even state is stable at every eps from 5 max|B_ij| down to max|B_ij| / 100 (below, the grid does not resolve
+    rho_e): for B negative semidefinite at every eps, the odd part sinh(<x, B y>) of the kernel being negative
+    semidefinite (a sum of odd powers of the kernel <x, -B y>)."""
     from scipy.optimize import brentq
 
     kernel = _circle_kernel(B, points)
@@ -389,4 +392,16 @@ def polarisation_threshold(B, points: int = 256) -> float:
         return eps - float(np.linalg.eigvalsh(odd @ (root[:, None] * kernel * root[None, :]) @ odd).max())
 
     scale = float(np.abs(np.asarray(B, dtype=float)).max())
-    return brentq(excess, 0.05 * scale, 5.0 * scale, xtol=1e-10)
+    if scale == 0:
+        return 0.0
+    # The odd eigenvalue tends to the uniform state's as eps grows (I_1(c) for B = c I, beyond any fixed bracket at
+    # c >= 6), so the bracket's top end is raised until the even state is stable there.
+    high = 5.0 * scale
+    while excess(high) <= 0:
+        high *= 4
+    low = 0.05 * scale
+    while excess(low) >= 0:
+        if low <= scale / 100:
+            return 0.0
+        low /= 4
+    return brentq(excess, low, high, xtol=1e-10)
