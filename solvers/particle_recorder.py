@@ -45,6 +45,7 @@ class ParticleRecorder(RunRecord):
       interaction_energy: the U-statistic -1/(2 n (n-1)) sum_{i != j} k(x_i, x_j) (unbiased
         for independent particles), SE by Hoeffding's projection: std(g) / sqrt(n) with
         g_i = (1/(n-1)) sum_{j != i} (k(x_i, x_j) + k(x_j, x_i)) / 2;
+      at n = 2 the last two read 0 whatever the pair (g_1 = g_2; x_i - m orthogonal to m): NaN there;
       mass: exactly 1, SE 0.
     They hold for independent particles (t = 0: measured on vMF draws on S^1 and S^2, n = 100, 4000 draws, the
     spread over the RMS error 0.97-1.01 +- 0.011), except that the Hoeffding projection (as the delta method of the
@@ -126,7 +127,9 @@ class ParticleRecorder(RunRecord):
         r = float(np.linalg.norm(m))
         row["order_parameter"] = r
         direction = m / r if r > 0 else np.zeros_like(m)
-        errors["order_parameter"] = mean_and_error(points @ direction)[1]
+        # Two tokens: x_1 - m and x_2 - m are orthogonal to m (|x_1| = |x_2|), so the delta method reads 0 whatever
+        # their spread; it estimates nothing there
+        errors["order_parameter"] = mean_and_error(points @ direction)[1] if n > 2 else math.nan
         for name, subspace in (("alignment_E", self.subspace_E), ("alignment_F", self.subspace_F)):
             if subspace is None:
                 row[name], errors[name] = math.nan, math.nan
@@ -219,6 +222,8 @@ class ParticleRecorder(RunRecord):
         log_g = (torch.cat(sums) - math.log(n - 1)).cpu().double().numpy()
         shift = log_g.max()
         value, error = mean_and_error(np.exp(log_g - shift))
+        if n == 2:  # g_1 = g_2 = k(x_1, x_2): the projection reads 0 whatever the pair's spread
+            error = math.nan
         with np.errstate(over="ignore"):
             return float(-0.5 * value * np.exp(shift)), float(error * np.exp(shift))
 

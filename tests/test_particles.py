@@ -403,6 +403,31 @@ def test_same_seed_same_run_bit_for_bit():
 # --- closed forms ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_delta_method_and_hoeffding_errors_of_a_few_tokens(n):
+    """n = 3: the order parameter's error is std(<x_i, m / |m|>) / sqrt(n) and the interaction energy's
+    std(g) / sqrt(n), g_i = (1 / (n - 1)) sum_{j != i} k(x_i, x_j), both computed here from the tokens.  n = 2:
+    both read 0 whatever the pair (x_i - m is orthogonal to m, g_1 = g_2), which a comparison took for an exact
+    value; they are NaN, the mean's error (which the pair does estimate) as at any n."""
+    beta = 1.5
+    case = particle_case(2, n, model={"kernel": "unnormalized", "beta": beta}, initial={"kind": "uniform"},
+                         time={"t_end": 0.1, "dt": 0.1, "save_every": 0.1}, diagnostics={"w2": False},
+                         particles={"save": n})
+    dataset = run_particles(case)
+    x = dataset["particles"].values[0]
+    m = x.mean(0)
+    assert np.allclose(dataset["mean_stderr"].values[0], x.std(0, ddof=1) / math.sqrt(n), rtol=1e-12)
+    k = np.exp(beta * x @ x.T)
+    g = (k.sum(1) - np.diag(k)) / (n - 1)
+    assert float(dataset["interaction_energy"][0]) == pytest.approx(-0.5 * g.mean(), rel=1e-12)
+    errors = [float(dataset[f"{name}_stderr"][0]) for name in ("order_parameter", "interaction_energy")]
+    if n == 2:
+        assert np.isnan(errors).all()
+    else:
+        expected = [(x @ (m / np.linalg.norm(m))).std(ddof=1) / math.sqrt(n), g.std(ddof=1) / math.sqrt(n)]
+        assert errors == pytest.approx(expected, rel=1e-12) and min(expected) > 1e-3
+
+
 @pytest.mark.parametrize("dim, beta", [(2, 1.5), (3, 2.0)])
 def test_interaction_energy_of_uniform_tokens(dim, beta):
     """-1/2 int int exp(beta <x, y>) for uniform x, y: -I_0(beta)/2 (S^1), -sinh(beta)/(2 beta) (S^2)."""
