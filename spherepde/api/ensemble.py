@@ -46,13 +46,18 @@ MEMBER_KEYS = {
 }
 
 
+def shared_keys(case: Case) -> dict:
+    """The case without its member keys (MEMBER_KEYS): the sections and keys every member of a batch gives alike."""
+    return {section: {key: value for key, value in values.items()
+                      if MEMBER_KEYS.get(section, set()) is not None and key not in MEMBER_KEYS.get(section, set())}
+            for section, values in case.data.items()}
+
+
 def batch_key(case: Case, index: int) -> tuple:
     """What every member of a batch shares: the case without its member keys, and what those keys imply."""
     from spherepde.discretisation.timesteppers import choose_scheme
 
-    shared = {section: {key: value for key, value in values.items()
-                        if MEMBER_KEYS.get(section, set()) is not None and key not in MEMBER_KEYS.get(section, set())}
-              for section, values in case.data.items()}
+    shared = shared_keys(case)
     model, method = case["model"], case["solver"]["method"]
     scheme = choose_scheme(case["time"]["scheme"], model["eps"]) if method != "particles" else None
     layout = layout_of(case)
@@ -98,11 +103,12 @@ def batches(cases: list, largest: int | None = None) -> list:
 
 
 def run_batch(cases: list, progress: bool | None = None) -> list:
-    """Run the members `cases` (one batch of `batches`) together; per member its Dataset, or the NumericalFailure
-    or CaseError that ended it (a CaseError of the batch's setup: each member then alone, so that it is the bad
-    members' own, naming the case file)."""
+    """Run the members `cases` (one batch of `batches`, else a ValueError) together; per member its Dataset, or the
+    NumericalFailure or CaseError that ended it (a CaseError of the batch's setup: each member then alone, so that it
+    is the bad members' own, naming the case file)."""
     try:
         cases = [member.checked() for member in cases]  # as spherepde.run: a member's edits in place applied
+        check_one_batch(cases)
         case = cases[0]
         method = case["solver"]["method"]
         if case["control"]:
@@ -129,6 +135,24 @@ def run_batch(cases: list, progress: bool | None = None) -> list:
         if len(cases) > 1:  # one bad member fails the batch's setup: which one(s)
             return [outcome for member in cases for outcome in run_batch([member], progress)]
         return [cases[0].named(error)]
+
+
+def check_one_batch(cases: list) -> None:
+    """A ValueError where `cases` are not one batch of `batches`, naming a shared key they differ in.  The programs
+    take the shared keys from the first member: a second member of another time.t_end, time.dt or sphere.lmax ran
+    with the first's, its Dataset holding the first's saves under its own case attribute."""
+    groups = batches(cases)
+    if len(groups) == 1:
+        return
+    first, other = groups[0][0], groups[1][0]
+    a, b = shared_keys(cases[first]), shared_keys(cases[other])
+    differing = [f"{section}.{key}" for section in a for key in {**a[section], **b.get(section, {})}
+                 if a[section].get(key) != b.get(section, {}).get(key)]
+    why = (f"they differ in {', '.join(differing)}" if differing else
+           "what their member keys imply differs (the time scheme, an infinite beta, noise, the particles' sums, a "
+           "CFL-stepped particle run, which runs alone, or solver.method = 'both')")
+    raise ValueError(f"run_batch: cases {first} and {other} cannot run as one batch: {why}; group them with "
+                     f"spherepde.api.ensemble.batches(cases) and run each group")
 
 
 def _outcome(solve):
