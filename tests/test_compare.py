@@ -260,6 +260,10 @@ def test_measure_of_a_particle_and_a_sphere_dataset():
     assert np.allclose(masses @ points, eulerian["mean"].values[0], atol=1e-12)
     points, masses, bound = measure(particles, 1, "B")
     assert points.shape == (50, 3) and np.all(masses == 1 / 50) and bound == 0
+    # each half titled as its solver alone titles it (both kept the combined run's title)
+    for run, solver in ((eulerian, "eulerian"), (particles, "particles")):
+        assert run.attrs["solver"] == solver
+        assert run.attrs["title"] == f"spherepde {solver} run of case '{case.name}'"
 
 
 def test_the_python_api_refuses_what_the_command_line_refuses():

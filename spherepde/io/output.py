@@ -178,6 +178,8 @@ def split_both(dataset: xr.Dataset) -> tuple[xr.Dataset, xr.Dataset]:
     eulerian = dataset.drop_vars(particle_names + [name for name in ("particle",) if name in dataset.coords])
     eulerian.attrs = {key: value for key, value in dataset.attrs.items() if not key.startswith(BOTH_PREFIX)}
     eulerian.attrs["solver"] = "eulerian"
+    for run in (eulerian, particles):
+        run.attrs["title"] = run.attrs["title"].replace("eulerian and particles runs", f"{run.attrs['solver']} run")
     return own_saves(eulerian), own_saves(particles)
 
 
