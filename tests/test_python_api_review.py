@@ -35,3 +35,12 @@ def test_a_batch_gives_each_member_its_serial_run():
         theta, mass = batched["theta"].values, batched["density"].values * batched["cell_area"].values
         mean = np.stack([mass @ np.cos(theta), mass @ np.sin(theta)], axis=-1)
         np.testing.assert_allclose(batched["order_parameter"].values, np.linalg.norm(mean, axis=-1), atol=1e-14)
+
+
+@pytest.mark.parametrize("keyword, value, named", [("checkpoint", "run.ckpt", "checkpoint is a"),
+                                                   ("progress", "yes", "progress is True, False or None")])
+def test_run_refuses_arguments_of_another_kind_before_any_work(keyword, value, named):
+    """A path for `checkpoint` ran the case and then failed with "'str' object has no attribute 'resume'"; a
+    string for `progress` was taken as true."""
+    with pytest.raises(TypeError, match=named):
+        spherepde.run(spherepde.load_case(KURAMOTO, SHORT), **{keyword: value})

@@ -40,6 +40,11 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     if not isinstance(case, Case):
         raise TypeError(f"spherepde.run takes a Case (spherepde.load_case(path), spherepde.load_case_text or "
                         f"spherepde.io.case.case_from_dict), got {type(case).__name__}")
+    if progress is not None and not isinstance(progress, bool):
+        raise TypeError(f"spherepde.run: progress is True, False or None, got {progress!r}")
+    if checkpoint is not None and not hasattr(checkpoint, "resume"):
+        raise TypeError(f"spherepde.run: checkpoint is a solvers.checkpoint.Checkpoint or None, got "
+                        f"{type(checkpoint).__name__} (Checkpoint(output_path, every_steps, every_minutes, resume))")
     case = case.checked()  # a case's edits in place applied as --set would apply them (a bad one refused)
     with case.naming_errors():
         check_memory(case)  # for the API: the command line has checked it already, before taking the lock
