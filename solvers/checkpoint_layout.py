@@ -74,7 +74,8 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
          "(sphere.lmax, solver.dtype)"),
         (lambda: bool(torch.isfinite(torch.view_as_real(c)).all()), "holds coefficients that are not all finite"),
         (lambda: _recorder_layout(state.get("recorder"), t),
-         "holds recorder scalars (steps, wall_seconds, w2_error_bound, resolved_until, notes) unlike a run's"),
+         "holds recorder scalars (steps, steps_at_save, wall_seconds, w2_error_bound, resolved_until, notes) unlike a "
+         "run's"),
         (lambda: is_int(state.get("steps")) and state["steps"] == state["recorder"]["steps"] + substep,
          "holds a step count other than its recorder's plus its steps into the interval"),
     ]
@@ -86,11 +87,12 @@ def eulerian_problem(state: dict, state_path: str, segments: list[tuple[str, xr.
 
 def _recorder_layout(recorder, t) -> bool:
     """Whether `recorder` is the scalars Recorder.checkpoint_state stores."""
-    if not isinstance(recorder, dict) or set(recorder) != {"steps", "wall_seconds", "w2_error_bound",
+    if not isinstance(recorder, dict) or set(recorder) != {"steps", "steps_at_save", "wall_seconds", "w2_error_bound",
                                                            "resolved_until", "notes"}:
         return False
     until = recorder["resolved_until"]
     return (is_int(recorder["steps"]) and recorder["steps"] >= 0
+            and is_int(recorder["steps_at_save"]) and 0 <= recorder["steps_at_save"] <= recorder["steps"]
             and _is_real(recorder["wall_seconds"]) and recorder["wall_seconds"] >= 0
             and _is_real(recorder["w2_error_bound"]) and recorder["w2_error_bound"] >= 0
             and (until is None or (_is_real(until) and _is_real(t) and 0 <= until <= t))

@@ -205,7 +205,8 @@ class Recorder(RunRecord):
         return {"case": self.case.text, "t": plan.interval.t0 + substep * dt, "t_end": timing["t_end"],
                 "steps": self.steps + substep, "c": c.cpu().clone(), "interval": plan.interval.index,
                 "substep": substep, "dt": dt, "substeps": int(plan.steps[0]),
-                "recorder": {"steps": self.steps, "wall_seconds": float(self.wall_seconds),
+                "recorder": {"steps": self.steps, "steps_at_save": self.steps_at_save,
+                             "wall_seconds": float(self.wall_seconds),
                              "w2_error_bound": float(self.w2_error_bound), "resolved_until": resolved_until,
                              "notes": list(self.notes)}}
 
@@ -219,8 +220,8 @@ class Recorder(RunRecord):
                 for segment in segments for i in range(segment.sizes["time"])]
         recorder = cls(problem, 0, densities[0])
         recorder.times, recorder.densities, recorder.rows = times, densities, rows
+        # steps_at_save is stored, not taken as `steps`: the steps to the last knot, which the layers may put after the
+        # last save, and the filter's loss since that save (`keep`) then counted only the steps after the knot
         for key, value in scalars.items():
             setattr(recorder, key, value)
-        # the checkpoint holds the steps to its last knot, a save unless the layers add knots between saves
-        recorder.steps_at_save = recorder.steps
         return recorder

@@ -1,11 +1,16 @@
-"""Review of long trainings: a resumed training whose optimizer leaves the stored path (round-off on another
-machine) keeps checkpointing every --checkpoint-steps evaluations and names the first evaluation it made again."""
+"""Review of long runs: a resumed training whose optimizer leaves the stored path (round-off on another machine) keeps
+checkpointing every --checkpoint-steps evaluations and names the first evaluation it made again; a filtered run with a
+W per layer resumed after a layer boundary reports the resolution loss of the uninterrupted run."""
 
 import json
 import warnings
 
 import numpy as np
+import pytest
 import torch
+import xarray as xr
+from test_cli import SMALL_S1
+from test_resume import assert_same_result, interrupt, run_cli, state_of, write_case
 from test_training import CASE as TRAINING_CASE
 
 import spherepde
@@ -76,3 +81,26 @@ def test_the_note_of_a_training_that_leaves_its_stored_path_names_the_first_eval
     note = ("the resumed training left its stored path at evaluation 3: the 3 stored evaluations from there on were "
             "made again")
     assert [str(w.message) for w in caught] == [note] and journal.notes == [note]
+
+
+@pytest.mark.slow  # three runs: about 4 s
+def test_a_filtered_run_with_a_W_per_layer_resumed_after_a_layer_boundary_loses_its_resolution_where_it_did(
+        tmp_path, capsys):
+    """Three layers' W over t_end = 1.5 (boundaries 0.5, 1.0), saves every 0.4, steps of 0.05, filter_order = 8 and
+    tail_tol = 5e-4: the filter takes 7.18e-5 of the L2 norm a step at t = 0.8, 5.74e-4 over the 8 steps since the save
+    at 0.4, so the run is under-resolved after t = 0.4.  Resumed from its checkpoint at t = 0.6 the steps since that
+    save were counted from the layer boundary 0.5 (6 steps, 4.31e-4) and the file said resolved_until = 0.8."""
+    layers = "W = [[[0.0, -1.0], [1.0, 0.0]], [[0.0, 0.5], [-0.5, 0.0]], [[0.2, 0.0], [0.0, -0.2]]]\n"
+    text = SMALL_S1.replace("eps = 0.1\n", "eps = 0.1\n" + layers).replace("t_end = 0.5", "t_end = 1.5").replace(
+        "save_every = 0.25", "save_every = 0.4") + "filter_order = 8\n[diagnostics]\ntail_tol = 5e-4\n"
+    case = write_case(tmp_path, text)
+    reference, output = tmp_path / "reference.nc", tmp_path / "out.nc"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the resolution loss's
+        assert run_cli(["run", case, "-o", reference, "--quiet"], capsys)[0] == 0
+        interrupt(case, output, checkpoints=4, every_steps=3)
+        assert state_of(output)["t"] == 0.6
+        assert run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)[0] == 0
+    with xr.open_dataset(reference) as uninterrupted, xr.open_dataset(output) as resumed:
+        assert uninterrupted.attrs["resolved_until"] == resumed.attrs["resolved_until"] == 0.4
+    assert_same_result(output, reference)
