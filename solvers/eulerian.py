@@ -27,6 +27,7 @@ from solvers.timegrid import Hooks, Plan, TimeGrid, check_max_steps, fixed_steps
 from spherepde.base.errors import NumericalFailure
 from spherepde.base.progress import Progress
 from spherepde.base.real_view import real_state
+from spherepde.io.output import time_text
 
 MAX_STEPS_PER_SAVE = 1e12  # a CFL step asking for more means the velocity blew up
 # A finite state is no density any more when |rho| exceeds this many times the densest one the grid holds
@@ -107,8 +108,9 @@ def step_plan(problem: ForwardProblem, interval, c: torch.Tensor, a: torch.Tenso
 class ForwardHooks(Hooks):
     """The Eulerian run's saves (one Recorder per member), failures, progress and (one member) checkpoints.
     A failure says when the steps were too long for the explicit transport (ForwardProblem.unstable_steps), found
-    by taking the steps again from the last save every running member passed (`saved`: (state, t), the run's
-    start at first; `since_save`: the plans of the intervals after it) with each layer's drive (`drives`);
+    by taking the steps again from the last save every running member passed (`saved`: (state, t, steps of its
+    interval already taken there, whether it is the checkpoint a resumed run started from), the run's start or its
+    checkpoint at first; `since_save`: the plans of the intervals from it) with each layer's drive (`drives`);
     `timing` holds the case key that set the steps ("dt" or "cfl", with its value); `last_interval` the index of
     the run's last interval (where a checkpoint marked `at_end` is due at the last step)."""
 
@@ -122,8 +124,15 @@ class ForwardHooks(Hooks):
 
     def unstable(self, member: int) -> str | None:
         """ForwardProblem.first_unstable_step of the member since the last save."""
-        return self.problem.first_unstable_step(*self.saved, self.since_save, self.drives, self.step_key, member,
-                                                self.cfl)
+        state, t, done, resumed = self.saved
+        said = self.problem.first_unstable_step(state, t, self.since_save, self.drives, self.step_key, member,
+                                                self.cfl, done)
+        if said is None or not resumed:
+            return said
+        # the checkpoint holds no state at the last save: the steps before it, where the bound may have been passed
+        # first, cannot be taken again
+        return (f"{said} (the steps taken again from the checkpoint at t = {time_text(t)} that the run resumed from: "
+                f"run it again without --resume to find the first step beyond the bound)")
 
     def stop(self, member: int, reason: str, plan: Plan) -> None:
         self.failures[member] = self.recorders[member].failure(reason)
@@ -167,7 +176,7 @@ class ForwardHooks(Hooks):
                 continue
             recorder.keep(interval.t1, density, row)
         if interval.save:
-            self.saved, self.since_save = (state, interval.t1), []
+            self.saved, self.since_save = (state, interval.t1, 0, False), []
         if len(self.recorders) == 1 and not stopped and interval.save:
             row = self.recorders[0].rows[-1]
             self.bar.update(interval.t1, mass=row["mass"], min_density=row["min_density"], tail=row["spectral_tail"])
@@ -204,7 +213,8 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
             recorder.record(0.0, coefficients[m])
         t_start = 0.0
     bar = Progress(timing["t_end"], enabled=progress, start=t_start)
-    hooks = ForwardHooks(problem, recorders, bar, (c, t_start), drives, timing, checkpoint, len(grid.intervals) - 1)
+    hooks = ForwardHooks(problem, recorders, bar, (c, t_start, start[1], t_start > 0), drives, timing, checkpoint,
+                         len(grid.intervals) - 1)
 
     def plan_of(interval, state):
         plan, speeds = step_plan(problem, interval, state, drives[interval.layer], timing)

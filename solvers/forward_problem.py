@@ -172,16 +172,17 @@ class ForwardProblem:
         return sentences
 
     def first_unstable_step(self, state: torch.Tensor, t: float, plans: list, drives: list, key: str,
-                            member: int, cfl: float | None = None) -> str | None:
+                            member: int, cfl: float | None = None, done: int = 0) -> str | None:
         """The sentence of `unstable_steps` for `member` at the first state whose step was beyond the bound, the
-        steps of `plans` (consecutive intervals from `state` at t, each with its layer's drive of `drives`) taken
-        again; None where every step from a finite state was within it.  Finiteness is checked at knots only, and
+        steps of `plans` (consecutive intervals from `state` at t, the first's `done` steps already taken there (a
+        run resumed in mid-interval), each with its layer's drive of `drives`) taken again; None where every step
+        from a finite state was within it.  Finiteness is checked at knots only, and
         max|v| grows between them as the density concentrates, so the state at the last knot alone can lie well
         within the bound (kuramoto-s1 at beta = 4, eps = 0.05, dt = 0.05: 0.99 of it at t = 0, not finite by t = 1).
         All members are stepped (they are independent); on a failure only."""
-        for plan in plans:
+        for index, plan in enumerate(plans):
             drive, factors, dt = drives[plan.interval.layer], self.factors(plan), float(plan.dt[member])
-            for k in range(int(plan.steps[member])):
+            for k in range(done if index == 0 else 0, int(plan.steps[member])):
                 said = self.unstable_steps(state, drive, plan.dt, t, key, cfl)[member]
                 if said is not None or not bool(torch.isfinite(state[member]).all()):
                     return said

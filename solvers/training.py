@@ -307,7 +307,8 @@ def trained_runs(forward: ControlledForward, controls: torch.Tensor, states: tor
     for m, recorder in enumerate(recorders):
         recorder.record(0.0, coefficients[m])
     drives = forward.drives(controls)
-    hooks = ForwardHooks(problem, recorders, Progress(1.0, enabled=False), (states, 0.0), drives, {"dt": forward.dt})
+    hooks = ForwardHooks(problem, recorders, Progress(1.0, enabled=False), (states, 0.0, 0, False), drives,
+                         {"dt": forward.dt})
     current = {}
 
     def begin(plan):

@@ -104,3 +104,23 @@ def test_a_filtered_run_with_a_W_per_layer_resumed_after_a_layer_boundary_loses_
     with xr.open_dataset(reference) as uninterrupted, xr.open_dataset(output) as resumed:
         assert uninterrupted.attrs["resolved_until"] == resumed.attrs["resolved_until"] == 0.4
     assert_same_result(output, reference)
+
+
+def test_a_resumed_run_that_fails_names_the_first_step_beyond_the_bound_after_its_checkpoint(tmp_path, capsys):
+    """kuramoto-s1 at beta = 4, eps = 0.05, lmax 32, dt 0.02: max|v| grows past the transport's bound at t = 0.12
+    (6.55, lmax max|v| dt = 4.19 > 4), and the density is not finite by the save at t = 1.  Resumed from its
+    checkpoint at t = 0.04 the steps were taken again over the whole interval from that state, labelled from the
+    interval's start (t = 0.08 for the step at 0.12); they are the steps after the checkpoint, at their own times, and
+    the sentence says that the steps before it were not taken again."""
+    case = write_case(tmp_path, spherepde.load_case("cases/kuramoto-s1.toml", [
+        "model.beta=4", "model.eps=0.05", "sphere.lmax=32", "time.save_every=1", "time.dt=0.02",
+        "time.t_end=2"]).text)
+    status, uninterrupted = run_cli(["run", case, "-o", tmp_path / "reference.nc", "--quiet"], capsys)
+    sentence = "lmax max|v| dt = 32 x 6.55 x 0.02 = 4.19 at t = 0.12, above 4"
+    assert status == 3 and sentence in uninterrupted
+    output = tmp_path / "out.nc"
+    interrupt(case, output, checkpoints=1, every_steps=2)
+    assert state_of(output)["t"] == 0.04
+    status, resumed = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    assert status == 3 and sentence in resumed
+    assert "(the steps taken again from the checkpoint at t = 0.04 that the run resumed from" in resumed
