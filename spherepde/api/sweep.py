@@ -697,7 +697,10 @@ def member_attributes(attrs_of: list[dict], shared: dict) -> dict:
 
 def _member_coordinate(key: str, values: list) -> tuple:
     """A member coordinate of swept values: integers as integers (sphere.lmax, control.iterations), other numbers
-    as floats, anything else as its TOML text."""
+    as floats (model.beta = "inf", the zero-temperature limit, as the float inf), anything else as its TOML text."""
+    # as its text, "inf" beside finite betas made the coordinate text ('50', '"inf"'), which .sel(model_beta=50)
+    # and a plot against beta could not read
+    values = [math.inf if key == "model.beta" and v == "inf" else v for v in values]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     if numeric:  # every number of a case is nondimensional
         kind = int if all(isinstance(v, int) for v in values) else float
