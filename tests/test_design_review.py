@@ -44,14 +44,19 @@ def own_mean_field_solution(V: np.ndarray, t_end: float, n: int = 256, dt: float
         flux = rho * (tau @ (V @ (rho @ x * (2 * np.pi / n))))
         return -np.real(np.fft.ifft(1j * wavenumber * np.fft.fft(flux)))
 
-    rho = np.exp(np.cos(theta)) / (2 * np.pi * i0(1.0))
-    for _ in range(round(t_end / dt)):
-        k1 = rate(rho)
-        k2 = rate(rho + dt / 2 * k1)
-        k3 = rate(rho + dt / 2 * k2)
-        k4 = rate(rho + dt * k3)
-        rho = rho + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    rho = classical_rk4(rate, np.exp(np.cos(theta)) / (2 * np.pi * i0(1.0)), dt, round(t_end / dt))
     return rho @ x * (2 * np.pi / n)
+
+
+def classical_rk4(rate, y: np.ndarray, dt: float, steps: int) -> np.ndarray:
+    """`steps` steps of the classical fourth-order Runge-Kutta method for dy/dt = rate(y)."""
+    for _ in range(steps):
+        k1 = rate(y)
+        k2 = rate(y + dt / 2 * k1)
+        k3 = rate(y + dt / 2 * k2)
+        k4 = rate(y + dt * k3)
+        y = y + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+    return y
 
 
 def test_antisymmetric_V_at_beta_zero_is_no_rotation():

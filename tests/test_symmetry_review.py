@@ -13,6 +13,7 @@ import pytest
 from conftest import make_case
 from scipy.linalg import expm
 from scipy.special import i0, roots_legendre, sph_harm_y
+from test_design_review import classical_rk4
 
 import spherepde
 
@@ -130,14 +131,7 @@ def collocation_s1(mean, kappa, B, V, W, beta, eps, kernel, t_end, n=64, dt=1e-3
         flux = rho * (tangent * (x @ W.T + m @ V.T)).sum(1)
         return np.fft.ifft(-1j * k * np.fft.fft(flux) - eps * k**2 * np.fft.fft(rho)).real
 
-    rho = vmf_density(mean, kappa, x)
-    for _ in range(round(t_end / dt)):
-        k1 = rate(rho)
-        k2 = rate(rho + dt / 2 * k1)
-        k3 = rate(rho + dt / 2 * k2)
-        k4 = rate(rho + dt * k3)
-        rho = rho + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
-    return rho
+    return classical_rk4(rate, vmf_density(mean, kappa, x), dt, round(t_end / dt))
 
 
 @pytest.mark.parametrize("kernel, beta, field", [("softmax", 2.0, "dense"), ("softmax", 2.0, "spectral"),
