@@ -213,8 +213,8 @@ def run_members(problem: ForwardProblem, progress: bool | None = None, checkpoin
             recorder.record(0.0, coefficients[m])
         t_start = 0.0
     bar = Progress(timing["t_end"], enabled=progress, start=t_start)
-    hooks = ForwardHooks(problem, recorders, bar, (c, t_start, start[1], start[2] is not None), drives, timing, checkpoint,
-                         len(grid.intervals) - 1)
+    hooks = ForwardHooks(problem, recorders, bar, (c, t_start, start[1], start[2] is not None), drives, timing,
+                         checkpoint, len(grid.intervals) - 1)
 
     def plan_of(interval, state):
         plan, speeds = step_plan(problem, interval, state, drives[interval.layer], timing)

@@ -15,6 +15,7 @@ from scipy.special import i0, iv, ive, softmax
 from test_eulerian import hemisphere_mass
 
 import spherepde
+from solvers.checkpoint import Checkpoint
 from solvers.particle_field import ParticleField, fused_softmax_mean, hardmax_mean
 from solvers.particles import Integrator, contraction_number, contraction_within_step, noise_variance, run_particles
 from spherepde.analysis.compare import compare
@@ -673,7 +674,7 @@ def test_particle_specific_case_errors():
         run_particles(particle_case(12, 10, model={"eps": 1.0}, time={"t_end": 1.0, "dt": 0.01, "save_every": 1.0},
                                     particles={"dt": 0.25}))
     with pytest.raises(CaseError, match=r"checkpoints are available for the Eulerian solver and trainings only"):
-        spherepde.run(particle_case(3, 10, solver={"method": "particles"}), checkpoint=object())
+        spherepde.run(particle_case(3, 10, solver={"method": "particles"}), checkpoint=Checkpoint("never-written.nc"))
     with pytest.raises(CaseError, match=r"sphere.dim: the Eulerian solver handles d = 2 or 3"):
         spherepde.run(particle_case(4, 10, solver={"method": "both"}))
 

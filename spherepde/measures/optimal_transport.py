@@ -12,7 +12,9 @@ particles as their positions with masses 1/n.  The computations:
     measures is within the sum of both bounds of the W2 between the originals (`wasserstein2`).  No Sinkhorn: its
     entropic bias is of the order of the regularisation and has no computable bound, while quantisation has one.
   * W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x| (diagnostics.projection; `pushforward`, `w2_projection`), and
-    how far the W2 between grid measures can lie from the one between their densities (`grid_w2_bound`).
+    how far the W2 between grid measures can lie from the one between their densities (`grid_w2_bound`).  Where
+    Pi_# rho_0 has at most two atoms (dim E = 1: +-e) exact OT by a sort, no quantisation (`two_atom_transport`),
+    for grid measures and for particles (`paired_transport`).
   * S^1, weighted measures of any sizes (`circle_w2`, `w2_between`): the circular monotone rearrangement with
     the optimal shift and a certified bound on its excess over W2 from its own Kantorovich potentials (0 up to
     round-off where it is optimal).  The chordal cost is concave beyond pi/2, so for broad measures a plan
@@ -159,10 +161,57 @@ def _quantised_w2(measure_a, measure_b, bound: float) -> tuple[float, float]:
 
 def w2_projection(points, masses, points_0, masses_0, subspace: np.ndarray | None,
                   max_atoms: int = 1000) -> tuple[float, float]:
-    """W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x|, and its quantisation bound (NaN when E is undefined)."""
+    """W2(rho_t, Pi_# rho_0), Pi(x) = P_E x / |P_E x|, and its quantisation bound (NaN when E is undefined).
+
+    Where Pi_# rho_0 has at most two atoms (dim E = 1: +-e) it is exact (`two_atom_transport`, bound 0): the grid
+    measure quantised to 1000 atoms read 0.0951 for an exact 0.1005 (rho ∝ exp(100 z^2) on 8192 nodes, E = span(e_3),
+    bound 0.033), an error that grows relative to W2 as rho concentrates."""
     if subspace is None:
         return float("nan"), 0.0
-    return wasserstein2(points, masses, *pushforward(points_0, masses_0, subspace), max_atoms)
+    targets, target_masses = pushforward(points_0, masses_0, subspace)
+    if np.maximum(masses, DENSITY_FLOOR).sum() > 0 and np.maximum(target_masses, DENSITY_FLOOR).sum() > 0:
+        exact = two_atom_transport(points, _normalised(masses), targets, _normalised(target_masses))
+        if exact is not None:
+            return math.sqrt(max(exact[0], 0.0)), 0.0
+    return wasserstein2(points, masses, targets, target_masses, max_atoms)
+
+
+def two_atom_transport(points: np.ndarray, masses: np.ndarray, targets: np.ndarray, target_masses: np.ndarray):
+    """Exact OT, chordal cost, from the probability vector `masses` on `points` onto `target_masses` on `targets`
+    where the targets are at most two distinct atoms y_1, y_2 of masses b_1, b_2 (else None): (the optimal cost,
+    u at the points, v at the targets), optimal Kantorovich potentials (u_i + v_j <= |x_i - y_j|^2, with equality
+    on the plan).
+
+    With d(x) = |x - y_2|^2 - |x - y_1|^2, sending to y_1 a unit of mass of a point of larger d in place of one of
+    smaller d lowers the cost by the difference of their d, so the optimal plan sends to y_1 the mass b_1 of largest
+    d (splitting the point at the cut) and the rest to y_2:
+        W2^2 = sum_i t_i |x_i - y_1|^2 + (a_i - t_i) |x_i - y_2|^2,   t_i = clip(b_1 - A_i, 0, a_i),
+    A_i the mass of the points of larger d (ties in sort order).  Its dual: v(y_1) = 0, v(y_2) = tau with tau between
+    the least d sending to y_1 and the largest d sending to y_2 (the midpoint; one value where a point is split),
+    u = min(|x - y_1|^2, |x - y_2|^2 - tau), whose dual value equals the cost.  For Pi_# rho_0 with dim E = 1 the
+    atoms are +-e and d = 4 <x, e>: a sort by <x, e>, O(n log n), where POT's network simplex on the n x 2 costs took
+    12.7 s at n = 1e5, and quantising the n points to 1000 atoms read 2.2e-4 for an exact 1.5e-3 (seed 003 at
+    beta = inf, n = 2000, t = 5)."""
+    atoms, atom_masses = merge_atoms(targets, target_masses)
+    if len(atoms) > 2:
+        return None
+    first, second = atoms[0], atoms[-1]
+    to_first, to_second = np.square(points - first).sum(1), np.square(points - second).sum(1)
+    gain = to_second - to_first
+    order = np.argsort(-gain, kind="stable")
+    before = np.empty_like(masses)
+    before[order] = np.cumsum(masses[order]) - masses[order]
+    sent = np.clip(atom_masses[0] - before, 0.0, masses) if len(atoms) == 2 else masses
+    cost = float(sent @ to_first + (masses - sent) @ to_second)
+    # pieces below the round-off of the cumulative sums (n eps for n masses summing to 1) are no pieces
+    round_off = 4 * len(masses) * np.finfo(float).eps
+    sends_first, sends_second = sent > round_off, masses - sent > round_off
+    low = gain[sends_second].max() if sends_second.any() else gain[sends_first].min()
+    high = gain[sends_first].min() if sends_first.any() else low
+    tau = (low + high) / 2
+    u = np.minimum(to_first, to_second - tau)
+    nearer_second = np.square(targets - second).sum(1) < np.square(targets - first).sum(1)
+    return cost, u, np.where(nearer_second, tau, 0.0)
 
 
 def grid_w2_bound(subspace: np.ndarray | None, radius: float) -> float:
@@ -464,8 +513,10 @@ def circle_transport(points: np.ndarray, targets: np.ndarray, slack: float = 0.0
 def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int,
                      potentials: bool = True) -> tuple[float, np.ndarray | None, float]:
     """(W2^2, h, error bound on W2) of `paired_w2`: on S^1 the circular rearrangement where its certified excess
-    over W2 is at most CERTIFIED_W2 or at most the quantisation bound that exact OT would carry, else exact OT of
-    the measures quantised above `max_atoms` (with `potentials` False, its cost alone: h is then None).
+    over W2 is at most CERTIFIED_W2; exact OT onto targets of at most two distinct atoms (`two_atom_transport`:
+    Pi_# of the initial particles when dim E = 1), bound 0; else the rearrangement where its excess is at most the
+    quantisation bound that exact OT would carry, else exact OT of the measures quantised above `max_atoms` (with
+    `potentials` False, its cost alone: h is then None).
 
     Where the rearrangement moves mass by a radian or more it is often not optimal, but its excess stays far
     below the quantisation bound: on a noisy Kuramoto run (n = 3e4 against the initial particles, W2 ~ 0.62)
@@ -476,6 +527,10 @@ def paired_transport(points: np.ndarray, targets: np.ndarray, max_atoms: int,
         excess = _excess(cost, lower)
         if excess <= CERTIFIED_W2:
             return cost, h, excess
+    uniform = np.full(points.shape[0], 1 / points.shape[0])
+    exact = two_atom_transport(points, uniform, targets, uniform)
+    if exact is not None:
+        return exact[0], exact[1] + exact[2], 0.0
     (a_points, a, a_bound), (b_points, b, b_bound) = _quantised(points, targets, max_atoms)
     if points.shape[1] == 2 and excess <= a_bound + b_bound:
         return cost, h, excess
