@@ -41,9 +41,11 @@ class RunRecord:
 
     def failure(self, reason: str, cause: str | None = None) -> NumericalFailure:
         """The failure of the run, carrying its dataset up to the last good save; `cause`, when the caller knows
-        it, is said in place of `failure_cause`."""
+        it, is said after `failure_cause`: a density under-resolved before the failure moves faster than its
+        model allows (|v| > |V| with the softmax), so that a step from it passes the bound at any dt, and the step's
+        advice alone was followed from failure to failure."""
         self.notes.append(reason)
         self.tick()
-        cause = self.failure_cause() if cause is None else f"; {cause}"
+        cause = self.failure_cause() + ("" if cause is None else f"; {cause}")
         return NumericalFailure(f"numerical failure: {reason}; the last good state (t = {self.times[-1]:.6g}) "
                                 f"is kept{cause}", self.dataset(f"failed: {reason}"))

@@ -1,0 +1,42 @@
+"""Review of numerical failures across run kinds (docs/design.md "Command line": exit 3, the last good state kept;
+docs/guide/numerics.md "The eps = 0 concentration")."""
+
+import re
+import warnings
+
+import pytest
+
+import spherepde
+from spherepde.base.errors import NumericalFailure
+from spherepde.io.case import case_from_dict
+
+
+def concentrating_s1(dt: float):
+    """Softmax on S^1, B = V = I, beta = 4, eps = 0, lmax 16, rk4 at time.dt = dt: the density concentrates past the
+    grid (its spectral tail 0.12 already at t = 2) and the run ends in a numerical failure."""
+    return case_from_dict({"sphere": {"dim": 2, "lmax": 16},
+                           "model": {"kernel": "softmax", "beta": 4.0, "eps": 0.0},
+                           "initial": {"kind": "vmf", "mean": [1.0, 0.0], "kappa": 1.0},
+                           "time": {"t_end": 20.0, "save_every": 2.0, "dt": dt, "scheme": "rk4"},
+                           "solver": {"device": "cpu"}, "diagnostics": {"w2": False}})
+
+
+def failure_message(case) -> str:
+    with pytest.raises(NumericalFailure) as failure, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the resolution lost before the failure
+        spherepde.run(case, progress=False)
+    return str(failure.value)
+
+
+def test_a_failure_past_the_step_bound_of_an_under_resolved_run_says_it_was_under_resolved():
+    # The failure named only the step beyond the transport's bound and its dt; following that advice failed again at
+    # the same save (dt 0.2 -> 0.191 -> 0.127 -> ...), the speed growing past |V| = 1, which the softmax mean (a point
+    # of the unit disc) cannot give a density: the state was no longer resolved, and the message now says so too.
+    first = failure_message(concentrating_s1(0.2))
+    said = r"it was under-resolved after t = 0 \(spectral tail (\S+) at the last save.*take time.dt below (\S+)$"
+    found = re.search(said, first)
+    assert found and float(found[1]) > 1e-6, first
+    again = failure_message(concentrating_s1(float(found[2])))
+    speed = re.search(r"lmax max\|v\| dt = 16 x (\S+) x", again)
+    assert "the last good state (t = 4)" in first and "the last good state (t = 4)" in again, again
+    assert "it was under-resolved after t = 0" in again and speed and float(speed[1]) > 1.0, again
