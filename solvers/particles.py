@@ -409,11 +409,13 @@ class ParticleSystem:
 
 
 class ParticleHooks(Hooks):
-    """The particle run's saves (one ParticleRecorder per member), failures and progress."""
+    """The particle run's saves (one ParticleRecorder per member), failures and progress; `stiff` the note of each
+    member whose steps were found too long for its drift (`check_contraction`), said again as the cause of its
+    failure."""
 
     def __init__(self, recorders: list, bar: Progress):
         self.recorders, self.bar = recorders, bar
-        self.failures, self.stiff, self.unmeasured = {}, set(), 0
+        self.failures, self.stiff, self.unmeasured = {}, {}, 0
 
     def stop(self, member: int, reason: str, plan: Plan) -> None:
         self.failures[member] = self.recorders[member].failure(reason)
@@ -436,14 +438,14 @@ class ParticleHooks(Hooks):
         if stiff:
             within = contraction_within_step(field, x, W, plan.dt)
         for m in stiff:
-            self.stiff.add(m)
             dt = float(plan.dt[m])
             rate = max(numbers[m] / dt, float(within[m]))
-            self.recorders[m].notes.append(
+            self.stiff[m] = (
                 f"{key}: steps of {dt:.3g} are too long for the drift (measured at t = {plan.interval.t0:.6g}): it "
                 f"contracts along the flow at a rate of at least {rate:.3g}, {dt * rate:.3g} a step, where the "
                 f"integrators are stable below {STIFF_STEP:g}; the particles' law may be wrong (steps of "
                 f"{1 / rate:.2g} or less take 1 at that rate, a lower bound)")
+            self.recorders[m].notes.append(self.stiff[m])
 
     def at_knot(self, plan: Plan, x: torch.Tensor) -> list:
         interval, stopped, row = plan.interval, [], None
@@ -454,8 +456,10 @@ class ParticleHooks(Hooks):
             recorder.steps += int(plan.steps[m])
             recorder.dt = float(np.fmax(recorder.dt, plan.dt[m]))  # the largest: the steps differ between intervals
             if not finite[m]:
-                self.failures[m] = recorder.failure(f"a particle position became non-finite between "
-                                                     f"t = {interval.t0:.6g} and {interval.t1:.6g}")
+                # an explicit stage beyond the drift's stability leaves the sphere far enough for the kernel at its
+                # points to overflow: the note on the steps is the cause, where one was measured
+                reason = f"a particle position became non-finite between t = {interval.t0:.6g} and {interval.t1:.6g}"
+                self.failures[m] = recorder.failure(reason, self.stiff.get(m))
                 stopped.append(m)
             elif interval.save:
                 row = recorder.record(interval.t1, x[m])

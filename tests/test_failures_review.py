@@ -4,6 +4,7 @@ docs/guide/numerics.md "The eps = 0 concentration")."""
 import re
 import warnings
 
+import numpy as np
 import pytest
 
 import spherepde
@@ -40,3 +41,34 @@ def test_a_failure_past_the_step_bound_of_an_under_resolved_run_says_it_was_unde
     speed = re.search(r"lmax max\|v\| dt = 16 x (\S+) x", again)
     assert "the last good state (t = 4)" in first and "the last good state (t = 4)" in again, again
     assert "it was under-resolved after t = 0" in again and speed and float(speed[1]) > 1.0, again
+
+
+def test_a_particle_failure_after_steps_too_long_for_the_drift_names_them():
+    """The unnormalized kernel at beta = 10 on S^1 (n = 100, Heun, dt = 0.1): the predictor leaves the sphere by
+    h |v| ~ 10^3, where exp(beta <x, y>) overflows, and the run failed saying only "a particle position became
+    non-finite".  The contraction measured at t = 0 is now its cause: at least the rate along one Euler chord,
+    computed here from the tokens (v = P_x(m), m_i = (1/n) sum_j exp(beta <x_i, x_j>) x_j), and far beyond the
+    integrators' stability (2 a step)."""
+    case = case_from_dict({"sphere": {"dim": 2, "lmax": 16},
+                           "model": {"kernel": "unnormalized", "beta": 10.0, "eps": 0.0},
+                           "initial": {"kind": "uniform"}, "time": {"t_end": 0.5, "save_every": 0.5, "dt": 0.1},
+                           "solver": {"method": "particles"},
+                           "particles": {"n": 100, "integrator": "heun", "save": 100}})
+    with pytest.raises(NumericalFailure) as failure:
+        spherepde.run(case, progress=False)
+    said = re.search(r"non-finite between t = 0 and 0.5; the last good state \(t = 0\) is kept; time.dt: steps of 0.1 "
+                     r"are too long for the drift \(measured at t = 0\): it contracts along the flow at a rate of at "
+                     r"least (\S+), (\S+) a step", str(failure.value))
+    assert said, str(failure.value)
+    x = failure.value.dataset["particles"].values[0]
+
+    def velocity(points):
+        m = np.exp(10.0 * points @ points.T) @ points / len(points)
+        return m - (m * points).sum(1, keepdims=True) * points
+
+    h, v = 0.1, velocity(x)
+    y = x + h * v
+    y /= np.linalg.norm(y, axis=1, keepdims=True)
+    chord_rate = -((velocity(y) - v) * (y - x)).sum() / np.square(y - x).sum()
+    rate = float(said[1])
+    assert rate >= chord_rate * (1 - 1e-3) and h * rate > 2 and float(said[2]) == pytest.approx(h * rate, rel=1e-2)
