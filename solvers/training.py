@@ -370,7 +370,7 @@ def _trained_dataset(forward: ControlledForward, member: int, case, result: Trai
         return NumericalFailure(f"{recorder} (the trained run; W and the loss history are kept)",
                                 control_variables(recorder.dataset, case, result))
     recorder.notes += result.notes
-    unresolved = unresolved_control(recorder.times, recorder.rows)
+    unresolved = unresolved_control(recorder.times, recorder.rows, bool(result.controls.abs().max() > 0))
     if unresolved is not None:
         warnings.warn(unresolved, RuntimeWarning, stacklevel=2)
         recorder.notes.append(unresolved)

@@ -24,14 +24,15 @@ def finished(dataset: xr.Dataset, result: TrainingResult) -> xr.Dataset:
     failure raised with `dataset` (the run at the last good controls) as the state the output keeps."""
     if result.failure is None:
         return dataset
-    dataset.attrs["status"] = f"failed: {result.failure}"
+    dataset.attrs["status"] = NumericalFailure.status(result.failure)
     kept = len(result.costs) - 1
     raise NumericalFailure(f"{result.failure}; the training stopped at iteration {kept + 1}, and the output keeps "
                            f"the controls of iteration {kept} and their run", dataset)
 
 
-def unresolved_control(times: list, rows: list) -> str | None:
-    """A note where the trained run's density leaves what its grid resolves: from the first save whose spectral tail
+def unresolved_control(times: list, rows: list, driven: bool = True) -> str | None:
+    """A note where the trained run's density leaves what its grid resolves (`driven`: by nonzero controls; else
+    the dynamics without them does, the controls being W = 0): from the first save whose spectral tail
     exceeds INITIAL_TAIL_TOLERANCE, what an initial law is refused for (the rows of a
     solvers.eulerian_recorder.Recorder).  From there J and every diagnostic of the density measure the
     discretisation's error, not the model's, and an optimizer can descend into it (an align loss below its infimum 0
@@ -44,7 +45,8 @@ def unresolved_control(times: list, rows: list) -> str | None:
     first = int(beyond[0])
     worst = first + int(np.nanargmax(tails[first:]))  # a NaN tail (a failed save) is no worst
     lowest = min(row["min_density"] for row in rows[first:])
-    return (f"the controls drive the density beyond what the grid resolves from t = {times[first]:.4g} on: spectral "
+    who = "the controls drive the density" if driven else "with W = 0 on every layer the density moves"
+    return (f"{who} beyond what the grid resolves from t = {times[first]:.4g} on: spectral "
             f"tail {tails[first]:.2g} there (an initial law is refused above {INITIAL_TAIL_TOLERANCE:g}), "
             f"{tails[worst]:.2g} at t = {times[worst]:.4g}, min density {lowest:.3g}; J and the diagnostics from there "
             "are the discretisation's error, not the model's: a larger sphere.lmax, a smaller time.dt or, training, a "
@@ -64,7 +66,7 @@ def kept_at_start(failure: NumericalFailure, case, controls: torch.Tensor, run_a
     result = TrainingResult(controls, [], [], [], None, None, "numerical failure at iteration 0", str(failure))
     dataset = control_variables(dataset, case, result)
     dataset.attrs.update(attributes)
-    dataset.attrs.update({"status": f"failed: {failure}", "optimizer_stop": result.stop, "iterations": 0})
+    dataset.attrs.update({"status": NumericalFailure.status(failure), "optimizer_stop": result.stop, "iterations": 0})
     return NumericalFailure(f"{failure}; no training iteration finished: the output keeps the starting controls "
                             "and their forward run", dataset)
 

@@ -72,3 +72,16 @@ def test_a_particle_failure_after_steps_too_long_for_the_drift_names_them():
     chord_rate = -((velocity(y) - v) * (y - x)).sum() / np.square(y - x).sum()
     rate = float(said[1])
     assert rate >= chord_rate * (1 - 1e-3) and h * rate > 2 and float(said[2]) == pytest.approx(h * rate, rel=1e-2)
+
+
+def test_a_sweep_says_once_where_a_failed_member_lost_its_resolution(tmp_path):
+    """A failed member's status now says that it was under-resolved after t (RunRecord.failure): the sweep's line for
+    it added the same "under-resolved after t = 0" again; a member that completed under-resolved keeps the note."""
+    from spherepde.api.sweep import _progress_line, plan
+
+    (member,) = plan(concentrating_s1(0.2), ["model.beta=4"], str(tmp_path))
+    status = failure_message(concentrating_s1(0.2))
+    failed = _progress_line(member, {"member": 0, "status": f"failed: {status}", "resolved_until": 0.0})
+    completed = _progress_line(member, {"member": 0, "status": "completed", "resolved_until": 2.0})
+    assert failed.count("under-resolved after t = 0") == 1, failed
+    assert completed.endswith("completed; under-resolved after t = 2 (see its notes)"), completed

@@ -351,7 +351,7 @@ def test_a_divergent_step_ends_the_training_at_the_last_good_controls(tmp_path, 
     c0 = initial_density(untrained.case["initial"], untrained.problem.basis)
     zero = torch.zeros(untrained.layers, 2, 2, dtype=torch.float64)
     with xr.open_dataset(output) as dataset:
-        assert dataset.attrs["status"].startswith("failed: numerical failure")
+        assert re.match(r"failed: (?!numerical failure)\S", dataset.attrs["status"])
         assert dataset.attrs["optimizer_stop"].startswith("numerical failure at iteration 1")
         assert float(np.abs(dataset["W"].values).max()) == 0 and dataset.sizes["iteration"] == 1
         assert abs(float(dataset["loss"][0]) - evaluate_cost(untrained, c0, zero)) <= 1e-14
@@ -362,7 +362,7 @@ def test_a_divergent_step_ends_the_training_at_the_last_good_controls(tmp_path, 
     assert main(["run", str(path), "-o", str(output), "--quiet", *options, *particles]) == 3
     with xr.open_dataset(output) as dataset:
         failed = int(re.search(r"iteration (\d+)", dataset.attrs["optimizer_stop"]).group(1))
-        assert dataset.attrs["status"].startswith("failed: numerical failure") and failed >= 1
+        assert re.match(r"failed: (?!numerical failure)\S", dataset.attrs["status"]) and failed >= 1
         assert dataset.sizes["iteration"] == failed and np.isfinite(dataset["loss"].values).all()
         assert np.isfinite(dataset["W"].values).all() and float(dataset["time"][-1]) == 1.0
 
@@ -594,3 +594,22 @@ def test_a_trained_run_beyond_what_its_grid_resolves_says_so(k):
         assert tail > 0.2 and len(said) == 1 and said[0] in dataset.attrs["notes"]
         first = float(dataset["time"].values[np.argmax(dataset["spectral_tail"].values > 0.2)])
         assert f"from t = {first:.4g} on" in said[0] and f"{tail:.2g} at t = 2, min density {lowest:.3g}" in said[0]
+
+
+def test_a_run_beyond_its_grid_at_zero_controls_does_not_blame_the_controls():
+    """W = 0 on every layer (control.iterations = 0 from the default start) with V = 4 I, eps = 1e-3 on the lmax-16
+    grid: the uncontrolled attention concentrates the density past the grid (spectral tail 0.60 at t = 0.5), and
+    the note said "the controls drive the density beyond what the grid resolves"."""
+    import warnings
+
+    from conftest import make_case
+
+    case = make_case(2, 16, model={"kernel": "unnormalized", "beta": 1.0, "eps": 0.001, "V": [[4.0, 0.0], [0.0, 4.0]]},
+                     time={"t_end": 2.0, "dt": 0.05, "save_every": 0.5})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dataset = spherepde.run(case.with_overrides(["control.iterations=0", "control.layers=1"]), progress=False)
+    said = [str(w.message) for w in caught if "beyond what the grid resolves" in str(w.message)]
+    assert float(np.abs(dataset["W"].values).max()) == 0 and float(dataset["spectral_tail"][1]) > 0.5
+    assert len(said) == 1 and said[0].startswith("with W = 0 on every layer the density moves beyond what the grid "
+                                                 "resolves from t = 0.5 on"), said

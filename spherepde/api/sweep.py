@@ -196,14 +196,15 @@ def run_batch(indices: list, case_texts: list, paths: list, threads: int | None 
         exit_status, dataset = 0, outcome
         if isinstance(outcome, NumericalFailure):
             if outcome.dataset is None:
-                summaries.append({"member": index, "path": None, "status": f"failed: {outcome}", "exit_status": 3})
+                summaries.append({"member": index, "path": None, "status": NumericalFailure.status(outcome),
+                                  "exit_status": 3})
                 continue
             exit_status, dataset = 3, outcome.dataset
         dataset.attrs["history"] += f" (member {index} of the sweep in {os.path.dirname(path)})"
         write_dataset(dataset, path)
         summaries.append(summarise(index, path, dataset, exit_status))
         if exit_status:  # the failure's whole message, with what the serial run says to do ("take time.dt below")
-            summaries[-1]["status"] = f"failed: {str(outcome).removeprefix('numerical failure: ')}"
+            summaries[-1]["status"] = NumericalFailure.status(outcome)
     return summaries
 
 
@@ -276,10 +277,12 @@ def _resolved_until(summary: dict) -> float:
 
 
 def _progress_line(member: "Member", summary: dict) -> str:
-    """What the sweep prints as a member ends: its status, and where its resolution was lost (a serial run warns)."""
-    lost = _resolved_until(summary)
-    note = f"; under-resolved after t = {lost:g} (see its notes)" if math.isfinite(lost) else ""
-    return f"member {summary['member']} ({member.label()}) {_own_status(summary)}{note}"
+    """What the sweep prints as a member ends: its status, and where its resolution was lost (a serial run warns)
+    unless its status says so (a failure of an under-resolved run: RunRecord.failure)."""
+    lost, status = _resolved_until(summary), _own_status(summary)
+    said = math.isfinite(lost) and "under-resolved after t = " not in status
+    note = f"; under-resolved after t = {lost:g} (see its notes)" if said else ""
+    return f"member {summary['member']} ({member.label()}) {status}{note}"
 
 
 def _own_status(summary: dict) -> str:

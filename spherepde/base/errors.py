@@ -47,3 +47,10 @@ class NumericalFailure(RuntimeError):
     def __init__(self, message: str, dataset=None):
         super().__init__(message)
         self.dataset = dataset  # the run up to its last good save, written by the command line
+
+    @staticmethod
+    def status(message) -> str:
+        """The `status` attribute of an output that a failure said by `message` ended: "failed: " and the reason,
+        without the "numerical failure: " that begins the message (a training's read "failed: numerical failure:
+        ...")."""
+        return f"failed: {str(message).removeprefix('numerical failure: ')}"
