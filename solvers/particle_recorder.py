@@ -13,11 +13,13 @@ from solvers.records import RunRecord
 from spherepde.io.output import particle_dataset
 from spherepde.kernels.dense import block_rows
 from spherepde.measures import diagnostics as diag
+from spherepde.measures.optimal_transport import merge_atoms
 from spherepde.measures.sample_statistics import half_sample_bias, mean_and_error, paired_w2
 from spherepde.model.attention import Model, principal_subspace
 from spherepde.model.energy import FreeEnergy
 
-# Above S^2 measures cannot be quantised: w2_projection is exact OT up to this many particles.
+# Above S^2 measures cannot be quantised: w2_projection is exact OT up to this many particles (at any n where
+# Pi_# of the initial particles is two atoms).
 EXACT_W2_ABOVE_S2 = 3000
 
 
@@ -174,7 +176,9 @@ class ParticleRecorder(RunRecord):
     def _w2_projection(self, points: np.ndarray, projected_0: np.ndarray | None, systems: int) -> tuple[float, float]:
         if not self.want_w2 or projected_0 is None:
             return math.nan, math.nan
-        if points.shape[1] > 3 and points.shape[0] > max(self.w2_atoms, EXACT_W2_ABOVE_S2):
+        # onto at most two atoms (dim E = 1) the transport is exact at any n: optimal_transport.two_atom_transport
+        few_atoms = len(merge_atoms(projected_0, np.ones(len(projected_0)))[0]) <= 2
+        if points.shape[1] > 3 and points.shape[0] > max(self.w2_atoms, EXACT_W2_ABOVE_S2) and not few_atoms:
             note = (f"w2_projection not computed: {points.shape[0]} particles on S^{points.shape[1] - 1} exceed "
                     f"both diagnostics.w2_atoms and {EXACT_W2_ABOVE_S2} (exact OT; no quantisation above S^2)")
             if note not in self.notes:

@@ -95,3 +95,24 @@ def test_particle_run_at_beta_inf_stores_the_exact_w2_projection():
         assert stored == pytest.approx(exact, rel=1e-10, abs=1e-14)
     assert dataset.attrs["w2_quantisation_bound"] == 0.0
     assert dataset["w2_projection"].values[0] == pytest.approx(1.0, abs=0.05)  # sqrt(int (2 - 2 |x_1|)) of uniform
+
+
+def test_particle_w2_projection_above_s2_onto_two_atoms_at_any_n():
+    """S^3, the linear model (beta = 0) with V = diag(2, 1, 1, 1) (E = span(e_1)), 4000 tokens: more than
+    EXACT_W2_ABOVE_S2, where exact OT on the n x n pairs was refused (NaN and a note); onto the two atoms of Pi_# it
+    is the sort formula at any n."""
+    import spherepde
+
+    V = np.diag([2.0, 1.0, 1.0, 1.0]).tolist()
+    case = particle_case(4, 4000, model={"kernel": "unnormalized", "beta": 0.0, "V": V, "eps": 0.0},
+                         initial={"kind": "uniform"}, particles={"save": 4000},
+                         time={"t_end": 0.5, "dt": 0.1, "save_every": 0.5},
+                         solver={"method": "particles"})
+    dataset = spherepde.run(case, progress=False)
+    tokens = dataset["particles"].values
+    count = int((tokens[0, :, 0] > 0).sum())
+    for values, stored in zip(tokens, dataset["w2_projection"].values):
+        s = np.sort(values[:, 0])[::-1]
+        exact = math.sqrt((np.sum(2 - 2 * s[:count]) + np.sum(2 + 2 * s[count:])) / len(s))
+        assert stored == pytest.approx(exact, rel=1e-10)
+    assert "w2_projection not computed" not in dataset.attrs.get("notes", "")
