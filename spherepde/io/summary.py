@@ -3,12 +3,14 @@
 import contextlib
 import numbers
 import os
+from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
 from spherepde.base.errors import CaseError, damaged, printable, unreadable
 from spherepde.discretisation.transforms.legendre import check_grid
+from spherepde.io.case_files import regular_file_problem
 from spherepde.io.output import BOTH_PREFIX, DIAGNOSTIC_ATTRS, diagnostic_dims, failed_parts, failure_summary
 
 # what a run's line of attributes shows: the grid's and the solver's, then a particle run's (a "both" file's particle
@@ -48,8 +50,12 @@ def _open_result(path: str) -> xr.Dataset:
         raise CaseError(f"cannot read result {path!r}: the run writing {output!r} is unfinished (its checkpoint "
                         f"{output + '.checkpoint'!r} is there); continue it with: spherepde run CASE -o {output} "
                         "--resume")
-    if os.path.isdir(path):
-        raise CaseError(f"cannot read result {path!r}: it is a folder")
+    try:
+        problem = regular_file_problem(Path(path))
+    except OSError:  # missing or out of reach: xarray's error below names it
+        problem = None
+    if problem:  # a named pipe without a writer hung the reader here, a folder met HDF's own words
+        raise CaseError(f"cannot read result {path!r}: it {problem}")
     try:
         dataset = xr.open_dataset(path)
     except (OSError, ValueError) as error:
