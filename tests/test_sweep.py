@@ -755,3 +755,27 @@ def test_an_interrupted_sweep_says_how_to_continue(local_sweep, monkeypatch, cap
     err = capsys.readouterr().err
     assert f"the members completed are kept in {output}; the same command with --resume runs the others" in err, err
     assert err.strip().endswith("spherepde: interrupted")
+
+
+@pytest.mark.slow  # two sweeps and the search for a stretch whose damage shows in the density: about 15 s
+def test_resume_runs_again_a_member_file_whose_data_is_damaged(tmp_path, capsys):
+    """A completed member file with a damaged density chunk (its header whole) was kept by --resume, and the sweep
+    ended "cannot write 'sweep.nc': NetCDF: HDF error (is the disk full?)", naming neither the member nor the
+    damage.  The member is run again, alone: its file and sweep.nc hold the undamaged sweep's densities (run in a
+    batch of two there: to round-off)."""
+    from test_result_files import _damaged_copy, _fails_reading
+
+    case, output = tmp_path / "case.toml", tmp_path / "out"
+    case.write_text(SMALL_S1.replace("lmax = 16", "lmax = 1400"))  # 4206 values a save: a compressed chunk
+    args = ["sweep", str(case), "--param", "model.eps=0.1,0.2", "--workers", "1", "-o", str(output)]
+    assert main(args) == 0
+    with xr.open_dataset(output / "member-001.nc") as member:
+        density = member["density"].values
+    _damaged_copy(output / "member-001.nc", tmp_path / "damaged.nc", _fails_reading("density"))
+    os.replace(tmp_path / "damaged.nc", output / "member-001.nc")
+    capsys.readouterr()
+    assert main(args + ["--resume"]) == 0
+    assert "keeping 1 completed members of 2" in capsys.readouterr().err
+    with xr.open_dataset(output / "member-001.nc") as member, xr.open_dataset(output / "sweep.nc") as combined:
+        assert np.allclose(member["density"].values, density, rtol=0, atol=1e-13)
+        assert np.array_equal(combined["density"].sel(member=1).values, member["density"].values)

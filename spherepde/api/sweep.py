@@ -44,7 +44,7 @@ import numpy as np
 from spherepde.api.limits import check_members, largest_batch
 from spherepde.base import memory
 from spherepde.base.device import placement
-from spherepde.base.errors import CaseError, NumericalFailure
+from spherepde.base.errors import CaseError, NumericalFailure, damaged
 from spherepde.base.progress import Progress
 from spherepde.io.case import Case, format_override, parse_override
 from spherepde.io.case_toml import case_differences
@@ -313,13 +313,21 @@ def _completed(member: Member) -> dict | None:
     from solvers.timegrid import save_times
 
     timing = member.case["time"]
+    if not os.path.isfile(member.path):  # none, or no regular file: opening a named pipe waits for a writer
+        return None
     try:
         with xr.open_dataset(member.path) as dataset:
             if (dataset.attrs.get("status") == "completed" and dataset.attrs.get("case") == member.case.text
                     and np.array_equal(dataset["time"].values, save_times(timing["t_end"], timing["save_every"]))):
+                # read whole here: a damaged chunk was met as sweep.nc was written, "cannot write sweep.nc ... (is
+                # the disk full?)"; such a member is run again
+                dataset.load()
                 return summarise(member.index, member.path, dataset, 0)
     except (OSError, ValueError, KeyError):
         pass
+    except (RuntimeError, AttributeError) as error:
+        if not damaged(error):
+            raise
     return None
 
 
