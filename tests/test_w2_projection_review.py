@@ -75,6 +75,15 @@ def test_eulerian_w2_projection_onto_two_atoms_is_exact_on_a_grid_of_8192_nodes(
     assert value == pytest.approx(math.sqrt(1 + 1 / 16), abs=2e-4)
 
 
+def sorted_two_atom_w2(tokens: np.ndarray) -> list:
+    """W2(mu_t, Pi_# mu_0) at each save of `tokens` (saves, n, d) with E = span(e_1), by the sort formula:
+    W2^2 = (1/n) (sum over the n_+ largest <x, e_1> of 2 - 2 <x, e_1> + over the rest of 2 + 2 <x, e_1>), n_+ the
+    tokens with <x_0, e_1> > 0."""
+    count = int((tokens[0, :, 0] > 0).sum())
+    sorted_first = [np.sort(values[:, 0])[::-1] for values in tokens]
+    return [math.sqrt((np.sum(2 - 2 * s[:count]) + np.sum(2 + 2 * s[count:])) / len(s)) for s in sorted_first]
+
+
 def test_particle_run_at_beta_inf_stores_the_exact_w2_projection():
     """Seed 003's baseline at beta = inf (E = span(e_1)), 300 tokens from the uniform law with w2_atoms 50, every
     token saved: the stored w2_projection is the sort formula on the saved tokens, W2^2 = (1/n) (sum over the n_+
@@ -87,11 +96,7 @@ def test_particle_run_at_beta_inf_stores_the_exact_w2_projection():
                          time={"t_end": 3.0, "dt": 0.01, "save_every": 1.5}, diagnostics={"w2_atoms": 50},
                          solver={"method": "particles"})
     dataset = spherepde.run(case, progress=False)
-    tokens = dataset["particles"].values
-    count = int((tokens[0, :, 0] > 0).sum())
-    for values, stored in zip(tokens, dataset["w2_projection"].values):
-        s = np.sort(values[:, 0])[::-1]
-        exact = math.sqrt((np.sum(2 - 2 * s[:count]) + np.sum(2 + 2 * s[count:])) / len(s))
+    for exact, stored in zip(sorted_two_atom_w2(dataset["particles"].values), dataset["w2_projection"].values):
         assert stored == pytest.approx(exact, rel=1e-10, abs=1e-14)
     assert dataset.attrs["w2_quantisation_bound"] == 0.0
     assert dataset["w2_projection"].values[0] == pytest.approx(1.0, abs=0.05)  # sqrt(int (2 - 2 |x_1|)) of uniform
@@ -109,10 +114,6 @@ def test_particle_w2_projection_above_s2_onto_two_atoms_at_any_n():
                          time={"t_end": 0.5, "dt": 0.1, "save_every": 0.5},
                          solver={"method": "particles"})
     dataset = spherepde.run(case, progress=False)
-    tokens = dataset["particles"].values
-    count = int((tokens[0, :, 0] > 0).sum())
-    for values, stored in zip(tokens, dataset["w2_projection"].values):
-        s = np.sort(values[:, 0])[::-1]
-        exact = math.sqrt((np.sum(2 - 2 * s[:count]) + np.sum(2 + 2 * s[count:])) / len(s))
+    for exact, stored in zip(sorted_two_atom_w2(dataset["particles"].values), dataset["w2_projection"].values):
         assert stored == pytest.approx(exact, rel=1e-10)
     assert "w2_projection not computed" not in dataset.attrs.get("notes", "")
