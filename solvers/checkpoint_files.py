@@ -20,13 +20,19 @@ def data_identity(data: bytes) -> dict:
     return {"bytes": len(data), "sha256": sha256(data)}
 
 
+def refuse_other_than_regular(path: str) -> None:
+    """A refusal where `path` is there and no regular file: looked at before it is opened, since opening a named pipe
+    waits for a writer (a resume hung on a segment that was one)."""
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise Refused(path, "is not a regular file")
+
+
 def file_identity(path: str) -> dict:
     """{"bytes", "sha256"} of the regular file at `path` (streamed), or a refusal naming it."""
     digest, size = hashlib.sha256(), 0
+    refuse_other_than_regular(path)
     try:
         with open(path, "rb") as stream:
-            if not os.path.isfile(path):
-                raise Refused(path, "is not a regular file")
             for block in iter(lambda: stream.read(1 << 20), b""):
                 digest.update(block)
                 size += len(block)
@@ -38,10 +44,9 @@ def file_identity(path: str) -> dict:
 def read_regular(path: str, limit: int) -> bytes:
     """The first limit + 1 bytes of the regular file at `path` (more than `limit`: the file is larger than
     expected), or a refusal naming it."""
+    refuse_other_than_regular(path)
     try:
         with open(path, "rb") as stream:
-            if not os.path.isfile(path):
-                raise Refused(path, "is not a regular file")
             return stream.read(limit + 1)
     except OSError as error:
         raise Refused(path, f"cannot be read: {error.strerror or error}") from None

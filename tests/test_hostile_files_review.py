@@ -12,20 +12,21 @@ from test_cli import run_cli
 def writer_comes(pipe):
     """While inside, open and close the write end of the named pipe `pipe` whenever a reader waits on it: a reader
     blocked in open() (no writer) gets end-of-file instead of waiting for ever, so that a test of a command that
-    opens the pipe fails rather than hangs."""
-    done = threading.Event()
+    opens the pipe fails rather than hangs.  Yields the list of the times it released a reader."""
+    done, released = threading.Event(), []
 
     def release():
         while not done.wait(0.02):
             try:
                 os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))  # ENXIO while no reader waits
+                released.append(1)
             except OSError:
                 pass
 
     thread = threading.Thread(target=release, daemon=True)
     thread.start()
     try:
-        yield
+        yield released
     finally:
         done.set()
         thread.join()
@@ -46,3 +47,23 @@ def test_reader_refuses_named_pipe(tmp_path, capsys, command):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and str(pipe) in lines[0] and "a pipe" in lines[0], err
     assert sorted(os.listdir(tmp_path)) == ["run.nc"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_resume_refuses_a_checkpoint_segment_that_is_a_named_pipe(tmp_path, capsys):
+    """A checkpoint's segment replaced by a named pipe: the resume waited in open() for a writer (its digest is read
+    before the resume trusts it); it is refused in one line naming the segment, exit 2."""
+    import glob
+
+    from test_resume import interrupt, write_case
+
+    case, output = write_case(tmp_path), tmp_path / "out.nc"
+    interrupt(case, output, checkpoints=1)
+    segment = sorted(glob.glob(str(tmp_path / "out.nc.checkpoint" / "segment-*.nc")))[0]
+    os.remove(segment)
+    os.mkfifo(segment)
+    with writer_comes(segment) as released:
+        status, err = run_cli(["run", case, "-o", output, "--quiet", "--resume"], capsys)
+    lines = err.strip().splitlines()
+    assert status == 2 and len(lines) == 1 and os.path.basename(segment) in lines[0], err
+    assert "is not a regular file" in lines[0] and not released, err
