@@ -751,3 +751,12 @@ def test_the_w2_panel_draws_zero_on_a_linear_axis_and_decades_on_a_log_one(w2, s
     assert axis.get_yscale() == scale and np.array_equal(axis.lines[0].get_ydata(), w2)
     assert axis.get_ylim()[0] >= (0.5 * min(w2) if scale == "log" else -0.1 * max(w2))
     plt.close(figure)
+
+
+def test_two_runs_sharing_one_save_name_its_w2_once():
+    """Runs saved at 0, 0.1 and at 0, 0.3 share t = 0 alone: the report's W2 line read "t = 0: 0, t = 0: 0"; it names
+    that save once, with W2 = 0 between two runs of the same initial density (the same grid, so exactly 0)."""
+    runs = [spherepde.run(make_case(2, 8, time={"t_end": t, "dt": 0.05, "save_every": t}), progress=False)
+            for t in (0.1, 0.3)]
+    line = next(line for line in compare(*runs).attrs["report"].splitlines() if line.startswith("W2(A, B): t ="))
+    assert line.startswith("W2(A, B): t = 0: 0, max 0, bound"), line

@@ -444,8 +444,9 @@ def compare(a: xr.Dataset, b: xr.Dataset, k: float = 3.0, atol: float = 1e-9, at
                      f"{math.erfc(k / math.sqrt(2)):.2g} for a normal z; P(max|z|) counts it")
     if w2:
         times = a["time"].values
-        lines.append(f"W2(A, B): t = {times[0]:g}: {distances[0]:.4g}, t = {times[-1]:g}: {distances[-1]:.4g}, "
-                     f"max {max(distances):.4g}, bound {np.max(bounds):.2g} [{attrs['w2_method']}]")
+        ends = [f"t = {times[i]:g}: {distances[i]:.4g}" for i in sorted({0, len(times) - 1})]  # one save: said once
+        lines.append(f"W2(A, B): {', '.join(ends)}, max {max(distances):.4g}, bound {np.max(bounds):.2g} "
+                     f"[{attrs['w2_method']}]")
         for label, run in zip("AB", (a, b)):
             if "density" not in run and run.sizes["particle"] < int(run.attrs.get("n", 0)):
                 lines.append(f"W2(A, B): {label}'s measure is its {run.sizes['particle']} saved particles of n = "
