@@ -176,9 +176,10 @@ class ParticleRecorder(RunRecord):
     def _w2_projection(self, points: np.ndarray, projected_0: np.ndarray | None, systems: int) -> tuple[float, float]:
         if not self.want_w2 or projected_0 is None:
             return math.nan, math.nan
-        # onto at most two atoms (dim E = 1) the transport is exact at any n: optimal_transport.two_atom_transport
-        few_atoms = len(merge_atoms(projected_0, np.ones(len(projected_0)))[0]) <= 2
-        if points.shape[1] > 3 and points.shape[0] > max(self.w2_atoms, EXACT_W2_ABOVE_S2) and not few_atoms:
+        # onto at most two atoms (dim E = 1) the transport is exact at any n (optimal_transport.two_atom_transport):
+        # their count is looked at only where the size would refuse it, not at every save of every run
+        beyond = points.shape[1] > 3 and points.shape[0] > max(self.w2_atoms, EXACT_W2_ABOVE_S2)
+        if beyond and len(merge_atoms(projected_0, np.ones(len(projected_0)))[0]) > 2:
             note = (f"w2_projection not computed: {points.shape[0]} particles on S^{points.shape[1] - 1} exceed "
                     f"both diagnostics.w2_atoms and {EXACT_W2_ABOVE_S2} (exact OT; no quantisation above S^2)")
             if note not in self.notes:
