@@ -47,7 +47,7 @@ import numpy as np
 import xarray as xr
 from scipy.special import erfc, stdtr
 
-from spherepde.analysis.diagnostic_panels import _case, spans_a_decade
+from spherepde.analysis.diagnostic_panels import spans_a_decade, stored_case
 from spherepde.base.errors import CaseError, printable
 from spherepde.base.version import VERSION
 from spherepde.discretisation.bases import TAIL_ROUND_OFF_EPS, gauss_cell_radius
@@ -286,7 +286,7 @@ PROBLEM_SECTIONS = ("model", "initial", "control")
 def problem_differences(a: xr.Dataset, b: xr.Dataset) -> list[str]:
     """The keys of PROBLEM_SECTIONS whose values differ between the two runs' stored cases, as "key (A vs B)": where
     there are some, the runs are two problems, not one solved two ways."""
-    case_a, case_b = _case(a), _case(b)
+    case_a, case_b = stored_case(a), stored_case(b)
     if not (case_a and case_b):  # a file without its case (not written by spherepde run): nothing to tell
         return []
     keys = sorted({(section, key) for case in (case_a, case_b) for section in PROBLEM_SECTIONS

@@ -36,7 +36,7 @@ PANELS = [
 NUMERICS = ("min_density", "spectral_tail", "mass")
 
 
-def _case(dataset) -> dict:
+def stored_case(dataset) -> dict:
     """The run's resolved case (attribute `case`) as a table; {} if absent or unreadable."""
     return _case_of(dataset.attrs.get("case", ""))
 
@@ -202,7 +202,7 @@ def _free_energy_title(dataset) -> str:
     if "member_case" in dataset:
         cases = [_case_of(str(text)) for text in dataset["member_case"].values]
     else:
-        cases = [_case(dataset)]
+        cases = [stored_case(dataset)]
     verdicts = {dissipated(case) for case in cases}
     if verdicts == {True}:
         return "free energy F (dissipated by this flow)"
@@ -356,7 +356,7 @@ def _controls(axis, dataset) -> None:
     b, W2 of a two-layer feed-forward; B, V of the heads): piecewise constant, layer l on
     [l t_end / L, (l + 1) t_end / L]."""
     groups = [name for name in dataset.data_vars if dataset[name].dims[:1] == ("layer",) and name != "layer_time"]
-    t_end = float(_case(dataset).get("time", {}).get("t_end", dataset["time"].values[-1]))
+    t_end = float(stored_case(dataset).get("time", {}).get("t_end", dataset["time"].values[-1]))
     drawn = []
     for name in groups:
         values = dataset[name].values

@@ -34,11 +34,11 @@ from matplotlib.animation import FuncAnimation, PillowWriter  # noqa: E402
 from matplotlib.colors import PowerNorm  # noqa: E402
 
 from spherepde.analysis.diagnostic_panels import (  # noqa: E402
-    _case,
     _diagnostics,
     _filled_axes,
     _mark_failures,
     panel_rows,
+    stored_case,
 )
 from spherepde.analysis.sphere_view import CMAP, SphereView, _final_mean, _has_density, drawn  # noqa: E402
 from spherepde.base.errors import CaseError  # noqa: E402
@@ -184,7 +184,7 @@ def _on_sphere(dataset) -> bool:
 
 def _title(dataset, path: str) -> str:
     """The run's title with its model in one line."""
-    case = _case(dataset)
+    case = stored_case(dataset)
     model = case.get("model", {})
     details = ", ".join(f"{name} = {model[name]}" for name in ("kernel", "beta", "eps") if name in model)
     # the other heads and an MLP feed-forward named too: the line read as a one-head model's
