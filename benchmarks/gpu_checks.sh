@@ -26,6 +26,9 @@ shift
 PARTS="${*:-cuda_tests baseline_run step_rate particles_s2 step_rate_more}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# The CUDA tests in one process (one GPU context), as measured: -n 0 here, not on their command line, which
+# results/spectral_verification.py --import-gpu checks against the plan's (the first line of each output)
+export PYTEST_ADDOPTS="-n 0"
 
 part() {  # part NAME SECONDS COMMAND...: run COMMAND under a time limit, output to OUT/gpu_NAME.txt
     local name=gpu_$1 limit=$2
@@ -43,7 +46,7 @@ part() {  # part NAME SECONDS COMMAND...: run COMMAND under a time limit, output
     nproc
 } >"$OUT/gpu_env.txt" 2>&1
 
-part cuda_tests 120 python3 -m pytest -m cuda -n 0 -q -p no:cacheprovider tests  # one process: one GPU context, as measured
+part cuda_tests 120 python3 -m pytest -m cuda -q -p no:cacheprovider tests
 part baseline_run 120 python3 benchmarks/baseline_run.py --devices cuda --filter-order 16 --out /tmp/baseline
 part step_rate 100 python3 benchmarks/step_rate.py --devices cpu cuda
 part particles_s2 200 python3 results/particles_verification.py --only s2 --device cuda
