@@ -441,6 +441,28 @@ def test_interaction_energy_of_uniform_tokens(dim, beta):
     assert abs(value - exact) <= 3 * error
 
 
+
+def test_interaction_energy_error_of_replicas_beyond_the_squares_range():
+    """particles.replicas = 2 at beta = 400 on S^1: each system's U-statistic is about -8.9e171, whose squared
+    deviations overflow; the standard error by batch means was inf.  It is |U_1 - U_2| / 2 of the two systems'
+    U-statistics computed here from the saved tokens (a log-sum-exp over the pairs i != j), to 1e-12."""
+    beta = 400.0
+    case = particle_case(2, 12, model={"beta": beta}, initial={"kind": "vmf", "mean": [1.0, 0.0], "kappa": 0.5},
+                         time={"t_end": 0.02, "dt": 0.01, "save_every": 0.01}, diagnostics={"w2": False},
+                         particles={"replicas": 2, "save": 12})
+    dataset = run_particles(case)
+    for tokens, value, error in zip(dataset["particles"].values, dataset["interaction_energy"].values,
+                                    dataset["interaction_energy_stderr"].values):
+        energies = []
+        for system in np.split(tokens, 2):
+            logits = beta * system @ system.T
+            np.fill_diagonal(logits, -np.inf)
+            largest = logits.max()
+            energies.append(-0.5 * np.exp(largest) * np.exp(logits - largest).sum() / (len(system) * (len(system) - 1)))
+        assert abs(value) > 1e170
+        assert value == pytest.approx(np.mean(energies), rel=1e-12)
+        assert error == pytest.approx(abs(energies[0] - energies[1]) / 2, rel=1e-12)
+
 def test_c_transform_is_the_smallest_shifted_squared_distance():
     points, atoms = uniform(3000, 3, generator(1)).numpy(), uniform(200, 3, generator(2)).numpy()
     potential = np.random.default_rng(3).uniform(-0.5, 0.5, 200)
