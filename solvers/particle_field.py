@@ -3,8 +3,9 @@ mu_n = (1/n) sum_j delta_{x_j} in place of rho, for M members of R systems each.
 
 The attention integral is the exponential-kernel sum over the particles with weights 1/n
 (spherepde.kernels dense quadrature), or, for the softmax kernel on CUDA, fused scaled-dot-product attention
-m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same sum, memory O(n) per block of rows).  On the CPU the
-dense sum is used: torch's float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).
+m_i = sum_j softmax_j(beta <B^T x_i, x_j>) x_j (the same sum; memory O(n) per row where a fused kernel serves the
+dtype, while float64's math backend forms each block's logits, which the block's cap bounds).  On the CPU the dense
+sum is used: torch's float64 CPU attention measured about 2x slower than it (n = 1e4, S^2, one core).
 The seeds' model at 0 < beta < inf takes the direct sums (ParticleField.is_direct): a forward run on the CPU at any
 n, its kernel formed in blocks of query rows, and a training, or torch's program (CUDA), while a system's (n, n)
 kernel, formed whole, fits DIRECT_BYTES; without a shift where beta |B| allows (within_direct_range), else (the
