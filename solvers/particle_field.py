@@ -106,15 +106,17 @@ class SystemKernel:
     """The exponential-kernel sum over each system's particles with weights 1/n_s, where the direct sums do
     not serve: channels (S, n_s, c) -> (scaled, log_scale) as the transforms of spherepde.kernels give them
     (model.attention's `exp_kernel`).  beta = 0: the plain sums; else the shifted blocks of
-    kernels.dense.dense_exp_kernel."""
+    kernels.dense.dense_exp_kernel.  `interacting`: whether any system's beta is nonzero, known once per run (read
+    from beta at each call, it would make a CUDA stream wait for the host at every drift)."""
 
-    def __init__(self, points: torch.Tensor, B: torch.Tensor, beta: torch.Tensor, chunk: int | str):
-        self.points, self.B, self.beta, self.chunk = points, B, beta, chunk
+    def __init__(self, points: torch.Tensor, B: torch.Tensor, beta: torch.Tensor, chunk: int | str,
+                 interacting: bool):
+        self.points, self.B, self.beta, self.chunk, self.interacting = points, B, beta, chunk, interacting
 
     def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         f = f / self.points.shape[-2]
         zero = torch.zeros(f.shape[:-1], dtype=f.dtype, device=f.device)
-        if not bool(self.beta.any()):  # beta = 0: the constant kernel, every particle sees the plain sum
+        if not self.interacting:  # beta = 0: the constant kernel, every particle sees the plain sum
             return f.sum(-2, keepdim=True).expand_as(f), zero
         return dense_exp_kernel(self.points, self.points, f, self.B, self.beta, self.chunk)
 
@@ -129,6 +131,7 @@ class ParticleField:
         self.trained = trained
         self.systems = batch.select([m for m in range(batch.members) for _ in range(replicas)])
         self.coupling = self.systems.beta[:, None, None] * self.systems.B  # C = beta B per system
+        self.interacting = bool(self.systems.beta.any())
         self.direct = self.shifted = None  # is_direct and the kernel's shift, found at the first call (it needs n)
 
     @classmethod
@@ -167,7 +170,8 @@ class ParticleField:
             m = particle_step.tensor_of(xp, m.swapaxes(1, 2))
         else:
             ones = torch.ones(points.shape[:2], dtype=points.dtype, device=points.device)
-            m = attention_mean(systems, SystemKernel(points, systems.B, systems.beta, self.chunk), points, ones)
+            kernel = SystemKernel(points, systems.B, systems.beta, self.chunk, self.interacting)
+            m = attention_mean(systems, kernel, points, ones)
         return m.reshape(x.shape)
 
     def is_direct(self, points: torch.Tensor) -> bool:

@@ -122,3 +122,23 @@ def test_the_eulerian_step_on_cuda_waits_for_no_host(monkeypatch):
     with HostSynchronisations() as waits:
         problem.step(state, drive, factors)
     assert dict(waits.seen) == {}
+
+
+@pytest.mark.slow  # as above: the first dispatch mode of a process
+def test_the_generic_particle_drift_waits_for_no_host():
+    """CUDA takes the generic exponential-kernel sums (SystemKernel) for the unnormalized kernel beyond the direct
+    sums' size: whether the kernel is constant (beta = 0 everywhere) is known once per run, not read back from beta
+    at every drift, which made the stream wait for the host once a stage."""
+    case = make_case(3, 8, model={"kernel": "unnormalized", "beta": 2.0, "B": GENERAL_B},
+                     time={"t_end": 0.01, "dt": 0.01, "save_every": 0.01}, solver={"method": "particles"},
+                     diagnostics={"w2": False}).with_overrides(["particles.n=50"])
+    system = ParticleSystem([case])
+    field = system.field
+    field.direct = False  # the generic sums, as beyond DIRECT_BYTES on CUDA
+    points = torch.randn(1, 50, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x = points / points.norm(dim=-1, keepdim=True)
+    with HostSynchronisations() as waits:
+        m = field.mean_field(x)
+    assert dict(waits.seen) == {}
+    kernel = torch.exp(2.0 * x[0] @ torch.tensor(GENERAL_B, dtype=torch.float64) @ x[0].T)
+    assert torch.allclose(m[0], kernel @ x[0] / 50, rtol=1e-12, atol=0)
