@@ -281,7 +281,10 @@ def _with_command(dataset, args, output: str):
     words = [args.case, "-o", output] + [word for value in args.set for word in ("--set", value)]
     words += [word for flag, value in (("--solver", args.solver), ("--device", args.device)) if value
               for word in (flag, value)]
-    dataset.attrs["history"] = f"{dataset.attrs.get('history', '')} {shlex.join(map(str, words))}".strip()
+    # a NetCDF attribute is UTF-8: bytes of the command line that are not (a Latin-1 file name, which Python holds as
+    # lone surrogates) are written as their \xNN escapes, where they failed the output's write after the whole run
+    line = shlex.join(map(str, words)).encode(errors="surrogateescape").decode(errors="backslashreplace")
+    dataset.attrs["history"] = f"{dataset.attrs.get('history', '')} {line}".strip()
     return dataset
 
 

@@ -25,6 +25,7 @@ import copy
 import difflib
 import os
 import re
+import sys
 import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from spherepde.base.errors import CaseError, printable
 from spherepde.io.case_files import regular_file_problem
 from spherepde.io.case_schema import ABSENT, REQUIRED, SCHEMA, Section
 from spherepde.io.case_toml import dumps, toml_value
-from spherepde.io.case_values import Context, Inputs, Invalid, describe
+from spherepde.io.case_values import LINE_QUOTED, Context, Inputs, Invalid, describe, shortened
 
 __all__ = ["Case", "load_case", "load_case_text", "case_from_dict", "parse_override", "format_override"]
 
@@ -198,7 +199,7 @@ def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
     key, equals, value = item.partition("=")
     path = tuple(part.strip() for part in key.split("."))
     if not equals or len(path) < 2 or not all(path):
-        raise CaseError(f"override {item!r}: expected section.key=value")
+        raise CaseError(f"override {shortened(item)!r}: expected section.key=value")
     value = value.strip()
     try:
         return path, tomllib.loads("v = " + value)["v"]
@@ -206,6 +207,8 @@ def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
         return path, value
     except RecursionError:
         raise CaseError(f"override {item[:60]!r}...: {_TOO_DEEP}") from None
+    except ValueError:  # tomllib's int() of a literal beyond Python's digit limit, not a TOMLDecodeError
+        raise CaseError(f"override {shortened(item)!r}: malformed TOML: {_TOO_LONG}") from None
 
 
 def format_override(key: str, value) -> str:
@@ -222,13 +225,25 @@ def _load_text(text, overrides, origin, base_dir, default_name) -> Case:
         raise CaseError(f"{origin}: {_describe_toml_error(error, text)}") from None
     except RecursionError:
         raise CaseError(f"{origin}: {_TOO_DEEP}") from None
+    except ValueError:  # tomllib's int() of a literal beyond Python's digit limit, not a TOMLDecodeError
+        raise CaseError(f"{origin}: malformed TOML{_long_integer(text)}: {_TOO_LONG}") from None
     return _build(table, overrides, text, origin, base_dir, default_name)
 
 
 MAX_NESTING = 8  # tables and lists inside one another: a case needs 3 (a section, a matrix, its rows)
-LINE_QUOTED = 80  # characters of a malformed line quoted in the message
 _TOO_DEEP = (f"malformed TOML: arrays or tables nested inside one another more deeply than a case needs "
              f"(at most {MAX_NESTING} levels)")
+_TOO_LONG = f"an integer of more than {sys.get_int_max_str_digits()} digits, which Python cannot read"
+
+
+def _long_integer(text: str) -> str:
+    """" at line 4 (`the line`)" for the first line of `text` holding a run of digits longer than Python reads (tomllib
+    names no place), or ""."""
+    too_long = re.compile(rf"[0-9_]{{{sys.get_int_max_str_digits() + 1},}}")
+    for number, line in enumerate(text.split("\n"), 1):
+        if too_long.search(line):
+            return f" at line {number} (`{printable(line.strip()[:LINE_QUOTED])}`)"
+    return ""
 
 
 def _check_nesting(table: dict) -> None:
@@ -335,13 +350,7 @@ def _unknown(what: str, shown: str, name: str, known: list[str]) -> CaseError:
     """"unknown key 'model.bta' (did you mean 'beta'?)", or the list of known names."""
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"expected one of {', '.join(known)}"
-    return CaseError(f"unknown {what} {_shortened(shown)!r} ({hint})")
-
-
-def _shortened(name: str) -> str:
-    """A name from the case as a message quotes it: its first LINE_QUOTED characters (a key of 100 000 characters
-    made a message of as many)."""
-    return name if len(name) <= LINE_QUOTED else name[:LINE_QUOTED] + "..."
+    return CaseError(f"unknown {what} {shortened(shown)!r} ({hint})")
 
 
 def _outside_sections(name: str) -> CaseError:
@@ -350,7 +359,7 @@ def _outside_sections(name: str) -> CaseError:
     owners = [section.name for section in SCHEMA if any(key.name == name for key in section.keys)]
     where = f"write it under {' or '.join(f'[{owner}]' for owner in owners)}" if owners else (
         "keys belong under a [section] header")
-    return CaseError(f"key {_shortened(name)!r} is outside any section ({where})")
+    return CaseError(f"key {shortened(name)!r} is outside any section ({where})")
 
 
 def _resolve(inputs: Inputs) -> dict:

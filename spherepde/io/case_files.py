@@ -15,7 +15,7 @@ import xarray as xr
 
 from spherepde.base.digest import file_sha256
 from spherepde.base.errors import CaseError
-from spherepde.io.case_values import Invalid, integer, text
+from spherepde.io.case_values import Invalid, integer, shortened, text
 
 
 def regular_file_problem(path: Path, limit: int | None = None) -> str | None:
@@ -72,7 +72,7 @@ def pinned_digest(value, ctx) -> str:
     """A given initial.sha256 must be the file's: the file changed since the case was written otherwise."""
     given = text(value, ctx).strip().lower()
     if not re.fullmatch(r"[0-9a-f]{64}", given):
-        raise Invalid(f"expected 64 hexadecimal digits, got {value!r}")
+        raise Invalid(f"expected 64 hexadecimal digits, got {shortened(value)!r}")
     actual = initial_file_digest(ctx)
     if given != actual:
         raise Invalid(f"{ctx.section['path']!r} has SHA-256 {actual}, not {given}: the file changed since this "

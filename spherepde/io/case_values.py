@@ -55,7 +55,7 @@ class Interval:
     def check(self, x):
         inside = (x > self.low if self.strict else x >= self.low) and x < self.high
         if not inside:
-            raise Invalid(f"must be {self}, got {x!r}")
+            raise Invalid(f"must be {self}, got {shown(x)}")
         return x
 
     def __str__(self) -> str:
@@ -82,12 +82,29 @@ _UNIT_TOLERANCE = 1e-12  # a norm or a sum this close to 1 is already normalised
 _TINY_NORM = 1e-150  # below it `direction` scales a vector by its largest entry before normalising
 
 
+LINE_QUOTED = 80  # characters of a value, a key or a malformed line that a message quotes
+
+
+def shortened(text: str) -> str:
+    """Text from the case as a one-line message quotes it: its first LINE_QUOTED characters (a value or a key of
+    100 000 characters made a message of as many)."""
+    return text if len(text) <= LINE_QUOTED else text[:LINE_QUOTED] + "..."
+
+
+def shown(value) -> str:
+    """A value's repr, `shortened`; an int beyond Python's 4300 digits of repr as its size in bits."""
+    try:
+        return shortened(repr(value))
+    except ValueError:
+        return f"an integer of {value.bit_length()} bits"
+
+
 def describe(value) -> str:
     """A value as a message shows it after "got"."""
     if isinstance(value, bool):
         return f"the boolean {str(value).lower()}"
     if isinstance(value, str):
-        return f"the string {value!r}"
+        return f"the string {shortened(value)!r}"
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, (list, tuple)):
@@ -95,7 +112,7 @@ def describe(value) -> str:
     if isinstance(value, (datetime.date, datetime.time)):  # TOML's dates and times, not Python's reprs of them
         kind = {datetime.datetime: "date-time", datetime.time: "time"}.get(type(value), "date")
         return f"the {kind} {value.isoformat()}"
-    return repr(value)
+    return shown(value)
 
 
 def is_list(value) -> bool:
@@ -164,7 +181,7 @@ def integer(interval: Interval | None = None):
         if interval:
             interval.check(int(value))
         if not _INT64.low <= value < _INT64.high:
-            raise Invalid(f"must be a 64-bit integer, {_INT64}, got {int(value)}")
+            raise Invalid(f"must be a 64-bit integer, {_INT64}, got {shown(int(value))}")
         return int(value)
     return parse
 
@@ -178,8 +195,16 @@ def choice(*options: str):
 
 
 def text(value, ctx) -> str:
+    """A string of UTF-8 text: the resolved case is stored as a NetCDF attribute, which holds UTF-8 only, so bytes
+    that are not UTF-8 (a --set value or a file name in Latin-1, which Python holds as lone surrogates) would fail
+    the output's write after the whole run."""
     if not isinstance(value, str):
         raise Invalid(f"expected a string, got {describe(value)}")
+    try:
+        value.encode()
+    except UnicodeEncodeError as error:
+        raise Invalid(f"must be UTF-8 text, got {ascii(value[:LINE_QUOTED])} (not UTF-8 at character {error.start}: "
+                       "bytes in another encoding, such as a Latin-1 file name; rename or re-encode it)") from None
     return value
 
 

@@ -77,7 +77,10 @@ class OutputLock:
                 break
             os.close(descriptor)  # the holder before us removed that file after we opened it: lock the new one
         os.ftruncate(descriptor, 0)
-        os.write(descriptor, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}\n".encode())
+        # surrogateescape: a command line holding bytes that are not UTF-8 (a case file's Latin-1 name) as Python
+        # decoded them from argv, written back as those bytes (`_holder` reads them with errors="replace")
+        line = f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}: {command}\n"
+        os.write(descriptor, line.encode(errors="surrogateescape"))
         self.descriptor = descriptor
         remove_stale_temporaries(self.output)
 

@@ -331,6 +331,14 @@ def check_folder(folder: str, what: str) -> None:
         raise CaseError(f"{what} {folder!r}: {problem}")
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_file(path: str, what: str, derived_path: int = DERIVED_PATH_BYTES) -> None:
     """A CaseError naming `what` unless `path` can be written (made or replaced) as a regular file, and the files
     derived from it (paths `derived_path` bytes longer at most) beside or below it."""
@@ -338,6 +346,9 @@ def check_file(path: str, what: str, derived_path: int = DERIVED_PATH_BYTES) -> 
         problem = "not a file name"
     elif os.path.lexists(path) and not os.path.isfile(path):
         problem = "exists and is not a regular file (a folder, device or broken link)"
+    elif not _utf8(os.path.abspath(path)):
+        # netCDF4 opens UTF-8 paths only: a Latin-1 name (lone surrogates in Python) failed the write after the run
+        problem = "the path is not UTF-8 text (bytes in another encoding), which NetCDF cannot open; rename it"
     else:
         problem = _name_problem(path, derived_path) or _folder_problem(os.path.dirname(os.path.abspath(path)))
     if problem:
