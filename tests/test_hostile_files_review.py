@@ -67,3 +67,19 @@ def test_a_resume_refuses_a_checkpoint_segment_that_is_a_named_pipe(tmp_path, ca
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and os.path.basename(segment) in lines[0], err
     assert "is not a regular file" in lines[0] and not released, err
+
+
+@pytest.mark.parametrize("engine, signature", [("netcdf4", b"\x89HDF"), ("scipy", b"CDF\x02")])
+def test_run_of_a_result_file_names_it_a_netcdf_file(tmp_path, capsys, engine, signature):
+    """A result handed to `run` in place of its case: one line saying it is a NetCDF file and where its case is
+    (before: "not UTF-8 text (invalid start byte at byte 0)" for NetCDF-4, a TOML error for the classic format),
+    exit 2, no output."""
+    import xarray as xr
+
+    result = tmp_path / "run.nc"
+    xr.Dataset({"mass": ("time", [1.0])}, attrs={"case": "[case]\nname = 'x'\n"}).to_netcdf(result, engine=engine)
+    assert result.read_bytes().startswith(signature)
+    status, err = run_cli(["run", result, "-o", tmp_path / "out"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1
+    assert "a NetCDF file" in err and "attrs['case']" in err
+    assert not (tmp_path / "out").exists()

@@ -154,14 +154,19 @@ def _same(a, b) -> bool:
 def load_case(path: str | os.PathLike, overrides: Iterable[str] = ()) -> Case:
     """Read a case file; relative ``initial.path`` values start from the file's directory."""
     path = Path(path)
+    content = _read_case_file(path)
+    if content.startswith(NETCDF_SIGNATURES):
+        raise CaseError(f"cannot read case file {str(path)!r}: a NetCDF file (a result?), not a case; a result's "
+                        f"case is its attribute `case`: spherepde.load_case_text(ds.attrs['case'])")
     try:
-        text = _read_case_file(path).decode("utf-8-sig")
+        text = content.decode("utf-8-sig")
     except UnicodeDecodeError as error:
         raise CaseError(f"cannot read case file {str(path)!r}: not UTF-8 text "
                         f"({error.reason} at byte {error.start})") from None
     return _load_text(text, overrides, str(path), path.parent, path.stem)
 
 
+NETCDF_SIGNATURES = (b"\x89HDF\r\n\x1a\n", b"CDF\x01", b"CDF\x02", b"CDF\x05")  # NetCDF-4 (HDF5), classic, 64-bit
 MAX_CASE_BYTES = 16 << 20  # three d x d matrices at full precision up to d ~ 500; a larger file is no case file
 
 
