@@ -174,7 +174,10 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
             result = minimize(objective, start, jac=True, method="L-BFGS-B", callback=accept,
                               options={"maxiter": control["iterations"], "maxfun": 4 * control["iterations"] + 1,
                                        "gtol": tol, "ftol": tol})
-            stop = f"L-BFGS-B: {result.message} ({result.nfev} evaluations, {failures} of them failed runs)"
+            # scipy 1.15 on words a failed line search "ABNORMAL: " with the reason left out
+            message = result.message + ("the line search found no step meeting the Wolfe conditions"
+                                        if result.message.endswith(": ") else "")
+            stop = f"L-BFGS-B: {message} ({result.nfev} evaluations, {failures} of them failed runs)"
     controls, final = history[-1]
     result = TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],
                             [float(g.dW.norm()) for _, g in history], history[0][1], final, stop)
