@@ -16,7 +16,8 @@ and the threshold h = Delta_ref + 0.05 (max Delta - Delta_ref):
   plateau        the largest interval of save times around T / 2 on which Delta <= h; its start is
                  the initial boundary-layer width tau, T minus its end the terminal width r (none when
                  Delta(T / 2) > h: width 0, tau, r and the relative variance below NaN, and so the terminal
-                 rates and `terminal_displacement`; no test, "untested", without a save in the middle half);
+                 rates and `terminal_displacement`; no test, "untested", without a save in the middle half or
+                 with a gap that is not finite: then the width is NaN as well);
   clustering     Delta(0) > h (the energy falls across the initial layer);
   flat plateau   var(Delta on the plateau) / (max Delta - min Delta)^2 <= 0.05 (relative variance);
   escape         Delta(T) - Delta_ref >= 0.1 (terminal energy lift).
@@ -155,8 +156,10 @@ def phases(times: np.ndarray, gap: np.ndarray) -> dict:
     threshold = reference + 0.05 * (gap.max() - reference)
     centre = int(np.argmin(np.abs(times - 0.5 * T)))
     below = gap <= threshold
+    tested = bool(middle.any() and np.isfinite(gap).all())
+    found = tested and bool(below[centre])
     start = end = centre
-    if below[centre]:
+    if found:
         while start > 0 and below[start - 1]:
             start -= 1
         while end < len(times) - 1 and below[end + 1]:
@@ -167,14 +170,14 @@ def phases(times: np.ndarray, gap: np.ndarray) -> dict:
     lift = float(gap[-1] - reference)
     # Without a plateau (Delta(T / 2) > h) the boundary layers and the plateau's flatness are undefined: NaN, not
     # the widths T / 2 and the zero variance of the single save at T / 2.  Without a save in the middle half there
-    # is no reference either, and no test; nor with a NaN gap (a model whose run has no free_energy), which the
-    # comparisons read as "above the threshold" everywhere.
-    found = bool(below[centre])
+    # is no reference either, and no test; nor with a gap that is not finite (a model whose run has no free_energy,
+    # or an infinite Delta(0), which made the threshold infinite and every save "on the plateau").  An untested run
+    # measures no plateau, so its width is NaN too: 0 read as a test that found none.
     result = {
-        "tested": bool(middle.any() and np.isfinite(gap).all()), "plateau": found,
+        "tested": tested, "plateau": found,
         "gap_reference": reference,
         "plateau_start": float(times[start]), "plateau_end": float(times[end]),
-        "plateau_width": float(times[end] - times[start]) if found else 0.0,
+        "plateau_width": float(times[end] - times[start]) if found else (0.0 if tested else math.nan),
         "initial_width": float(times[start]) if found else math.nan,
         "terminal_width": float(T - times[end]) if found else math.nan,
         "clustering": bool(gap[0] > threshold), "plateau_relative_variance": relative_variance if found else math.nan,
