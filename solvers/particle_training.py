@@ -73,8 +73,9 @@ Output: the particle solver's Dataset of the trained run (diagnostics, `particle
 `loss`, `terminal_loss`, `gradient_norm` (training_output.control_variables; beyond the seeds theta's variables of
 training_output.parameter_variables in place of `W`: W or W1, b, W2, and B, V (layer, head, row, col)), `mean_angle`
 and `interaction_gap` (time; beyond the seeds no gap, the phase attributes NaN), and the attributes three_phase,
-plateau_width, initial_width, terminal_width, plateau_relative_variance, terminal_lift, terminal_displacement (angle
-of the mean at T minus at the save nearest the plateau's middle) and gibbs_interaction_energy (I(rho_*)).
+plateau_width, initial_width, terminal_width, plateau_relative_variance, terminal_lift, terminal_displacement (the
+angle the mean turns from the save nearest the plateau's middle to T: turnpike.terminal_displacement) and
+gibbs_interaction_energy (I(rho_*)).
 """
 
 import math
@@ -432,7 +433,7 @@ def phase_variables(case, dataset: xr.Dataset, general: bool = False) -> dict:
         attrs.update({key: test[key] for key in ("plateau_width", "initial_width", "terminal_width",
                                                  "plateau_relative_variance", "terminal_lift")})
         attrs.update({"three_phase": turnpike.verdict(test),
-                      "terminal_displacement": turnpike.terminal_displacement(times, angle, test),
+                      "terminal_displacement": turnpike.terminal_displacement(times, dataset["mean"].values, test),
                       "gibbs_interaction_energy": reference})
     dataset.attrs.update(attrs)
     return variables

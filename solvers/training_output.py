@@ -190,6 +190,6 @@ def turnpike_variables(forward: ControlledForward, member: int, dataset: xr.Data
                                                 theory["rayleigh_quotient"]),
             "adjoint_rate": (turnpike.exponential_rate(times, dataset["adjoint_norm"].values, test["plateau_start"],
                                                        test["plateau_end"]) if test["plateau"] else math.nan),
-            "terminal_displacement": turnpike.terminal_displacement(times, angle, test)})
+            "terminal_displacement": turnpike.terminal_displacement(times, dataset["mean"].values, test)})
     dataset.attrs.update(attrs)
     return variables

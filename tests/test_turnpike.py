@@ -119,18 +119,18 @@ def test_three_phase_test_without_a_plateau_reports_no_boundary_layers():
     assert math.isnan(test["initial_width"]) and math.isnan(test["terminal_width"])
     assert math.isnan(test["plateau_relative_variance"])
     # no terminal layer to measure: the mean's turn from T / 2 (here 1.0 rad of a steady rotation) was reported
-    angle = 0.05 * times
-    assert math.isnan(terminal_displacement(times, angle, test)) and verdict(test) == "false"
+    mean = np.stack([np.cos(0.05 * times), np.sin(0.05 * times)], axis=1)
+    assert math.isnan(terminal_displacement(times, mean, test)) and verdict(test) == "false"
     with_plateau = phases(times, 0.5 * np.exp(-2 * times) + 1e-4 + 0.3 * np.exp(-0.5 * (40 - times)))
     middle = 0.5 * (with_plateau["plateau_start"] + with_plateau["plateau_end"])
-    assert terminal_displacement(times, angle, with_plateau) == pytest.approx(0.05 * (40 - middle), abs=0.05 * 0.1)
+    assert terminal_displacement(times, mean, with_plateau) == pytest.approx(0.05 * (40 - middle), abs=0.05 * 0.1)
 
 
 def test_three_phase_test_without_a_save_in_the_middle_half_is_untested():
     """Saves at 0 and T only: no Delta_ref, no test; the verdict read "false", as a test run and failed."""
     test = phases(np.array([0.0, 8.0]), np.array([0.5, 0.6]))
     assert not test["tested"] and verdict(test) == "untested"
-    assert math.isnan(terminal_displacement(np.array([0.0, 8.0]), np.array([0.0, 0.3]), test))
+    assert math.isnan(terminal_displacement(np.array([0.0, 8.0]), np.array([[1.0, 0.0], [0.9, 0.3]]), test))
 
 
 def test_mean_angle_is_the_angle_turned_across_the_branch_cut():

@@ -10,7 +10,7 @@ import torch
 from test_adjoint import training_case
 
 from solvers.forward_problem import ForwardProblem
-from spherepde.analysis.turnpike import gibbs_well, phases, rayleigh_quotient, verdict
+from spherepde.analysis.turnpike import gibbs_well, phases, rayleigh_quotient, terminal_displacement, verdict
 
 EPS, LAMBDA_2 = 0.05, 0.65  # the seed's A = diag(1, lambda_2), beta = 1, V = A
 
@@ -116,3 +116,19 @@ def test_an_untested_run_measures_no_plateau(times, gap):
     test = phases(times, gap)
     assert verdict(test) == "untested" and not test["plateau"]
     assert all(math.isnan(test[name]) for name in ("plateau_width", "initial_width", "terminal_width"))
+
+
+def test_terminal_displacement_on_s2_is_the_angle_between_the_means():
+    """S^2: the mean at e_3 on the plateau turns 1.5 rad towards e_2 by T.  Measured as the difference of the angles
+    from e_1 (mean_angle) it read 0; it is the angle between the two means.  S^1 keeps the signed, unwrapped turn
+    (-3.5 rad: past the branch of atan2 at -e_1)."""
+    times = np.linspace(0.0, 10.0, 11)
+    plateau = {"plateau": True, "plateau_start": 2.0, "plateau_end": 8.0}
+    turn = np.clip(times - 5.0, 0.0, None) * 0.3  # 0 up to the plateau's middle, 1.5 at T
+    sphere = np.stack([np.zeros_like(turn), np.sin(turn), np.cos(turn)], axis=1) * 0.8
+    assert terminal_displacement(times, sphere, plateau) == pytest.approx(1.5, abs=1e-14)
+    tiny = np.stack([np.zeros_like(turn), np.sin(1e-9 * turn), np.cos(1e-9 * turn)], axis=1)
+    assert terminal_displacement(times, tiny, plateau) == pytest.approx(1.5e-9, rel=1e-12)
+    circle_turn = -np.clip(times - 5.0, 0.0, None) * 0.7  # from angle 0.2 down to -3.3, beyond -pi
+    circle = np.stack([np.cos(0.2 + circle_turn), np.sin(0.2 + circle_turn)], axis=1)
+    assert terminal_displacement(times, circle, plateau) == pytest.approx(-3.5, abs=1e-14)

@@ -126,14 +126,21 @@ def verdict(test: dict) -> str:
     return "true" if test["three_phase"] else "false"
 
 
-def terminal_displacement(times: np.ndarray, angle: np.ndarray, test: dict) -> float:
-    """The angle the mean turns across the terminal layer: mean_angle at T minus at the save nearest the plateau's
-    middle (radians); NaN without a plateau, where there is no terminal layer to measure (the centre save stood in
-    for the plateau, and the angle from T / 2 was reported as the layer's)."""
+def terminal_displacement(times: np.ndarray, mean: np.ndarray, test: dict) -> float:
+    """The angle the mean (time, d) turns across the terminal layer, from the save nearest the plateau's middle to T
+    (radians): on S^1 the difference of the unwrapped mean_angle (signed, and past pi where it turns further); on
+    S^2 the angle between the two means (unsigned: mean_angle's difference, the angles from e_1, read 0 for a mean
+    at e_3 turning 1.5 rad towards e_2).  NaN without a plateau, where there is no terminal layer to measure (the
+    centre save stood in for the plateau, and the angle from T / 2 was reported as the layer's)."""
     if not test["plateau"]:
         return math.nan
     middle = int(np.argmin(np.abs(times - 0.5 * (test["plateau_start"] + test["plateau_end"]))))
-    return float(angle[-1] - angle[middle])
+    if mean.shape[-1] == 2:
+        angle = mean_angle(mean)
+        return float(angle[-1] - angle[middle])
+    end, start = mean[-1], mean[middle]
+    # atan2 of |a x b| and a . b: accurate at small angles, where arccos of the cosine loses half the digits
+    return float(np.arctan2(np.linalg.norm(np.cross(start, end)), start @ end))
 
 
 def mean_angle(mean: np.ndarray) -> np.ndarray:
