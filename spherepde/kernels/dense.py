@@ -12,6 +12,7 @@ rows at a time (memory O(N * chunk)).
 
 import math
 
+import numpy as np
 import torch
 
 from spherepde.geometry.ambient import norm
@@ -96,12 +97,17 @@ def dense_exp_kernel(x: torch.Tensor, y: torch.Tensor, f: torch.Tensor, C: torch
     """
     rows = block_rows(chunk, y.shape[-2], y.dtype, y.device, math.prod(x.shape[:-2]))
     queries, keys, bound = _logit_operands(x, y, C, beta)
-    blocks, log_scales = [], []
+    # Each block's results go straight into arrays made beforehand: kept block by block, the small arrays took the
+    # freed space of each block's kernel from the next, and glibc's heap (with spherepde.base.memory's thresholds)
+    # grew by a block a block, to the whole N x N kernel (S^1 at lmax 4096: 1.2 GB for blocks of 1 MiB).
+    batch = np.broadcast_shapes(queries.shape[:-2], keys.shape[:-2])  # torch's imports sympy at its first call: 0.7 s
+    scaled = f.new_empty(np.broadcast_shapes(batch, f.shape[:-2]) + (x.shape[-2], f.shape[-1]))
+    log_scale = bound.new_empty(batch + (x.shape[-2],))
     for start in range(0, x.shape[-2], rows):
-        kernel, log_scale = _shifted_block(queries[..., start:start + rows, :], keys, bound[..., start:start + rows])
-        blocks.append(kernel @ f)
-        log_scales.append(log_scale)
-    return torch.cat(blocks, dim=-2), torch.cat(log_scales, dim=-1)
+        block = slice(start, start + rows)
+        kernel, log_scale[..., block] = _shifted_block(queries[..., block, :], keys, bound[..., block])
+        scaled[..., block, :] = kernel @ f
+    return scaled, log_scale
 
 
 class DenseExpKernel:
