@@ -103,9 +103,12 @@ def batches(cases: list, largest: int | None = None) -> list:
 
 
 def run_batch(cases: list, progress: bool | None = None) -> list:
-    """Run the members `cases` (one batch of `batches`, else a ValueError) together; per member its Dataset, or the
-    NumericalFailure or CaseError that ended it (a CaseError of the batch's setup: each member then alone, so that it
-    is the bad members' own, naming the case file)."""
+    """Run the members `cases` (Cases, else a TypeError; one batch of `batches`, else a ValueError) together; per
+    member its Dataset, or the NumericalFailure or CaseError that ended it (a CaseError of the batch's setup: each
+    member then alone, so that it is the bad members' own, naming the case file)."""
+    others = sorted({type(member).__name__ for member in cases if not isinstance(member, Case)})
+    if others:  # as spherepde.run: an AttributeError of `checked` read as the solver's own failure
+        raise TypeError(f"run_batch takes a list of Case (spherepde.load_case), got {', '.join(others)}")
     try:
         cases = [member.checked() for member in cases]  # as spherepde.run: a member's edits in place applied
         check_one_batch(cases)
@@ -144,6 +147,8 @@ def check_one_batch(cases: list) -> None:
     groups = batches(cases)
     if len(groups) == 1:
         return
+    if not groups:  # an IndexError from deep inside before
+        raise ValueError("run_batch: no cases (a batch holds one member or more)")
     first, other = groups[0][0], groups[1][0]
     a, b = shared_keys(cases[first]), shared_keys(cases[other])
     differing = [f"{section}.{key}" for section in a for key in {**a[section], **b.get(section, {})}

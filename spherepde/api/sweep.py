@@ -37,6 +37,7 @@ import re
 import sys
 import tomllib
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -466,17 +467,22 @@ def default_workers(members: int) -> int:
     return max(1, min(members, slots))
 
 
-def run_sweep(case: Case, params: list[str], folder: str, seeds: int | None = None, scheduler: str | None = None,
+def run_sweep(case: Case, params: Iterable[str], folder: str, seeds: int | None = None, scheduler: str | None = None,
               workers: int | None = None, overwrite: bool = False, resume: bool = False,
               command: str | None = None, progress: bool | None = None) -> str:
-    """Run every member (see the module docstring), write DIR/sweep.nc; returns its path.  `command`: the words that
-    made the sweep, for the files' CF history (default: the params and seeds; the command line gives all of its own).
+    """Run every member (see the module docstring), write DIR/sweep.nc; returns its path.  `params`: the
+    "section.key=v1,v2,..." of each swept key, as `--param` takes them (one string: one key).  `command`: the words
+    that made the sweep, for the files' CF history (default: the params and seeds; the command line gives all of its
+    own).
     `progress`: the members done as a bar or log lines (spherepde.base.progress.Progress; None chooses by the
     stream, False keeps only a line per member).
 
     Members that fail are reported at the end, after sweep.nc is written from the others:
     CaseError (exit 2) if one had bad input, else NumericalFailure (exit 3).
     """
+    # read twice, by plan and by the history: a generator gave its members and left the history without them, and a
+    # string was read as one key per character
+    params = [params] if isinstance(params, str) else list(params)
     check_folder(folder, "sweep -o")
     if scheduler is not None and not scheduler.strip():
         raise CaseError("--scheduler: an empty address (leave it out for a local cluster)")

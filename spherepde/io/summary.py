@@ -236,7 +236,9 @@ def describe(path: str) -> str:
                     lines.append(f"  {name:<28} {values[0]:>14.8g} {last:>14.8g}")
         if "loss" in dataset and "member" not in dataset.dims:
             lines += _training_lines(dataset)
-        lines += [f"  note: {note}" for note in str(attrs.get("notes", "")).splitlines() if note.strip()]
+        # a "both" file's particle run keeps its own notes (a step too long for the drift: its law may be wrong)
+        lines += [f"  note: {which}{note}" for prefix, which in (("", ""), (BOTH_PREFIX, "particles: "))
+                  for note in str(attrs.get(prefix + "notes", "")).splitlines() if note.strip()]
         return "\n".join(map(printable, lines))  # every line quotes the file: shown, never obeyed by the terminal
 
 
