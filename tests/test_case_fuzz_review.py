@@ -106,3 +106,12 @@ def test_a_step_longer_than_the_run_steps_to_the_saves():
     assert np.array_equal(long["density"].values, even["density"].values)
     odd = spherepde.load_case_text(SMALL_S1, ["time.t_end=0.6"])
     assert spherepde.run(odd, progress=False)["time"].values.tolist() == [0.0, 0.25, 0.5, 0.6]
+
+
+@pytest.mark.parametrize("name", ["  x  ", "x ", "\tx"])
+def test_a_name_with_surrounding_white_space_is_refused(name):
+    """case.name = "  x  " was accepted and wrote "  x  .nc" (a file a shell lists as " x .nc" and a user cannot
+    find by its name); refused naming the key, as a name starting with "." is."""
+    with pytest.raises(spherepde.CaseError, match=r"case\.name: must not start or end with white space"):
+        spherepde.load_case_text(SMALL_S1.replace('name = "small"', f'name = "{name}"'))
+    assert spherepde.load_case_text(SMALL_S1.replace('name = "small"', 'name = "a b"')).name == "a b"

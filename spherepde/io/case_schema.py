@@ -8,8 +8,9 @@ key                        type and check                              default
 =========================  ==========================================  =========================
 case.name                  non-blank string of at most 210 bytes       file stem (leading dots
                            without "/", the OS's path separators or    dropped, separators made
-                           NUL, not starting with ".": it names the    "_", cut to 210 bytes),
-                           default output files                        else "case"
+                           NUL, not starting with "." nor starting or  "_", cut to 210 bytes),
+                           ending with white space: it names the       else "case"
+                           default output files
 case.description           string                                      ""
 sphere.dim                 int in [2, 2048) (the Eulerian solver       required
                            takes 2, 3; the d x d matrices of the

@@ -227,6 +227,9 @@ def case_name(value, ctx) -> str:
                        f"(it names the default output files), got {name!r}")
     if name.startswith("."):
         raise Invalid(f"must not start with '.' (it names the default output files), got {name!r}")
+    if name != name.strip():
+        raise Invalid(f"must not start or end with white space (it names the default output files: "
+                      f"{shortened(name + '.nc')!r}), got {shortened(name)!r}")
     if not name.isprintable():
         raise Invalid(f"must not hold control characters such as newlines (it names the default output files and "
                        f"appears in one-line messages), got {name!r}")
