@@ -655,7 +655,11 @@ def report_trainings(summaries: dict) -> list:
               "training), batched in one program, L-BFGS as above on the exact gradient of the sample path's cost. "
               "Beside each training's own J_N, the mean-field J of its trained parameters (the Eulerian run of "
               "them: what the parameters do for the token distribution rather than for the 64 tokens they were "
-              "trained on).", ""]
+              "trained on). Each training's L-BFGS path is sensitive to round-off: rerun with the code of 2026-12-07 "
+              "(a particle step's exp differs in its last bit between cores with and without AVX-512), half of the "
+              "align task's W-alone trainings ended within 1e-11 of these, one took 43 iterations for 159 and moved "
+              "its J by 1.8%; the row's statistics moved within their standard errors (mean-field median 0.0257 to "
+              "0.0254, turn 1.554 to 1.553).", ""]
     def particles(kind, training):
         eulerian, trainings = summaries[f"train-{kind}-{training}"], summaries[f"particles-{kind}-{training}"]
         done = [member for member in trainings["members"] if "loss" in member]
