@@ -9,6 +9,7 @@ are in spherepde.io.case and spherepde.io.case_schema.
 import math
 
 from spherepde.base.errors import CaseError
+from spherepde.base.memory import available_memory
 from spherepde.discretisation.transforms.legendre import dealiased_gauss_latitudes
 
 MAX_SEEDS = 10_000  # replicates of a sweep (`--seeds`): each is one run and one file
@@ -51,35 +52,6 @@ def grid_bytes(lmax: int, itemsize: int, least_nlat: int = 0) -> int:
     nlat x nlon >= nlat x 2 nlat nodes (nlat at least `least_nlat`: shtns's 32), of `itemsize` bytes each."""
     nlat = max(dealiased_gauss_latitudes(lmax), least_nlat)
     return GRID_COPIES * nlat * 2 * nlat * itemsize
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process can still get: the least of MemAvailable (/proc/meminfo), the cgroup's
-    limit less its usage, and the address-space limit; None where none of them can be read."""
-    bounds = []
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    bounds.append(int(line.split()[1]) * 1024)
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as usage:
-            text = limit.read().strip()
-            if text != "max":
-                bounds.append(int(text) - int(usage.read().strip()))
-    except (OSError, ValueError):
-        pass
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if soft != resource.RLIM_INFINITY:
-            bounds.append(soft)
-    except (ImportError, OSError, ValueError):
-        pass
-    return min(bounds) if bounds else None
 
 
 # A particle run holds its positions (n, d) several times at once (the state, its stages' slopes, the noise draws,

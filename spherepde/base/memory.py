@@ -1,4 +1,5 @@
-"""glibc's heap during a run: freed memory is kept for the next step instead of going back to the kernel.
+"""The process's memory: what it can still get (`available_memory`), and glibc's heap during a run, where freed
+memory is kept for the next step instead of going back to the kernel.
 
 glibc serves a request above its mmap threshold with a fresh mapping, and returns the free top of its heap to the
 kernel once it exceeds the trim threshold; both thresholds follow the largest chunk recently freed (128 KiB at the
@@ -51,3 +52,32 @@ def keep_freed_memory() -> bool:
     libc = ctypes.CDLL(None)
     return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(libc.mallopt(M_TRIM_THRESHOLD,
                                                                                        TRIM_THRESHOLD))
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still get: the least of MemAvailable (/proc/meminfo), the cgroup's
+    limit less its usage, and the address-space limit; None where none of them can be read."""
+    bounds = []
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    bounds.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as usage:
+            text = limit.read().strip()
+            if text != "max":
+                bounds.append(int(text) - int(usage.read().strip()))
+    except (OSError, ValueError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            bounds.append(soft)
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(bounds) if bounds else None

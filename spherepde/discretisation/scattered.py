@@ -69,21 +69,36 @@ def harmonics_at(dim: int, lmax: int, points: np.ndarray) -> tuple[np.ndarray, n
     return legendre * np.exp(1j * phi[:, None] * order) * np.where(order == 0, 1.0, 2.0), degree
 
 
+# Bytes an entry of CircleEvaluator's table takes while it is built: two complex128 arrays of its size at once
+# (the exponentials and their product with the multiplicities; the complex64 table of a float32 run is made from the
+# second after the first is freed).  At lmax 4096 (12500 points, 4098 waves) 1.6 GB, the table itself 820 MB.
+CIRCLE_TABLE_ENTRY_BYTES = 32
+
+
 class CircleEvaluator:
     """f(t_i) = (1/sqrt(2 pi)) [c_0 + 2 Re sum_{k>0} c_k e^{i k t_i}] at scattered angles: one matmul with the
-    precomputed (N, kmax+1) matrix of multiplicity_k e^{i k t_i} / sqrt(2 pi)."""
+    (N, kmax+1) matrix of multiplicity_k e^{i k t_i} / sqrt(2 pi), computed at the first call: at fine grids it takes
+    GBs (`build_bytes`), and solver.field = "auto" compares `cost` without it."""
 
     def __init__(self, kmax: int, points: np.ndarray, device, dtype):
-        waves = harmonics_at(2, kmax, points)[0]
-        complex_dtype = COMPLEX_DTYPE[dtype]
-        self._waves = torch.as_tensor(waves, dtype=complex_dtype, device=device)
+        self._kmax, self._points = kmax, points
+        self._device, self._complex_dtype = device, COMPLEX_DTYPE[dtype]
+        self._waves = None
+
+    @staticmethod
+    def build_bytes(kmax: int, count: int) -> int:
+        """The memory that building the table for `count` points takes (CIRCLE_TABLE_ENTRY_BYTES an entry)."""
+        return CIRCLE_TABLE_ENTRY_BYTES * count * (kmax + 1)
 
     def __call__(self, c: torch.Tensor) -> torch.Tensor:
         """(F, kmax+1) coefficients -> (N, F) values."""
+        if self._waves is None:
+            waves = harmonics_at(2, self._kmax, self._points)[0]
+            self._waves = torch.as_tensor(waves, dtype=self._complex_dtype, device=self._device)
         return (self._waves @ c.T).real
 
     def cost(self, count: int) -> float:
-        return 8.0 * self._waves.numel() * count
+        return 8.0 * len(self._points) * (self._kmax + 1) * count
 
 
 class DuccEvaluator:

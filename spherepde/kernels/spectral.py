@@ -22,8 +22,10 @@ import numpy as np
 import torch
 
 from spherepde.base.errors import CaseError
+from spherepde.base.memory import available_memory
 from spherepde.discretisation.rotations import CircleRotation, SphereRotation, grid_permutation, orthogonal_factor
 from spherepde.discretisation.scattered import (
+    CircleEvaluator,
     DegreeRaisedTransform,
     barycentric_weights,
     harmonics_at,
@@ -166,6 +168,8 @@ class InterpolatedMode:
         self._weights = torch.as_tensor(funk_hecke(basis.dim, kappa, degree), dtype=dtype, device=device)  # (n, *coeff)
         self._ell = torch.as_tensor(barycentric_weights(self.nodes, r), dtype=dtype, device=device)  # (N, n)
         self.log_scale = torch.as_tensor(beta * r, dtype=dtype, device=device).reshape(basis.grid_shape)
+        if basis.dim == 2:
+            check_circle_table(transform.lmax, len(r))
         self.evaluator = make_evaluator(basis.dim, transform.lmax, direction, accuracy, device, dtype, evaluator)
 
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
@@ -176,6 +180,19 @@ class InterpolatedMode:
 
     def cost(self, channels: int) -> float:
         return channels * self.transform.cost() + self.evaluator.cost(len(self.nodes) * channels)
+
+
+def check_circle_table(kmax: int, count: int) -> None:
+    """A CaseError naming solver.field where the table of InterpolatedMode's evaluator on S^1 (CircleEvaluator, the
+    waves of degree <= kmax at `count` points; built on the host at its first call) cannot be built in the memory
+    this machine has left (base.memory.available_memory): 1.6 GB at lmax 4096, 26 GB at lmax 16384, where the run
+    would end out of memory."""
+    needed = CircleEvaluator.build_bytes(kmax, count)
+    available = available_memory()
+    if available is not None and needed > available:
+        raise CaseError(f"solver.field: the spectral field on S^1 with a general model.B needs about "
+                        f"{needed / 2 ** 30:.3g} GiB of memory for its table ({count} points x {kmax + 1} waves); "
+                        f"this machine has {available / 2 ** 30:.3g} GiB available; use solver.field = 'dense'")
 
 
 # Largest matrix MatrixMode keeps (general C): on S^2 up to lmax 35 (45 MiB at lmax 32; 661 MiB at lmax 64).
