@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite under the lowest versions that pyproject.toml allows of its dependencies, torch excepted (a bound's
-# own version where it names the patch, else the latest patch of its minor series: numpy 1.26.*, netCDF4 1.7.3, ...),
+# own version where it names the patch, else the latest patch of its minor series: numpy 1.26.*, netCDF4 1.7.5, ...),
 # in a fresh virtual environment (default: a temporary folder, removed at the end; `bash scripts/minimum_versions.sh
 # DIR` keeps it in DIR), installed by `scripts/setup.sh test` under pip constraints.  pandas stays below 3: xarray
 # before 2025.8 cannot write strings held as Python objects (as every string variable read back from a NetCDF file
