@@ -116,8 +116,8 @@ def test_a_sweep_with_a_failed_member_says_so_in_its_status(local_sweep, tmp_pat
 
 def test_swept_integers_stay_integers_and_mixed_numbers_are_floats():
     """sphere.lmax = 16, 32 is a coordinate of integers (it was stored as 16.0, 32.0); eps = 0, 0.5 of floats."""
-    _, integers, _ = sweep_module._member_coordinate("sphere.lmax", [16, 32])
-    _, mixed, _ = sweep_module._member_coordinate("model.eps", [0, 0.5])
+    _, integers, _ = sweep_module._member_coordinate("sphere.lmax", [16, 32], [16, 32])
+    _, mixed, _ = sweep_module._member_coordinate("model.eps", [0, 0.5], [0.0, 0.5])
     assert np.asarray(integers).dtype.kind == "i" and integers == [16, 32]
     assert np.asarray(mixed).dtype.kind == "f" and mixed == [0.0, 0.5]
 

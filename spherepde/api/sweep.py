@@ -597,9 +597,9 @@ def combine(case: Case, members: list[Member], summaries: dict, target: str, par
         data["member"].attrs["long_name"] = "sweep member index"
         swept = []
         for key in members[0].values:
-            column = _member_coordinate(key, [m.values[key] for m in members])
             swept.append(key.replace(".", "_"))
-            data = data.assign_coords({swept[-1]: column})
+            data = data.assign_coords({swept[-1]: _member_coordinate(
+                key, [m.values[key] for m in members], [_resolved(m.case, key) for m in members])})
         if seeds:
             data = data.assign_coords(seed=("member", [m.seed for m in members], {"long_name": "particles.seed"}))
             swept.append("seed")
@@ -712,18 +712,32 @@ def member_attributes(attrs_of: list[dict], shared: dict) -> dict:
     return variables
 
 
-def _member_coordinate(key: str, values: list) -> tuple:
-    """A member coordinate of swept values: integers as integers (sphere.lmax, control.iterations), other numbers
-    as floats (model.beta = "inf", the zero-temperature limit, as the float inf), anything else as its TOML text."""
+def _member_coordinate(key: str, values: list, resolved: list) -> tuple:
+    """A member coordinate of swept `values`, each member's `resolved` value of the key giving its type: integers as
+    integers where the key's are (sphere.lmax, control.iterations), other numbers as floats (model.beta = 1, 2 of a
+    real key, and "inf", the zero-temperature limit, as the float inf), booleans as booleans, strings as themselves,
+    anything else (a matrix, a list, a table) as its TOML text."""
     # as its text, "inf" beside finite betas made the coordinate text ('50', '"inf"'), which .sel(model_beta=50)
-    # and a plot against beta could not read
+    # and a plot against beta could not read; so did a string's quotes (.sel(initial_kind="vmf") met '"vmf"'), and
+    # a real key swept as 1, 2 was an integer coordinate beside another sweep's 1.5, 2
     values = [math.inf if key == "model.beta" and v == "inf" else v for v in values]
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    if numeric:  # every number of a case is nondimensional
-        kind = int if all(isinstance(v, int) for v in values) else float
-        return ("member", [kind(v) for v in values], {"long_name": f"swept case key {key}", "units": "1"})
-    return ("member", [format_override(key, v).partition("=")[2] for v in values],
-            {"long_name": f"swept case key {key}"})
+    attrs = {"long_name": f"swept case key {key}"}
+    if all(isinstance(v, bool) for v in values) or all(isinstance(v, str) for v in values):
+        return ("member", values, attrs)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        integral = all(isinstance(v, int) and isinstance(r, int) and not isinstance(r, bool)
+                       for v, r in zip(values, resolved))
+        # every number of a case is nondimensional
+        return ("member", [(int if integral else float)(v) for v in values], {**attrs, "units": "1"})
+    return ("member", [v if isinstance(v, str) else format_override(key, v).partition("=")[2] for v in values], attrs)
+
+
+def _resolved(case: Case, key: str):
+    """The value of "section.key" in a resolved case (None where it holds none)."""
+    value = case.data
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
 
 
 def _raise_failures(members: list[Member], summaries: dict) -> None:
