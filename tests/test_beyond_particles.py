@@ -310,6 +310,7 @@ def test_a_plain_run_switches_layers_at_their_times():
             assert np.abs(saved[(k + 1) // 4] - x[0].numpy()).max() <= 1e-14, k  # measured 2.2e-16
 
 
+@pytest.mark.slow  # 36 s of one core: the default run's time limit
 def test_two_heads_an_mlp_and_per_layer_values_agree_with_the_eulerian_run_within_3_standard_errors():
     """solver.method = "both" on the model beyond the seeds (a softmax head and an unnormalized one with its own
     beta, B and V, V of head 0 per layer over two layers, the two-layer feed-forward): the Eulerian solution and

@@ -85,6 +85,7 @@ def test_w2_between_falls_back_to_exact_transport_for_distant_measures():
     assert abs(w2 - exact) <= 1e-12
 
 
+@pytest.mark.slow  # 19 s of one core: the default run's time limit
 def test_w2_between_fine_circle_densities_takes_quantised_exact_transport_where_its_bound_is_tighter():
     """Two S^1 densities as compare re-synthesises them (8192 points each: 6.7e7 cost entries, beyond exact OT of
     every pair).  Von Mises kappa 1 at 0 against kappa 3 at 2.5 rad: the rearrangement is 3% above W2 (excess bound

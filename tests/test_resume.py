@@ -129,6 +129,7 @@ def test_the_tools_name_an_unfinished_run_by_its_checkpoint(tmp_path, capsys):
         assert f"the run writing {str(output)!r} is unfinished" in err and f"-o {output} --resume" in err, err
 
 
+@pytest.mark.slow  # 18 s of one core: the default run's time limit
 def test_a_signal_ignored_at_the_start_stays_ignored(tmp_path):
     """A run started with SIGINT ignored (`cmd &` in a script) ignored it during its start-up, then stopped on it
     once running; it now stays ignored: the run ends completed (exit 0) after a SIGINT in its steps."""

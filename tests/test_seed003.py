@@ -334,6 +334,7 @@ def test_two_cluster_pair_leaves_E_at_the_predicted_rate(pair_beta10):
     assert abs(shift / rates["shift"][1] - 1) < 2e-2
 
 
+@pytest.mark.slow  # 15 s of one core: the default run's time limit
 def test_attention_mean_between_sharp_clusters_at_beta_1000():
     """Between two clusters (vMF, kappa = 100, at +-e1) Z(x) is exp(-beta gap) of its scale at beta = 1000,
     below the transform's accuracy: the raw N / Z has |m| > 1 at 31381 of the 77600 nodes (up to 8e3) and is

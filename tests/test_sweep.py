@@ -565,6 +565,7 @@ def test_the_failure_a_sweep_names_is_of_the_status_it_exits_with():
         sweep_module._raise_failures(members, summaries)
 
 
+@pytest.mark.slow  # 21 s of one core: the default run's time limit
 def test_resume_reruns_members_saved_at_other_times_and_overwrite_leaves_no_earlier_file(tmp_path, capsys):
     """--resume keeps a completed member only where its save times are today's (an earlier version's could lie an
     ulp apart, and sweep.nc's time axis held both); --overwrite removes every earlier member file, also of a member
