@@ -165,6 +165,7 @@ def command_run(args) -> int:
         _hold(args.output, before_reading=True)  # a second writer of it is refused at once
     from spherepde import load_case, run
     from spherepde.api.limits import check_memory
+    from spherepde.base.threads import oversubscription
     from spherepde.io.output import BOTH_PREFIX, check_file, write_dataset
 
     overrides = list(args.set)
@@ -182,6 +183,8 @@ def command_run(args) -> int:
         figure_paths(output)  # the figure must not replace the result
     with case.naming_errors():
         check_memory(case)
+    if note := oversubscription(case):
+        print(f"spherepde: warning: {note}", file=sys.stderr)
     _hold(output)
     for role, source in (("the case file", args.case), ("initial.path", case["initial"].get("path"))):
         if source and os.path.exists(output) and os.path.samefile(source, output):

@@ -174,6 +174,31 @@ def test_existing_output_is_refused_then_overwritten(tmp_path, capsys):
         assert dataset.attrs["status"] == "completed"
 
 
+def test_more_threads_than_cpus_run_with_a_one_line_warning_and_the_same_numbers(tmp_path, capsys):
+    """solver.threads above the CPUs this process may use is the case's choice (a serial run's reductions repeat
+    only with its count) but oversubscribes them (4095 threads on 2 cores: over a minute for a run of a fraction of
+    a second): the command line says so in one line, the Python API as a RuntimeWarning; the densities are those
+    of the same case with as many threads as CPUs."""
+    cpus = len(os.sched_getaffinity(0))
+    case = write_case(tmp_path)
+    densities, warned = [], []
+    for threads in (cpus, cpus + 1):
+        output = tmp_path / f"threads{threads}.nc"
+        status, err = run_cli(["run", case, "-o", output, "--quiet", "--set", f"solver.threads={threads}", "--set",
+                               "time.t_end=0.1", "--set", "time.save_every=0.05"], capsys)
+        assert status == 0
+        warned.append([line for line in err.splitlines() if "solver.threads" in line])
+        with xr.open_dataset(output) as dataset:
+            densities.append(dataset["density"].values)
+    assert warned[0] == [] and warned[1] == [f"spherepde: warning: solver.threads = {cpus + 1} is more than the "
+                                             f"{cpus} CPUs this process may use: the threads share them and the run "
+                                             "is slower, with the same numbers"]
+    assert np.max(np.abs(densities[1] - densities[0])) <= 1e-13
+    with pytest.warns(RuntimeWarning, match=f"solver.threads = {cpus + 1} is more than the {cpus} CPUs"):
+        spherepde.run(spherepde.load_case(str(case), [f"solver.threads={cpus + 1}", "time.t_end=0.05"]),
+                      progress=False)
+
+
 def test_output_contract_s1(tmp_path, capsys):
     case = write_case(tmp_path)
     output = tmp_path / "out.nc"

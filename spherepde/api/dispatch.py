@@ -1,5 +1,6 @@
 """Which solver a case names, and running it: the one entry point behind `spherepde.run` and `spherepde run`."""
 
+import warnings
 from typing import TYPE_CHECKING
 
 from spherepde.base.errors import CaseError, NumericalFailure
@@ -34,7 +35,7 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     """
     from spherepde.api.limits import check_memory
     from spherepde.base.garbage import thawed_after
-    from spherepde.base.threads import threads_for  # torch is imported by the run, not by `import spherepde`
+    from spherepde.base.threads import oversubscription, threads_for  # torch, imported by a run only
     from spherepde.io.case import Case
 
     if not isinstance(case, Case):
@@ -46,6 +47,8 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
         raise TypeError(f"spherepde.run: checkpoint is a solvers.checkpoint.Checkpoint or None, got "
                         f"{type(checkpoint).__name__} (Checkpoint(output_path, every_steps, every_minutes, resume))")
     case = case.checked()  # a case's edits in place applied as --set would apply them (a bad one refused)
+    if note := oversubscription(case):  # the command line says it in a line of its own
+        warnings.warn(note, RuntimeWarning, stacklevel=2)
     with case.naming_errors():
         check_memory(case)  # for the API: the command line has checked it already, before taking the lock
         # the objects frozen for the run (the caller's among them) collected again after it: spherepde/base/garbage.py
