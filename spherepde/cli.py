@@ -415,14 +415,9 @@ def command_sweep(args) -> int:
              + [word for value in args.param for word in ("--param", value)]
              + [word for flag, value in (("--seeds", args.seeds), ("--workers", args.workers),
                                          ("--scheduler", args.scheduler)) if value for word in (flag, value)])
-    try:
-        path = run_sweep(case, args.param, folder, seeds=args.seeds, scheduler=args.scheduler, workers=args.workers,
-                         overwrite=args.overwrite, resume=args.resume, command="sweep " + shlex.join(map(str, words)))
-    except KeyboardInterrupt:
-        if os.path.isdir(folder):
-            print(f"spherepde: the members completed are kept in {folder}; the same command with --resume runs the "
-                  "others", file=sys.stderr)
-        raise
+    # an interrupt ends it saying whether --resume has members to keep (run_sweep)
+    path = run_sweep(case, args.param, folder, seeds=args.seeds, scheduler=args.scheduler, workers=args.workers,
+                     overwrite=args.overwrite, resume=args.resume, command="sweep " + shlex.join(map(str, words)))
     print(f"spherepde: wrote {path}", file=sys.stderr)
     return 0
 

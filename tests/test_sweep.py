@@ -743,8 +743,9 @@ def test_a_key_set_twice_or_both_swept_and_set_is_refused(tmp_path, capsys):
 
 
 def test_an_interrupted_sweep_says_how_to_continue(local_sweep, monkeypatch, capsys, tmp_path):
-    """Ctrl-C during a sweep (here as its cluster starts) ends with 130 and says where the members completed are
-    kept and that --resume runs the others (it said "interrupted" only, where `run` names --resume)."""
+    """Ctrl-C during a sweep (here as its cluster starts) ends with 130 and says what to do next (it said
+    "interrupted" only, where `run` names --resume): here, no member having completed, to run it again without
+    --resume (tests/test_batch_failures_review.py: with a member completed, --resume)."""
     case_path, _ = local_sweep
 
     def interrupted(*args, **kwargs):
@@ -754,7 +755,8 @@ def test_an_interrupted_sweep_says_how_to_continue(local_sweep, monkeypatch, cap
     output = tmp_path / "interrupted"
     assert main(["sweep", str(case_path), "--param", PARAMS[0], "-o", str(output)]) == 130
     err = capsys.readouterr().err
-    assert f"the members completed are kept in {output}; the same command with --resume runs the others" in err, err
+    assert f"no member completed, and {output} holds nothing to resume: run the same command again without " \
+        "--resume" in err, err
     assert err.strip().endswith("spherepde: interrupted")
 
 

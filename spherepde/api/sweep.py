@@ -34,6 +34,7 @@ import math
 import numbers
 import os
 import re
+import signal
 import sys
 import tomllib
 import warnings
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spherepde.api.limits import check_members, largest_batch
-from spherepde.base import memory
+from spherepde.base import interrupts, memory
 from spherepde.base.device import placement
 from spherepde.base.errors import CaseError, NumericalFailure, damaged
 from spherepde.base.progress import Progress
@@ -517,32 +518,50 @@ def run_sweep(case: Case, params: Iterable[str], folder: str, seeds: int | None 
             print(f"spherepde: note: {', '.join(others)} in {folder!r} are of an earlier sweep, not members of this "
                   "one (sweep.nc leaves them out; --overwrite removes them)", file=sys.stderr)
     pending = [m for m in members if m.index not in summaries]
-    if pending:
-        # a remote cluster's batches are shared by its own workers, counted once connected, not by this machine's
-        count = workers or (None if scheduler else default_workers(len(pending)))
-        threads = None if scheduler else max(1, (os.cpu_count() or 1) // count)
-        from distributed import as_completed
+    try:
+        if pending:
+            # a remote cluster's batches are shared by its own workers, counted once connected, not by this machine's
+            count = workers or (None if scheduler else default_workers(len(pending)))
+            threads = None if scheduler else max(1, (os.cpu_count() or 1) // count)
+            from distributed import as_completed
 
-        # a bar of the members done on a terminal, else a line every 30 s: a member can run for minutes
-        bar = Progress(float(len(pending)), enabled=progress, quantity="members")
-        with _cluster(scheduler, count) as client:
-            groups = _groups(pending, count or max(1, len(client.nthreads())), local=scheduler is None)
-            with bar.running():
-                futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
-                                         [m.path for m in group], threads, pure=False) for group in groups]
-                group_of = {future.key: group for future, group in zip(futures, groups)}
-                done = 0
-                for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
-                    for summary in _batch_summaries(future, group_of[future.key]):
-                        done += 1
-                        summaries[summary["member"]] = summary
-                        bar.write(f"spherepde: {_progress_line(members[summary['member']], summary)} "
-                                  f"[{done}/{len(pending)}]")
-                        bar.update(float(done))
+            # a bar of the members done on a terminal, else a line every 30 s: a member can run for minutes
+            bar = Progress(float(len(pending)), enabled=progress, quantity="members")
+            with _cluster(scheduler, count) as client:
+                groups = _groups(pending, count or max(1, len(client.nthreads())), local=scheduler is None)
+                with bar.running():
+                    futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
+                                             [m.path for m in group], threads, pure=False) for group in groups]
+                    group_of = {future.key: group for future, group in zip(futures, groups)}
+                    done = 0
+                    for future in as_completed(futures, loop=client.loop):  # this client's loop, not dask's default's
+                        for summary in _batch_summaries(future, group_of[future.key]):
+                            done += 1
+                            summaries[summary["member"]] = summary
+                            bar.write(f"spherepde: {_progress_line(members[summary['member']], summary)} "
+                                      f"[{done}/{len(pending)}]")
+                            bar.update(float(done))
+    except KeyboardInterrupt:
+        # --resume refuses a folder that holds nothing of this sweep (run_sweep above): name it only where it has
+        # something to keep
+        if any(os.path.isfile(path) for path in [m.path for m in members] + [combined]):
+            print(f"spherepde: the members completed are kept in {folder}; the same command with --resume runs the "
+                  "others", file=sys.stderr)
+        else:
+            print(f"spherepde: no member completed, and {folder} holds nothing to resume: run the same command again "
+                  "without --resume", file=sys.stderr)
+        raise
     alike = identical_results(members, summaries)
     for note in alike:
         print(f"spherepde: note: {note}", file=sys.stderr)
-    combine(case, members, summaries, combined, params, seeds, command, alike)
+    # as `run`'s output (docs/guide/long-runs.md): an interrupt that comes as sweep.nc is written waits for it, and the
+    # sweep then ends as it would have (exit 3 where a member failed), its file complete; raised after the write, it
+    # ended the command "interrupted", asking for a --resume that had nothing left to run
+    with interrupts.held(absorbed=True) as late:
+        combine(case, members, summaries, combined, params, seeds, command, alike)
+    if late:
+        print(f"spherepde: {signal.Signals(late[0]).name} came as {COMBINED} was written; it is complete",
+              file=sys.stderr)
     _raise_failures(members, summaries)
     return combined
 
