@@ -418,3 +418,30 @@ def test_shtns_guards():
         sht.analysis(torch.zeros(32, 32, dtype=torch.float32))
     with pytest.raises(ValueError, match="float64"):
         ShtnsSHT(15, 32, 32, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_products_over_runs_skip_only_zeros(library):
+    """base.arrays.matmul_runs_into: the batched product of triangular tables (order m zero below degree m, as the
+    dense Legendre tables) over the runs of leading_zero_runs equals the full product to round-off, the rows it
+    skips set to zero, for the zero columns (synthesis) and the zero rows (analysis) alike."""
+    from spherepde.base.arrays import CPU_RUNS, leading_zero_runs, matmul_runs_into
+
+    generator = torch.Generator().manual_seed(3)
+    orders, rings, columns = 9, 7, 4
+    table = torch.randn(orders, orders, rings, generator=generator, dtype=torch.float64)  # [m, l, j]
+    for m in range(orders):
+        table[m, :m] = 0
+    runs = leading_zero_runs(table, 1)
+    assert len(runs) == CPU_RUNS and [start for start, _, _ in runs][0] == 0 and runs[-1][1] == orders
+    assert all(first == start for start, _, first in runs)  # the smallest order of a run sets its first degree
+    synthesis = table.permute(0, 2, 1)  # [m, j, l], zero columns
+    coefficients = torch.randn(orders, orders, columns, generator=generator, dtype=torch.float64)
+    spectra = torch.randn(orders, rings, columns, generator=generator, dtype=torch.float64)
+    convert = (lambda t: t.numpy()) if library == "numpy" else (lambda t: t)
+    fields = convert(torch.full((orders, rings, columns), float("nan"), dtype=torch.float64))
+    matmul_runs_into(fields, convert(synthesis), convert(coefficients), leading_zero_runs(synthesis, 2), 2)
+    sums = convert(torch.full((orders, orders, columns), float("nan"), dtype=torch.float64))
+    matmul_runs_into(sums, convert(table), convert(spectra), runs, 1)
+    np.testing.assert_allclose(np.asarray(fields), (synthesis @ coefficients).numpy(), rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(np.asarray(sums), (table @ spectra).numpy(), rtol=1e-14, atol=1e-14)

@@ -138,8 +138,52 @@ def matmul_into(out, a, b) -> None:
         out.copy_(torch.matmul(a, b))
 
 
-# The most bytes (input and output together) one ducc0 FFT call of `irfft_into` / `rfft_into` reads and writes: a
-# quarter of this machine's 2 MiB L2 cache per core.  The spherical transforms hand them a spectrum with the members
+def over_first(operation: str, a, b):
+    """operation(a, b) for "add", "subtract" or "multiply" (a name both libraries give the elementwise operation),
+    written over a, a new array nothing else holds: no temporary, where autograd records neither operand (else a
+    new tensor).  The same values as `a + b` and the like."""
+    if isinstance(a, np.ndarray):
+        return getattr(np, operation)(a, b, out=a)
+    if torch.is_grad_enabled() and (a.requires_grad or getattr(b, "requires_grad", False)):
+        return getattr(torch, operation)(a, b)
+    return getattr(torch, operation)(a, b, out=a)
+
+
+# The runs of `leading_zero_runs` on the CPU: the products of the dense Legendre tables at lmax 32 with 1, 2, 4 and 8
+# runs over the orders took 206, 147, 130, 141 us (the synthesis-like (33, 150, 33) one, one member) and 63, 50,
+# 41, 39 us per member at 16 members, the (33, 50, 33) and (33, 33, 50) ones alike (one core, interleaved).
+# Elsewhere (CUDA) a product is bound by its launches, not its arithmetic: one run.
+CPU_RUNS = 4
+
+
+def leading_zero_runs(table, axis: int) -> tuple:
+    """Runs (start, stop, first) of consecutive matrices of a batch `table` (B, R, K), CPU_RUNS of them on the CPU
+    (one elsewhere), with every matrix of a run zero before index `first` along `axis` (1: its rows, 2: its
+    columns): the Legendre tables of order m vanish below degree m, so that the products over a run
+    (`matmul_runs_into`) skip about a third of the dense tables' multiply-adds."""
+    runs = CPU_RUNS if table.device.type == "cpu" else 1
+    nonzero = (table != 0).any(3 - axis).cpu().numpy()  # (B, size along axis)
+    first = np.where(nonzero.any(1), nonzero.argmax(1), nonzero.shape[1])
+    bounds = np.linspace(0, len(first), runs + 1).round().astype(int)
+    return tuple((int(a), int(b), int(first[a:b].min())) for a, b in zip(bounds[:-1], bounds[1:]) if b > a)
+
+
+def matmul_runs_into(out, a, b, runs: tuple, axis: int) -> None:
+    """out = a @ b (batched over the leading axis) for a batch of matrices a with the runs of
+    `leading_zero_runs(a, axis)`: each run's product leaves out a's leading zero columns (axis 2) and the rows of b
+    they meet, or a's leading zero rows (axis 1), out's rows there set to zero.  The same sums but for their
+    zero terms (0 x finite adds nothing); out a view as `matmul_into`'s."""
+    for start, stop, first in runs:
+        if axis == 2:
+            matmul_into(out[start:stop], a[start:stop, :, first:], b[start:stop, first:])
+        else:
+            matmul_into(out[start:stop, first:], a[start:stop, first:], b[start:stop])
+            zero_(out[start:stop, :first])
+
+
+# The most bytes (input and output together) one ducc0 FFT call of `irfft_into` / `rfft_into` reads and writes:
+# this machine's L2 cache per core (512 KiB; blocks of 64 KiB to 1 MiB: 231, 160, 139, 127, 129 us per member at
+# M = 16 below, 512 KiB the best).  The spherical transforms hand them a spectrum with the members
 # innermost and a grid with the members outermost; past the cache each value then costs a cache line of its own.
 # Measured on one core, the inverse FFT of the (51 orders, 5 fields, 50 rings, M members) spectrum of `moments` at
 # lmax 32, per member: 28, 32, 100, 110, 123 us at M = 1, 4, 16, 32, 64 in one call; 28, 34, 49, 41, 37 us in

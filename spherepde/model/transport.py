@@ -59,7 +59,7 @@ import math
 import numpy as np
 import torch
 
-from spherepde.base.arrays import amax, as_namespace, as_tensor, clamp_min, program_namespace, quiet
+from spherepde.base.arrays import amax, as_namespace, as_tensor, clamp_min, over_first, program_namespace, quiet
 from spherepde.base.real_view import complex_state, real_state
 from spherepde.geometry.ambient import inner
 from spherepde.kernels.choice import MemberKernels
@@ -347,18 +347,20 @@ class Transport:
         fields of one or K components, not d per point (the same values to round-off, with softmax_mean's void
         rule: where |rho| <= NEGLIGIBLE_DENSITY max |rho|, m / max(|m|, 1), and 0 where Z <= 0; NaN where Z <= 0
         elsewhere).  In numpy on the CPU outside autograd (base.arrays: a fraction of torch's cost per operation),
-        where the void rule is skipped when no point is void."""
+        where the rules for Z <= 0 and for void points are skipped when their smallest value says that no point
+        needs them (a NaN fails these tests too)."""
         xp = program_namespace(N, Z, rho)
         N, Z, rho = (as_namespace(a, xp) for a in (N, Z, rho))
         frame_V = as_namespace(self._frame_V_first, xp)
         with quiet(xp):
-            inverse = 1 / xp.where(Z > 0, Z, xp.nan)
+            inverse = 1 / (Z if xp is np and Z.min() > 0 else xp.where(Z > 0, Z, xp.nan))
             u = frame_sum(frame_V, N, "c")
             u *= inverse[:, None]
             magnitude = abs(rho)
-            void = magnitude <= NEGLIGIBLE_DENSITY * amax(magnitude, -1)
-            if xp is np and not void.any():
+            largest = amax(magnitude, -1)
+            if xp is np and (magnitude.min(-1) > NEGLIGIBLE_DENSITY * largest[:, 0]).all():
                 return as_tensor(u)
+            void = magnitude <= NEGLIGIBLE_DENSITY * largest
             length = ((N * N).sum(1) ** 0.5) * inverse
             bounded = xp.nan_to_num(u / clamp_min(length, 1.0)[:, None], nan=0.0)
             return as_tensor(xp.where(void[:, None], bounded, u))
@@ -408,14 +410,17 @@ class Transport:
         (MemberKernels.density_fields), where `_from_density`."""
         rho, scaled, log_scale = self.kernels.density_fields(complex_state(state, self.coefficient_shape))
         channels = scaled if self.batch.kernel == "softmax" else scaled[:, 1:]  # unnormalized: rho y alone
-        return rho, drive + self._transform_components(channels, log_scale, rho), channels, log_scale
+        u = self._transform_components(channels, log_scale, rho)
+        return rho, over_first("add", u, drive), channels, log_scale
 
     def __call__(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
         """-div(rho v) (M, N)."""
         if self._folded is not None:
             return self._folded.rate(state, drive)
         rho, v = self.velocity(state, drive)
-        flux = (rho[:, None] * v).reshape(v.shape[:2] + self.grid_shape)
+        # v is a new array (rho v written over it) but where it is the drive itself (the zero-temperature attention)
+        flux = rho[:, None] * v if v is drive else over_first("multiply", v, rho[:, None])
+        flux = flux.reshape(v.shape[:2] + self.grid_shape)
         return real_state(-self.basis.divergence_frame(flux))
 
     def vjp(self, state: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,7 +43,9 @@ from spherepde.base.arrays import (
     empty,
     empty_complex,
     irfft_into,
+    leading_zero_runs,
     matmul_into,
+    matmul_runs_into,
     permute,
     program_namespace,
     real_pairs,
@@ -58,10 +60,12 @@ from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, defaul
 class MomentTables:
     """The tables of TorchSHT.moments, per order m: `own` [P_m; nlon K_m P_m; nlon K_m cos(theta) P_m] (lmax,
     3 nlat, lmax) and `before`, `after` nlon K_m sin(theta) P_{m-+1} / 2 (lmax + 1, nlat, lmax); `on(numpy)` the
-    same as numpy arrays sharing their memory."""
+    same as numpy arrays sharing their memory; `runs` the runs of zero columns (`leading_zero_runs`) of the products
+    of `moments`, own, before[1:] and after[:lmax - 1] (P_m vanishes below degree m)."""
 
     def __init__(self, own: torch.Tensor, before: torch.Tensor, after: torch.Tensor):
         self.tensors = (own, before, after)
+        self.runs = tuple(leading_zero_runs(table, 2) for table in (own, before[1:], after[:own.shape[0] - 1]))
         self._numpy = None
 
     def on(self, xp) -> tuple:
@@ -130,6 +134,9 @@ class TorchSHT:
         inverse_eigenvalue[1:] = 1.0 / (degree[1:] * (degree[1:] + 1.0))
         self._inverse_eigenvalue = real(inverse_eigenvalue)  # 1/(l(l+1)), 0 at l = 0
         self._spectra = {}  # the numpy buffers of `_spectrum_buffer`, by shape
+        # the dense tables' runs of orders zero below a degree (Pbar_lm = 0 for l < m), for their products
+        self._runs = {name: leading_zero_runs(getattr(self, "_" + name), 1) for name in ("P", "dP", "mP_sin")
+                      if self.layout == "dense" and getattr(self, "_" + name) is not None}
         self._weighted = {}  # `_weighted_table`'s, by name
 
     # --- layouts: real rows (2B, M, .), the real and the imaginary part of each of the B fields in turn ---
@@ -196,14 +203,15 @@ class TorchSHT:
         """f[j, k] = sum_l [a_l0 Pbar_l0 + 2 Re sum_{m>0} a_lm Pbar_lm(x_j) e^{i m phi_k}]:
         (..., M, L) -> (..., nlat, nlon)."""
         if self.layout == "dense":
-            return self._dense_fields(coeffs, (self._P,), (False,))[..., 0, :, :]
+            return self._dense_fields(coeffs, ("P",), (False,))[..., 0, :, :]
         rows, batch = self._spectral_rows(coeffs)
         return self._grid(self._legendre.synthesis(rows, self._P, odd=False), batch)
 
     # --- the dense tables' transforms: one program over numpy and torch --------------------------
 
     def _dense_fields(self, coeffs: torch.Tensor, tables: tuple, turned: tuple) -> torch.Tensor:
-        """Fields from coefficients with dense tables T_k [m, l, j]: per order m the ring spectrum of field k is
+        """Fields from coefficients with the dense tables T_k [m, l, j] named in `tables` ("P", "dP", "mP_sin"):
+        per order m the ring spectrum of field k is
         T_k,m c_m (times i where turned[k]); (..., M, L) -> (..., K, nlat, nlon).  The tables on the left of the
         coefficients write the members' spectra straight into the layout (order, field, ring, member) that the
         inverse FFT along the orders reads, which writes the grid in its own: no change of layout but the
@@ -217,8 +225,9 @@ class TorchSHT:
         columns = _order_columns(as_namespace(coeffs, xp).reshape(-1, nmode, nmode))
         spectrum = self._spectrum_buffer(xp, len(tables), columns.shape[2] // 2)
         rows = real_pairs(spectrum)
-        for k, (table, turn) in enumerate(zip(tables, turned)):
-            matmul_into(rows[:nmode, k], permute(as_namespace(table, xp), (0, 2, 1)), columns)
+        for k, (name, turn) in enumerate(zip(tables, turned)):
+            table = permute(as_namespace(getattr(self, "_" + name), xp), (0, 2, 1))
+            matmul_runs_into(rows[:nmode, k], table, columns, self._runs[name], 2)
             if turn:
                 spectrum[:nmode, k] *= 1j
         return self._ring_fields(spectrum, columns, batch)
@@ -240,7 +249,9 @@ class TorchSHT:
             values = as_namespace(f.to(device=self.device, dtype=self.dtype), xp).reshape(count, self.nlat, self.nlon)
             spectrum = empty_complex(values, (self.nlon // 2 + 1, self.nlat, count))
             rfft_into(permute(spectrum, (2, 1, 0)), values, 2)
-            sums.append(complex_pairs(self._weighted_table(name, xp) @ real_pairs(spectrum[:nmode])))
+            rows = empty(values, (nmode, nmode, 2 * count))
+            matmul_runs_into(rows, self._weighted_table(name, xp), real_pairs(spectrum[:nmode]), self._runs[name], 1)
+            sums.append(complex_pairs(rows))
         return sums, batch
 
     def _dense_coefficients(self, sums, batch: torch.Size) -> torch.Tensor:
@@ -331,6 +342,7 @@ class TorchSHT:
         coefficients' (numpy's BLAS and ducc0's FFT on the CPU outside autograd, torch elsewhere: base.arrays)."""
         xp = program_namespace(coeffs)
         own, before, after = tables.on(xp)
+        own_runs, before_runs, after_runs = tables.runs
         order, nlat = self.lmax, self.nlat
         batch = coeffs.shape[:-2]
         columns = _order_columns(as_namespace(coeffs, xp).reshape(-1, order, order))
@@ -339,14 +351,14 @@ class TorchSHT:
         spectrum = self._spectrum_buffer(xp, 5, count)  # (nlon // 2 + 1, 5, nlat, B) complex, zero beyond order
         rows = real_pairs(spectrum)
         # rho, F[rho], F[rho x_3] in fields 0..2 (x_3 then moves to field 4), p in field 3, q in `right`.
-        matmul_into(rows[:order, :3].reshape(order, 3 * nlat, 2 * count), own, columns)
+        matmul_runs_into(rows[:order, :3].reshape(order, 3 * nlat, 2 * count), own, columns, own_runs, 2)
         copy_(spectrum[:order, 4], spectrum[:order, 2])
         conjugate = clone(columns[1])
         conjugate.reshape(order, count, 2)[:, :, 1] *= -1  # c_{-1} = conj c_1
         matmul_into(rows[0, 3], before[0], conjugate)
-        matmul_into(rows[1:order + 1, 3], before[1:], columns)
+        matmul_runs_into(rows[1:order + 1, 3], before[1:], columns, before_runs, 2)
         right = zeros(columns, (order + 1, nlat, 2 * count))  # q_m, zero for m >= lmax - 1
-        matmul_into(right[:order - 1], after[:order - 1], columns[1:])
+        matmul_runs_into(right[:order - 1], after[:order - 1], columns[1:], after_runs, 2)
         left = rows[:order + 1, 3]
         copy_(rows[:order + 1, 2], left + right)
         left -= right
@@ -444,7 +456,7 @@ class TorchSHT:
         m (v_theta)_m = dPbar_m c_m and (v_phi)_m = i m Pbar_m / sin(theta) c_m (`_dense_fields`)."""
         if self.layout != "dense":
             return torch.stack(self.gradient(coeffs), dim=-3)
-        return self._dense_fields(coeffs, (self._dP, self._mP_sin), (False, True))
+        return self._dense_fields(coeffs, ("dP", "mP_sin"), (False, True))
 
     def divergence(self, v_theta: torch.Tensor, v_phi: torch.Tensor) -> torch.Tensor:
         """Coefficients of div v = Lap S, i.e. -l(l+1) S_lm:
