@@ -30,9 +30,9 @@ the backward pass then transposes one step at a time, from the last (solvers/par
 where the attention is formed whole, else torch autograd through the step taken again).  The
 optimum is then that path's: with few particles it can lie far from the mean-field one
 (results/seed004_particles.md, bow loss).  "fresh": evaluation k draws its own x_0 and noise, as
-particles.seed = the k-th child of numpy's SeedSequence(particles.seed) would, so dJ/dW is an unbiased
-estimate of dE[J]/dW, a stochastic gradient for Adam or gradient descent (tests: its mean is the
-mean-field gradient when the tokens do not interact).
+particles.seed = (the first uint64 of the k-th child of numpy's SeedSequence(particles.seed)) >> 1 would (a seed
+in [0, 2^63)), so dJ/dW is an unbiased estimate of dE[J]/dW, a stochastic gradient for Adam or gradient descent
+(tests: its mean is the mean-field gradient when the tokens do not interact).
 
 Beyond the seeds (spherepde.model.parameters: several heads, B and V per layer and trained, a two-layer
 feed-forward; solvers.particles.ParticleSystem.general) the controls are every layer's parameters theta_l (p,)

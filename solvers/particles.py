@@ -341,6 +341,8 @@ class ParticleSystem:
         freeze_setup()  # full garbage collections skip what exists now (spherepde/base/garbage.py)
         if len(cases) > 1 and fixed_step(self.case) is None:
             raise ValueError("ParticleSystem: members stepped by the CFL rule take their own steps; run them alone")
+        if len({(member.dim, member["particles"]["n"], member["particles"]["replicas"]) for member in cases}) > 1:
+            raise ValueError("ParticleSystem: members must share sphere.dim, particles.n and particles.replicas")
         solver = self.case["solver"]
         for member in cases:
             check_kernel_range(member)

@@ -88,3 +88,12 @@ def test_particle_gradient_is_the_derivative_of_the_noisy_particle_cost():
         differences[index] = (forward.cost_of(controls + shift) - forward.cost_of(controls - shift)) / (2 * step)
     assert forward.by_hand
     assert float((gradient.dW - differences).norm() / differences.norm()) <= 1e-8
+
+
+def test_members_of_other_sizes_are_refused_naming_what_they_must_share():
+    """ParticleControl / ParticleSystem over members of another particles.n (the API: the command line batches
+    only members that share it) said "stack expects each tensor to be equal size" from inside torch."""
+    table = limit_table()
+    members = [particle_members(table, n, [0], 0.1).cases[0] for n in (16, 32)]
+    with pytest.raises(ValueError, match="members must share sphere.dim, particles.n and particles.replicas"):
+        ParticleControl(members)
