@@ -199,6 +199,26 @@ def test_more_threads_than_cpus_run_with_a_one_line_warning_and_the_same_numbers
                       progress=False)
 
 
+def test_saves_beyond_the_memory_are_refused_naming_save_every(tmp_path, capsys, monkeypatch):
+    """A run holds its saves until the output is written: a time.save_every a millionth of t_end on an S^2 grid
+    asked for hundreds of GiB after hours of steps; with too little memory for them it is refused before the run
+    (one line, exit 2, no file).  The bound (spherepde.api.limits.saved_bytes) is at most the saved arrays of a
+    real run twice over (the saves held, then stacked into the output)."""
+    from spherepde.api import limits
+
+    case = write_case(tmp_path)
+    output = tmp_path / "out.nc"
+    status, _ = run_cli(["run", case, "-o", output, "--quiet", "--set", "time.save_every=0.05"], capsys)
+    with xr.open_dataset(output) as dataset:
+        held = dataset["density"].values.nbytes
+    assert status == 0 and 0 < limits.saved_bytes(spherepde.load_case(str(case), ["time.save_every=0.05"])) <= 2 * held
+    monkeypatch.setattr(limits, "available_memory", lambda: 100 * 2 ** 20)
+    refused = tmp_path / "refused.nc"
+    status, err = run_cli(["run", case, "-o", refused, "--set", "time.save_every=1e-6"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and not refused.exists()
+    assert "time.save_every: 500001 saves up to t_end = 0.5 need at least" in err
+
+
 def test_output_contract_s1(tmp_path, capsys):
     case = write_case(tmp_path)
     output = tmp_path / "out.nc"

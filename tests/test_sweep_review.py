@@ -79,19 +79,20 @@ def test_resume_with_nothing_to_resume_is_refused_as_a_runs(tmp_path, in_process
 
 
 def test_batches_are_split_to_fit_the_memory_available(tmp_path, in_process, monkeypatch, capsys):
-    """A batch holds every member's particles at once: 4 members of 1000 particles on S^1 each hold at least
-    PARTICLE_COPIES x 1000 x 2 float64 = 128 000 bytes, and with 300 000 bytes available one batch of 4 was
-    started all the same (each member alone passes check_memory).  Now batches of 300 000 // 128 000 = 2."""
+    """A batch holds every member's particles and saves at once: 4 members of 1000 particles on S^1 each hold at
+    least PARTICLE_COPIES x 1000 x 2 float64 = 128 000 bytes and SAVE_COPIES x 3 saves x 1000 x 2 float64 = 96 000,
+    and with 500 000 bytes available one batch of 4 was started all the same (each member alone passes
+    check_memory).  Now batches of 500 000 // 224 000 = 2."""
     text = SMALL_S1.replace('device = "cpu"', 'device = "cpu"\nmethod = "particles"') + "[particles]\nn = 1000\n" \
         "dt = 0.05\n"
     case = write_case(tmp_path, text)
-    per_member = limits.PARTICLE_COPIES * 1000 * 2 * 8
-    monkeypatch.setattr(limits, "available_memory", lambda: 300_000)
+    per_member = limits.PARTICLE_COPIES * 1000 * 2 * 8 + limits.SAVE_COPIES * 3 * 1000 * 2 * 8
+    monkeypatch.setattr(limits, "available_memory", lambda: 500_000)
     output = tmp_path / "out"
     assert main(["sweep", str(case), "--param", "model.eps=0.05,0.1,0.2,0.4", "--workers", "1", "-o",
                  str(output)]) == 0
     assert "batches of at most 2 members" in capsys.readouterr().err
-    assert 300_000 // per_member == 2
+    assert 500_000 // per_member == 2
     for index in range(4):
         with xr.open_dataset(output / f"member-{index:03d}.nc") as member:
             assert member.attrs["batch_members"] == 2

@@ -60,12 +60,20 @@ PARTICLE_COPIES = 8
 
 
 def check_memory(case) -> None:
-    """A CaseError naming particles.n when the particles of `case` cannot be held PARTICLE_COPIES times, or
+    """A CaseError naming time.save_every when the saves of `case` cannot be held (`saved_bytes`), particles.n when
+    its particles cannot be held PARTICLE_COPIES times, or
     sphere.lmax when an Eulerian S^2 run cannot hold its grid's arrays (`grid_bytes`) and, on the torch transform,
     build its spherical-harmonic tables, in the memory this machine has left (the shtns backend keeps its own,
     smaller tables, and ends the process from C where it cannot allocate them: the grid's bound comes first)."""
     solver = case["solver"]
     available = available_memory()
+    needed = saved_bytes(case)
+    if available is not None and needed > available:
+        timing = case["time"]
+        saves = math.floor(timing["t_end"] / timing["save_every"]) + 1
+        raise CaseError(f"time.save_every: {saves} saves up to t_end = {timing['t_end']:g} need at least "
+                        f"{_size(needed)} of memory (a run holds them until its output is written); this machine has "
+                        f"{_size(available)} available (a larger time.save_every)")
     needed = particle_bytes(case)
     if needed and available is not None and needed > available:
         raise CaseError(f"particles.n: {case['particles']['n']} particles need at least {_size(needed)} of memory; "
@@ -87,6 +95,26 @@ def particle_bytes(case) -> int:
     if solver["method"] not in ("particles", "both"):
         return 0
     return PARTICLE_COPIES * case["particles"]["n"] * case.dim * (8 if solver["dtype"] == "float64" else 4)
+
+
+# A run holds every save until its output is written, then stacks them into the output's arrays: twice at once.
+SAVE_COPIES = 2
+
+
+def saved_bytes(case) -> int:
+    """A lower bound of the memory a run's saves take: SAVE_COPIES copies of the float64 density on its grid (S^2:
+    nlat x 2 nlat nodes; S^1: at least 2 lmax + 1 points) and of the saved particles' positions (particles.save,
+    d), at each of its floor(t_end / save_every) + 1 save times."""
+    timing, solver = case["time"], case["solver"]
+    saves = math.floor(timing["t_end"] / timing["save_every"]) + 1
+    values = 0
+    if solver["method"] != "particles":
+        lmax = case["sphere"]["lmax"]
+        nlat = dealiased_gauss_latitudes(lmax) if case.dim == 3 else 0
+        values += nlat * 2 * nlat if case.dim == 3 else 2 * lmax + 1
+    if solver["method"] != "eulerian":
+        values += case["particles"]["save"] * case.dim
+    return SAVE_COPIES * saves * values * 8
 
 
 def grid_state_bytes(case) -> int:
@@ -111,11 +139,12 @@ def shared_table_bytes(case) -> int:
 
 def largest_batch(cases: list, workers: int) -> int | None:
     """The most members of `cases` that one batch may hold so that `workers` batches running at once on this
-    machine fit the memory it has left: a batch holds each member's particles and grid arrays (`particle_bytes`,
-    `grid_state_bytes`) and one set of tables (`shared_table_bytes`).  At least 1 (a member alone was checked by
-    `check_memory`); None where the memory cannot be read or the members hold nothing that grows with them."""
+    machine fit the memory it has left: a batch holds each member's particles, grid arrays and saves
+    (`particle_bytes`, `grid_state_bytes`, `saved_bytes`) and one set of tables (`shared_table_bytes`).  At least 1
+    (a member alone was checked by `check_memory`); None where the memory cannot be read or the members hold nothing
+    that grows with them."""
     available = available_memory()
-    per_member = max(particle_bytes(case) + grid_state_bytes(case) for case in cases)
+    per_member = max(particle_bytes(case) + grid_state_bytes(case) + saved_bytes(case) for case in cases)
     if available is None or per_member == 0:
         return None
     tables = max(shared_table_bytes(case) for case in cases)
