@@ -93,9 +93,8 @@ def discrete_gradients(forward: ControlledForward, states: torch.Tensor, control
             cotangents = []
             for n, plan in reversed(segment):
                 layer = plan.interval.layer
-                cotangent, drive_bar = problem.step_adjoint(cotangent, stages(n, plan), drives[layer],
-                                                            forward.factors(plan))
-                layer_drive_bar[layer] += drive_bar
+                cotangent, _ = problem.step_adjoint(cotangent, stages(n, plan), drives[layer], forward.factors(plan),
+                                                    layer_drive_bar[layer])
                 cotangents.append(cotangent)
                 if n - 1 in keep:
                     kept[n - 1] = cotangent.clone()

@@ -240,14 +240,15 @@ class ForwardProblem:
                 keep.append((rows, tokens))
             return as_tensor(state if self.filter is None else state * as_namespace(self.filter, xp))
 
-    def step_adjoint(self, state_bar: torch.Tensor, kept: tuple, drive: torch.Tensor,
-                     factors) -> tuple[torch.Tensor, torch.Tensor]:
+    def step_adjoint(self, state_bar: torch.Tensor, kept: tuple, drive: torch.Tensor, factors,
+                     drive_bar: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(the cotangent of the step's start, that of the drive over the step) from the cotangent of its end
         (`step`'s transpose: the filter is real and diagonal), given what `step` kept, (rows, tokens); in the array
-        library of `step`."""
+        library of `step`.  With `drive_bar` (a tensor like the drive) the drive's cotangent is added to it, and it
+        is the one returned: a layer's sum over its steps without a sum of tensors a step."""
         xp = self.transport.namespace
         state_bar, drive, factors = as_namespace(state_bar, xp), as_namespace(drive, xp), factors.on(xp)
-        drive_bar = xp.zeros_like(drive)
+        drive_bar = xp.zeros_like(drive) if drive_bar is None else as_namespace(drive_bar, xp)
         rows, tokens = kept
 
         def rate_vjp(stage, token, e_bar):

@@ -34,14 +34,13 @@ import numpy as np
 import torch
 
 from spherepde.base.arrays import (
-    add_outer_,
-    addcmul,
     array_like,
     as_namespace,
     clone,
     copy_,
     kind,
     namespace,
+    outer_update,
     zero_,
     zeros,
 )
@@ -258,7 +257,7 @@ class RungeKutta:
         self.starts_at_start = self.diagonal[0] == 0
         self.explicit_needed = [used[2 * i + 1] for i in range(tableau.stages)]
         self.implicit_needed = [used[2 * i + 2] for i in range(tableau.stages)]
-        self._coefficients, self._buffers = {}, {}
+        self._coefficients, self._buffers, self._transposes = {}, {}, {}
 
     def factors(self, lam: torch.Tensor, dt) -> StepFactors:
         return StepFactors(self, lam, dt)
@@ -320,20 +319,23 @@ class RungeKutta:
 
     def adjoint(self, c_bar, stages: list, rate_vjp, factors: StepFactors):
         """The cotangent of the step's start from that of its end, c_bar: the transpose of `step`'s linear
-        algebra, with rate_vjp(i, U_i, e_bar) the cotangent of U_i from the cotangent e_bar of N(U_i) (it may
-        accumulate other cotangents itself).  Over numpy or torch, as `step`."""
+        algebra, with rate_vjp(i, U_i, e_bar) the cotangent of U_i (a new array, which the transpose updates in
+        place) from the cotangent e_bar of N(U_i) (it may accumulate other cotangents itself; e_bar is a row of the
+        transpose's buffer, to be read before rate_vjp returns).  Over numpy or torch, as `step`."""
+        xp = namespace(c_bar)
         bar, prefixes, rows = self._buffer(c_bar, "adjoint")
         zero_(bar)
         self._scatter(self.update, prefixes, c_bar, factors)
         for i in reversed(range(self.stages_count)):
+            # the rows of stage i are read here only: scaled in place, no temporaries
             stage_bar = None
             if self.explicit_needed[i]:
-                stage_bar = rate_vjp(i, stages[i], rows[2 * i + 1] * factors.dt)
+                stage_bar = rate_vjp(i, stages[i], xp.multiply(rows[2 * i + 1], factors.dt, out=rows[2 * i + 1]))
             if self.implicit_needed[i]:
-                stage_bar = (rows[2 * i + 2] * factors.dt_lam if stage_bar is None
-                             else addcmul(stage_bar, rows[2 * i + 2], factors.dt_lam))
+                implicit_bar = xp.multiply(rows[2 * i + 2], factors.dt_lam, out=rows[2 * i + 2])
+                stage_bar = implicit_bar if stage_bar is None else xp.add(stage_bar, implicit_bar, out=stage_bar)
             if self.from_last_stage and i == self.stages_count - 1:  # c' = U_s + ...
-                stage_bar = clone(c_bar) if stage_bar is None else stage_bar + c_bar
+                stage_bar = clone(c_bar) if stage_bar is None else xp.add(stage_bar, c_bar, out=stage_bar)
             if stage_bar is None:
                 continue
             if self.diagonal[i]:
@@ -345,10 +347,14 @@ class RungeKutta:
         return clone(rows[0])
 
     def _scatter(self, terms: StageTerms, prefixes: list, value, factors: StepFactors) -> None:
-        """The transpose of `_combine`: rows += coefficients (outer) P_f value, for each group."""
-        for f, coefficients, count in self._rows(terms, prefixes[-1]):
-            part = value if f is None else value * factors.propagator[f]
-            add_outer_(prefixes[count], coefficients.T, part.reshape(1, -1))
+        """The transpose of `_combine`: rows += coefficients (outer) P_f value, for each group (arrays.outer_update of
+        the buffer's rows, made once per buffer)."""
+        key = (id(terms), id(prefixes))
+        if key not in self._transposes:
+            self._transposes[key] = [(f, outer_update(prefixes[count], coefficients.T))
+                                     for f, coefficients, count in self._rows(terms, prefixes[-1])]
+        for f, update in self._transposes[key]:
+            update((value if f is None else value * factors.propagator[f]).reshape(-1))
 
 
 EXPLICIT_TABLEAUX = {"heun": HEUN, "rk4": RK4}  # the particles' steps, by particles.integrator

@@ -43,8 +43,18 @@ import math
 import numpy as np
 import torch
 
-from spherepde.base.arrays import addmm, irfft, rfft
-from spherepde.base.real_view import complex_state, real_state
+from spherepde.base.arrays import (
+    addmm,
+    as_namespace,
+    complex_pairs,
+    copy_,
+    irfft,
+    kind,
+    namespace,
+    real_pairs,
+    rfft,
+    zeros,
+)
 from spherepde.discretisation.bases import make_basis
 from spherepde.kernels.choice import MemberKernels
 from spherepde.model.dense_operator import attention_operator, truncated_svd
@@ -78,17 +88,15 @@ class FourierPath:
         self.derivative = -1j * wavenumber / self.points  # phi_k
         self.derivative_adjoint = (1j * wavenumber / self.points) / basis.multiplicity  # psi_k
         self.multiplicity = basis.multiplicity.to(self.derivative.dtype)
-        self._numpy = None
+        self._workspaces = {}
 
-    def _operands(self, like) -> tuple:
-        """(R, U, R^T, U^T, phi, psi, m) of the kind of `like`: the tensors, or numpy arrays sharing their memory
-        (made once)."""
-        operands = (self.R, self.U, self.R_t, self.U_t, self.derivative, self.derivative_adjoint, self.multiplicity)
-        if not isinstance(like, np.ndarray):
-            return operands
-        if self._numpy is None:
-            self._numpy = tuple(operand.numpy() for operand in operands)
-        return self._numpy
+    def _workspace(self, like) -> "Workspace":
+        """The path's operands in the kind of `like` (the tensors, or numpy arrays sharing their memory) with the
+        spectrum buffer of its members: made once per kind and batch size, not once per stage."""
+        key = kind(like) + (like.shape[0],)
+        if key not in self._workspaces:
+            self._workspaces[key] = Workspace(self, like)
+        return self._workspaces[key]
 
     @classmethod
     def build(cls, transport) -> "FourierPath | None":
@@ -127,7 +135,7 @@ class FourierPath:
         if self.R.shape[0] > 1:
             chosen.R, chosen.U = self.R.index_select(0, index), self.U.index_select(0, index)
             chosen.R_t, chosen.U_t = self.R_t.index_select(0, index), self.U_t.index_select(0, index)
-            chosen._numpy = None
+        chosen._workspaces = {}
         return chosen
 
     def drive(self, a: torch.Tensor) -> torch.Tensor:
@@ -136,50 +144,71 @@ class FourierPath:
     def drive_part(self, drive_bar: torch.Tensor) -> torch.Tensor:
         return drive_bar
 
-    def _velocity(self, state, drive):
+    def _velocity(self, state, drive, work):
         """y = a + state R U (M, n)."""
-        R, U = self._operands(state)[:2]
         low = state[:, :self.low]
-        if R.shape[0] == 1:
-            return addmm(drive, low @ R[0], U[0])
-        return addmm(drive[:, None], low[:, None] @ R, U)[:, 0]
+        if work.shared:
+            return addmm(drive, work.dot(low, work.R), work.U)
+        return addmm(drive[:, None], low[:, None] @ work.R, work.U)[:, 0]
 
-    def _synthesis(self, state):
-        """r = sqrt(2 pi) rho (M, n)."""
-        return irfft(complex_state(state, (self.modes,)), self.points)
+    def _synthesis(self, state, work):
+        """r = sqrt(2 pi) rho (M, n): the inverse FFT of the state's spectrum, zero-padded in the workspace."""
+        copy_(work.head, state)  # the rest of the spectrum stays zero
+        return irfft(work.spectrum, self.points)
 
     def velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rho (M, n), v (M, 1, n))."""
-        return self._synthesis(state) / math.sqrt(2 * math.pi), self._velocity(state, drive)[:, None]
+        r, y = self.token(state, drive)
+        return r / math.sqrt(2 * math.pi), y[:, None]
 
     def token(self, state, drive) -> tuple:
         """The rows (r, y), each (M, n), of the state: what the transpose reads."""
-        return self._synthesis(state), self._velocity(state, drive)
+        work = self._workspace(state)
+        return self._synthesis(state, work), self._velocity(state, drive, work)
 
     def rate_token(self, state, drive) -> tuple:
         """(the rate (M, N), the token (r, y) of `token`)."""
-        r, y = self.token(state, drive)
-        flux = rfft(r * y)[:, :self.modes]
-        return real_state(flux * self._operands(state)[4]), (r, y)
+        work = self._workspace(state)
+        r, y = self._synthesis(state, work), self._velocity(state, drive, work)
+        return real_pairs(rfft(r * y)[:, :self.modes] * work.derivative), (r, y)
 
     def rate(self, state, drive):
         return self.rate_token(state, drive)[0]
 
     def vjp_rows(self, token: tuple, b) -> tuple:
         """(state_bar (M, N), drive_bar (M, n)) from the token of `rate_token` and the rate's cotangent b."""
-        _, _, R_t, U_t, _, derivative_adjoint, multiplicity = self._operands(b)
-        f_bar = irfft(complex_state(b, (self.modes,)) * derivative_adjoint, self.points)
+        work = self._workspace(b)
+        work.xp.multiply(complex_pairs(b), work.derivative_adjoint, out=work.head_complex)
+        f_bar = irfft(work.spectrum, self.points)
         r, y = token
         y_bar, r_bar = r * f_bar, y * f_bar
-        state_bar = real_state(rfft(r_bar)[:, :self.modes] * multiplicity)
-        if R_t.shape[0] == 1:
-            state_bar[:, :self.low] += (y_bar @ U_t[0]) @ R_t[0]
+        state_bar = real_pairs(rfft(r_bar)[:, :self.modes] * work.multiplicity)
+        if work.shared:
+            state_bar[:, :self.low] += work.dot(work.dot(y_bar, work.U_t), work.R_t)
         else:
-            state_bar[:, :self.low] += ((y_bar[:, None] @ U_t) @ R_t)[:, 0]
+            state_bar[:, :self.low] += ((y_bar[:, None] @ work.U_t) @ work.R_t)[:, 0]
         return state_bar, y_bar
 
     def vjp(self, state, drive, b) -> tuple:
         return self.vjp_rows(self.token(state, drive), b)
+
+
+class Workspace:
+    """A FourierPath's operands in one array library, R and U as matrices where the members share them, and the
+    zero-padded spectrum (M, n // 2 + 1) its inverse FFTs read (`head`, `head_complex`: its first `modes`
+    frequencies, as real pairs and as complex numbers; the rest stays zero)."""
+
+    def __init__(self, path: FourierPath, like):
+        xp = self.xp = namespace(like)
+        self.dot = np.dot if xp is np else torch.mm  # of two matrices: numpy's matmul costs a microsecond more a call
+        self.shared = path.R.shape[0] == 1
+        R, U, R_t, U_t = (matrix[0] if self.shared else matrix for matrix in (path.R, path.U, path.R_t, path.U_t))
+        self.R, self.U, self.R_t, self.U_t, self.derivative, self.derivative_adjoint, self.multiplicity = (
+            as_namespace(operand, xp) for operand in (R, U, R_t, U_t, path.derivative, path.derivative_adjoint,
+                                                      path.multiplicity))
+        self.spectrum = zeros(as_namespace(path.derivative, xp), (like.shape[0], path.points // 2 + 1))
+        self.head_complex = self.spectrum[:, :path.modes]
+        self.head = real_pairs(self.spectrum)[:, :2 * path.modes]
 
 
 def folded_attention(basis, operator) -> torch.Tensor | None:
