@@ -219,12 +219,22 @@ def _batch_summaries(future, group: list[Member]) -> list:
     from distributed import KilledWorker
 
     try:
-        return future.result()
+        summaries = future.result()
     except (KilledWorker, MemoryError, OSError) as error:
         why = ("the worker process running its batch died on every try (killed by the system: out of memory?)"
                if isinstance(error, KilledWorker) else f"{type(error).__name__}: {error or 'out of memory'}")
         return [{"member": member.index, "path": None, "status": f"failed: {why}", "exit_status": 2}
                 for member in group]
+    # a worker of a cluster at --scheduler that does not see DIR at the same path (another machine, another mount)
+    # wrote the member file on its own disk: counted "completed", the member's file was then missing as sweep.nc was
+    # written, and the sweep ended "[Errno 2] No such file or directory", every member's results out of a sweep.nc
+    # never written
+    for index, summary in enumerate(summaries):
+        if summary["path"] is not None and not os.path.isfile(summary["path"]):
+            summaries[index] = {"member": summary["member"], "path": None, "exit_status": 2, "status": (
+                f"failed: its worker wrote {summary['path']}, which this machine does not see: the workers must "
+                "see DIR at the same path (a shared file system)")}
+    return summaries
 
 
 def summarise(index: int, path: str, dataset, exit_status: int) -> dict:
@@ -397,10 +407,11 @@ def _cluster(scheduler: str | None, workers: int):
 def _connected(scheduler: str):
     """A Client on the Dask scheduler at `scheduler`, or a CaseError.  Where nothing listens, Client gives up after
     distributed.comm.timeouts.connect (dask config, 30 s); but a server that accepts the connection and never
-    answers Dask's handshake (any other TCP service) held it for ever.  So the address is first asked who it is,
-    connecting within that timeout and answering within as long again (2 s at least), in an event loop of this
-    thread, cancelled whole at the deadline (a Client left waiting in a thread of its own was collected later and
-    hung the process), unless this thread runs a loop already (a notebook's), where it cannot be asked so.  Any
+    answers Dask's handshake (any other TCP service) held it for ever, and one that answers otherwise (an HTTP
+    server) was read as Dask frames ("MemoryError: Unable to allocate 3.07 EiB").  So the address is first asked who
+    it is, connecting within that timeout and answering within as long again (2 s at least), in an event loop of
+    this thread, cancelled whole at the deadline (a Client left waiting in a thread of its own was collected later
+    and hung the process), unless this thread runs a loop already (a notebook's), where it cannot be asked so.  Any
     exception of Client's (a tls:// address without its security settings raises TypeError) is the address's
     fault."""
     import asyncio
@@ -414,7 +425,10 @@ def _connected(scheduler: str):
     seconds = connecting + max(connecting, 2.0)
 
     async def identity() -> dict:
-        comm = await connect(scheduler, timeout=connecting)
+        try:
+            comm = await connect(scheduler, timeout=connecting)
+        except MemoryError:  # the first 8 bytes of a text reply ("HTTP/1.1") read as a Dask message's frame count
+            raise ValueError("its answer is no Dask message (an HTTP server? a dashboard's port?)") from None
         try:
             await comm.write({"op": "identity", "reply": True})
             return await comm.read()
@@ -436,13 +450,15 @@ def _connected(scheduler: str):
 
 
 def _check_address(scheduler: str) -> None:
-    """A CaseError for a tcp:// or tls:// address without a port, or with one that no TCP server can have (connecting
-    would retry it for the whole connect timeout)."""
+    """A CaseError for a tcp:// or tls:// address without a host or a port, or with a port that no TCP server can have
+    (connecting would retry it for the whole connect timeout)."""
     from distributed.comm.addressing import parse_address, parse_host_port
 
     try:
         protocol, location = parse_address(scheduler)
-        port = parse_host_port(location)[1] if protocol in ("tcp", "tls") else 1
+        host, port = parse_host_port(location) if protocol in ("tcp", "tls") else ("", 1)
+        if protocol in ("tcp", "tls") and not host:  # connecting to no host retried for the whole connect timeout
+            raise ValueError("no host")
     except ValueError as error:
         raise CaseError(f"--scheduler {scheduler!r} is not an address of the form tcp://HOST:PORT ({error})") from None
     if not 0 < port < 2 ** 16:
@@ -528,6 +544,10 @@ def run_sweep(case: Case, params: Iterable[str], folder: str, seeds: int | None 
             # a bar of the members done on a terminal, else a line every 30 s: a member can run for minutes
             bar = Progress(float(len(pending)), enabled=progress, quantity="members")
             with _cluster(scheduler, count) as client:
+                if scheduler and not client.nthreads():  # else its progress lines alone said "0/N, time left unknown"
+                    print(f"spherepde: note: no worker is connected to the scheduler at {scheduler}: the members "
+                          f"wait for one (dask worker {scheduler}; --workers N sizes the batches for N workers)",
+                          file=sys.stderr)
                 groups = _groups(pending, count or max(1, len(client.nthreads())), local=scheduler is None)
                 with bar.running():
                     futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
