@@ -46,7 +46,6 @@ import torch
 from spherepde.base.arrays import (
     addmm,
     as_namespace,
-    complex_pairs,
     copy_,
     irfft,
     kind,
@@ -55,6 +54,7 @@ from spherepde.base.arrays import (
     rfft,
     zeros,
 )
+from spherepde.base.real_view import complex_state
 from spherepde.discretisation.bases import make_basis
 from spherepde.kernels.choice import MemberKernels
 from spherepde.model.dense_operator import attention_operator, truncated_svd
@@ -92,7 +92,12 @@ class FourierPath:
 
     def _workspace(self, like) -> "Workspace":
         """The path's operands in the kind of `like` (the tensors, or numpy arrays sharing their memory) with the
-        spectrum buffer of its members: made once per kind and batch size, not once per stage."""
+        spectrum buffer of its members: numpy's made once per dtype and batch size, not once per stage; a tensor's
+        at each call, as TorchSHT._spectrum_buffer's: autograd's graph of one evaluation holds the buffer it
+        wrote, and every later evaluation writing a kept one would join that graph (its values requiring grad, the
+        transpose's out= refused)."""
+        if not isinstance(like, np.ndarray):
+            return Workspace(self, like)
         key = kind(like) + (like.shape[0],)
         if key not in self._workspaces:
             self._workspaces[key] = Workspace(self, like)
@@ -178,7 +183,9 @@ class FourierPath:
     def vjp_rows(self, token: tuple, b) -> tuple:
         """(state_bar (M, N), drive_bar (M, n)) from the token of `rate_token` and the rate's cotangent b."""
         work = self._workspace(b)
-        work.xp.multiply(complex_pairs(b), work.derivative_adjoint, out=work.head_complex)
+        # complex_state, not a view alone: a column slice of a wider tensor may have a row stride that
+        # view_as_complex refuses (base.real_view)
+        work.xp.multiply(complex_state(b, (self.modes,)), work.derivative_adjoint, out=work.head_complex)
         f_bar = irfft(work.spectrum, self.points)
         r, y = token
         y_bar, r_bar = r * f_bar, y * f_bar
