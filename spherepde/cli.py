@@ -164,8 +164,7 @@ def command_run(args) -> int:
     if args.output:
         _hold(args.output, before_reading=True)  # a second writer of it is refused at once
     from spherepde import load_case, run
-    from spherepde.api.limits import check_memory
-    from spherepde.base.threads import oversubscription
+    from spherepde.api.limits import check_memory, oversubscription
     from spherepde.io.output import BOTH_PREFIX, check_file, write_dataset
 
     overrides = list(args.set)

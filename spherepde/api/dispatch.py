@@ -33,9 +33,9 @@ def run(case: "Case", progress: bool | None = None, checkpoint=None):
     (solvers.particle_training.run_particle_training) with "particles".  A training keeps its
     evaluations of J and dJ/dW in the checkpoint (solvers/journal.py).
     """
-    from spherepde.api.limits import check_memory
+    from spherepde.api.limits import check_memory, oversubscription
     from spherepde.base.garbage import thawed_after
-    from spherepde.base.threads import oversubscription, threads_for  # torch, imported by a run only
+    from spherepde.base.threads import threads_for  # torch is imported by the run, not by `import spherepde`
     from spherepde.io.case import Case
 
     if not isinstance(case, Case):

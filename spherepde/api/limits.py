@@ -7,6 +7,7 @@ are in spherepde.io.case and spherepde.io.case_schema.
 """
 
 import math
+import os
 
 from spherepde.base.errors import CaseError
 from spherepde.base.memory import available_memory
@@ -36,6 +37,20 @@ def check_members(counts: list[int], seeds: int | None) -> None:
         raise CaseError(f"--param: {product}{members} members; at most {MAX_MEMBERS} (each is a run and a file)")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the system has one, else all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def oversubscription(case) -> str | None:
+    """A warning's text where solver.threads of `case` is a number above `usable_cpus()`, else None."""
+    setting, cpus = case["solver"].get("threads", "auto"), usable_cpus()
+    if setting == "auto" or setting <= cpus:
+        return None
+    return (f"solver.threads = {setting} is more than the {cpus} CPUs this process may use: the threads share them "
+            "and the run is slower, with the same numbers")
+
+
 def table_bytes(lmax: int) -> int:
     """The host memory that building the S^2 grid of degree `lmax` needs: its three Legendre tables, (lmax + 1)^2
     values at each of the dealiased grid's latitudes, in float64, times TABLE_PEAK_FACTOR."""
@@ -60,32 +75,34 @@ PARTICLE_COPIES = 8
 
 
 def check_memory(case) -> None:
-    """A CaseError naming time.save_every when the saves of `case` cannot be held (`saved_bytes`), particles.n when
-    its particles cannot be held PARTICLE_COPIES times, or
+    """A CaseError naming particles.n when the particles of `case` cannot be held PARTICLE_COPIES times,
     sphere.lmax when an Eulerian S^2 run cannot hold its grid's arrays (`grid_bytes`) and, on the torch transform,
-    build its spherical-harmonic tables, in the memory this machine has left (the shtns backend keeps its own,
-    smaller tables, and ends the process from C where it cannot allocate them: the grid's bound comes first)."""
+    build its spherical-harmonic tables, or else time.save_every when its saves cannot be held (`saved_bytes`), in
+    the memory this machine has left (the shtns backend keeps its own, smaller tables, and ends the process from C
+    where it cannot allocate them: the grid's bound comes first; a grid beyond the memory is named as such, not by
+    its saves)."""
     solver = case["solver"]
     available = available_memory()
+    if available is None:
+        return
+    needed = particle_bytes(case)
+    if needed > available:
+        raise CaseError(f"particles.n: {case['particles']['n']} particles need at least {_size(needed)} of memory; "
+                        f"this machine has {_size(available)} available (fewer particles)")
+    if case.dim == 3 and solver["method"] != "particles":
+        needed = grid_state_bytes(case) + shared_table_bytes(case)
+        tables = "" if solver["backend"] == "shtns" else " and spherical-harmonic tables"
+        if needed > available:
+            raise CaseError(f"sphere.lmax: the S^2 grid of lmax {case['sphere']['lmax']} needs about {_size(needed)} "
+                            f"of memory for its arrays{tables}; this machine has {_size(available)} available (lower "
+                            "sphere.lmax)")
     needed = saved_bytes(case)
-    if available is not None and needed > available:
+    if needed > available:
         timing = case["time"]
         saves = math.floor(timing["t_end"] / timing["save_every"]) + 1
         raise CaseError(f"time.save_every: {saves} saves up to t_end = {timing['t_end']:g} need at least "
                         f"{_size(needed)} of memory (a run holds them until its output is written); this machine has "
                         f"{_size(available)} available (a larger time.save_every)")
-    needed = particle_bytes(case)
-    if needed and available is not None and needed > available:
-        raise CaseError(f"particles.n: {case['particles']['n']} particles need at least {_size(needed)} of memory; "
-                        f"this machine has {_size(available)} available (fewer particles)")
-    if case.dim != 3 or solver["method"] == "particles":
-        return
-    lmax = case["sphere"]["lmax"]
-    needed = grid_state_bytes(case) + shared_table_bytes(case)
-    if available is not None and needed > available:
-        raise CaseError(f"sphere.lmax: the S^2 grid of lmax {lmax} needs about {_size(needed)} of memory for its "
-                        f"arrays{'' if solver['backend'] == 'shtns' else ' and spherical-harmonic tables'}; this "
-                        f"machine has {_size(available)} available (lower sphere.lmax)")
 
 
 def particle_bytes(case) -> int:

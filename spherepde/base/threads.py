@@ -11,11 +11,11 @@ attention blocks of 1 MiB, the same order of work per operation), and above thos
 OMP_NUM_THREADS.  A number asks for exactly that many threads.  The same limit holds for the BLAS that numpy calls
 (threadpoolctl): the particle step runs its products in numpy on the CPU (solvers/particle_step.py), and its
 OpenBLAS would otherwise start threads of its own on large systems.  A number above the CPUs this process may use
-is still taken (a run repeats its serial run's reductions only with the same count), with a warning: 4095 threads on
-2 cores made a run of a fraction of a second take over a minute.
+is still taken (a run repeats its serial run's reductions only with the same count), with a warning
+(spherepde.api.limits.oversubscription): 4095 threads on 2 cores made a run of a fraction of a second take over a
+minute.
 """
 
-import os
 from contextlib import contextmanager
 
 import torch
@@ -34,20 +34,6 @@ def run_threads(case) -> int:
     small_grid = method == "particles" or case["sphere"]["lmax"] <= ONE_THREAD_LMAX
     few_particles = method == "eulerian" or case["particles"]["n"] <= ONE_THREAD_PARTICLES
     return 1 if small_grid and few_particles else torch.get_num_threads()
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the system has one, else all)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def oversubscription(case) -> str | None:
-    """A warning's text where solver.threads of `case` is a number above `usable_cpus()`, else None."""
-    setting, cpus = case["solver"].get("threads", "auto"), usable_cpus()
-    if setting == "auto" or setting <= cpus:
-        return None
-    return (f"solver.threads = {setting} is more than the {cpus} CPUs this process may use: the threads share them "
-            "and the run is slower, with the same numbers")
 
 
 @contextmanager
