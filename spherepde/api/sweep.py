@@ -409,11 +409,11 @@ def _connected(scheduler: str):
     distributed.comm.timeouts.connect (dask config, 30 s); but a server that accepts the connection and never
     answers Dask's handshake (any other TCP service) held it for ever, and one that answers otherwise (an HTTP
     server) was read as Dask frames ("MemoryError: Unable to allocate 3.07 EiB").  So the address is first asked who
-    it is, connecting within that timeout and answering within as long again (2 s at least), in an event loop of
-    this thread, cancelled whole at the deadline (a Client left waiting in a thread of its own was collected later
-    and hung the process), unless this thread runs a loop already (a notebook's), where it cannot be asked so.  Any
-    exception of Client's (a tls:// address without its security settings raises TypeError) is the address's
-    fault."""
+    it is, connecting and answering within one deadline of that timeout and as long again (2 s at least: 60 s by
+    default), in an event loop of this thread, cancelled whole at the deadline (a Client left waiting in a thread of
+    its own was collected later and hung the process), unless this thread runs a loop already (a notebook's), where
+    it cannot be asked so.  Any exception of Client's (a tls:// address without its security settings raises
+    TypeError) is the address's fault."""
     import asyncio
 
     import dask
