@@ -98,11 +98,9 @@ def check_memory(case) -> None:
                             "sphere.lmax)")
     needed = saved_bytes(case)
     if needed > available:
-        timing = case["time"]
-        saves = math.floor(timing["t_end"] / timing["save_every"]) + 1
-        raise CaseError(f"time.save_every: {saves} saves up to t_end = {timing['t_end']:g} need at least "
-                        f"{_size(needed)} of memory (a run holds them until its output is written); this machine has "
-                        f"{_size(available)} available (a larger time.save_every)")
+        raise CaseError(f"time.save_every: {save_count(case)} saves up to t_end = {case['time']['t_end']:g} need at "
+                        f"least {_size(needed)} of memory (a run holds them until its output is written); this "
+                        f"machine has {_size(available)} available (a larger time.save_every)")
 
 
 def particle_bytes(case) -> int:
@@ -118,20 +116,22 @@ def particle_bytes(case) -> int:
 SAVE_COPIES = 2
 
 
+def save_count(case) -> int:
+    """A lower bound of a run's save times: floor(t_end / save_every) + 1."""
+    return math.floor(case["time"]["t_end"] / case["time"]["save_every"]) + 1
+
+
 def saved_bytes(case) -> int:
     """A lower bound of the memory a run's saves take: SAVE_COPIES copies of the float64 density on its grid (S^2:
     nlat x 2 nlat nodes; S^1: at least 2 lmax + 1 points) and of the saved particles' positions (particles.save,
-    d), at each of its floor(t_end / save_every) + 1 save times."""
-    timing, solver = case["time"], case["solver"]
-    saves = math.floor(timing["t_end"] / timing["save_every"]) + 1
+    d), at each of its `save_count` save times."""
+    method, lmax = case["solver"]["method"], case["sphere"]["lmax"]
     values = 0
-    if solver["method"] != "particles":
-        lmax = case["sphere"]["lmax"]
-        nlat = dealiased_gauss_latitudes(lmax) if case.dim == 3 else 0
-        values += nlat * 2 * nlat if case.dim == 3 else 2 * lmax + 1
-    if solver["method"] != "eulerian":
+    if method != "particles":
+        values += 2 * dealiased_gauss_latitudes(lmax) ** 2 if case.dim == 3 else 2 * lmax + 1
+    if method != "eulerian":
         values += case["particles"]["save"] * case.dim
-    return SAVE_COPIES * saves * values * 8
+    return SAVE_COPIES * save_count(case) * values * 8
 
 
 def grid_state_bytes(case) -> int:
