@@ -129,17 +129,19 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
     A trial point of the line search where J or dJ/dW is not finite (the explicit transport fails for
     too large a W) gets J = 1e3 (1 + |J_0|) and a zero gradient, so that the search backs off; only a
     failure at the start raises NumericalFailure.  Evaluations are cached by their point: scipy asks
-    for the current point again after a rejected trial."""
+    for the current point again after a rejected trial.  The stop message counts the evaluations of J and
+    dJ/dW made (`made`), not scipy's nfev, which counts those served from the cache again."""
     from scipy.optimize import minimize
 
     shape, dtype, device = parameter.shape, parameter.dtype, parameter.device
-    evaluations, history, failures = {}, [], 0
+    evaluations, history, failures, made = {}, [], 0, 0
     bar = Progress(float(max(control["iterations"], 1)), enabled=progress, quantity="iteration")
 
     def evaluation(x):
-        nonlocal failures
+        nonlocal failures, made
         key = x.tobytes()
         if key not in evaluations:
+            made += 1
             controls = torch.tensor(x.reshape(shape), dtype=dtype, device=device)  # a copy: scipy reuses x
             try:
                 gradient = _checked(gradient_of(controls), len(history), control.get("loss"))
@@ -177,7 +179,7 @@ def quasi_newton(control: dict, parameter: torch.Tensor, gradient_of, progress: 
             # scipy 1.15 on words a failed line search "ABNORMAL: " with the reason left out
             message = result.message + ("the line search found no step meeting the Wolfe conditions"
                                         if result.message.endswith(": ") else "")
-            stop = f"L-BFGS-B: {message} ({result.nfev} evaluations, {failures} of them failed runs)"
+            stop = f"L-BFGS-B: {message} ({made} evaluations, {failures} of them failed runs)"
     controls, final = history[-1]
     result = TrainingResult(controls.detach(), [g.cost for _, g in history], [g.loss for _, g in history],
                             [float(g.dW.norm()) for _, g in history], history[0][1], final, stop)

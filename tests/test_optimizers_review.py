@@ -133,6 +133,33 @@ def test_a_failed_line_search_says_why():
     assert direct.status == 2 and says_why, result.stop
 
 
+def test_lbfgs_counts_the_evaluations_it_made():
+    """optimizer_stop's "(n evaluations, k of them failed runs)": n is the evaluations of J and dJ/dW made, each at its
+    own point.  In the failed line search above scipy asks 65 times for 64 points (the current point again after a
+    rejected trial), the cache serving the 65th; n was scipy's nfev, 65."""
+    penalty = 1e3 * (1 + cost(np.zeros((LAYERS, D, D))))
+    asked = []
+
+    def penalised(x):
+        asked.append(x.tobytes())
+        W = x.reshape(LAYERS, D, D)
+        return (cost(W), slope(W).ravel()) if np.abs(W).max() <= 0.3 else (penalty, np.zeros(x.size))
+    direct = minimize(penalised, np.zeros(LAYERS * D * D), jac=True, method="L-BFGS-B",
+                      options={"maxiter": 50, "maxfun": 201, "gtol": 1e-9, "ftol": 1e-9})
+    made, failed = [], []
+    evaluate = gradient_of_cost(radius=0.3)
+
+    def gradient_of(W):
+        made.append(W.numpy().tobytes())
+        if np.abs(W.numpy()).max() > 0.3:
+            failed.append(W)
+        return evaluate(W)
+    result = optimise(control(optimizer="lbfgs", iterations=50, tol=1e-9), torch.zeros(D, D, dtype=torch.float64),
+                      LAYERS, gradient_of, progress=False)
+    assert direct.nfev == len(asked) > len(set(asked)) == len(made) == len(set(made))  # a point asked for twice
+    assert result.stop.endswith(f" ({len(made)} evaluations, {len(failed)} of them failed runs)"), result.stop
+
+
 @pytest.mark.slow
 def test_lockstep_members_that_stop_fail_and_run_on_are_their_serial_trainings():
     """Three S^1 trainings in one batch: gd stopping by its relative-cost tolerance at iteration 1, Adam at lr 8
