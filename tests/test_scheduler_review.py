@@ -1,11 +1,16 @@
 """Sweeps on a Dask scheduler started by hand (--scheduler, docs/guide/sweeps.md "Where the members run"): a worker
-that does not see DIR, a scheduler without workers, and addresses that are no Dask scheduler's."""
+that does not see DIR, a scheduler without workers or whose workers all left, and addresses that are no Dask
+scheduler's."""
 
 import contextlib
+import importlib.util
+import io
 import os
 import socket
+import sys
 import threading
 
+import numpy as np
 import pytest
 import xarray as xr
 
@@ -13,7 +18,9 @@ pytest.importorskip("distributed", reason="the sweep extra (Dask) is not install
 
 from test_cli import write_case
 
+import spherepde
 from spherepde.api import sweep as sweep_module
+from spherepde.api.sweep import run_batch
 from spherepde.cli import main
 
 
@@ -98,6 +105,82 @@ def test_a_scheduler_with_workers_says_nothing_of_them(tmp_path, cluster, capsys
     assert "no worker" not in capsys.readouterr().err
 
 
+# The first batch's task waits in its worker until `release`; pickled by reference (a module's function), so that the
+# in-process workers of the test's cluster share these events
+_FIRST_BATCH = {"started": threading.Event(), "release": threading.Event()}
+
+
+def _first_batch_held(indices, case_texts, paths, threads=None):
+    """sweep.run_batch, but the first call waits for `release` and returns nothing (its worker is gone by then)."""
+    if not _FIRST_BATCH["started"].is_set():
+        _FIRST_BATCH["started"].set()
+        _FIRST_BATCH["release"].wait(60)
+        return []
+    return run_batch(indices, case_texts, paths, threads)
+
+
+class _Stderr(io.StringIO):
+    """sys.stderr that sets `noted` when the note of the workers lost is written."""
+
+    def __init__(self):
+        super().__init__()
+        self.noted = threading.Event()
+
+    def write(self, text):
+        if "no worker is left" in text:
+            self.noted.set()
+        return super().write(text)
+
+
+@pytest.mark.parametrize("remote", [True, False], ids=["scheduler", "local cluster"])
+def test_a_sweep_whose_every_worker_left_says_the_members_wait(tmp_path, monkeypatch, remote):
+    """The only worker of the scheduler at --scheduler (`remote`, else of the sweep's own cluster) leaves while it
+    runs a batch (closed here; killed, the same): the sweep waited for ever saying only "members=0/1 (0%), ..., time
+    left unknown" every 30 s.  Now one line says that no worker is left and the members wait; a worker that connects
+    then runs them, and the sweep completes."""
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setattr(sweep_module, "WORKERLESS_SECONDS", 0.3)
+    monkeypatch.setattr(sweep_module, "WORKERS_POLL_SECONDS", 0.05)
+    monkeypatch.setattr(sweep_module, "run_batch", _first_batch_held)
+    for event in _FIRST_BATCH.values():
+        event.clear()
+    stderr = _Stderr()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    case, output = write_case(tmp_path), tmp_path / "out"
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        def lose_and_restore():
+            if _FIRST_BATCH["started"].wait(60):
+                (worker,) = cluster.workers.values()
+                cluster.sync(worker.close, executor_wait=False)
+                stderr.noted.wait(10)  # without the note too: the sweep would wait for ever
+                cluster.scale(2)  # a new worker beside the closed one
+
+        helper = threading.Thread(target=lose_and_restore, daemon=True)
+        helper.start()
+        address = cluster.scheduler_address
+        if not remote:  # the LocalCluster the sweep would start, in this process so that its worker can be closed
+            monkeypatch.setattr(sweep_module, "_cluster", lambda scheduler, workers: Client(cluster))
+        try:
+            status = main(["sweep", str(case), "--param", "model.eps=0.1", "-o", str(output)]
+                          + (["--scheduler", address] if remote else ["--workers", "1"]))
+        finally:
+            _FIRST_BATCH["release"].set()
+            helper.join(timeout=60)
+    err = stderr.getvalue()
+    assert status == 0, err
+    assert err.count("no worker") == 1, err
+    where = (f"the scheduler at {address}: the members wait for one (dask worker {address})" if remote
+             else "the local cluster: the members wait for one")
+    assert (f"spherepde: note: no worker is left on {where}; or interrupt the sweep, and the same command with "
+            "--resume keeps the members done\n") in err
+    serial = spherepde.run(spherepde.load_case(str(case), ["model.eps=0.1"]), progress=False)
+    with xr.open_dataset(output / "sweep.nc") as combined:
+        assert list(combined["member_status"].values) == ["completed"]
+        assert np.array_equal(combined["density"].sel(member=0).values, serial["density"].values)
+
+
 def test_an_http_server_is_no_scheduler_in_one_line(tmp_path, capsys):
     """An HTTP server (a dashboard's port, a proxy) answers Dask's handshake with text, whose first 8 bytes Dask read
     as a frame count: "cannot reach a Dask scheduler ...: MemoryError: Unable to allocate 3.07 EiB"."""
@@ -134,3 +217,43 @@ def test_an_address_without_a_host_is_refused_at_once(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert status == 2 and err.strip() == ("spherepde: error: --scheduler 'tcp://:8786' is not an address of the form "
                                            "tcp://HOST:PORT (no host)"), err
+
+
+@pytest.mark.parametrize("address, why", [
+    ("inproc://foo", "an inproc:// address reaches a scheduler in its own process only"),
+    ("inproc://127.0.0.1/1/1", "an inproc:// address reaches a scheduler in its own process only"),
+    ("ucx://127.0.0.1:8786", "ucx:// needs the distributed-ucxx package, which is not installed"),
+    ("foo://127.0.0.1:8786", "Dask has no foo:// protocol")])
+def test_an_address_of_a_protocol_that_reaches_no_scheduler_says_which_forms_do(tmp_path, capsys, monkeypatch,
+                                                                                 address, why):
+    """inproc:// and ucx:// addresses ended in one line that did not say what was wrong ("cannot reach a Dask scheduler
+    at 'inproc://foo': ValueError: not enough values to unpack (expected 3, got 1)", "... TypeError: Can't instantiate
+    abstract class UCXConnector with abstract method connect"); now it names the forms that are supported."""
+    if address.startswith("ucx") and importlib.util.find_spec("distributed_ucxx") is not None:
+        pytest.skip("distributed-ucxx is installed: ucx:// addresses are Dask's")
+
+    def no_connection(*args, **kwargs):
+        raise AssertionError("an address of such a protocol is not connected to")
+
+    monkeypatch.setattr("distributed.comm.connect", no_connection)
+    status = main(["sweep", str(write_case(tmp_path)), "--param", "model.eps=0.1", "--scheduler", address,
+                   "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.strip() == (f"spherepde: error: --scheduler {address!r}: {why}; give the scheduler's "
+                                           "address as tcp://HOST:PORT or HOST:PORT"), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_inproc_address_of_this_process_runs_the_sweep(tmp_path):
+    """The Python API on a LocalCluster(processes=False) of its own process, whose address is inproc://: not
+    refused, the member is its serial run."""
+    from distributed import LocalCluster
+
+    case = spherepde.load_case(str(write_case(tmp_path)))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        assert cluster.scheduler_address.startswith("inproc://")
+        combined_path = sweep_module.run_sweep(case, ["model.eps=0.1"], str(tmp_path / "out"),
+                                               scheduler=cluster.scheduler_address, progress=False)
+    serial = spherepde.run(case.with_overrides(["model.eps=0.1"]), progress=False)
+    with xr.open_dataset(combined_path) as combined:
+        assert np.array_equal(combined["density"].sel(member=0).values, serial["density"].values)

@@ -58,3 +58,16 @@ def test_a_sweep_over_a_string_and_a_real_key_selects_members_by_value(tmp_path)
         assert np.array_equal(picked["order_parameter"].values, member["order_parameter"].values)
         assert 'kind = "uniform"' in str(picked["member_case"].values) and "beta = 2.0" in str(
             picked["member_case"].values)
+
+
+@pytest.mark.parametrize("param, labels", [
+    ("model.eps=0,-0.0", ("model.eps=0", "model.eps=-0.0")),
+    ("model.W=[[-0.0,0],[0,0]],[[0,0],[0,0]]", ("model.W=[[-0.0, 0], [0, 0]]", "model.W=[[0, 0], [0, 0]]"))])
+def test_a_swept_zero_and_its_negative_are_the_same_run(tmp_path, capsys, param, labels):
+    """0 and -0.0 are one number to a run (their runs' files are equal bit for bit) but were two members, as 0.1, 0.1
+    (refused: "given twice") and 1, 1.0 (refused: "the same run") are not: refused as the latter."""
+    status = main(["sweep", str(write_case(tmp_path)), "--param", param, "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.strip() == (f"spherepde: error: sweep members 0 ({labels[0]}) and 1 ({labels[1]}) are "
+                                           "the same run"), err
+    assert not (tmp_path / "out").exists()

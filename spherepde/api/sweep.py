@@ -36,6 +36,8 @@ import os
 import re
 import signal
 import sys
+import threading
+import time
 import tomllib
 import warnings
 from collections.abc import Iterable
@@ -55,6 +57,10 @@ from spherepde.io.output import check_folder
 GRID_DIMS = ("theta", "lat", "lon")
 COMBINED = "sweep.nc"
 MEMBER_FILE = re.compile(r"member-\d{3,}\.nc")  # Member.path's names
+# Every worker gone for this long is told: a nanny starts a killed worker again within seconds (1.2 s measured on a
+# LocalCluster of 2 workers both killed), and that is no loss to tell
+WORKERLESS_SECONDS = 10.0
+WORKERS_POLL_SECONDS = 1.0  # how often the sweep asks the scheduler for its workers while the members run
 
 
 @dataclass(frozen=True)
@@ -151,7 +157,7 @@ def check_members_run(members: list[Member], local: bool) -> None:
         # [case] names and describes a run; an Eulerian run draws nothing, so [particles] does not change it
         ignored = ("case", "particles") if member.case["solver"]["method"] == "eulerian" else ("case",)
         sections = {name: values for name, values in member.case.data.items() if name not in ignored}
-        run = repr(sorted((name, sorted(values.items())) for name, values in sections.items()))
+        run = repr(sorted((name, sorted(_unsigned_zeros(values).items())) for name, values in sections.items()))
         if run in runs:
             other = runs[run].case.data
             why = {"particles": " (an Eulerian run draws nothing: [particles] keys do not change it)",
@@ -175,6 +181,18 @@ def check_members_run(members: list[Member], local: bool) -> None:
                 files.add(source)
         except CaseError as error:
             raise CaseError(f"sweep member {member.index} ({member.label()}): {error}") from None
+
+
+def _unsigned_zeros(value):
+    """`value` with each float -0.0 in it (in lists and tables too) as 0.0: no run reads the sign of a zero (eps, a
+    matrix entry), but repr tells them apart, and model.eps=0,-0.0 ran the same run twice."""
+    if isinstance(value, float):
+        return value + 0.0  # -0.0 + 0.0 is 0.0
+    if isinstance(value, list):
+        return [_unsigned_zeros(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _unsigned_zeros(item) for key, item in value.items()}
+    return value
 
 
 def run_batch(indices: list, case_texts: list, paths: list, threads: int | None = None) -> list:
@@ -451,8 +469,14 @@ def _connected(scheduler: str):
 
 def _check_address(scheduler: str) -> None:
     """A CaseError for a tcp:// or tls:// address without a host or a port, or with a port that no TCP server can have
-    (connecting would retry it for the whole connect timeout)."""
+    (connecting would retry it for the whole connect timeout), and for a protocol that reaches no scheduler from here:
+    one Dask does not have, ucx:// without distributed-ucxx (Client raised "TypeError: Can't instantiate abstract class
+    UCXConnector"), inproc:// of another process (Client said "ValueError: not enough values to unpack", or that the
+    address "does not match host or pid")."""
+    from importlib.util import find_spec
+
     from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.registry import get_backend
 
     try:
         protocol, location = parse_address(scheduler)
@@ -463,6 +487,20 @@ def _check_address(scheduler: str) -> None:
         raise CaseError(f"--scheduler {scheduler!r} is not an address of the form tcp://HOST:PORT ({error})") from None
     if not 0 < port < 2 ** 16:
         raise CaseError(f"--scheduler {scheduler!r}: port {port} is not a TCP port (1 to 65535)")
+    why = None
+    if protocol == "inproc" and location.split("/")[1:2] != [str(os.getpid())]:
+        # a Python session's LocalCluster(processes=False) has such an address, which its own run_sweep may use
+        why = "an inproc:// address reaches a scheduler in its own process only"
+    elif protocol == "ucx" and find_spec("distributed_ucxx") is None:  # Dask's own ucx:// was removed for it
+        why = "ucx:// needs the distributed-ucxx package, which is not installed"
+    else:
+        try:
+            get_backend(protocol)
+        except ValueError:
+            why = f"Dask has no {protocol}:// protocol"
+    if why:
+        raise CaseError(f"--scheduler {scheduler!r}: {why}; give the scheduler's address as tcp://HOST:PORT or "
+                        "HOST:PORT")
 
 
 def _running_loop() -> bool:
@@ -544,12 +582,13 @@ def run_sweep(case: Case, params: Iterable[str], folder: str, seeds: int | None 
             # a bar of the members done on a terminal, else a line every 30 s: a member can run for minutes
             bar = Progress(float(len(pending)), enabled=progress, quantity="members")
             with _cluster(scheduler, count) as client:
-                if scheduler and not client.nthreads():  # else its progress lines alone said "0/N, time left unknown"
+                connected = len(client.nthreads()) if scheduler else count  # a LocalCluster's started with it
+                if scheduler and not connected:  # else its progress lines alone said "0/N, time left unknown"
                     print(f"spherepde: note: no worker is connected to the scheduler at {scheduler}: the members "
                           f"wait for one (dask worker {scheduler}; --workers N sizes the batches for N workers)",
                           file=sys.stderr)
-                groups = _groups(pending, count or max(1, len(client.nthreads())), local=scheduler is None)
-                with bar.running():
+                groups = _groups(pending, count or max(1, connected), local=scheduler is None)
+                with bar.running(), _telling_workers_lost(client, bar, scheduler, told=not connected):
                     futures = [client.submit(run_batch, [m.index for m in group], [m.case.text for m in group],
                                              [m.path for m in group], threads, pure=False) for group in groups]
                     group_of = {future.key: group for future, group in zip(futures, groups)}
@@ -584,6 +623,44 @@ def run_sweep(case: Case, params: Iterable[str], folder: str, seeds: int | None 
               file=sys.stderr)
     _raise_failures(members, summaries)
     return combined
+
+
+@contextlib.contextmanager
+def _telling_workers_lost(client, bar: Progress, scheduler: str | None, told: bool):
+    """Inside, a thread asks the scheduler for its workers every WORKERS_POLL_SECONDS and where none has been left
+    for WORKERLESS_SECONDS (all killed: the scheduler keeps their batches until a worker connects), says so once,
+    again only after a worker came back and left; `told`: the sweep said already that none was connected.  Without
+    it, a sweep whose workers were all killed waited for ever saying only "members=0/2 (0%), ..., time left
+    unknown" every 30 s."""
+    where = f"the scheduler at {scheduler}: the members wait for one (dask worker {scheduler})" if scheduler else (
+        "the local cluster: the members wait for one")
+    note = (f"spherepde: note: no worker is left on {where}; or interrupt the sweep, and the same command with "
+            "--resume keeps the members done")
+    stop = threading.Event()
+
+    def watch(told: bool) -> None:
+        since = None  # when the scheduler was first seen without a worker
+        while not stop.wait(WORKERS_POLL_SECONDS):
+            try:
+                workers = client.nthreads()
+            except Exception:  # noqa: BLE001 - a scheduler that is gone: the sweep's futures report it
+                continue
+            if workers:
+                told, since = False, None
+                continue
+            since = time.monotonic() if since is None else since
+            if not told and time.monotonic() - since >= WORKERLESS_SECONDS and not stop.is_set():
+                bar.write(note)
+                told = True
+
+    thread = threading.Thread(target=watch, args=(told,), daemon=True, name="spherepde-workers")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        # no longer than a poll: one asked of a scheduler that is gone waits for Dask's connect timeout (30 s)
+        thread.join(timeout=WORKERS_POLL_SECONDS)
 
 
 def _groups(pending: list[Member], count: int, local: bool) -> list[list[Member]]:
