@@ -352,6 +352,30 @@ def test_signed_moments_are_the_moments_at_the_reflected_points(torch_sht, signs
         <= 1e-14
 
 
+@pytest.mark.parametrize("signs", [(1, 1, 1), (-1, -1, -1)])
+def test_frame_moments_are_the_moments_on_the_frame(torch_sht, signs):
+    """frame_moments gives rho, the filtered rho and the components of the filtered N = (rho x_1, rho x_2, rho x_3)
+    along e_theta and e_phi, and with `radial` along x, equal to `moments` projected on the frame at every point of
+    the grid (plain and reflected tables), in numpy and in torch under autograd."""
+    mu = np.exp(-0.1 * np.arange(LMAX + 1)) * (1 + 0.5 * np.cos(np.arange(LMAX + 1)))
+    generator = torch.Generator().manual_seed(8)
+    c = torch.randn(2, LMAX, LMAX, dtype=torch.complex128, generator=generator)
+    c = c * (torch.arange(LMAX)[None, :] >= torch.arange(LMAX)[:, None])
+    tables = torch_sht.moment_filter(mu, signs)
+    fields = torch_sht.moments(c, tables)
+    theta, phi = torch_sht.theta[:, None], torch_sht.phi[None, :]
+    zero = torch.zeros_like(theta * phi)
+    frame = [(torch.cos(theta) * torch.cos(phi), torch.cos(theta) * torch.sin(phi), zero - torch.sin(theta)),
+             (zero - torch.sin(phi), zero + torch.cos(phi), zero),
+             (torch.sin(theta) * torch.cos(phi), torch.sin(theta) * torch.sin(phi), zero + torch.cos(theta))]
+    along = [sum(e_k * fields[:, 2 + k] for k, e_k in enumerate(e)) for e in frame]
+    expected = torch.stack([fields[:, 0], fields[:, 1], along[0], along[1]], dim=1)
+    assert relative_difference(torch_sht.frame_moments(c, tables), expected) <= 1e-13
+    assert relative_difference(torch_sht.frame_moments(c, tables, radial=True), along[2][:, None]) <= 1e-13
+    tracked = torch_sht.frame_moments(c.clone().requires_grad_(True), tables)
+    assert relative_difference(tracked.detach(), expected) <= 1e-13
+
+
 # --- interface guards --------------------------------------------------------------------------
 
 

@@ -259,6 +259,48 @@ def test_the_spectral_field_from_the_coefficients_is_the_grid_route(kernel):
         assert relative(ours, theirs) <= 1e-13
 
 
+def test_the_frame_route_is_the_channels_route(monkeypatch):
+    """Where every V_m = a_m I (softmax, spectral field on S^2), the rate takes rho, Z and N's components along the
+    frame from the coefficients (Transport._frame_velocity): the rate and the velocity equal those of the channels'
+    route (`_softmax_components`) to round-off, with B = s I (two transforms) and a reflection in the tables.  With
+    the void threshold raised over a density of both signs (Z <= 0 and |m| > 1 at some void and some other points)
+    the bounded m takes |N| from the frame and the radial component: the same velocity, its NaNs and zeros."""
+    import spherepde.model.transport as transport_module
+
+    scaled, reflection = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [[1, 0, 0], [0, 1, 0], [0, 0, -1]]
+    cases = [case_from_dict({
+        "sphere": {"dim": 3, "lmax": 12},
+        "model": {"kernel": "softmax", "beta": beta, "B": B, "V": [[a * (i == j) for j in range(3)] for i in range(3)],
+                  "eps": 0.05},
+        "initial": {"kind": "vmf", "mean": mean, "kappa": 2.0}, "time": {"t_end": 1.0, "dt": 0.1},
+        "solver": {"device": "cpu", "field": "spectral"}})
+        for beta, B, a, mean in ((2.0, scaled, 1.0, [1.0, 0.2, 0.1]), (1.0, scaled, 0.5, [0.3, 1.0, -0.2]),
+                                 (1.5, reflection, -0.7, [0.0, -0.4, 1.0]))]
+    basis = make_basis(3, 12, CPU64)
+    batch = ModelBatch.of([Model.from_case(case, CPU64) for case in cases])
+    kernels = MemberKernels(basis, batch.B, [m.beta for m in batch.models], "spectral", 1e-10)
+    state = real_state(torch.stack([initial_density(case["initial"], basis) for case in cases]))
+    W = 0.3 * torch.randn(3, 3, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    transport = Transport(basis, batch, kernels, path="grid")
+    assert transport._frame_scale.tolist() == [1.0, 0.5, -0.7]
+    channels = copy.copy(transport)
+    channels._frame_scale = None
+    drive = transport.feed_forward(W)
+    assert relative(transport(state, drive), channels(state, drive)) <= 1e-13
+    assert relative(transport.velocity(state, drive)[1], channels.velocity(state, drive)[1]) <= 1e-13
+    x, _, z = basis.points.unbind(-1)
+    # degree 1, negative below z + x / 2 = -0.1
+    signed = real_state(basis.analysis(0.1 + z + 0.5 * x)[None]).expand(3, -1).contiguous()
+    monkeypatch.setattr(transport_module, "NEGLIGIBLE_DENSITY", 0.3)
+    rho, v = transport.velocity(signed, drive)
+    expected = channels.velocity(signed, drive)[1]
+    void = rho.abs() <= 0.3 * rho.abs().amax(-1, keepdim=True)
+    assert bool(void.any()) and bool((~void).any()) and bool(expected.isnan().any())
+    assert bool(((expected - drive).abs() > 0).any())
+    torch.testing.assert_close(v, expected, rtol=1e-13, atol=1e-13 * float(expected.nan_to_num().abs().max()),
+                               equal_nan=True)
+
+
 def test_softmax_components_are_those_of_the_softmax_mean():
     """Transport._softmax_components (u from the channels, m never formed) against model.softmax_mean and the
     frame components of its m, on channels with Z <= 0 and |m| > 1 both inside and outside the void (|rho| below

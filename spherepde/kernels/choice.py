@@ -128,6 +128,23 @@ class MemberKernels:
         scaled channels, in that order."""
         return self._by_transform(fields_bar, lambda kernel, part: (kernel.density_fields_adjoint(part),))[0]
 
+    @property
+    def frame_from_density(self) -> bool:
+        """Whether every transform in use gives `density_frame_fields`."""
+        return all(getattr(kernel, "frame_from_density", False) for kernel, _ in self._groups)
+
+    def density_frame_fields(self, c: torch.Tensor, radial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """((rho, Z, <e_theta, N>, <e_phi, N>) (M, 4, P), log_scale (M, P)): `density_fields`' rho and scaled
+        channels with N on the grid's frame, from the coefficients c (M, *coeff), where `frame_from_density`; with
+        `radial` the first is <x, N> alone (M, 1, P)."""
+        points = math.prod(self.grid_shape)
+
+        def through(kernel, part):
+            fields, log_scale = kernel.density_frame_fields(part, radial)
+            return fields, log_scale.reshape(1, points).expand(part.shape[0], points)
+
+        return self._by_transform(c, through)
+
 
 def _members_through(kernel, f: torch.Tensor, grid_shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """One transform applied to the fields of every member at once: (M, c, P), the member axis riding along with

@@ -64,8 +64,8 @@ class ScaledMode:
         # with `on_grid`, the analysis, the weights and the synthesis as one product per order where it applies
         self._filter = transform.degree_filter(weights[0]) if on_grid else None  # weights[m, l] = mu_l
         moments = transform.moment_filter(weights[0], signs) if on_grid else None
-        self.from_density = moments is not None
-        self._moments, self._moments_adjoint = moments if self.from_density else (None, None)
+        self.from_density = self.frame_from_density = moments is not None
+        self._moments, self._moments_adjoint, self._frame_moments = moments if self.from_density else (None,) * 3
 
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
         return self.transform.synthesis(coefficients * self._weights).reshape(coefficients.shape[0], -1)
@@ -86,6 +86,11 @@ class ScaledMode:
         scaled values."""
         return self._moments_adjoint(fields_bar.reshape(fields_bar.shape[:2] + self.log_scale.shape))
 
+    def of_density_frame(self, c: torch.Tensor, radial: bool = False) -> torch.Tensor:
+        """(rho, Z, <e_theta, N>, <e_phi, N>) (F, 4, N) of `of_density`'s rho and scaled values (Z, N) from rho's
+        coefficients c (F, *coeff), where `frame_from_density`; with `radial` <x, N> alone (F, 1, N)."""
+        return self._frame_moments(c, radial).flatten(-2)
+
     def cost(self, channels: int) -> float:
         return channels * self.transform.cost()
 
@@ -100,6 +105,8 @@ class PermutedMode(ScaledMode):
         signs = np.sign(np.diag(Q))
         self.in_tables = bool(np.allclose(Q, np.diag(signs), rtol=0, atol=1e-12) and signs[0] == signs[1])
         super().__init__(basis, transform, s, beta, signs=tuple(signs) if self.in_tables else (1, 1, 1))
+        # the frame at a point is not the frame at the point it is permuted to: the projection needs the tables'
+        self.frame_from_density = self.from_density and self.in_tables
         self.permutation = permutation
 
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
@@ -288,6 +295,7 @@ class SpectralExpKernel:
             self.mode = orthogonal_mode(basis, self.transform, *factor, beta)
         self.nodes = self.mode.nodes
         self.from_density = getattr(self.mode, "from_density", False)
+        self.frame_from_density = getattr(self.mode, "frame_from_density", False)
 
     def __call__(self, f: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """f: (*grid, c) grid values -> (scaled (*grid, c), log_scale (*grid))."""
@@ -311,6 +319,12 @@ class SpectralExpKernel:
         """The transpose of `density_fields` (log_scale is fixed): c_bar (F, *coeff) from the cotangents (F, 2 + d,
         N) of rho and of the scaled channels, in that order."""
         return self.mode.of_density_adjoint(fields_bar)
+
+    def density_frame_fields(self, c: torch.Tensor, radial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """((rho, Z, <e_theta, N>, <e_phi, N>) (F, 4, N), log_scale (*grid)): `density_fields`' rho and scaled
+        channels (Z, N) with N projected on the grid's frame, where `frame_from_density` (S^2, C = s I or
+        diag(a, a, b)); with `radial` the first is <x, N> alone (F, 1, N)."""
+        return self.mode.of_density_frame(c, radial), self.mode.log_scale
 
     def cost(self, channels: int) -> float:
         """Floating-point operations of one call (estimate): transforms, rotation, scattered evaluation."""

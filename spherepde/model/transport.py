@@ -23,7 +23,9 @@ chosen once by an estimate of their cost (multiply-adds, and a fixed cost per te
   spectral field) applied to the channels (rho, rho y) at every call; on the grid path, where the spectral field
   allows it (S^2, C = s I or a permutation of the grid), rho and the channels' transforms come together from the
   coefficients, one product per order (MemberKernels.density_fields, TorchSHT.moments), and the transpose is
-  that map's (TorchSHT.moments_adjoint: the synthesis and the transform at once).
+  that map's (TorchSHT.moments_adjoint: the synthesis and the transform at once); where moreover V_m = a_m I
+  (softmax), the rate takes rho, Z and N's components along the frame alone (MemberKernels.density_frame_fields,
+  TorchSHT.frame_moments): u_k = a_m <e_k, N> / Z, four fields of the grid where the channels are five.
 
 and the paths:
 
@@ -150,6 +152,26 @@ def frame_sum(frame, values, over: str):
     return total
 
 
+def softmax_rules(xp, u, Z, rho, squared_length, scale=None):
+    """scale u / Z for the frame components u = <V^T e_k, N> (M, K, P) of the softmax's numerator (or, with the
+    members' `scale` a_m (M,), those of N where V_m = a_m I) and Z (M, P), written over u, with model.softmax_mean's
+    rules: where |rho| <= NEGLIGIBLE_DENSITY max |rho| (the member's), divided by max(|m|, 1), |m| = |N| / Z (|N|^2
+    = squared_length(), called only where the rules apply), and 0 where Z <= 0; NaN where Z <= 0 elsewhere.  In numpy
+    the rules are skipped when the smallest Z and rho say that no point needs them (a NaN fails these tests too)."""
+    inverse = 1 / (Z if xp is np and Z.min() > 0 else xp.where(Z > 0, Z, xp.nan))
+    # rho above the threshold everywhere is positive, |rho| = rho: no temporary |rho| in the common case
+    rules = xp is not np or not (rho.min(-1) > NEGLIGIBLE_DENSITY * rho.max(-1)).all()
+    if rules:
+        magnitude = abs(rho)
+        void = magnitude <= NEGLIGIBLE_DENSITY * amax(magnitude, -1)
+        length = squared_length() ** 0.5 * inverse  # before u is written over: it may be N's
+    u *= (inverse if scale is None else scale[:, None] * inverse)[:, None]
+    if not rules:
+        return u
+    bounded = xp.nan_to_num(u / clamp_min(length, 1.0)[:, None], nan=0.0)
+    return xp.where(void[:, None], bounded, u)
+
+
 def largest_speed(v: torch.Tensor) -> torch.Tensor:
     """max over the grid of |v| (M,) for a velocity's frame components v (M, k, *grid), in float64: the frame is
     orthonormal, so |v|^2 = sum_k v_k^2, which in float32 overflows from |v| ~ 1.8e19 on, where |v| does not (a
@@ -225,6 +247,13 @@ class Transport:
         # On the grid path the spectral field can give rho and its channels' transforms in one pass from the
         # coefficients (MemberKernels.density_fields), without the channels' analysis.
         self._from_density = self.path == "grid" and self.attention_mode == "transform" and kernels.from_density
+        # a_m (M,) where every V_m = a_m I and the softmax's rate can take N on the frame (`_frame_velocity`), else
+        # None: the frame keeps the density's orders only where V commutes with the rotations about the axis
+        self._frame_scale = None
+        if self._from_density and batch.kernel == "softmax" and kernels.frame_from_density:
+            scale = batch.V[:, 0, 0]
+            if bool((batch.V == scale[:, None, None] * torch.eye(d, dtype=batch.V.dtype, device=batch.V.device)).all()):
+                self._frame_scale = scale
 
     def _grid_cost(self, attention: float) -> float:
         """Estimated multiply-adds of one evaluation on the grid path: per member the transforms (an FFT 4 n log2 n,
@@ -289,6 +318,7 @@ class Transport:
         if self._frame_V_first.shape[0] > 1:
             chosen._frame_V_first = self._frame_V_first.index_select(0, index)
         chosen._fixed = None if self._fixed is None else self._fixed.index_select(0, index)
+        chosen._frame_scale = None if self._frame_scale is None else self._frame_scale.index_select(0, index)
         chosen._operator = None if self._operator is None else self._operator.select(index)
         chosen._folded = None if self._folded is None else self._folded.select(chosen, index)
         return chosen
@@ -344,26 +374,32 @@ class Transport:
     def _softmax_components(self, N: torch.Tensor, Z: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
         """u_k = <e_k, V m> (M, K, P) of m = model.softmax_mean(N, Z, rho) for the channels N (M, d, P), Z (M, P)
         without forming m: u_k = <V^T e_k, N> / Z and |m| = |N| / Z, so that all but the first products are on
-        fields of one or K components, not d per point (the same values to round-off, with softmax_mean's void
-        rule: where |rho| <= NEGLIGIBLE_DENSITY max |rho|, m / max(|m|, 1), and 0 where Z <= 0; NaN where Z <= 0
-        elsewhere).  In numpy on the CPU outside autograd (base.arrays: a fraction of torch's cost per operation),
-        where the rules for Z <= 0 and for void points are skipped when their smallest value says that no point
-        needs them (a NaN fails these tests too)."""
+        fields of one or K components, not d per point (the same values to round-off, with softmax_mean's rules:
+        `softmax_rules`).  In numpy on the CPU outside autograd (base.arrays: a fraction of torch's cost per
+        operation)."""
         xp = program_namespace(N, Z, rho)
         N, Z, rho = (as_namespace(a, xp) for a in (N, Z, rho))
         frame_V = as_namespace(self._frame_V_first, xp)
         with quiet(xp):
-            inverse = 1 / (Z if xp is np and Z.min() > 0 else xp.where(Z > 0, Z, xp.nan))
-            u = frame_sum(frame_V, N, "c")
-            u *= inverse[:, None]
-            magnitude = abs(rho)
-            largest = amax(magnitude, -1)
-            if xp is np and (magnitude.min(-1) > NEGLIGIBLE_DENSITY * largest[:, 0]).all():
-                return as_tensor(u)
-            void = magnitude <= NEGLIGIBLE_DENSITY * largest
-            length = ((N * N).sum(1) ** 0.5) * inverse
-            bounded = xp.nan_to_num(u / clamp_min(length, 1.0)[:, None], nan=0.0)
-            return as_tensor(xp.where(void[:, None], bounded, u))
+            return as_tensor(softmax_rules(xp, frame_sum(frame_V, N, "c"), Z, rho, lambda: (N * N).sum(1)))
+
+    def _frame_velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rho, v) of `velocity` where `_frame_scale` is a_m (V_m = a_m I): from rho, Z and the frame components
+        of N (MemberKernels.density_frame_fields), u_k = a_m <e_k, N> / Z = <V^T e_k, N> / Z with the rules of
+        `_softmax_components`, |N|^2 = <e_theta, N>^2 + <e_phi, N>^2 + <x, N>^2 (the radial component transformed
+        only where the rules apply: some rho negative or below their threshold).  In numpy (the CPU outside
+        autograd)."""
+        c = complex_state(state, self.coefficient_shape)
+        fields = as_namespace(self.kernels.density_frame_fields(c)[0], np)
+        rho, Z, along = fields[:, 0], fields[:, 1], fields[:, 2:]
+
+        def squared_length():
+            radial = as_namespace(self.kernels.density_frame_fields(c, radial=True)[0], np)[:, 0]
+            return (along * along).sum(1) + radial * radial
+
+        with quiet(np):
+            u = softmax_rules(np, along, Z, rho, squared_length, as_namespace(self._frame_scale, np))
+        return as_tensor(rho), over_first("add", as_tensor(u), drive)
 
     def _channels(self, rho: torch.Tensor) -> torch.Tensor:
         """The fields of the transform attention: rho y (M, d, P) for the unnormalized kernel (N alone), (rho, rho y)
@@ -400,6 +436,8 @@ class Transport:
         """(rho (M, P), v (M, K, P)) of the state."""
         if self._folded is not None:
             return self._folded.velocity(state, drive)
+        if self._frame_scale is not None and program_namespace(state, drive) is np:
+            return self._frame_velocity(state, drive)
         if self._from_density:
             return self._density_velocity(state, drive)[:2]
         rho = self.basis.synthesis(complex_state(state, self.coefficient_shape)).reshape(state.shape[0], -1)

@@ -58,22 +58,36 @@ from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, defaul
 
 
 class MomentTables:
-    """The tables of TorchSHT.moments, per order m: `own` [P_m; nlon K_m P_m; nlon K_m cos(theta) P_m] (lmax,
-    3 nlat, lmax) and `before`, `after` nlon K_m sin(theta) P_{m-+1} / 2 (lmax + 1, nlat, lmax); `on(numpy)` the
-    same as numpy arrays sharing their memory; `runs` the runs of zero columns (`leading_zero_runs`) of the products
-    of `moments`, own, before[1:] and after[:lmax - 1] (P_m vanishes below degree m)."""
+    """The tables of TorchSHT.moments, per order m, `own` [P_m; nlon K_m P_m; nlon K_m cos(theta) P_m] (lmax,
+    3 nlat, lmax) and `before`, `after` nlon K_m sin(theta) P_{m-+1} / 2 (lmax + 1, nlat, lmax) (kind "moments"),
+    and that of TorchSHT.frame_moments, `frame` [P_m; nlon K_m P_m; E_m; F_m; R_m] (lmax, 5 nlat, lmax) (kind
+    "frame"; TorchSHT.moment_filter), each kind made at its first use by `build(kind)`: a run that takes only one of
+    the two never makes the other's (up to 55 MB each at lmax 96).  `on(kind, xp)` a kind's tables, as numpy arrays
+    sharing their memory where xp is numpy; `runs(kind)` the runs of zero columns (`leading_zero_runs`) of their
+    products, own, before[1:] and after[:lmax - 1], or frame (P_m vanishes below degree m)."""
 
-    def __init__(self, own: torch.Tensor, before: torch.Tensor, after: torch.Tensor):
-        self.tensors = (own, before, after)
-        self.runs = tuple(leading_zero_runs(table, 2) for table in (own, before[1:], after[:own.shape[0] - 1]))
-        self._numpy = None
+    def __init__(self, build):
+        self._build = build
+        self._kinds = {}  # kind -> [tensors, runs, numpy arrays or None]
 
-    def on(self, xp) -> tuple:
+    def _made(self, kind: str) -> list:
+        if kind not in self._kinds:
+            tensors = self._build(kind)
+            products = (tensors[0], tensors[1][1:], tensors[2][:tensors[0].shape[0] - 1]) if kind == "moments" \
+                else tensors
+            self._kinds[kind] = [tensors, tuple(leading_zero_runs(table, 2) for table in products), None]
+        return self._kinds[kind]
+
+    def on(self, kind: str, xp) -> tuple:
+        made = self._made(kind)
         if xp is torch:
-            return self.tensors
-        if self._numpy is None:
-            self._numpy = tuple(table.numpy() for table in self.tensors)
-        return self._numpy
+            return made[0]
+        if made[2] is None:
+            made[2] = tuple(table.numpy() for table in made[0])
+        return made[2]
+
+    def runs(self, kind: str) -> tuple:
+        return self._made(kind)[1]
 
 
 def _order_columns(c):
@@ -133,7 +147,7 @@ class TorchSHT:
         inverse_eigenvalue = np.zeros(lmax + 1)
         inverse_eigenvalue[1:] = 1.0 / (degree[1:] * (degree[1:] + 1.0))
         self._inverse_eigenvalue = real(inverse_eigenvalue)  # 1/(l(l+1)), 0 at l = 0
-        self._spectra = {}  # the numpy buffers of `_spectrum_buffer`, by shape
+        self._spectra = {}  # the numpy buffers of `_spectrum_buffer`, by shape and orders written
         # the dense tables' runs of orders zero below a degree (Pbar_lm = 0 for l < m), for their products
         self._runs = {name: leading_zero_runs(getattr(self, "_" + name), 1) for name in ("P", "dP", "mP_sin")
                       if self.layout == "dense" and getattr(self, "_" + name) is not None}
@@ -223,7 +237,7 @@ class TorchSHT:
         xp = program_namespace(coeffs)
         batch = coeffs.shape[:-2]
         columns = _order_columns(as_namespace(coeffs, xp).reshape(-1, nmode, nmode))
-        spectrum = self._spectrum_buffer(xp, len(tables), columns.shape[2] // 2)
+        spectrum = self._spectrum_buffer(xp, len(tables), columns.shape[2] // 2, nmode)
         rows = real_pairs(spectrum)
         for k, (name, turn) in enumerate(zip(tables, turned)):
             table = permute(as_namespace(getattr(self, "_" + name), xp), (0, 2, 1))
@@ -315,23 +329,53 @@ class TorchSHT:
 
         with P_m[j, l] = Pbar_lm(x_j) of degree < lmax, c_{-1} = conj c_1 and c_m = 0 beyond lmax - 1: the
         analysis, the weights and the synthesis of rho x_k (degree lmax: exact on this grid) as products per
-        order from the coefficients.  Memory (5 lmax + 2) lmax nlat numbers."""
-        K = self.nlon * self.degree_filter(multiplier).cpu().double().numpy()  # [m, j, k]
+        order from the coefficients.
+
+        The components of N = (F[rho x_1], F[rho x_2], F[rho x_3]) (`frame_moments`) along e_theta = (cos(theta)
+        cos(phi), cos(theta) sin(phi), -sin(theta)), e_phi = (-sin(phi), cos(phi), 0) and x keep the order: with
+        N_1 + i N_2 of ring coefficients 2 p_m and N_1 - i N_2 of 2 q_m (m >= 0), cos(phi) N_1 + sin(phi) N_2 has
+        p_{m+1} + q_{m-1}, and
+
+            F[<e_theta, N>]_m = cos(theta) (p_{m+1} + q_{m-1}) - sin(theta) F[rho x_3]_m = E_m c_m,
+            F[<e_phi, N>]_m = i (q_{m-1} - p_{m+1}) = i F_m c_m,
+            F[<x, N>]_m = sin(theta) (p_{m+1} + q_{m-1}) + cos(theta) F[rho x_3]_m = R_m c_m,
+            E_m = nlon [cos(theta) (K_{m+1} + K_{m-1}) sin(theta) / 2 - sin(theta) K_m cos(theta)] P_m,
+            F_m = nlon (K_{m-1} - K_{m+1}) sin(theta) P_m / 2,
+            R_m = nlon [sin(theta) (K_{m+1} + K_{m-1}) sin(theta) / 2 + cos(theta) K_m cos(theta)] P_m,
+
+        p_{m+1} and q_{m-1} both of c_m, and at m = 0 (q_{-1} = conj p_1, c_0 real) K_{-1} = K_1, so that
+        E_0 c_0 = 2 Re p_1 and F_0 = 0.  Memory (5 lmax + 2) lmax nlat numbers for `moments`, 5 lmax^2 nlat for
+        `frame_moments` (each made at its first use: `MomentTables`)."""
         turn, reflect = signs[0], signs[2]
         if signs[1] != turn:
             raise ValueError(f"moment_filter: signs (a, a, b), got {signs}")
-        K = K * (turn ** np.arange(K.shape[0]))[:, None, None]
-        if reflect < 0:
-            K = K[:, ::-1]
-        x = self.cos_theta.cpu().double().numpy()
-        P = legendre_values(self.lmax - 1, x).transpose(0, 2, 1)  # [m, j, l], orders and degrees < lmax
-        order = self.lmax
-        own = np.concatenate([P, K[:order] @ P, K[:order] @ (x[:, None] * P)], axis=1)
-        # Orders -1 .. lmax + 1 of P (P_{-1} = P_1 acting on conj c_1; zero beyond the density's orders).
-        shifted = np.concatenate([P[1:2], P, np.zeros((2,) + P.shape[1:])])
-        sine = np.sqrt((1.0 - x) * (1.0 + x))[:, None]
-        before, after = (0.5 * K @ (sine * shifted[first:first + order + 1]) for first in (0, 2))
-        return MomentTables(*(torch.as_tensor(t, dtype=self.dtype, device=self.device) for t in (own, before, after)))
+
+        def build(kind: str) -> tuple:
+            K = self.nlon * self.degree_filter(multiplier).cpu().double().numpy()  # [m, j, k]
+            K = K * (turn ** np.arange(K.shape[0]))[:, None, None]
+            if reflect < 0:
+                K = K[:, ::-1]
+            x = self.cos_theta.cpu().double().numpy()
+            P = legendre_values(self.lmax - 1, x).transpose(0, 2, 1)  # [m, j, l], orders and degrees < lmax
+            order = self.lmax
+            sine = np.sqrt((1.0 - x) * (1.0 + x))[:, None]
+            if kind == "moments":
+                own = np.concatenate([P, K[:order] @ P, K[:order] @ (x[:, None] * P)], axis=1)
+                # Orders -1 .. lmax + 1 of P (P_{-1} = P_1 acting on conj c_1; zero beyond the density's orders).
+                shifted = np.concatenate([P[1:2], P, np.zeros((2,) + P.shape[1:])])
+                tables = (own, *(0.5 * K @ (sine * shifted[first:first + order + 1]) for first in (0, 2)))
+            else:
+                # K_{m-1} and K_{m+1} of the orders m < lmax, K_{-1} = K_1; cos(theta) and sin(theta) on the left
+                # are the frame's at the output ring, those within the product the channel's (x_3, |x_1 + i x_2|)
+                # at the input ring
+                lower, upper = np.concatenate([K[1:2], K[:order - 1]]), K[1:order + 1]
+                horizontal, vertical = 0.5 * (upper + lower) @ (sine * P), K[:order] @ (x[:, None] * P)
+                along_theta, along_phi = x[:, None] * horizontal - sine * vertical, 0.5 * (lower - upper) @ (sine * P)
+                tables = (np.concatenate([P, K[:order] @ P, along_theta, along_phi,
+                                          sine * horizontal + x[:, None] * vertical], axis=1),)
+            return tuple(torch.as_tensor(t, dtype=self.dtype, device=self.device) for t in tables)
+
+        return MomentTables(build)
 
     def moments(self, coeffs: torch.Tensor, tables: "MomentTables") -> torch.Tensor:
         """rho and synthesis(mu_l analysis(rho y)) for y = 1, x_1, x_2, x_3 from the coefficients of rho (degree
@@ -341,14 +385,14 @@ class TorchSHT:
         whose inverse FFT along the orders writes the fields in their own layout: no change of layout but the
         coefficients' (numpy's BLAS and ducc0's FFT on the CPU outside autograd, torch elsewhere: base.arrays)."""
         xp = program_namespace(coeffs)
-        own, before, after = tables.on(xp)
-        own_runs, before_runs, after_runs = tables.runs
+        own, before, after = tables.on("moments", xp)
+        own_runs, before_runs, after_runs = tables.runs("moments")
         order, nlat = self.lmax, self.nlat
         batch = coeffs.shape[:-2]
         columns = _order_columns(as_namespace(coeffs, xp).reshape(-1, order, order))
         count = columns.shape[2] // 2
         columns[0, :, 1::2] = 0  # a real field's c_l0 are real: their imaginary parts read as zero, as by synthesis
-        spectrum = self._spectrum_buffer(xp, 5, count)  # (nlon // 2 + 1, 5, nlat, B) complex, zero beyond order
+        spectrum = self._spectrum_buffer(xp, 5, count, order + 1)  # (nlon // 2 + 1, 5, nlat, B) complex
         rows = real_pairs(spectrum)
         # rho, F[rho], F[rho x_3] in fields 0..2 (x_3 then moves to field 4), p in field 3, q in `right`.
         matmul_runs_into(rows[:order, :3].reshape(order, 3 * nlat, 2 * count), own, columns, own_runs, 2)
@@ -365,6 +409,29 @@ class TorchSHT:
         spectrum[:order + 1, 3] *= -1j
         return self._ring_fields(spectrum, columns, batch)
 
+    def frame_moments(self, coeffs: torch.Tensor, tables: "MomentTables", radial: bool = False) -> torch.Tensor:
+        """rho, Z = synthesis(mu_l analysis(rho)) and the frame components <e_theta, N>, <e_phi, N> of N =
+        synthesis(mu_l analysis(rho y)) (the channels of `moments`) from the coefficients of rho (degree lmax - 1),
+        with the tables of `moment_filter(mu)`: (..., lmax, lmax) -> (..., 4, nlat, nlon); with `radial` the radial
+        component <x, N> alone, (..., 1, nlat, nlon).
+
+        The same fields as `moments` followed by the projection on the frame (to round-off), as one product per
+        order (`moment_filter`'s E_m, F_m, R_m): four inverse FFTs where `moments` takes five, and no products for
+        x_1 and x_2 of their own; the spectra's layout as in `moments`."""
+        xp = program_namespace(coeffs)
+        (frame,), (runs,) = tables.on("frame", xp), tables.runs("frame")
+        order, nlat = self.lmax, self.nlat
+        batch = coeffs.shape[:-2]
+        columns = _order_columns(as_namespace(coeffs, xp).reshape(-1, order, order))
+        columns[0, :, 1::2] = 0  # a real field's c_l0 are real, as in `moments`
+        fields = 1 if radial else 4
+        spectrum = self._spectrum_buffer(xp, fields, columns.shape[2] // 2, order)
+        rows = frame[:, 4 * nlat:] if radial else frame[:, :4 * nlat]
+        matmul_runs_into(real_pairs(spectrum)[:order].reshape(order, fields * nlat, -1), rows, columns, runs, 2)
+        if not radial:
+            spectrum[:order, 3] *= 1j
+        return self._ring_fields(spectrum, columns, batch)
+
     def moments_adjoint(self, fields_bar: torch.Tensor, tables: "MomentTables") -> torch.Tensor:
         """The transpose of `moments` (its gradient with respect to the real and imaginary parts of the
         coefficients) applied to the cotangents of its five fields: (..., 5, nlat, nlon) -> (..., lmax, lmax).
@@ -373,7 +440,7 @@ class TorchSHT:
         the order (irfft counts an order m > 0 twice, the imaginary part of m = 0 not at all), p_bar = x1_bar +
         i x2_bar and q_bar = x1_bar - i x2_bar (x_2 = -i (p - q)), and the tables' transposes on the left."""
         xp = program_namespace(fields_bar)
-        own, before, after = tables.on(xp)
+        own, before, after = tables.on("moments", xp)
         order, nlat = self.lmax, self.nlat
         batch = fields_bar.shape[:-3]
         grid = as_namespace(fields_bar, xp).reshape(-1, 5, nlat, self.nlon)
@@ -396,15 +463,16 @@ class TorchSHT:
         columns[0, :, 1::2] = 0
         return self._dense_coefficients(complex_pairs(columns), batch)
 
-    def _spectrum_buffer(self, xp, fields: int, count: int):
-        """A buffer of ring spectra (order, field, ring, member) for `moments` and `gradient_frame`, zero beyond the
-        orders they write: numpy's kept (what they never write stays zero), torch's new (autograd may hold it)."""
+    def _spectrum_buffer(self, xp, fields: int, count: int, orders: int):
+        """A buffer of ring spectra (order, field, ring, member) for `moments`, `frame_moments` and `_dense_fields`,
+        zero beyond the first `orders` orders, which they write: numpy's kept, one per shape and `orders` (what
+        they never write stays zero), torch's new (autograd may hold it)."""
         shape = (self.nlon // 2 + 1, fields, self.nlat, count)
         if xp is torch:
             return torch.zeros(shape, dtype=self.complex_dtype, device=self.device)
-        if shape not in self._spectra:
-            self._spectra[shape] = torch.zeros(shape, dtype=self.complex_dtype).numpy()
-        return self._spectra[shape]
+        if (shape, orders) not in self._spectra:
+            self._spectra[shape, orders] = torch.zeros(shape, dtype=self.complex_dtype).numpy()
+        return self._spectra[shape, orders]
 
     # --- vector transforms ---------------------------------------------------------------------
 
