@@ -116,6 +116,26 @@ def test_discrete_gradient_on_the_sphere_matches_central_differences():
     assert relative(continuous_gradient(forward, c0, controls).dW, gradient.dW) < 1e-4
 
 
+@pytest.mark.parametrize("kernel", ["softmax", "unnormalized"])
+def test_discrete_gradient_on_the_frame_route_matches_the_channels_route_and_central_differences(kernel, monkeypatch):
+    """S^2, spectral field, B = I, V = 0.8 I: the rate and its transpose take N on the frame (Transport.
+    _frame_velocity and its adjoint); dJ/dW is the channels' route's to round-off, and its component along a random
+    direction D is the central difference (J(W + h D) - J(W - h D)) / 2h (two runs, where all entries take 18)."""
+    case = training_case(kernel, dim=3, lmax=6, t_end=0.04, dt=0.04, control={"layers": 1}, field="spectral")
+    forward, c0, controls = setup(case.with_overrides(["model.B=[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]",
+                                                       "model.V=[[0.8, 0.0, 0.0], [0.0, 0.8, 0.0], [0.0, 0.0, 0.8]]"]))
+    transport = forward.problem.transport
+    assert transport._frame_scale is not None
+    gradient = discrete_gradient(forward, c0, controls)
+    direction = torch.randn(controls.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    h = 1e-5
+    difference = (evaluate_cost(forward, c0, controls + h * direction)
+                  - evaluate_cost(forward, c0, controls - h * direction)) / (2 * h)
+    assert abs(float((gradient.dW * direction).sum()) - difference) <= 1e-6 * abs(difference)
+    monkeypatch.setattr(transport, "_frame_scale", None)
+    assert relative(gradient.dW, discrete_gradient(forward, c0, controls).dW) <= 1e-12
+
+
 def test_zero_temperature_gradient_matches_central_differences():
     forward, c0, controls = setup(training_case("softmax", beta="inf"))
     assert relative(discrete_gradient(forward, c0, controls).dW, central_differences(forward, c0, controls)) <= 1e-6

@@ -354,9 +354,10 @@ def test_signed_moments_are_the_moments_at_the_reflected_points(torch_sht, signs
 
 @pytest.mark.parametrize("signs", [(1, 1, 1), (-1, -1, -1)])
 def test_frame_moments_are_the_moments_on_the_frame(torch_sht, signs):
-    """frame_moments gives rho, the filtered rho and the components of the filtered N = (rho x_1, rho x_2, rho x_3)
-    along e_theta and e_phi, and with `radial` along x, equal to `moments` projected on the frame at every point of
-    the grid (plain and reflected tables), in numpy and in torch under autograd."""
+    """frame_moments gives rho, the components of the filtered N = (rho x_1, rho x_2, rho x_3) along e_theta and
+    e_phi and the filtered rho (the last left out without `normaliser`), and with `radial` N's component along x,
+    equal to `moments` projected on the frame at every point of the grid (plain and reflected tables), in numpy and
+    in torch under autograd."""
     mu = np.exp(-0.1 * np.arange(LMAX + 1)) * (1 + 0.5 * np.cos(np.arange(LMAX + 1)))
     generator = torch.Generator().manual_seed(8)
     c = torch.randn(2, LMAX, LMAX, dtype=torch.complex128, generator=generator)
@@ -369,11 +370,39 @@ def test_frame_moments_are_the_moments_on_the_frame(torch_sht, signs):
              (zero - torch.sin(phi), zero + torch.cos(phi), zero),
              (torch.sin(theta) * torch.cos(phi), torch.sin(theta) * torch.sin(phi), zero + torch.cos(theta))]
     along = [sum(e_k * fields[:, 2 + k] for k, e_k in enumerate(e)) for e in frame]
-    expected = torch.stack([fields[:, 0], fields[:, 1], along[0], along[1]], dim=1)
+    expected = torch.stack([fields[:, 0], along[0], along[1], fields[:, 1]], dim=1)
     assert relative_difference(torch_sht.frame_moments(c, tables), expected) <= 1e-13
+    assert relative_difference(torch_sht.frame_moments(c, tables, normaliser=False), expected[:, :3]) <= 1e-13
     assert relative_difference(torch_sht.frame_moments(c, tables, radial=True), along[2][:, None]) <= 1e-13
     tracked = torch_sht.frame_moments(c.clone().requires_grad_(True), tables)
     assert relative_difference(tracked.detach(), expected) <= 1e-13
+
+
+@pytest.mark.parametrize("signs", [(1, 1, 1), (-1, -1, -1)])
+def test_frame_moments_adjoint_is_the_transpose_of_frame_moments(signs):
+    """<frame_moments(c), g> = <c, frame_moments_adjoint(g)> for random c (a real field's: real order-0
+    coefficients) and cotangents g of the four fields or, without the normaliser, three, and with a fifth g_r the
+    transpose of both calls, <x, N> included: <frame_moments(c), g> + <frame_moments(c, radial=True), g_r>; in numpy
+    and in torch (a cotangent under autograd), plain and reflected tables (which the layout of the Legendre tables
+    does not enter: one grid)."""
+    lmax = 24
+    torch_sht = TorchSHT(lmax, 40, 80)
+    mu = np.exp(-0.1 * np.arange(lmax + 1)) * (1 + 0.5 * np.cos(np.arange(lmax + 1)))
+    generator = torch.Generator().manual_seed(9)
+    c = torch.randn(2, 3, lmax, lmax, dtype=torch.complex128, generator=generator)
+    c = c * (torch.arange(lmax)[None, :] >= torch.arange(lmax)[:, None])
+    c[..., 0, :] = c[..., 0, :].real
+    tables = torch_sht.moment_filter(mu, signs)
+    fields = torch_sht.frame_moments(c, tables)
+    outputs = [torch_sht.frame_moments(c, tables, normaliser=False), fields,
+               torch.cat([fields, torch_sht.frame_moments(c, tables, radial=True)], dim=-3)]
+    for values in outputs:
+        g = torch.randn(values.shape, dtype=torch.float64, generator=generator)
+        forward = float((values * g).sum())
+        for cotangent in (g, g.clone().requires_grad_(True)):
+            c_bar = torch_sht.frame_moments_adjoint(cotangent, tables).detach()
+            assert c_bar.shape == c.shape and float(c_bar[..., 0, :].imag.abs().max()) == 0.0
+            assert abs(forward - float((c_bar.conj() * c).real.sum())) <= 1e-13 * abs(forward)
 
 
 # --- interface guards --------------------------------------------------------------------------

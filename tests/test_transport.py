@@ -259,18 +259,13 @@ def test_the_spectral_field_from_the_coefficients_is_the_grid_route(kernel):
         assert relative(ours, theirs) <= 1e-13
 
 
-def test_the_frame_route_is_the_channels_route(monkeypatch):
-    """Where every V_m = a_m I (softmax, spectral field on S^2), the rate takes rho, Z and N's components along the
-    frame from the coefficients (Transport._frame_velocity): the rate and the velocity equal those of the channels'
-    route (`_softmax_components`) to round-off, with B = s I (two transforms) and a reflection in the tables.  With
-    the void threshold raised over a density of both signs (Z <= 0 and |m| > 1 at some void and some other points)
-    the bounded m takes |N| from the frame and the radial component: the same velocity, its NaNs and zeros."""
-    import spherepde.model.transport as transport_module
-
+def frame_route(kernel: str = "softmax"):
+    """(basis, the transport of three members with V_m = a_m I on the frame route, a copy on the channels' route,
+    their state, a drive): B = s I (two transforms) and a reflection in the tables."""
     scaled, reflection = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [[1, 0, 0], [0, 1, 0], [0, 0, -1]]
     cases = [case_from_dict({
         "sphere": {"dim": 3, "lmax": 12},
-        "model": {"kernel": "softmax", "beta": beta, "B": B, "V": [[a * (i == j) for j in range(3)] for i in range(3)],
+        "model": {"kernel": kernel, "beta": beta, "B": B, "V": [[a * (i == j) for j in range(3)] for i in range(3)],
                   "eps": 0.05},
         "initial": {"kind": "vmf", "mean": mean, "kappa": 2.0}, "time": {"t_end": 1.0, "dt": 0.1},
         "solver": {"device": "cpu", "field": "spectral"}})
@@ -285,12 +280,27 @@ def test_the_frame_route_is_the_channels_route(monkeypatch):
     assert transport._frame_scale.tolist() == [1.0, 0.5, -0.7]
     channels = copy.copy(transport)
     channels._frame_scale = None
-    drive = transport.feed_forward(W)
+    return basis, transport, channels, state, transport.feed_forward(W)
+
+
+def signed_density(basis, offset: float) -> torch.Tensor:
+    """The state of offset + z + x / 2 (degree 1; negative where z + x / 2 < -offset) for each of three members."""
+    x, _, z = basis.points.unbind(-1)
+    return real_state(basis.analysis(offset + z + 0.5 * x)[None]).expand(3, -1).contiguous()
+
+
+def test_the_frame_route_is_the_channels_route(monkeypatch):
+    """Where every V_m = a_m I (softmax, spectral field on S^2), the rate takes rho, Z and N's components along the
+    frame from the coefficients (Transport._frame_velocity): the rate and the velocity equal those of the channels'
+    route (`_softmax_components`) to round-off, with B = s I (two transforms) and a reflection in the tables.  With
+    the void threshold raised over a density of both signs (Z <= 0 and |m| > 1 at some void and some other points)
+    the bounded m takes |N| from the frame and the radial component: the same velocity, its NaNs and zeros."""
+    import spherepde.model.transport as transport_module
+
+    basis, transport, channels, state, drive = frame_route()
     assert relative(transport(state, drive), channels(state, drive)) <= 1e-13
     assert relative(transport.velocity(state, drive)[1], channels.velocity(state, drive)[1]) <= 1e-13
-    x, _, z = basis.points.unbind(-1)
-    # degree 1, negative below z + x / 2 = -0.1
-    signed = real_state(basis.analysis(0.1 + z + 0.5 * x)[None]).expand(3, -1).contiguous()
+    signed = signed_density(basis, 0.1)
     monkeypatch.setattr(transport_module, "NEGLIGIBLE_DENSITY", 0.3)
     rho, v = transport.velocity(signed, drive)
     expected = channels.velocity(signed, drive)[1]
@@ -299,6 +309,44 @@ def test_the_frame_route_is_the_channels_route(monkeypatch):
     assert bool(((expected - drive).abs() > 0).any())
     torch.testing.assert_close(v, expected, rtol=1e-13, atol=1e-13 * float(expected.nan_to_num().abs().max()),
                                equal_nan=True)
+
+
+def test_the_unnormalized_frame_route_and_its_transpose_are_the_channels_routes():
+    """With the unnormalized kernel and every V_m = a_m I, u_k = a_m <e_k, N> from N's frame components (Z unused):
+    the rate, the velocity and the cotangents of `vjp` equal the channels' route's to round-off."""
+    _, transport, channels, state, drive = frame_route("unnormalized")
+    assert relative(transport(state, drive), channels(state, drive)) <= 1e-13
+    assert relative(transport.velocity(state, drive)[1], channels.velocity(state, drive)[1]) <= 1e-13
+    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for ours, theirs in zip(transport.vjp(state, drive, b), channels.vjp(state, drive, b)):
+        assert relative(ours, theirs) <= 1e-13
+
+
+def test_the_frame_routes_transpose_is_the_channels_routes(monkeypatch):
+    """On the frame route `vjp` goes back through it (Transport._frame_velocity_adjoint, TorchSHT.
+    frame_moments_adjoint): the cotangents of the state and of the drive equal the channels' route's (its
+    moments_adjoint) to round-off.  With the void threshold raised over a density of both signs whose Z is positive
+    off the void (finite cotangents), m is bounded at void points with |m| > 1, where N_bar has a radial component:
+    the same cotangents, which differ from those of the frame's two components alone."""
+    import spherepde.model.attention as attention_module
+    import spherepde.model.transport as transport_module
+
+    basis, transport, channels, state, drive = frame_route()
+    b = torch.randn(state.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    for ours, theirs in zip(transport.vjp(state, drive, b), channels.vjp(state, drive, b)):
+        assert relative(ours, theirs) <= 1e-13
+    signed = signed_density(basis, 0.6)
+    for module in (transport_module, attention_module):
+        monkeypatch.setattr(module, "NEGLIGIBLE_DENSITY", 0.5)
+    rho, v, (Z, along, radial) = transport._frame_velocity(signed, drive, kept=True)
+    void = rho.abs() <= 0.5 * rho.abs().amax(-1, keepdim=True)
+    length = torch.from_numpy(((along * along).sum(1) + radial * radial) ** 0.5 / Z)
+    assert bool((void & (length > 1)).any()) and bool((~void).any()) and bool(v.isfinite().all())
+    expected = channels.vjp(signed, drive, b)
+    for ours, theirs in zip(transport.vjp(signed, drive, b), expected):
+        assert relative(ours, theirs) <= 1e-13
+    transport._frame_velocity = lambda *arguments, kept: (rho, v, (Z, along, None))  # the radial component left out
+    assert relative(transport.vjp(signed, drive, b)[0], expected[0]) > 1e-3
 
 
 def test_softmax_components_are_those_of_the_softmax_mean():

@@ -329,16 +329,18 @@ class DegreeRaisedTransform:
 
     def moment_filter(self, multiplier: np.ndarray, signs: tuple = (1, 1, 1)):
         """(c -> (rho, synthesis(mu_l analysis(rho y)) for y = 1, x_1, x_2, x_3), its transpose, c -> the same
-        with N = the last three projected on the frame): coefficients (F, *coeff) of the basis's degree -> grid (F,
-        5, *grid) as products per order from the coefficients (TorchSHT.moments, moments_adjoint, frame_moments: (F,
-        4, *grid), with `radial` <x, N> alone; the filtered fields at diag(signs) x), where `degree_filter` applies
-        and this transform's degree is the basis's plus one (rho x_k exact); else None."""
+        with N = the last three projected on the frame, its transpose): coefficients (F, *coeff) of the basis's degree
+        -> grid (F, 5, *grid) as products per order from the coefficients (TorchSHT.moments, moments_adjoint,
+        frame_moments: (F, 4 or 3, *grid), with `radial` <x, N> alone, frame_moments_adjoint; the filtered fields at
+        diag(signs) x), where `degree_filter` applies and this transform's degree is the basis's plus one (rho x_k
+        exact); else None."""
         if not self._filters() or self.lmax != self._density_lmax + 1:
             return None
         transform = self._transform
         tables = transform.moment_filter(multiplier, signs)
         return (lambda c: transform.moments(c, tables), lambda f: transform.moments_adjoint(f, tables),
-                lambda c, radial=False: transform.frame_moments(c, tables, radial))
+                lambda c, normaliser=True, radial=False: transform.frame_moments(c, tables, normaliser, radial),
+                lambda f: transform.frame_moments_adjoint(f, tables))
 
     def cost(self) -> float:
         """Flops of one analysis plus one synthesis of a field."""

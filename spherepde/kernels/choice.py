@@ -133,17 +133,24 @@ class MemberKernels:
         """Whether every transform in use gives `density_frame_fields`."""
         return all(getattr(kernel, "frame_from_density", False) for kernel, _ in self._groups)
 
-    def density_frame_fields(self, c: torch.Tensor, radial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """((rho, Z, <e_theta, N>, <e_phi, N>) (M, 4, P), log_scale (M, P)): `density_fields`' rho and scaled
-        channels with N on the grid's frame, from the coefficients c (M, *coeff), where `frame_from_density`; with
-        `radial` the first is <x, N> alone (M, 1, P)."""
+    def density_frame_fields(self, c: torch.Tensor, normaliser: bool = True,
+                             radial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """((rho, <e_theta, N>, <e_phi, N>, Z) (M, 4, P), log_scale (M, P)): `density_fields`' rho and scaled
+        channels with N on the grid's frame, from the coefficients c (M, *coeff), where `frame_from_density`; without
+        Z (M, 3, P) unless `normaliser`; with `radial` the first is <x, N> alone (M, 1, P)."""
         points = math.prod(self.grid_shape)
 
         def through(kernel, part):
-            fields, log_scale = kernel.density_frame_fields(part, radial)
+            fields, log_scale = kernel.density_frame_fields(part, normaliser, radial)
             return fields, log_scale.reshape(1, points).expand(part.shape[0], points)
 
         return self._by_transform(c, through)
+
+    def density_frame_fields_adjoint(self, fields_bar: torch.Tensor) -> torch.Tensor:
+        """The transpose of `density_frame_fields`: c_bar (M, *coeff) from the cotangents (M, 3 or 4, P) of its
+        fields, or (M, 5, P) with that of <x, N> as the fifth (the sum of the transposes of a call with Z and one
+        with `radial`)."""
+        return self._by_transform(fields_bar, lambda kernel, part: (kernel.density_frame_fields_adjoint(part),))[0]
 
 
 def _members_through(kernel, f: torch.Tensor, grid_shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:

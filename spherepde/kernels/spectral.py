@@ -65,7 +65,8 @@ class ScaledMode:
         self._filter = transform.degree_filter(weights[0]) if on_grid else None  # weights[m, l] = mu_l
         moments = transform.moment_filter(weights[0], signs) if on_grid else None
         self.from_density = self.frame_from_density = moments is not None
-        self._moments, self._moments_adjoint, self._frame_moments = moments if self.from_density else (None,) * 3
+        self._moments, self._moments_adjoint, self._frame_moments, self._frame_moments_adjoint = (
+            moments if self.from_density else (None,) * 4)
 
     def __call__(self, coefficients: torch.Tensor) -> torch.Tensor:
         return self.transform.synthesis(coefficients * self._weights).reshape(coefficients.shape[0], -1)
@@ -86,10 +87,16 @@ class ScaledMode:
         scaled values."""
         return self._moments_adjoint(fields_bar.reshape(fields_bar.shape[:2] + self.log_scale.shape))
 
-    def of_density_frame(self, c: torch.Tensor, radial: bool = False) -> torch.Tensor:
-        """(rho, Z, <e_theta, N>, <e_phi, N>) (F, 4, N) of `of_density`'s rho and scaled values (Z, N) from rho's
-        coefficients c (F, *coeff), where `frame_from_density`; with `radial` <x, N> alone (F, 1, N)."""
-        return self._frame_moments(c, radial).flatten(-2)
+    def of_density_frame(self, c: torch.Tensor, normaliser: bool = True, radial: bool = False) -> torch.Tensor:
+        """(rho, <e_theta, N>, <e_phi, N>, Z) (F, 4, N) of `of_density`'s rho and scaled values (Z, N) from rho's
+        coefficients c (F, *coeff), where `frame_from_density`; without Z (F, 3, N) unless `normaliser`; with
+        `radial` <x, N> alone (F, 1, N)."""
+        return self._frame_moments(c, normaliser, radial).flatten(-2)
+
+    def of_density_frame_adjoint(self, fields_bar: torch.Tensor) -> torch.Tensor:
+        """The transpose of `of_density_frame`: c_bar (F, *coeff) from the cotangents (F, 3 or 4, N) of its fields,
+        or (F, 5, N) with that of <x, N> (the sum of the transposes of a call with Z and one with `radial`)."""
+        return self._frame_moments_adjoint(fields_bar.reshape(fields_bar.shape[:2] + self.log_scale.shape))
 
     def cost(self, channels: int) -> float:
         return channels * self.transform.cost()
@@ -320,11 +327,19 @@ class SpectralExpKernel:
         N) of rho and of the scaled channels, in that order."""
         return self.mode.of_density_adjoint(fields_bar)
 
-    def density_frame_fields(self, c: torch.Tensor, radial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """((rho, Z, <e_theta, N>, <e_phi, N>) (F, 4, N), log_scale (*grid)): `density_fields`' rho and scaled
-        channels (Z, N) with N projected on the grid's frame, where `frame_from_density` (S^2, C = s I or
-        diag(a, a, b)); with `radial` the first is <x, N> alone (F, 1, N)."""
-        return self.mode.of_density_frame(c, radial), self.mode.log_scale
+    def density_frame_fields(self, c: torch.Tensor, normaliser: bool = True,
+                             radial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """((rho, <e_theta, N>, <e_phi, N>, Z) (F, 4, N), log_scale (*grid)): `density_fields`' rho and scaled
+        channels (N, Z) with N projected on the grid's frame, where `frame_from_density` (S^2, C = s I or
+        diag(a, a, b)); without Z (F, 3, N) unless `normaliser`; with `radial` the first is <x, N> alone (F, 1,
+        N)."""
+        return self.mode.of_density_frame(c, normaliser, radial), self.mode.log_scale
+
+    def density_frame_fields_adjoint(self, fields_bar: torch.Tensor) -> torch.Tensor:
+        """The transpose of `density_frame_fields` (log_scale is fixed): c_bar (F, *coeff) from the cotangents (F, 3
+        or 4, N) of its fields, or (F, 5, N) with that of <x, N> as the fifth (the sum of the transposes of a call
+        with Z and one with `radial`)."""
+        return self.mode.of_density_frame_adjoint(fields_bar)
 
     def cost(self, channels: int) -> float:
         """Floating-point operations of one call (estimate): transforms, rotation, scattered evaluation."""

@@ -23,9 +23,10 @@ chosen once by an estimate of their cost (multiply-adds, and a fixed cost per te
   spectral field) applied to the channels (rho, rho y) at every call; on the grid path, where the spectral field
   allows it (S^2, C = s I or a permutation of the grid), rho and the channels' transforms come together from the
   coefficients, one product per order (MemberKernels.density_fields, TorchSHT.moments), and the transpose is
-  that map's (TorchSHT.moments_adjoint: the synthesis and the transform at once); where moreover V_m = a_m I
-  (softmax), the rate takes rho, Z and N's components along the frame alone (MemberKernels.density_frame_fields,
-  TorchSHT.frame_moments): u_k = a_m <e_k, N> / Z, four fields of the grid where the channels are five.
+  that map's (TorchSHT.moments_adjoint: the synthesis and the transform at once); where moreover V_m = a_m I, the
+  rate takes rho, N's components along the frame and Z alone (MemberKernels.density_frame_fields,
+  TorchSHT.frame_moments): u_k = a_m <e_k, N> / Z (softmax), four fields of the grid where the channels are five,
+  or a_m <e_k, N> (unnormalized), three, and the transpose is that map's (TorchSHT.frame_moments_adjoint).
 
 and the paths:
 
@@ -52,7 +53,8 @@ with rho_bar, v_bar the cotangents of rho and v,
 with the matrices' transposes, or the bases' exact transposes (bases.synthesis_adjoint,
 divergence_adjoint) and, for the transform attention, torch autograd through the kernel transform alone
 (a linear map, whose own arithmetic dominates there), or on the spectral field's one-pass route the moments'
-written-out transpose, which takes (rho_bar, Z_bar, N_bar) to c_bar at once.
+written-out transpose, which takes (rho_bar, Z_bar, N_bar) to c_bar at once (N_bar's frame components on the frame
+route, `_frame_velocity_adjoint`).
 """
 
 import copy
@@ -247,10 +249,10 @@ class Transport:
         # On the grid path the spectral field can give rho and its channels' transforms in one pass from the
         # coefficients (MemberKernels.density_fields), without the channels' analysis.
         self._from_density = self.path == "grid" and self.attention_mode == "transform" and kernels.from_density
-        # a_m (M,) where every V_m = a_m I and the softmax's rate can take N on the frame (`_frame_velocity`), else
-        # None: the frame keeps the density's orders only where V commutes with the rotations about the axis
+        # a_m (M,) where every V_m = a_m I and the rate can take N on the frame (`_frame_velocity`), else None: the
+        # frame keeps the density's orders only where V commutes with the rotations about the axis
         self._frame_scale = None
-        if self._from_density and batch.kernel == "softmax" and kernels.frame_from_density:
+        if self._from_density and kernels.frame_from_density:
             scale = batch.V[:, 0, 0]
             if bool((batch.V == scale[:, None, None] * torch.eye(d, dtype=batch.V.dtype, device=batch.V.device)).all()):
                 self._frame_scale = scale
@@ -383,23 +385,64 @@ class Transport:
         with quiet(xp):
             return as_tensor(softmax_rules(xp, frame_sum(frame_V, N, "c"), Z, rho, lambda: (N * N).sum(1)))
 
-    def _frame_velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(rho, v) of `velocity` where `_frame_scale` is a_m (V_m = a_m I): from rho, Z and the frame components
-        of N (MemberKernels.density_frame_fields), u_k = a_m <e_k, N> / Z = <V^T e_k, N> / Z with the rules of
-        `_softmax_components`, |N|^2 = <e_theta, N>^2 + <e_phi, N>^2 + <x, N>^2 (the radial component transformed
-        only where the rules apply: some rho negative or below their threshold).  In numpy (the CPU outside
-        autograd)."""
+    def _frame_velocity(self, state: torch.Tensor, drive: torch.Tensor, kept: bool = False) -> tuple:
+        """(rho, v) of `velocity` where `_frame_scale` is a_m (V_m = a_m I), and what `_frame_velocity_adjoint` needs,
+        from rho, Z and the frame components of N (MemberKernels.density_frame_fields): unnormalized, u_k = a_m <e_k,
+        N> = a_m exp(log_scale) <e_k, N's scaled values> (no Z: three fields); softmax, u_k = a_m <e_k, N> / Z =
+        <V^T e_k, N> / Z with the rules of `_softmax_components`, |N|^2 = <e_theta, N>^2 + <e_phi, N>^2 + <x, N>^2
+        (the radial component transformed only where the rules apply: some rho negative or below their threshold).
+        What the transpose needs, numpy arrays: the weights a_m exp(log_scale) (M, P) for the unnormalized kernel;
+        for the softmax Z, N's frame components (M, K, P), intact only where `kept` (else u is written over them), and
+        <x, N> (M, P) or None where the rules did not apply.  In numpy (the CPU outside autograd)."""
         c = complex_state(state, self.coefficient_shape)
-        fields = as_namespace(self.kernels.density_frame_fields(c)[0], np)
-        rho, Z, along = fields[:, 0], fields[:, 1], fields[:, 2:]
+        normalised = self.batch.kernel == "softmax"
+        fields, log_scale = self.kernels.density_frame_fields(c, normaliser=normalised)
+        fields = as_namespace(fields, np)
+        rho, along = fields[:, 0], fields[:, 1:3]
+        if not normalised:
+            weight = np.exp(as_namespace(log_scale, np)) * as_namespace(self._frame_scale, np)[:, None]
+            u = np.multiply(along, weight[:, None], out=along)
+            return as_tensor(rho), over_first("add", as_tensor(u), drive), (weight,)
+        Z = fields[:, 3]
+        radial = []
 
         def squared_length():
-            radial = as_namespace(self.kernels.density_frame_fields(c, radial=True)[0], np)[:, 0]
-            return (along * along).sum(1) + radial * radial
+            radial.append(as_namespace(self.kernels.density_frame_fields(c, radial=True)[0], np)[:, 0])
+            return (along * along).sum(1) + radial[0] * radial[0]
 
         with quiet(np):
-            u = softmax_rules(np, along, Z, rho, squared_length, as_namespace(self._frame_scale, np))
-        return as_tensor(rho), over_first("add", as_tensor(u), drive)
+            u = softmax_rules(np, along.copy() if kept else along, Z, rho, squared_length,
+                              as_namespace(self._frame_scale, np))
+        return as_tensor(rho), over_first("add", as_tensor(u), drive), (Z, along, radial[0] if radial else None)
+
+    def _frame_velocity_adjoint(self, rho: torch.Tensor, kept: tuple, rho_bar: torch.Tensor,
+                                u_bar: torch.Tensor) -> torch.Tensor:
+        """c_bar (M, *coeff): the transpose of the derivative of `_frame_velocity`'s (rho, u) at rho and what it
+        `kept`, applied to rho_bar (M, P) and u_bar (M, K, P), through the frame moments' transpose
+        (MemberKernels.density_frame_fields_adjoint).  Unnormalized: N's frame components' cotangent is the weight
+        times u_bar (no Z).  Softmax: u_k = a_m <e_k, m> with m = model.softmax_mean(N, Z, rho), whose transpose
+        (softmax_mean_adjoint: products, norms and dot products per point) holds in any orthonormal basis of each
+        point's R^3, so in (e_theta, e_phi, x): m_bar = a_m sum_k u_bar_k e_k has no radial component, and neither
+        has N_bar unless a void point's |m| > 1 is bounded (the radial component then enters |m|): where the rules
+        did not apply, the two components along the frame alone."""
+        u_bar = as_namespace(u_bar, np)
+        if self.batch.kernel == "unnormalized":
+            (weight,) = kept
+            fields_bar = np.empty((u_bar.shape[0], 1 + u_bar.shape[1], u_bar.shape[2]), u_bar.dtype)
+            fields_bar[:, 0] = as_namespace(rho_bar, np)
+            np.multiply(u_bar, weight[:, None], out=fields_bar[:, 1:])
+            return self.kernels.density_frame_fields_adjoint(as_tensor(fields_bar))
+        Z, along, radial = kept
+        m_bar = u_bar * as_namespace(self._frame_scale, np)[:, None, None]
+        N = along
+        if radial is not None:
+            N = np.concatenate([along, radial[:, None]], axis=1)
+            m_bar = np.concatenate([m_bar, np.zeros_like(radial)[:, None]], axis=1)
+        N_bar, Z_bar = softmax_mean_adjoint(*(as_tensor(a) for a in (N.transpose(0, 2, 1), Z, rho.numpy(),
+                                                                       m_bar.transpose(0, 2, 1))))
+        N_bar = N_bar.transpose(1, 2)
+        fields_bar = torch.cat([rho_bar[:, None], N_bar[:, :2], Z_bar[:, None], N_bar[:, 2:]], dim=1)
+        return self.kernels.density_frame_fields_adjoint(fields_bar)
 
     def _channels(self, rho: torch.Tensor) -> torch.Tensor:
         """The fields of the transform attention: rho y (M, d, P) for the unnormalized kernel (N alone), (rho, rho y)
@@ -437,7 +480,7 @@ class Transport:
         if self._folded is not None:
             return self._folded.velocity(state, drive)
         if self._frame_scale is not None and program_namespace(state, drive) is np:
-            return self._frame_velocity(state, drive)
+            return self._frame_velocity(state, drive)[:2]
         if self._from_density:
             return self._density_velocity(state, drive)[:2]
         rho = self.basis.synthesis(complex_state(state, self.coefficient_shape)).reshape(state.shape[0], -1)
@@ -466,7 +509,10 @@ class Transport:
         rate."""
         if self._folded is not None:
             return self._folded.vjp(state, drive, b)
-        if self._from_density:
+        on_frame = self._frame_scale is not None and program_namespace(state, drive, b) is np
+        if on_frame:
+            rho, v, kept = self._frame_velocity(state, drive, kept=True)
+        elif self._from_density:
             rho, v, channels, log_scale = self._density_velocity(state, drive)
         else:
             rho, v = self.velocity(state, drive)
@@ -474,7 +520,9 @@ class Transport:
         f_bar = -self.basis.divergence_adjoint(complex_state(b, self.coefficient_shape)).reshape(v.shape)
         v_bar = rho[:, None] * f_bar
         rho_bar = (v * f_bar).sum(1)
-        if self._from_density:  # through the moments' transpose: the transform and the synthesis at once
+        if on_frame:  # through the frame moments' transpose: four fields (three, unnormalized) of the channels' five
+            c_bar = self._frame_velocity_adjoint(rho, kept, rho_bar, v_bar)
+        elif self._from_density:  # through the moments' transpose: the transform and the synthesis at once
             channels_bar = self._scaled_adjoint(channels, log_scale, rho, self._frame_adjoint(v_bar))
             Z_bar = [] if self.batch.kernel == "softmax" else [torch.zeros_like(rho_bar)[:, None]]
             c_bar = self.kernels.density_fields_adjoint(torch.cat([rho_bar[:, None]] + Z_bar + [channels_bar], dim=1))

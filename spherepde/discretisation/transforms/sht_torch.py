@@ -60,7 +60,7 @@ from spherepde.discretisation.transforms.legendre_layouts import LAYOUTS, defaul
 class MomentTables:
     """The tables of TorchSHT.moments, per order m, `own` [P_m; nlon K_m P_m; nlon K_m cos(theta) P_m] (lmax,
     3 nlat, lmax) and `before`, `after` nlon K_m sin(theta) P_{m-+1} / 2 (lmax + 1, nlat, lmax) (kind "moments"),
-    and that of TorchSHT.frame_moments, `frame` [P_m; nlon K_m P_m; E_m; F_m; R_m] (lmax, 5 nlat, lmax) (kind
+    and that of TorchSHT.frame_moments, `frame` [P_m; E_m; F_m; nlon K_m P_m; R_m] (lmax, 5 nlat, lmax) (kind
     "frame"; TorchSHT.moment_filter), each kind made at its first use by `build(kind)`: a run that takes only one of
     the two never makes the other's (up to 55 MB each at lmax 96).  `on(kind, xp)` a kind's tables, as numpy arrays
     sharing their memory where xp is numpy; `runs(kind)` the runs of zero columns (`leading_zero_runs`) of their
@@ -371,7 +371,8 @@ class TorchSHT:
                 lower, upper = np.concatenate([K[1:2], K[:order - 1]]), K[1:order + 1]
                 horizontal, vertical = 0.5 * (upper + lower) @ (sine * P), K[:order] @ (x[:, None] * P)
                 along_theta, along_phi = x[:, None] * horizontal - sine * vertical, 0.5 * (lower - upper) @ (sine * P)
-                tables = (np.concatenate([P, K[:order] @ P, along_theta, along_phi,
+                # the fields in the order of frame_moments' outputs, those the unnormalized kernel takes first
+                tables = (np.concatenate([P, along_theta, along_phi, K[:order] @ P,
                                           sine * horizontal + x[:, None] * vertical], axis=1),)
             return tuple(torch.as_tensor(t, dtype=self.dtype, device=self.device) for t in tables)
 
@@ -409,28 +410,55 @@ class TorchSHT:
         spectrum[:order + 1, 3] *= -1j
         return self._ring_fields(spectrum, columns, batch)
 
-    def frame_moments(self, coeffs: torch.Tensor, tables: "MomentTables", radial: bool = False) -> torch.Tensor:
-        """rho, Z = synthesis(mu_l analysis(rho)) and the frame components <e_theta, N>, <e_phi, N> of N =
-        synthesis(mu_l analysis(rho y)) (the channels of `moments`) from the coefficients of rho (degree lmax - 1),
-        with the tables of `moment_filter(mu)`: (..., lmax, lmax) -> (..., 4, nlat, nlon); with `radial` the radial
-        component <x, N> alone, (..., 1, nlat, nlon).
+    def frame_moments(self, coeffs: torch.Tensor, tables: "MomentTables", normaliser: bool = True,
+                      radial: bool = False) -> torch.Tensor:
+        """rho, the frame components <e_theta, N>, <e_phi, N> of N = synthesis(mu_l analysis(rho y)) and Z =
+        synthesis(mu_l analysis(rho)) (the channels of `moments`) from the coefficients of rho (degree lmax - 1),
+        with the tables of `moment_filter(mu)`: (..., lmax, lmax) -> (..., 4, nlat, nlon), without Z (..., 3, nlat,
+        nlon) unless `normaliser`; with `radial` the radial component <x, N> alone, (..., 1, nlat, nlon).
 
         The same fields as `moments` followed by the projection on the frame (to round-off), as one product per
-        order (`moment_filter`'s E_m, F_m, R_m): four inverse FFTs where `moments` takes five, and no products for
-        x_1 and x_2 of their own; the spectra's layout as in `moments`."""
+        order (`moment_filter`'s E_m, F_m, R_m): four inverse FFTs (three without Z) where `moments` takes five, and
+        no products for x_1 and x_2 of their own; the spectra's layout as in `moments`."""
         xp = program_namespace(coeffs)
         (frame,), (runs,) = tables.on("frame", xp), tables.runs("frame")
         order, nlat = self.lmax, self.nlat
         batch = coeffs.shape[:-2]
         columns = _order_columns(as_namespace(coeffs, xp).reshape(-1, order, order))
         columns[0, :, 1::2] = 0  # a real field's c_l0 are real, as in `moments`
-        fields = 1 if radial else 4
+        fields = 1 if radial else 4 if normaliser else 3
         spectrum = self._spectrum_buffer(xp, fields, columns.shape[2] // 2, order)
-        rows = frame[:, 4 * nlat:] if radial else frame[:, :4 * nlat]
+        rows = frame[:, 4 * nlat:] if radial else frame[:, :fields * nlat]
         matmul_runs_into(real_pairs(spectrum)[:order].reshape(order, fields * nlat, -1), rows, columns, runs, 2)
         if not radial:
-            spectrum[:order, 3] *= 1j
+            spectrum[:order, 2] *= 1j
         return self._ring_fields(spectrum, columns, batch)
+
+    def frame_moments_adjoint(self, fields_bar: torch.Tensor, tables: "MomentTables") -> torch.Tensor:
+        """The transpose of `frame_moments` (as `moments_adjoint` is of `moments`) applied to the cotangents of its
+        three or four fields, (..., 3 or 4, nlat, nlon) -> (..., lmax, lmax); with a fifth, the cotangent of the
+        radial component <x, N>, the sum of the transposes of `frame_moments(c)` and `frame_moments(c, radial=True)`,
+        one product per order.
+
+        Backwards through `frame_moments`: the ring spectra's cotangents are the fields' DFTs times the
+        multiplicity of the order (as in `moments_adjoint`), <e_phi, N>'s times -i (the transpose of the i), and
+        the table's transposes on the left (zero in the degrees below the order: its runs' rows)."""
+        xp = program_namespace(fields_bar)
+        (frame,), (runs,) = tables.on("frame", xp), tables.runs("frame")
+        order, nlat = self.lmax, self.nlat
+        batch, fields = fields_bar.shape[:-3], fields_bar.shape[-3]
+        grid = as_namespace(fields_bar, xp).reshape(-1, fields, nlat, self.nlon)
+        count = grid.shape[0]
+        spectrum = empty_complex(grid, (self.nlon // 2 + 1, fields, nlat, count))
+        rfft_into(permute(spectrum, (3, 1, 2, 0)), grid, 3)
+        spectrum = spectrum[:order]
+        spectrum[1:] *= 2
+        spectrum[:, 2] *= -1j
+        columns = empty(grid, (order, order, 2 * count))
+        matmul_runs_into(columns, permute(frame[:, :fields * nlat], (0, 2, 1)),
+                         real_pairs(spectrum).reshape(order, fields * nlat, 2 * count), runs, 1)
+        columns[0, :, 1::2] = 0
+        return self._dense_coefficients(complex_pairs(columns), batch)
 
     def moments_adjoint(self, fields_bar: torch.Tensor, tables: "MomentTables") -> torch.Tensor:
         """The transpose of `moments` (its gradient with respect to the real and imaginary parts of the
