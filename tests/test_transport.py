@@ -234,21 +234,8 @@ def test_the_spectral_field_from_the_coefficients_is_the_grid_route(kernel):
     """On S^2 with B = s I (two scales: two transforms) and a reflection (a permutation of the grid), the spectral
     field gives rho and its channels' transforms from the coefficients (MemberKernels.density_fields): the rate
     equals the one from the channels formed on the grid and transformed there, and the transpose is unchanged."""
-    scaled, reflection = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [[1, 0, 0], [0, -1, 0], [0, 0, 1]]
-    cases = [case_from_dict({
-        "sphere": {"dim": 3, "lmax": 12},
-        "model": {"kernel": kernel, "beta": beta, "B": B, "V": [[0.7, 0.2, 0.0], [0.0, 1.0, 0.1], [0.3, 0.0, 0.5]],
-                  "eps": 0.05},
-        "initial": {"kind": "vmf", "mean": mean, "kappa": 2.0}, "time": {"t_end": 1.0, "dt": 0.1},
-        "solver": {"device": "cpu", "field": "spectral"}})
-        for beta, B, mean in ((2.0, scaled, [1.0, 0.2, 0.1]), (1.0, scaled, [0.3, 1.0, -0.2]),
-                              (1.5, reflection, [0.0, -0.4, 1.0]))]
-    basis = make_basis(3, 12, CPU64)
-    batch = ModelBatch.of([Model.from_case(case, CPU64) for case in cases])
-    kernels = MemberKernels(basis, batch.B, [m.beta for m in batch.models], "spectral", 1e-10)
-    state = real_state(torch.stack([initial_density(case["initial"], basis) for case in cases]))
-    W = 0.3 * torch.randn(3, 3, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    transport = Transport(basis, batch, kernels, path="grid")
+    V = [[0.7, 0.2, 0.0], [0.0, 1.0, 0.1], [0.3, 0.0, 0.5]]
+    basis, transport, state, W = grid_path_members(kernel, [V] * 3, [[1, 0, 0], [0, -1, 0], [0, 0, 1]])
     assert transport._from_density
     on_grid = copy.copy(transport)
     on_grid._from_density = False
@@ -259,25 +246,32 @@ def test_the_spectral_field_from_the_coefficients_is_the_grid_route(kernel):
         assert relative(ours, theirs) <= 1e-13
 
 
-def frame_route(kernel: str = "softmax"):
-    """(basis, the transport of three members with V_m = a_m I on the frame route, a copy on the channels' route,
-    their state, a drive): B = s I (two transforms) and a reflection in the tables."""
-    scaled, reflection = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [[1, 0, 0], [0, 1, 0], [0, 0, -1]]
+def grid_path_members(kernel: str, Vs: list, reflection: list):
+    """(basis, the grid-path transport of three S^2 members with the spectral field, their state, W (3, 3, 3)): the
+    members' V `Vs`, B = I at beta 2 and 1 (two transforms) and B = `reflection` (a permutation of the grid)."""
+    identity = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
     cases = [case_from_dict({
         "sphere": {"dim": 3, "lmax": 12},
-        "model": {"kernel": kernel, "beta": beta, "B": B, "V": [[a * (i == j) for j in range(3)] for i in range(3)],
-                  "eps": 0.05},
+        "model": {"kernel": kernel, "beta": beta, "B": B, "V": V, "eps": 0.05},
         "initial": {"kind": "vmf", "mean": mean, "kappa": 2.0}, "time": {"t_end": 1.0, "dt": 0.1},
         "solver": {"device": "cpu", "field": "spectral"}})
-        for beta, B, a, mean in ((2.0, scaled, 1.0, [1.0, 0.2, 0.1]), (1.0, scaled, 0.5, [0.3, 1.0, -0.2]),
-                                 (1.5, reflection, -0.7, [0.0, -0.4, 1.0]))]
+        for beta, B, V, mean in zip((2.0, 1.0, 1.5), (identity, identity, reflection), Vs,
+                                    ([1.0, 0.2, 0.1], [0.3, 1.0, -0.2], [0.0, -0.4, 1.0]))]
     basis = make_basis(3, 12, CPU64)
     batch = ModelBatch.of([Model.from_case(case, CPU64) for case in cases])
     kernels = MemberKernels(basis, batch.B, [m.beta for m in batch.models], "spectral", 1e-10)
     state = real_state(torch.stack([initial_density(case["initial"], basis) for case in cases]))
     W = 0.3 * torch.randn(3, 3, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    transport = Transport(basis, batch, kernels, path="grid")
-    assert transport._frame_scale.tolist() == [1.0, 0.5, -0.7]
+    return basis, Transport(basis, batch, kernels, path="grid"), state, W
+
+
+def frame_route(kernel: str = "softmax"):
+    """(basis, the transport of three members with V_m = a_m I on the frame route, a copy on the channels' route,
+    their state, a drive): B = s I (two transforms) and a reflection in the tables."""
+    scales = (1.0, 0.5, -0.7)
+    Vs = [[[a * (i == j) for j in range(3)] for i in range(3)] for a in scales]
+    basis, transport, state, W = grid_path_members(kernel, Vs, [[1, 0, 0], [0, 1, 0], [0, 0, -1]])
+    assert transport._frame_scale.tolist() == list(scales)
     channels = copy.copy(transport)
     channels._frame_scale = None
     return basis, transport, channels, state, transport.feed_forward(W)
