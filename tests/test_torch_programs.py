@@ -9,12 +9,17 @@ import torch
 from conftest import make_case
 from test_particle_step import controls_of, seed_member
 from test_particles import batch_of, generator, uniform
-from test_transport import relative, setup
+from test_transport import CPU64, member_cases, relative, setup
 
 from solvers.controlled_forward import central_differences_of
 from solvers.particle_field import ParticleField
 from solvers.particle_training import ParticleControl
-from spherepde.model.attention import NEGLIGIBLE_DENSITY, softmax_mean_adjoint
+from spherepde.base.real_view import real_state
+from spherepde.discretisation.bases import make_basis
+from spherepde.kernels.choice import MemberKernels
+from spherepde.model.attention import NEGLIGIBLE_DENSITY, Model, ModelBatch, softmax_mean_adjoint
+from spherepde.model.initial import initial_density
+from spherepde.model.matrix_path import NUMPY_MEMBERS, TRANSPOSED_MEMBERS
 from spherepde.model.transport import Transport
 
 
@@ -99,6 +104,48 @@ def test_the_transform_attention_transpose_is_the_same_in_torch(setup_):
     by_torch = torch_program(lambda b: transport.vjp(state, drive, b), b)
     for numpy_value, torch_value in zip(by_numpy, by_torch):
         assert relative(torch_value, numpy_value) <= 1e-13
+
+
+@pytest.mark.parametrize("members", [1, 2, TRANSPOSED_MEMBERS, NUMPY_MEMBERS])
+@pytest.mark.parametrize("dim, kernel, beta, lmax, shared", [
+    (2, "softmax", 3.0, 16, True), (2, "softmax", "inf", 16, True), (3, "softmax", 2.0, 8, True),
+    (3, "unnormalized", 1.0, 8, True), (3, "unnormalized", 1.0, 8, False)])
+def test_the_matrix_path_is_the_same_in_each_program(dim, kernel, beta, lmax, shared, members):
+    """Transport's matrix path (model.matrix_path) outside autograd on the CPU, in numpy (one member, and from
+    NUMPY_MEMBERS on) or in torch (contiguous products, or from TRANSPOSED_MEMBERS on transposed views), against its
+    torch program under autograd (as on CUDA): the rate and the velocity, and the transpose's cotangents, to 1e-13;
+    and autograd's derivative of the torch program, an independent transpose, equal to the hand-written one (`vjp`)
+    to 1e-12.  Members of one model (one operator, read by all members' products at once) and of two alternating
+    (an operator per member)."""
+    two = member_cases(dim, kernel, beta, lmax, "dense")
+    cases = [two[0] if shared else two[member % 2] for member in range(members)]
+    basis = make_basis(dim, lmax, CPU64)
+    batch = ModelBatch.of([Model.from_case(case, CPU64) for case in cases])
+    kernels = MemberKernels(basis, batch.B, [model.beta for model in batch.models], "dense", 1e-10)
+    transport = Transport(basis, batch, kernels, path="matrix")
+    assert transport.path == "matrix"
+    rng = torch.Generator().manual_seed(4)
+    state = real_state(torch.stack([initial_density(case["initial"], basis) for case in cases]))
+    state += 0.01 * state.abs().max() * torch.randn(state.shape, generator=rng, dtype=torch.float64)
+    W = 0.3 * torch.randn(members, dim, dim, generator=rng, dtype=torch.float64)
+    drive = transport.feed_forward(W)
+    b = torch.randn(state.shape, generator=rng, dtype=torch.float64)
+    library, products = transport._folded.products(state, drive)
+    assert library is (np if members in (1, NUMPY_MEMBERS) else torch)
+    transposed = library is torch and not products.divergence.is_contiguous()
+    assert transposed == (members == TRANSPOSED_MEMBERS)
+    rate, velocity = transport(state, drive), transport.velocity(state, drive)
+    transpose = transport.vjp(state, drive, b)
+    assert relative(torch_program(transport, state, drive), rate) <= 1e-13
+    for ours, theirs in zip(torch_program(transport.velocity, state, drive), velocity):
+        assert relative(ours, theirs) <= 1e-13
+    for ours, theirs in zip(torch_program(lambda b: transport.vjp(state, drive, b), b), transpose):
+        assert relative(ours, theirs) <= 1e-13
+    with torch.enable_grad():
+        leaves = state.clone().requires_grad_(True), drive.clone().requires_grad_(True)
+        by_autograd = torch.autograd.grad(transport(*leaves), leaves, b)
+    for ours, theirs in zip(by_autograd, transpose):
+        assert relative(ours, theirs) <= 1e-12
 
 
 def test_central_differences_step_where_the_controls_are():

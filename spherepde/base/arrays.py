@@ -31,9 +31,9 @@ def namespace(a):
 
 def program_namespace(*tensors):
     """The library a program on these torch tensors runs in: numpy for CPU tensors outside autograd (their
-    operations' fixed cost is a fraction of torch's), else torch."""
-    if all(t.device.type == "cpu" for t in tensors) and not (torch.is_grad_enabled()
-                                                             and any(t.requires_grad for t in tensors)):
+    operations' fixed cost is a fraction of torch's), else torch.  (Tensor.is_cpu: half the cost of comparing
+    device.type, 0.4 against 0.8 us a tensor, of a check made at every evaluation of a small step.)"""
+    if all(t.is_cpu for t in tensors) and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
         return np
     return torch
 
@@ -269,6 +269,13 @@ def clamp_min(a, lower: float):
 def einsum(equation: str, *operands):
     """numpy's or torch's einsum, by the operands' kind."""
     return (np.einsum if isinstance(operands[0], np.ndarray) else torch.einsum)(equation, *operands)
+
+
+def concatenate(arrays: list, axis: int):
+    """The arrays joined along `axis` (numpy.concatenate or torch.cat, by the first one's kind)."""
+    if isinstance(arrays[0], np.ndarray):
+        return np.concatenate(arrays, axis)
+    return torch.cat(arrays, dim=axis)
 
 
 def addmm(c, a, b):

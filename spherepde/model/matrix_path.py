@@ -5,19 +5,47 @@ real matrices too (found by applying the basis's transforms to unit vectors, `ba
 the attention: one product gives rho and u (or rho alone), a second one the rate.  A stage is then three tensor
 operations, where the transforms' own cost is their per-operation overhead: on S^1 at lmax 64 about a quarter of
 the "grid" path's time (benchmarks/ensembles.py; model.transport chooses the path).
+
+The products have one or a few rows (the members) and read a matrix of up to MATRIX_BYTES: the BLAS's kernel, and so
+the library and the orientation of the stored matrix, decide their cost (`MatrixPath.products`).
 """
 
 import copy
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
+from spherepde.base.arrays import addmm, as_namespace, as_tensor, concatenate, namespace, program_namespace
 from spherepde.base.real_view import complex_state
 from spherepde.model.attention import softmax_mean_adjoint
 
 if TYPE_CHECKING:
     from spherepde.model.transport import Transport
+
+# The rows (members) of the products, outside autograd on the CPU, from which torch's contiguous products give way to
+# those with a transposed view, and from which numpy's are the faster (`MatrixPath.products`): torch's BLAS (MKL)
+# slows down from 4 rows on in the contiguous orientation, not in the transposed one; numpy's (OpenBLAS 0.3.31)
+# multiplies one row, and 8 or more, at torch's rate or faster, 2 to 4 rows at up to twice its time.  Measured on one
+# core (AMD EPYC Zen 3), us for a state (M, 162) times a (162, 1344) matrix at M = 1, 2, 4, 8, 16: numpy 37, 148-181,
+# 147-159, 141-165, 284-328; torch 43, 108, 127, 172, 412 contiguous and 50, 127, 124, 167, 344 transposed; and a
+# step of convergence-s2.toml at lmax 10 (softmax) at M = 2, 3, 4: 3.7, 4.8, 11.1 ms contiguous in torch, 4.8, 6.2,
+# 5.5 transposed, 5.9, 7.3, 5.8 in numpy (benchmarks/ensembles.py's problems).
+TRANSPOSED_MEMBERS, NUMPY_MEMBERS = 4, 8
+
+
+class Products(NamedTuple):
+    """The right operands of a MatrixPath's products in one library and orientation: rows_t (., N, rows' K P) of the
+    state, rows (., rows' K P, N) of the rows' cotangent, divergence_t (K P, N) of the flux, divergence (N, K P) of the
+    rate's cotangent; `dot` the library's product of two matrices (numpy's matmul costs a microsecond more a call than
+    np.dot)."""
+
+    dot: object
+    rows_t: object
+    rows: object
+    divergence_t: object
+    divergence: object
 
 
 class MatrixPath:
@@ -40,6 +68,22 @@ class MatrixPath:
             # the swapped order, (rho_bar, v_bar) -> (v_bar, rho_bar), with the rows' blocks swapped to match
             self.first, points = rows_t[0], self.points
             self.swapped_rows = torch.cat([self.rows[0, points:], self.rows[0, :points]]).contiguous()
+        self.operands = {torch: Products(torch.mm, rows_t, self.rows, divergence_t, self.divergence)}
+        if rows_t.device.type == "cpu":
+            # Of each product's two stored orientations (the matrix or its transpose, contiguous) measured on one core
+            # (AMD EPYC Zen 3), us at 1, 4, 16 members: numpy's fastest reads the one whose rows are the longer (the
+            # tall product with a transposed view), (., 3240) @ (3240, 242) 130, 672, 1059 against 181, 702, 1143
+            # contiguous; (., 1296) @ (1296, 242) 44, 202, 346 against 52, 205, 365; a wide one contiguous,
+            # (., 242) @ (242, 3240) 154, 575, 1094 against 159, 731, 1354.  Torch's at a few members reads the one
+            # whose rows run along the sums (each product with a transposed view): 4 members 564 and 605 us against
+            # 920 and 974 contiguous for those two; torch's contiguous products, 198 and 156 us at one member, 1575
+            # and 1685 at 16.  The rows of an operator per member are products of one row each: contiguous.
+            rows_np, divergence_np = rows_t.detach().numpy(), self.divergence.detach().numpy()
+            self.operands[np] = Products(np.dot, rows_np, rows_np.swapaxes(-1, -2), divergence_np.T, divergence_np)
+            shared = rows_t.shape[0] == 1
+            self.operands["transposed"] = Products(
+                torch.mm, self.rows.transpose(-1, -2) if shared else rows_t, rows_t.transpose(-1, -2) if shared else
+                self.rows, self.divergence.T, divergence_t.T)
 
     @classmethod
     def build(cls, transport: "Transport", matrix_bytes: int) -> "MatrixPath | None":
@@ -89,32 +133,52 @@ class MatrixPath:
             return drive_bar[:, :self.points]
         return drive_bar[:, self.points:] if self.kind == "unnormalized" else drive_bar
 
-    def _rows(self, state: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.rows_t.shape[0] == 1:
-            return state @ self.rows_t[0] if bias is None else torch.addmm(bias, state, self.rows_t[0])
-        rows = torch.matmul(state[:, None, :], self.rows_t)[:, 0]
+    def products(self, *arrays) -> tuple:
+        """(the library, its `Products`) of an evaluation on these tensors (the matrices' device): outside autograd
+        on the CPU (base.arrays.program_namespace; the matrices too may be recorded) by the members, numpy for one
+        and from NUMPY_MEMBERS on, torch with transposed views from TRANSPOSED_MEMBERS on; else torch."""
+        if program_namespace(*arrays, self.rows_t) is torch:
+            return torch, self.operands[torch]
+        members = arrays[0].shape[0]
+        if members == 1 or members >= NUMPY_MEMBERS:
+            return np, self.operands[np]
+        return torch, self.operands["transposed" if members >= TRANSPOSED_MEMBERS else torch]
+
+    @staticmethod
+    def _rows(state, products: Products, bias=None):
+        if products.rows_t.shape[0] == 1:
+            return products.dot(state, products.rows_t[0]) if bias is None else addmm(bias, state, products.rows_t[0])
+        rows = (state[:, None, :] @ products.rows_t)[:, 0]
         return rows if bias is None else rows + bias
 
-    def _rows_adjoint(self, rows_bar: torch.Tensor) -> torch.Tensor:
-        if self.rows.shape[0] == 1:
-            return rows_bar @ self.rows[0]
-        return torch.matmul(rows_bar[:, None, :], self.rows)[:, 0]
+    @staticmethod
+    def _rows_adjoint(rows_bar, products: Products):
+        if products.rows.shape[0] == 1:
+            return products.dot(rows_bar, products.rows[0])
+        return (rows_bar[:, None, :] @ products.rows)[:, 0]
 
     def velocity(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(rho (M, P), v (M, K, P))."""
+        xp, products = self.products(state, drive)
+        return tuple(as_tensor(a) for a in self._velocity(as_namespace(state, xp), as_namespace(drive, xp), products))
+
+    def _velocity(self, state, drive, products: Products, y=None) -> tuple:
+        """`velocity` in the library of its arrays; `y` the state's rows (M, rows', P) where they are at hand."""
         members, points = state.shape[0], self.points
         if self.kind == "unnormalized":
-            y = self._rows(state, drive)
+            y = self._rows(state, products, drive)
             return y[:, :points], y[:, points:].reshape(members, -1, points)
         if self.kind == "fixed":
-            return self._rows(state), drive.reshape(members, -1, points)
-        y = self._rows(state).reshape(members, -1, points)
+            return self._rows(state, products), drive.reshape(members, -1, points)
+        y = self._rows(state, products).reshape(members, -1, points) if y is None else y
         rho = y[:, 0]
-        u = self.transport._softmax_components(y[:, 2:], y[:, 1], rho)
-        return rho, drive.reshape(u.shape) + u
+        u = self.transport._softmax_components(*(as_tensor(a) for a in (y[:, 2:], y[:, 1], rho)))
+        return rho, drive.reshape(u.shape) + as_namespace(u, namespace(state))
 
     def rate_token(self, state: torch.Tensor, drive: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """S^1 with one operator: (the rate, the rows y = (rho, v)), in three operations."""
+        """S^1 with one operator: (the rate, the rows y = (rho, v)), in three operations.  In torch at any members
+        (not `products`): on its matrices of at most a few hundred kB numpy's faster products do not pay for the
+        conversions (a step of kuramoto-s1.toml at lmax 64, one member: 0.46 ms in numpy against 0.33)."""
         y = torch.addmm(drive, state, self.first)
         return y.view(-1, 2, self.points).prod(1) @ self.divergence_t, y
 
@@ -128,28 +192,33 @@ class MatrixPath:
     def rate(self, state: torch.Tensor, drive: torch.Tensor) -> torch.Tensor:
         if self.single_frame:
             return self.rate_token(state, drive)[0]
-        rho, v = self.velocity(state, drive)
+        xp, products = self.products(state, drive)
+        rho, v = self._velocity(as_namespace(state, xp), as_namespace(drive, xp), products)
         flux = rho[:, None] * v
-        return flux.reshape(flux.shape[0], -1) @ self.divergence_t
+        return as_tensor(products.dot(flux.reshape(flux.shape[0], -1), products.divergence_t))
 
     def vjp(self, state: torch.Tensor, drive: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        members, points = state.shape[0], self.points
         if self.single_frame:
             return self.vjp_rows(torch.addmm(drive, state, self.first), b)
-        rho, v = self.velocity(state, drive)
-        f_bar = (b @ self.divergence).reshape(v.shape)
+        xp, products = self.products(state, drive, b)
+        state, drive, b = (as_namespace(a, xp) for a in (state, drive, b))
+        members, points = state.shape[0], self.points
+        y = self._rows(state, products).reshape(members, -1, points) if self.kind == "softmax" else None
+        rho, v = self._velocity(state, drive, products, y)
+        f_bar = products.dot(b, products.divergence).reshape(v.shape)
         v_bar = rho[:, None] * f_bar
         rho_bar = (v * f_bar).sum(1)
         if self.kind == "unnormalized":
-            y_bar = torch.cat([rho_bar, v_bar.reshape(members, -1)], dim=1)
-            return self._rows_adjoint(y_bar), y_bar
+            y_bar = concatenate([rho_bar, v_bar.reshape(members, -1)], 1)
+            return as_tensor(self._rows_adjoint(y_bar, products)), as_tensor(y_bar)
         if self.kind == "fixed":
-            return self._rows_adjoint(rho_bar), v_bar.reshape(members, -1)
-        y = self._rows(state).reshape(members, -1, points)
-        Z, N = y[:, 1], y[:, 2:].transpose(1, 2)
-        N_bar, Z_bar = softmax_mean_adjoint(N, Z, rho, self.transport._frame_adjoint(v_bar))
-        y_bar = torch.cat([rho_bar[:, None], Z_bar[:, None], N_bar.transpose(1, 2)], dim=1)
-        return self._rows_adjoint(y_bar.reshape(members, -1)), v_bar.reshape(members, -1)
+            return as_tensor(self._rows_adjoint(rho_bar, products)), as_tensor(v_bar.reshape(members, -1))
+        Z, N = y[:, 1], y[:, 2:].swapaxes(1, 2)
+        N_bar, Z_bar = (as_namespace(a, xp) for a in softmax_mean_adjoint(
+            *(as_tensor(a) for a in (N, Z, rho)), self.transport._frame_adjoint(as_tensor(v_bar))))
+        y_bar = concatenate([rho_bar[:, None], Z_bar[:, None], N_bar.swapaxes(1, 2)], 1)
+        rows_bar = self._rows_adjoint(y_bar.reshape(members, -1), products)
+        return as_tensor(rows_bar), as_tensor(v_bar.reshape(members, -1))
 
 
 def basis_matrices(basis) -> tuple[torch.Tensor, torch.Tensor]:
