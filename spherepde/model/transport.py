@@ -112,7 +112,9 @@ def auto_fields(basis, models: list, tol: float, chunk) -> list:
     unnormalized kernel at lmax 8 the spectral field's transform is the cheaper, but its grid path took 1.7-1.8 ms a
     step against the dense field's matrix path's 1.15-1.25 (estimates 2.1e6 and 1.7e6); from lmax 10 on (9 with
     B = I; 8 with the softmax kernel) the matrix path's reading of its matrices makes the spectral field the faster,
-    and the pick."""
+    and the pick.  Those figures are a Zen 1 EPYC's; on a Zen 3 one the matrix path stays the faster 2-4 degrees
+    further (convergence-s2 at lmax 8, softmax: 1.57 ms a step against the grid path's 4.14; lmax 10,
+    unnormalized: 1.27 against 4.05), which the cost constants, Zen 1's, do not follow."""
     picks, fields = {}, []
     for model in models:
         key = (float(model.beta), model.B.cpu().double().numpy().tobytes(), model.V.cpu().double().numpy().tobytes(),
@@ -279,7 +281,8 @@ class Transport:
         4 on S^1 with one unnormalized operator (MatrixPath.rate_token), 9 with the unnormalized kernel or the fixed
         attention elsewhere.  The reading dominates on S^2: at one member the product runs at a third of the
         reference rate (softmax at lmax 12: 14 MiB, 0.6 ms of the 0.9 ms of an evaluation), so that the spectral
-        field's grid path, though more arithmetic, is the cheaper from lmax 8 on (softmax), 10 (unnormalized)."""
+        field's grid path, though more arithmetic, is the cheaper from lmax 8 on (softmax), 10 (unnormalized) on a
+        Zen 1 EPYC, 2-4 degrees later on a Zen 3 (`auto_fields`)."""
         points, frame_count = self.basis.grid_size, self.basis.dim - 1
         size = 2 * math.prod(self.coefficient_shape)
         distinct = 1 if self._operator is None else self._operator.matrix.shape[0]
