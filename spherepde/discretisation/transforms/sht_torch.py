@@ -447,14 +447,11 @@ class TorchSHT:
         (frame,), (runs,) = tables.on("frame", xp), tables.runs("frame")
         order, nlat = self.lmax, self.nlat
         batch, fields = fields_bar.shape[:-3], fields_bar.shape[-3]
-        grid = as_namespace(fields_bar, xp).reshape(-1, fields, nlat, self.nlon)
-        count = grid.shape[0]
-        spectrum = empty_complex(grid, (self.nlon // 2 + 1, fields, nlat, count))
-        rfft_into(permute(spectrum, (3, 1, 2, 0)), grid, 3)
-        spectrum = spectrum[:order]
-        spectrum[1:] *= 2
+        fields_bar = as_namespace(fields_bar, xp)
+        spectrum = self._spectra_bar(fields_bar, order)
+        count = spectrum.shape[3]
         spectrum[:, 2] *= -1j
-        columns = empty(grid, (order, order, 2 * count))
+        columns = empty(fields_bar, (order, order, 2 * count))
         matmul_runs_into(columns, permute(frame[:, :fields * nlat], (0, 2, 1)),
                          real_pairs(spectrum).reshape(order, fields * nlat, 2 * count), runs, 1)
         columns[0, :, 1::2] = 0
@@ -471,12 +468,8 @@ class TorchSHT:
         own, before, after = tables.on("moments", xp)
         order, nlat = self.lmax, self.nlat
         batch = fields_bar.shape[:-3]
-        grid = as_namespace(fields_bar, xp).reshape(-1, 5, nlat, self.nlon)
-        count = grid.shape[0]
-        spectrum = empty_complex(grid, (self.nlon // 2 + 1, 5, nlat, count))
-        rfft_into(permute(spectrum, (3, 1, 2, 0)), grid, 3)
-        spectrum = spectrum[:order + 1]
-        spectrum[1:] *= 2
+        spectrum = self._spectra_bar(as_namespace(fields_bar, xp), order + 1)
+        count = spectrum.shape[3]
         rows = real_pairs(spectrum)  # (order + 1, 5, nlat, 2 B)
         turned = 1j * spectrum[:, 3]
         p_bar, q_bar = (real_pairs(spectrum[:, 2] + sign * turned) for sign in (1, -1))
@@ -490,6 +483,17 @@ class TorchSHT:
         columns[1] += conjugate
         columns[0, :, 1::2] = 0
         return self._dense_coefficients(complex_pairs(columns), batch)
+
+    def _spectra_bar(self, fields_bar, orders: int):
+        """The ring spectra's cotangents (orders, fields, nlat, B) of the fields (..., fields, nlat, nlon) that
+        `moments` and `frame_moments` synthesise from their first `orders` orders: the fields' DFTs times the
+        multiplicity of the order (irfft counts an order m > 0 twice, the imaginary part of m = 0 not at all)."""
+        grid = fields_bar.reshape((-1,) + tuple(fields_bar.shape[-3:]))
+        spectrum = empty_complex(grid, (self.nlon // 2 + 1, grid.shape[1], self.nlat, grid.shape[0]))
+        rfft_into(permute(spectrum, (3, 1, 2, 0)), grid, 3)
+        spectrum = spectrum[:orders]
+        spectrum[1:] *= 2
+        return spectrum
 
     def _spectrum_buffer(self, xp, fields: int, count: int, orders: int):
         """A buffer of ring spectra (order, field, ring, member) for `moments`, `frame_moments` and `_dense_fields`,
