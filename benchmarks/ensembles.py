@@ -405,8 +405,21 @@ def in_baseline(commit: str, child: str, settings: dict) -> str:
     with tempfile.TemporaryDirectory(prefix="spherepde-baseline-") as folder:
         archive = subprocess.run(["git", "-C", ROOT, "archive", commit], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
-        return subprocess.run([sys.executable, "-c", child, folder, json.dumps(settings)], check=True,
-                              capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
+        return run_child(child, folder, settings)
+
+
+def run_child(child: str, folder: str, settings: dict) -> str:
+    """The standard output of the script `child` run in a fresh process on one thread (argv: the code's `folder`,
+    settings as JSON)."""
+    return subprocess.run([sys.executable, "-c", child, folder, json.dumps(settings)], check=True,
+                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
+
+
+def training_settings(iterations: int, out: str) -> dict:
+    """TRAINING_CHILD's settings: the bow training stopped after `iterations` L-BFGS iterations, its results to
+    `out`."""
+    return {"bow": os.path.basename(BOW), "overrides": bow_overrides(iterations), "iterations": iterations,
+            "out": os.path.abspath(out)}
 
 
 def baseline_costs(commit: str, settings: dict) -> dict:
@@ -422,10 +435,7 @@ def bow_training(iterations: int):
     process (TRAINING_CHILD): (W, J history, CPU seconds, the optimizer's stop)."""
     with tempfile.TemporaryDirectory(prefix="spherepde-training-") as folder:
         out = os.path.join(folder, "training.npz")
-        settings = {"bow": os.path.basename(BOW), "overrides": bow_overrides(iterations), "iterations": iterations,
-                    "out": out}
-        subprocess.run([sys.executable, "-c", TRAINING_CHILD, os.path.abspath(ROOT), json.dumps(settings)], check=True,
-                       capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        run_child(TRAINING_CHILD, os.path.abspath(ROOT), training_settings(iterations, out))
         today = np.load(out)
         return today["W"], today["loss"], float(today["cpu"]), str(today["stop"])
 
@@ -451,10 +461,8 @@ def main(argv=None):
         print_field_costs(args.repeats)
         return
     if args.record_baseline_training:
-        in_baseline(args.baseline, TRAINING_CHILD, {"bow": os.path.basename(BOW),
-                                                        "overrides": bow_overrides(args.training_iterations),
-                                                        "iterations": args.training_iterations,
-                                                        "out": os.path.abspath(args.record_baseline_training)})
+        in_baseline(args.baseline, TRAINING_CHILD,
+                    training_settings(args.training_iterations, args.record_baseline_training))
         return
     t_end, particle_t_end = (8.0, 8.0) if args.quick else (80.0, 80.0)
     layers = 40
